@@ -1,0 +1,59 @@
+"""The library's exceptions, in three families under one base.
+
+TurnkitError
+├── FatalToolError            raised by a tool to fail the turn on purpose
+├── ConfigurationError        a developer's mistake in assembly or setup
+│   └── ToolDefinitionError   a tool that cannot be declared or classified
+└── TurnError                 a run or protocol failure seen by a caller
+    ├── TurnFailedError       ``session.turn()`` of a turn that failed
+    ├── ModelError            the model broke its contract or stopped empty
+    ├── StoreError            the store refused or lost a write
+    └── MessageDecodeError    stored or wire JSON that is not a message
+"""
+
+from __future__ import annotations
+
+
+class TurnkitError(Exception):
+    """Base class of every exception turnkit raises on its own behalf."""
+
+
+class FatalToolError(TurnkitError):
+    """Raised by a tool to fail the whole turn instead of returning an error result.
+
+    Use it for what the model cannot fix by retrying: a misconfigured deployment,
+    a broken invariant. Any other exception becomes a result the model reads.
+    """
+
+
+class ConfigurationError(TurnkitError):
+    """The application assembled turnkit wrongly (unknown agent, bad option, …)."""
+
+
+class ToolDefinitionError(ConfigurationError):
+    """A tool's declaration is unusable: bad name, unsupported signature, …"""
+
+
+class TurnError(TurnkitError):
+    """A turn could not run or finish as asked."""
+
+
+class TurnFailedError(TurnError):
+    """The awaited turn ended in the ``failed`` state; ``error`` says why."""
+
+    def __init__(self, turn_id: str, error: str) -> None:
+        super().__init__(f"turn {turn_id} failed: {error}")
+        self.turn_id = turn_id
+        self.error = error
+
+
+class ModelError(TurnError):
+    """The model's stream broke the protocol or stopped abnormally with nothing said."""
+
+
+class StoreError(TurnError):
+    """The session store refused a write or holds data it cannot read."""
+
+
+class MessageDecodeError(TurnError, ValueError):
+    """A JSON object is not a valid turnkit message, event or reply."""

@@ -1,0 +1,213 @@
+"""Typed turn events and the ``EventSink`` seam that fans them out to observers.
+
+Structural events (a turn started, a message or action completed, a turn ended)
+are logged in the store in the same transaction as the step that caused them and
+carry their sequence number in the session; deltas are live-only and carry none.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from typing import Any, Literal, Protocol, TypeAlias, cast, runtime_checkable
+
+from ._errors import MessageDecodeError
+from ._messages import AssistantMessage, JsonObject, ToolCall, message_from_dict
+
+log = logging.getLogger("turnkit.events")
+
+
+class _Event:
+    """Shared JSON encoding: nested values with ``to_dict`` are encoded recursively."""
+
+    def to_dict(self) -> JsonObject:
+        out: JsonObject = {}
+        for f in fields(cast(Any, self)):
+            value = getattr(self, f.name)
+            out[f.name] = value.to_dict() if hasattr(value, "to_dict") else value
+        return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class TurnStartedEvent(_Event):
+    """The turn's opening message committed; ``text`` is what opened it."""
+
+    turn_id: str
+    session_id: str
+    text: str
+    seq: int | None = None
+    type: Literal["turn.started"] = "turn.started"
+
+
+@dataclass(frozen=True, kw_only=True)
+class MessageDeltaEvent(_Event):
+    """A live piece of the reply's text (never logged, never replayed)."""
+
+    turn_id: str
+    session_id: str
+    text: str
+    seq: int | None = None
+    type: Literal["message.delta"] = "message.delta"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReasoningDeltaEvent(_Event):
+    """A live piece of the model's reasoning (never logged, never replayed)."""
+
+    turn_id: str
+    session_id: str
+    text: str
+    seq: int | None = None
+    type: Literal["reasoning.delta"] = "reasoning.delta"
+
+
+@dataclass(frozen=True, kw_only=True)
+class MessageCompletedEvent(_Event):
+    """A model step committed this assistant message."""
+
+    turn_id: str
+    session_id: str
+    message: AssistantMessage
+    seq: int | None = None
+    type: Literal["message.completed"] = "message.completed"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ActionRequestedEvent(_Event):
+    """The model asked for this tool call (logged with the model step that asked)."""
+
+    turn_id: str
+    session_id: str
+    call: ToolCall
+    seq: int | None = None
+    type: Literal["action.requested"] = "action.requested"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ActionCompletedEvent(_Event):
+    """A tool call's result committed; ``error`` is set when the result is an error."""
+
+    turn_id: str
+    session_id: str
+    call_id: str
+    name: str
+    result: Any
+    error: str | None = None
+    seq: int | None = None
+    type: Literal["action.completed"] = "action.completed"
+
+
+@dataclass(frozen=True, kw_only=True)
+class TurnCompletedEvent(_Event):
+    """The model answered without calling a tool; ``text`` is the answer."""
+
+    turn_id: str
+    session_id: str
+    text: str
+    seq: int | None = None
+    type: Literal["turn.completed"] = "turn.completed"
+
+
+@dataclass(frozen=True, kw_only=True)
+class TurnFailedEvent(_Event):
+    """The turn ended in failure; ``error`` says why."""
+
+    turn_id: str
+    session_id: str
+    error: str
+    seq: int | None = None
+    type: Literal["turn.failed"] = "turn.failed"
+
+
+TurnEvent: TypeAlias = (
+    TurnStartedEvent
+    | MessageDeltaEvent
+    | ReasoningDeltaEvent
+    | MessageCompletedEvent
+    | ActionRequestedEvent
+    | ActionCompletedEvent
+    | TurnCompletedEvent
+    | TurnFailedEvent
+)
+
+#: Event types after which a turn has ended; an observer stops there.
+TERMINAL_EVENT_TYPES: frozenset[str] = frozenset({"turn.completed", "turn.failed"})
+
+_EVENT_TYPES: dict[str, type[_Event]] = {
+    cls.type: cls
+    for cls in (
+        TurnStartedEvent,
+        MessageDeltaEvent,
+        ReasoningDeltaEvent,
+        MessageCompletedEvent,
+        ActionRequestedEvent,
+        ActionCompletedEvent,
+        TurnCompletedEvent,
+        TurnFailedEvent,
+    )
+}
+
+
+def event_from_dict(data: object) -> TurnEvent:
+    """Rebuild an event from its ``to_dict()`` form; raise ``MessageDecodeError`` if malformed."""
+    if not isinstance(data, dict):
+        raise MessageDecodeError(f"event: expected a JSON object, got {type(data).__name__}")
+    kind = data.get("type")
+    cls = _EVENT_TYPES.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        raise MessageDecodeError(f"event: unknown type {kind!r}")
+    values = dict(data)
+    if "message" in values:
+        message = message_from_dict(values["message"])
+        if not isinstance(message, AssistantMessage):
+            raise MessageDecodeError("event: message.completed must carry an assistant message")
+        values["message"] = message
+    if "call" in values:
+        values["call"] = ToolCall.from_dict(values["call"])
+    try:
+        event = cls(**values)
+    except TypeError as exc:
+        raise MessageDecodeError(f"event {kind}: {exc}") from None
+    return cast(TurnEvent, event)
+
+
+Subscriber: TypeAlias = Callable[[TurnEvent], None]
+
+
+@runtime_checkable
+class EventSink(Protocol):
+    """Where the engine sends every event; observers subscribe to it.
+
+    ``emit`` must not raise and must not block: it runs on the event loop between
+    steps. ``subscribe`` returns a function that removes the subscription.
+    """
+
+    def emit(self, event: TurnEvent) -> None: ...
+
+    def subscribe(self, callback: Subscriber) -> Callable[[], None]: ...
+
+
+class LocalEventSink:
+    """An in-process fan-out. A subscriber that raises is logged and skipped, never fatal."""
+
+    def __init__(self) -> None:
+        self._subscribers: dict[int, Subscriber] = {}
+        self._next = 0
+
+    def emit(self, event: TurnEvent) -> None:
+        for callback in tuple(self._subscribers.values()):
+            try:
+                callback(event)
+            except Exception:
+                log.exception("event subscriber %r raised on %s; ignored", callback, event.type)
+
+    def subscribe(self, callback: Subscriber) -> Callable[[], None]:
+        key = self._next
+        self._next += 1
+        self._subscribers[key] = callback
+
+        def unsubscribe() -> None:
+            self._subscribers.pop(key, None)
+
+        return unsubscribe

@@ -1,0 +1,143 @@
+"""The ``SessionStore`` seam: the contract every storage backend meets.
+
+A backend (``Store``) hands out one ``SessionStore`` per session. All durable state
+changes go through ``SessionStore.commit(work)``: the store opens a transaction,
+calls the synchronous ``work(tx)``, and commits if it returns or rolls back and
+re-raises the same exception if it raises. ``tx`` offers the engine's writes and,
+through ``tx.handle``, the backend's own connection so a local tool's SQL joins
+the same transaction. See ``docs/stores.md`` for the full contract.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, TypeAlias, TypeVar, runtime_checkable
+
+from ._events import TurnEvent
+from ._messages import JsonObject, Message
+
+T = TypeVar("T")
+
+TurnStatus: TypeAlias = Literal["running", "completed", "failed"]
+SessionStatus: TypeAlias = Literal["new", "running", "suspended", "idle"]
+TERMINAL_TURN_STATUSES: frozenset[str] = frozenset({"completed", "failed"})
+
+
+@dataclass(frozen=True, kw_only=True)
+class TurnRecord:
+    """A turn as the store knows it. ``opening`` is the opening message's ``to_dict()``."""
+
+    session_id: str
+    turn_id: str
+    agent: str
+    status: TurnStatus
+    opening: JsonObject
+    event: JsonObject | None = None
+    text: str | None = None
+    error: str | None = None
+    created_at: float = 0.0
+    finished_at: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class SessionInfo:
+    """One row of ``runtime.sessions()``."""
+
+    session_id: str
+    agent: str
+    status: SessionStatus
+    updated_at: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class SessionSnapshot:
+    """What a turn needs to start or resume, read in one go.
+
+    ``steps`` holds only the given turn's memoized results, so a replay never reads
+    the whole step history; ``next_seq`` is the next event sequence number.
+    """
+
+    messages: list[Message]
+    steps: dict[str, Any] = field(default_factory=dict)
+    turn: TurnRecord | None = None
+    agent: str | None = None
+    next_seq: int = 1
+
+
+@runtime_checkable
+class StoreHandle(Protocol):
+    """What a local tool sees as ``ctx.store``.
+
+    ``unwrap()`` returns the backend's own connection inside the open step
+    transaction (``None`` where there is none). ``execute(sql, params)`` runs one
+    statement in that transaction with ``?`` placeholders and returns the rows it
+    produced (empty for writes).
+    """
+
+    def unwrap(self) -> Any: ...
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]: ...
+
+
+@runtime_checkable
+class Transaction(Protocol):
+    """The writes one ``commit`` may make. All of them land together or not at all."""
+
+    @property
+    def handle(self) -> StoreHandle: ...
+
+    def append_message(self, index: int, message: Message) -> None:
+        """Put ``message`` at transcript position ``index``; a taken index is an error."""
+
+    def put_step(self, step_id: str, turn_id: str, result: Any) -> None:
+        """Memoize a step's JSON result; a step id already stored is an error."""
+
+    def log_event(self, event: TurnEvent) -> None:
+        """Append a structural event; ``event.seq`` is set and unused in the session."""
+
+    def open_turn(self, record: TurnRecord) -> None:
+        """Record a new running turn and mark the session ``running`` for ``record.agent``."""
+
+    def set_turn_status(
+        self, turn_id: str, status: TurnStatus, *, text: str | None = None, error: str | None = None
+    ) -> None:
+        """Move a turn to ``status``; the session becomes ``running`` or, if terminal, ``idle``."""
+
+
+@runtime_checkable
+class SessionStore(Protocol):
+    """One session's durable state. Methods are coroutines so a networked store never
+    blocks the event loop; ``commit``'s ``work`` is synchronous and must not await."""
+
+    @property
+    def session_id(self) -> str: ...
+
+    async def load(self, turn_id: str | None = None) -> SessionSnapshot: ...
+
+    async def commit(self, work: Callable[[Transaction], T]) -> T: ...
+
+    async def turn(self, turn_id: str) -> TurnRecord | None: ...
+
+    async def messages(self) -> list[Message]: ...
+
+    async def events(self, *, turn_id: str | None = None, after: int = 0) -> list[TurnEvent]: ...
+
+    async def status(self) -> SessionStatus: ...
+
+
+@runtime_checkable
+class Store(Protocol):
+    """A storage backend: many sessions behind one connection or pool."""
+
+    async def open(self) -> None:
+        """Connect and bring the schema up to date. Called by ``Runtime.__aenter__``."""
+
+    async def close(self) -> None: ...
+
+    def session(self, session_id: str) -> SessionStore: ...
+
+    async def sessions(self) -> list[SessionInfo]: ...
+
+    async def unfinished_turns(self) -> list[TurnRecord]:
+        """Turns opened but never finished (a process died under them), oldest first."""

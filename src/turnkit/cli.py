@@ -1,0 +1,105 @@
+"""The ``turnkit`` command line: run an agent's turn in the terminal.
+
+Errors print as one line (``turnkit: error: …``) with a non-zero exit, never a
+traceback; ``--help`` on each command says what it takes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TextIO
+
+from ._errors import TurnkitError
+from ._events import TurnEvent
+from ._loader import AgentFolder, load_agent
+from ._runtime import Runtime
+from .stores import SqliteStore
+
+DEFAULT_STORE = os.path.join(".turnkit", "sessions.db")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="turnkit", description="Durable agent turns.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    run = commands.add_parser("run", help="run one turn of an agent, streamed to the terminal")
+    run.add_argument("agent_dir", help="the agent folder (agent.py, instructions.md, tools/)")
+    run.add_argument("text", help="what to say to the agent")
+    run.add_argument("--session", default="cli", help="session id (default: cli)")
+    run.add_argument(
+        "--store",
+        default=DEFAULT_STORE,
+        help=f"SQLite file for sessions (default: {DEFAULT_STORE})",
+    )
+    return parser
+
+
+class TerminalRenderer:
+    """Prints a turn's events as they arrive: text inline, tool calls as a timeline."""
+
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+        self._mid_line = False
+
+    def _line(self, text: str) -> None:
+        if self._mid_line:
+            self.out.write("\n")
+            self._mid_line = False
+        self.out.write(text + "\n")
+
+    def render(self, event: TurnEvent) -> None:
+        if event.type == "message.delta":
+            self.out.write(event.text)
+            self._mid_line = True
+        elif event.type == "action.requested":
+            self._line(f"  → {event.call.name} {json.dumps(event.call.input, ensure_ascii=False)}")
+        elif event.type == "action.completed":
+            mark = "✗" if event.error else "←"
+            shown = event.error if event.error else json.dumps(event.result, ensure_ascii=False)
+            self._line(f"  {mark} {event.name}: {shown}")
+        elif event.type in ("turn.completed", "turn.failed") and self._mid_line:
+            self.out.write("\n")
+            self._mid_line = False
+        self.out.flush()
+
+
+async def _run(args: argparse.Namespace) -> int:
+    folder = AgentFolder.read(args.agent_dir)
+    if folder.model is None:
+        print("turnkit: no model configured; using the offline demo model", file=sys.stderr)
+    agent = load_agent(args.agent_dir)
+    store_path = Path(args.store)
+    store_path.parent.mkdir(parents=True, exist_ok=True)
+    renderer = TerminalRenderer(sys.stdout)
+    async with Runtime([agent], store=SqliteStore(store_path)) as runtime:
+        await runtime.recover()
+        session = runtime.session(agent.name, args.session)
+        turn_id = session.start(args.text)
+        async for event in session.observe(turn_id):
+            renderer.render(event)
+        result = await session.result(turn_id)
+    if result.status != "completed":
+        print(f"turnkit: turn failed: {result.error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return asyncio.run(_run(args))
+    except TurnkitError as exc:
+        print(f"turnkit: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("turnkit: interrupted; the turn resumes on the next run", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

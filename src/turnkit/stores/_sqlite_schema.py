@@ -1,0 +1,108 @@
+"""SQLite schema migrations: an ordered list of steps and a version row.
+
+Each entry moves the schema from version ``i`` to ``i + 1`` and runs in its own
+transaction, so a database at any earlier version is brought forward safely,
+also while other connections read it.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+from .._errors import StoreError
+
+MIGRATIONS: list[tuple[str, ...]] = [
+    (
+        """CREATE TABLE turnkit_sessions (
+            session_id TEXT PRIMARY KEY,
+            agent TEXT NOT NULL,
+            status TEXT NOT NULL,
+            created_at REAL NOT NULL,
+            updated_at REAL NOT NULL
+        ) WITHOUT ROWID""",
+        """CREATE TABLE turnkit_turns (
+            session_id TEXT NOT NULL,
+            turn_id TEXT NOT NULL,
+            agent TEXT NOT NULL,
+            status TEXT NOT NULL,
+            opening TEXT NOT NULL,
+            event TEXT,
+            text TEXT,
+            error TEXT,
+            created_at REAL NOT NULL,
+            finished_at REAL,
+            PRIMARY KEY (session_id, turn_id)
+        )""",
+        "CREATE INDEX turnkit_turns_running ON turnkit_turns (created_at) WHERE status = 'running'",
+        """CREATE TABLE turnkit_messages (
+            session_id TEXT NOT NULL,
+            idx INTEGER NOT NULL,
+            turn_id TEXT NOT NULL,
+            body TEXT NOT NULL,
+            PRIMARY KEY (session_id, idx)
+        ) WITHOUT ROWID""",
+        """CREATE TABLE turnkit_steps (
+            session_id TEXT NOT NULL,
+            step_id TEXT NOT NULL,
+            turn_id TEXT NOT NULL,
+            result TEXT NOT NULL,
+            PRIMARY KEY (session_id, step_id)
+        ) WITHOUT ROWID""",
+        "CREATE INDEX turnkit_steps_turn ON turnkit_steps (session_id, turn_id)",
+        """CREATE TABLE turnkit_events (
+            session_id TEXT NOT NULL,
+            seq INTEGER NOT NULL,
+            turn_id TEXT NOT NULL,
+            body TEXT NOT NULL,
+            PRIMARY KEY (session_id, seq)
+        ) WITHOUT ROWID""",
+        "CREATE INDEX turnkit_events_turn ON turnkit_events (session_id, turn_id, seq)",
+    ),
+]
+
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def current_version(conn: sqlite3.Connection) -> int:
+    conn.execute(
+        "CREATE TABLE IF NOT EXISTS turnkit_schema (id INTEGER PRIMARY KEY CHECK (id = 1), "
+        "version INTEGER NOT NULL)"
+    )
+    row = conn.execute("SELECT version FROM turnkit_schema WHERE id = 1").fetchone()
+    return int(row[0]) if row else 0
+
+
+def migrate(conn: sqlite3.Connection, migrations: list[tuple[str, ...]] = MIGRATIONS) -> int:
+    """Apply every migration past the stored version; return the version reached.
+
+    A database written by a newer turnkit is refused rather than misread.
+    """
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        version = current_version(conn)
+    finally:
+        conn.execute("COMMIT")
+    if version > len(migrations):
+        raise StoreError(
+            f"database schema is version {version}, newer than this turnkit knows "
+            f"({len(migrations)}); upgrade turnkit"
+        )
+    for target in range(version + 1, len(migrations) + 1):
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            # Re-read under the write lock: another process may have migrated meanwhile.
+            if current_version(conn) >= target:
+                conn.execute("COMMIT")
+                continue
+            for statement in migrations[target - 1]:
+                conn.execute(statement)
+            conn.execute(
+                "INSERT INTO turnkit_schema (id, version) VALUES (1, ?) "
+                "ON CONFLICT (id) DO UPDATE SET version = excluded.version",
+                (target,),
+            )
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+    return len(migrations)

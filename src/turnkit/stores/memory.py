@@ -1,0 +1,175 @@
+"""``MemoryStore``: sessions kept in process memory, for tests and throwaway demos.
+
+It honours the seam's contract except what memory cannot give: there is no
+connection for tools (``ctx.store.unwrap()`` is ``None``) and no rollback, so
+exactly-once app writes need a SQL store.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any, TypeVar
+
+from .._context import NoHandle
+from .._errors import StoreError
+from .._events import TurnEvent
+from .._messages import Message
+from .._store import (
+    TERMINAL_TURN_STATUSES,
+    SessionInfo,
+    SessionSnapshot,
+    SessionStatus,
+    StoreHandle,
+    TurnRecord,
+    TurnStatus,
+)
+
+T = TypeVar("T")
+
+_NO_HANDLE = NoHandle("the in-memory store has no transactional handle; use SqliteStore")
+
+
+@dataclass
+class _SessionData:
+    agent: str | None = None
+    status: SessionStatus = "new"
+    updated_at: float = 0.0
+    messages: list[Message] = field(default_factory=list)
+    steps: dict[str, tuple[str, Any]] = field(default_factory=dict)
+    events: list[TurnEvent] = field(default_factory=list)
+    turns: dict[str, TurnRecord] = field(default_factory=dict)
+
+
+class _MemoryTransaction:
+    """Applies each write at once: memory has no rollback."""
+
+    def __init__(self, data: _SessionData, session_id: str) -> None:
+        self._data = data
+        self._session_id = session_id
+
+    @property
+    def handle(self) -> StoreHandle:
+        return _NO_HANDLE
+
+    def append_message(self, index: int, message: Message) -> None:
+        if index != len(self._data.messages):
+            raise StoreError(
+                f"session {self._session_id}: message index {index} is not the next "
+                f"position {len(self._data.messages)}"
+            )
+        self._data.messages.append(message)
+
+    def put_step(self, step_id: str, turn_id: str, result: Any) -> None:
+        if step_id in self._data.steps:
+            raise StoreError(f"session {self._session_id}: step {step_id} is already stored")
+        self._data.steps[step_id] = (turn_id, result)
+
+    def log_event(self, event: TurnEvent) -> None:
+        events = self._data.events
+        if event.seq is None or (
+            events and events[-1].seq is not None and event.seq <= events[-1].seq
+        ):
+            raise StoreError(f"session {self._session_id}: event seq {event.seq} is not increasing")
+        events.append(event)
+
+    def open_turn(self, record: TurnRecord) -> None:
+        if record.turn_id in self._data.turns:
+            raise StoreError(f"session {self._session_id}: turn {record.turn_id} already exists")
+        self._data.turns[record.turn_id] = record
+        self._data.agent = record.agent
+        self._touch("running")
+
+    def set_turn_status(
+        self, turn_id: str, status: TurnStatus, *, text: str | None = None, error: str | None = None
+    ) -> None:
+        record = self._data.turns.get(turn_id)
+        if record is None:
+            raise StoreError(f"session {self._session_id}: no turn {turn_id} to finish")
+        terminal = status in TERMINAL_TURN_STATUSES
+        self._data.turns[turn_id] = replace(
+            record,
+            status=status,
+            text=text,
+            error=error,
+            finished_at=time.time() if terminal else None,
+        )
+        self._touch("idle" if terminal else "running")
+
+    def _touch(self, status: SessionStatus) -> None:
+        self._data.status = status
+        self._data.updated_at = time.time()
+
+
+class _MemorySession:
+    def __init__(self, session_id: str, data: _SessionData) -> None:
+        self._session_id = session_id
+        self._data = data
+
+    @property
+    def session_id(self) -> str:
+        return self._session_id
+
+    async def load(self, turn_id: str | None = None) -> SessionSnapshot:
+        d = self._data
+        steps = (
+            {k: r for k, (t, r) in d.steps.items() if t == turn_id} if turn_id is not None else {}
+        )
+        last_seq = d.events[-1].seq if d.events else 0
+        return SessionSnapshot(
+            messages=list(d.messages),
+            steps=steps,
+            turn=d.turns.get(turn_id) if turn_id is not None else None,
+            agent=d.agent,
+            next_seq=(last_seq or 0) + 1,
+        )
+
+    async def commit(self, work: Callable[[Any], T]) -> T:
+        return work(_MemoryTransaction(self._data, self._session_id))
+
+    async def turn(self, turn_id: str) -> TurnRecord | None:
+        return self._data.turns.get(turn_id)
+
+    async def messages(self) -> list[Message]:
+        return list(self._data.messages)
+
+    async def events(self, *, turn_id: str | None = None, after: int = 0) -> list[TurnEvent]:
+        return [
+            e
+            for e in self._data.events
+            if (e.seq or 0) > after and (turn_id is None or e.turn_id == turn_id)
+        ]
+
+    async def status(self) -> SessionStatus:
+        return self._data.status
+
+
+class MemoryStore:
+    """Every session in a dict. Fast, and gone when the process exits."""
+
+    def __init__(self) -> None:
+        self._sessions: dict[str, _SessionData] = {}
+
+    async def open(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    def session(self, session_id: str) -> _MemorySession:
+        data = self._sessions.setdefault(session_id, _SessionData())
+        return _MemorySession(session_id, data)
+
+    async def sessions(self) -> list[SessionInfo]:
+        return [
+            SessionInfo(session_id=sid, agent=d.agent, status=d.status, updated_at=d.updated_at)
+            for sid, d in sorted(self._sessions.items())
+            if d.agent is not None
+        ]
+
+    async def unfinished_turns(self) -> list[TurnRecord]:
+        found = [
+            t for d in self._sessions.values() for t in d.turns.values() if t.status == "running"
+        ]
+        return sorted(found, key=lambda t: t.created_at)

@@ -1,0 +1,277 @@
+"""``SqliteStore``: many sessions in one SQLite file, the embedded default.
+
+Transactions run on the calling thread: in WAL mode with ``synchronous=NORMAL`` a
+commit costs tens of microseconds, less than handing the work to a thread would.
+A local tool's ``ctx.store`` is this connection inside the open transaction.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar, cast
+
+from .._errors import StoreError
+from .._events import TurnEvent, event_from_dict
+from .._messages import Message, message_from_dict
+from .._store import (
+    TERMINAL_TURN_STATUSES,
+    SessionInfo,
+    SessionSnapshot,
+    SessionStatus,
+    StoreHandle,
+    TurnRecord,
+    TurnStatus,
+)
+from ._sqlite_schema import migrate
+
+T = TypeVar("T")
+
+_dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+
+
+class _SqliteHandle:
+    """``ctx.store`` for local tools: the raw connection, inside the step transaction."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+
+    def unwrap(self) -> sqlite3.Connection:
+        return self._conn
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        return self._conn.execute(sql, tuple(params)).fetchall()
+
+
+class _SqliteTransaction:
+    def __init__(self, conn: sqlite3.Connection, session_id: str) -> None:
+        self._conn = conn
+        self._sid = session_id
+
+    @property
+    def handle(self) -> StoreHandle:
+        return _SqliteHandle(self._conn)
+
+    def append_message(self, index: int, message: Message) -> None:
+        self._conn.execute(
+            "INSERT INTO turnkit_messages (session_id, idx, turn_id, body) VALUES (?, ?, ?, ?)",
+            (self._sid, index, message.turn_id, _dumps(message.to_dict())),
+        )
+
+    def put_step(self, step_id: str, turn_id: str, result: Any) -> None:
+        self._conn.execute(
+            "INSERT INTO turnkit_steps (session_id, step_id, turn_id, result) VALUES (?, ?, ?, ?)",
+            (self._sid, step_id, turn_id, _dumps(result)),
+        )
+
+    def log_event(self, event: TurnEvent) -> None:
+        self._conn.execute(
+            "INSERT INTO turnkit_events (session_id, seq, turn_id, body) VALUES (?, ?, ?, ?)",
+            (self._sid, event.seq, event.turn_id, _dumps(event.to_dict())),
+        )
+
+    def open_turn(self, record: TurnRecord) -> None:
+        now = time.time()
+        self._conn.execute(
+            "INSERT INTO turnkit_turns (session_id, turn_id, agent, status, opening, event, "
+            "created_at) VALUES (?, ?, ?, 'running', ?, ?, ?)",
+            (
+                self._sid,
+                record.turn_id,
+                record.agent,
+                _dumps(record.opening),
+                _dumps(record.event) if record.event is not None else None,
+                record.created_at or now,
+            ),
+        )
+        self._conn.execute(
+            "INSERT INTO turnkit_sessions (session_id, agent, status, created_at, updated_at) "
+            "VALUES (?, ?, 'running', ?, ?) ON CONFLICT (session_id) DO UPDATE SET "
+            "agent = excluded.agent, status = 'running', updated_at = excluded.updated_at",
+            (self._sid, record.agent, now, now),
+        )
+
+    def set_turn_status(
+        self, turn_id: str, status: TurnStatus, *, text: str | None = None, error: str | None = None
+    ) -> None:
+        now = time.time()
+        terminal = status in TERMINAL_TURN_STATUSES
+        cur = self._conn.execute(
+            "UPDATE turnkit_turns SET status = ?, text = ?, error = ?, finished_at = ? "
+            "WHERE session_id = ? AND turn_id = ?",
+            (status, text, error, now if terminal else None, self._sid, turn_id),
+        )
+        if cur.rowcount != 1:
+            raise StoreError(f"session {self._sid}: no turn {turn_id} to update")
+        self._conn.execute(
+            "UPDATE turnkit_sessions SET status = ?, updated_at = ? WHERE session_id = ?",
+            ("idle" if terminal else "running", now, self._sid),
+        )
+
+
+def _turn_from_row(row: sqlite3.Row | tuple[Any, ...]) -> TurnRecord:
+    sid, tid, agent, status, opening, event, text, error, created, finished = row
+    return TurnRecord(
+        session_id=sid,
+        turn_id=tid,
+        agent=agent,
+        status=status,
+        opening=json.loads(opening),
+        event=json.loads(event) if event else None,
+        text=text,
+        error=error,
+        created_at=created,
+        finished_at=finished,
+    )
+
+
+_TURN_COLUMNS = (
+    "session_id, turn_id, agent, status, opening, event, text, error, created_at, finished_at"
+)
+
+
+class _SqliteSession:
+    def __init__(self, store: SqliteStore, session_id: str) -> None:
+        self._store = store
+        self._sid = session_id
+
+    @property
+    def session_id(self) -> str:
+        return self._sid
+
+    async def load(self, turn_id: str | None = None) -> SessionSnapshot:
+        conn = self._store.connection
+        rows = conn.execute(
+            "SELECT body FROM turnkit_messages WHERE session_id = ? ORDER BY idx", (self._sid,)
+        ).fetchall()
+        messages = [message_from_dict(json.loads(r[0])) for r in rows]
+        steps: dict[str, Any] = {}
+        turn = None
+        if turn_id is not None:
+            for step_id, result in conn.execute(
+                "SELECT step_id, result FROM turnkit_steps WHERE session_id = ? AND turn_id = ?",
+                (self._sid, turn_id),
+            ):
+                steps[step_id] = json.loads(result)
+            turn = await self.turn(turn_id)
+        seq_row = conn.execute(
+            "SELECT max(seq) FROM turnkit_events WHERE session_id = ?", (self._sid,)
+        ).fetchone()
+        agent_row = conn.execute(
+            "SELECT agent FROM turnkit_sessions WHERE session_id = ?", (self._sid,)
+        ).fetchone()
+        return SessionSnapshot(
+            messages=messages,
+            steps=steps,
+            turn=turn,
+            agent=agent_row[0] if agent_row else None,
+            next_seq=(seq_row[0] or 0) + 1,
+        )
+
+    async def commit(self, work: Callable[[Any], T]) -> T:
+        conn = self._store.connection
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            result = work(_SqliteTransaction(conn, self._sid))
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        return result
+
+    async def turn(self, turn_id: str) -> TurnRecord | None:
+        row = self._store.connection.execute(
+            f"SELECT {_TURN_COLUMNS} FROM turnkit_turns WHERE session_id = ? AND turn_id = ?",
+            (self._sid, turn_id),
+        ).fetchone()
+        return _turn_from_row(row) if row else None
+
+    async def messages(self) -> list[Message]:
+        return (await self.load()).messages
+
+    async def events(self, *, turn_id: str | None = None, after: int = 0) -> list[TurnEvent]:
+        conn = self._store.connection
+        if turn_id is None:
+            rows = conn.execute(
+                "SELECT body FROM turnkit_events WHERE session_id = ? AND seq > ? ORDER BY seq",
+                (self._sid, after),
+            ).fetchall()
+        else:
+            rows = conn.execute(
+                "SELECT body FROM turnkit_events WHERE session_id = ? AND turn_id = ? AND seq > ? "
+                "ORDER BY seq",
+                (self._sid, turn_id, after),
+            ).fetchall()
+        return [event_from_dict(json.loads(r[0])) for r in rows]
+
+    async def status(self) -> SessionStatus:
+        row = self._store.connection.execute(
+            "SELECT status FROM turnkit_sessions WHERE session_id = ?", (self._sid,)
+        ).fetchone()
+        return cast(SessionStatus, row[0]) if row else "new"
+
+
+class SqliteStore:
+    """Sessions in one SQLite file (WAL). ``busy_timeout`` is how long, in seconds, a
+    write waits for another process's lock before failing."""
+
+    def __init__(self, path: str | os.PathLike[str], *, busy_timeout: float = 5.0) -> None:
+        self.path = os.fspath(path)
+        self._busy_timeout = busy_timeout
+        self._conn: sqlite3.Connection | None = None
+
+    @property
+    def connection(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise StoreError(
+                "SqliteStore is not open: use it through `async with Runtime(...)` "
+                "or await store.open() first"
+            )
+        return self._conn
+
+    async def open(self) -> None:
+        if self._conn is not None:
+            return
+        parent = os.path.dirname(os.path.abspath(self.path))
+        if not os.path.isdir(parent):
+            raise StoreError(f"SqliteStore: directory {parent!r} does not exist")
+        try:
+            conn = sqlite3.connect(
+                self.path,
+                timeout=self._busy_timeout,
+                isolation_level=None,
+                check_same_thread=False,
+            )
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA synchronous = NORMAL")
+            migrate(conn)
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"SqliteStore: cannot open {self.path!r}: {exc}") from exc
+        self._conn = conn
+
+    async def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def session(self, session_id: str) -> _SqliteSession:
+        return _SqliteSession(self, session_id)
+
+    async def sessions(self) -> list[SessionInfo]:
+        rows = self.connection.execute(
+            "SELECT session_id, agent, status, updated_at FROM turnkit_sessions ORDER BY session_id"
+        ).fetchall()
+        return [
+            SessionInfo(session_id=r[0], agent=r[1], status=r[2], updated_at=r[3]) for r in rows
+        ]
+
+    async def unfinished_turns(self) -> list[TurnRecord]:
+        rows = self.connection.execute(
+            f"SELECT {_TURN_COLUMNS} FROM turnkit_turns WHERE status = 'running' "
+            "ORDER BY created_at"
+        ).fetchall()
+        return [_turn_from_row(r) for r in rows]

@@ -1,0 +1,18 @@
+"""Test doubles that ship with turnkit, so apps test their agents the way turnkit does.
+
+``ScriptedModel`` plays back replies, ``RecordingSink`` keeps every event, and
+``CrashingStore`` kills the process at a chosen commit to prove crash safety.
+"""
+
+from ._crashing import CrashingStore
+from ._scripted import ScriptedCall, ScriptedModel, ScriptedReply, tool_call
+from ._sinks import RecordingSink
+
+__all__ = [
+    "CrashingStore",
+    "RecordingSink",
+    "ScriptedCall",
+    "ScriptedModel",
+    "ScriptedReply",
+    "tool_call",
+]

@@ -1,0 +1,100 @@
+"""``CrashingStore``: wraps a real store and kills the process at a chosen commit.
+
+Fault injection happens at the seam, never inside the engine: the wrapper counts
+commits across all sessions and sends itself ``SIGKILL`` just before or just after
+commit number ``crash_at``, which is what a power cut or OOM kill looks like.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Callable
+from typing import Any, Literal, TypeVar
+
+from .._events import TurnEvent
+from .._messages import Message
+from .._store import (
+    SessionInfo,
+    SessionSnapshot,
+    SessionStatus,
+    SessionStore,
+    Store,
+    Transaction,
+    TurnRecord,
+)
+
+T = TypeVar("T")
+
+
+def _kill() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+class _CountingSession:
+    def __init__(self, owner: CrashingStore, inner: SessionStore) -> None:
+        self._owner = owner
+        self._inner = inner
+
+    @property
+    def session_id(self) -> str:
+        return self._inner.session_id
+
+    async def load(self, turn_id: str | None = None) -> SessionSnapshot:
+        return await self._inner.load(turn_id)
+
+    async def commit(self, work: Callable[[Transaction], T]) -> T:
+        number = self._owner.commits + 1
+        if self._owner.when == "before" and number == self._owner.crash_at:
+            self._owner.on_crash()
+        result = await self._inner.commit(work)
+        self._owner.commits = number
+        if self._owner.when == "after" and number == self._owner.crash_at:
+            self._owner.on_crash()
+        return result
+
+    async def turn(self, turn_id: str) -> TurnRecord | None:
+        return await self._inner.turn(turn_id)
+
+    async def messages(self) -> list[Message]:
+        return await self._inner.messages()
+
+    async def events(self, *, turn_id: str | None = None, after: int = 0) -> list[TurnEvent]:
+        return await self._inner.events(turn_id=turn_id, after=after)
+
+    async def status(self) -> SessionStatus:
+        return await self._inner.status()
+
+
+class CrashingStore:
+    """``CrashingStore(SqliteStore(path), crash_at=3, when="after")`` dies right after
+    the third successful commit. ``crash_at=None`` only counts (see ``commits``)."""
+
+    def __init__(
+        self,
+        inner: Store,
+        *,
+        crash_at: int | None = None,
+        when: Literal["before", "after"] = "before",
+        on_crash: Callable[[], Any] = _kill,
+    ) -> None:
+        self.inner = inner
+        self.crash_at = crash_at
+        self.when = when
+        self.on_crash = on_crash
+        self.commits = 0
+
+    async def open(self) -> None:
+        await self.inner.open()
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+    def session(self, session_id: str) -> _CountingSession:
+        return _CountingSession(self, self.inner.session(session_id))
+
+    async def sessions(self) -> list[SessionInfo]:
+        return await self.inner.sessions()
+
+    async def unfinished_turns(self) -> list[TurnRecord]:
+        return await self.inner.unfinished_turns()
