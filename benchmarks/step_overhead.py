@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import itertools
 import json
 import platform
 import sqlite3
@@ -33,7 +34,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -138,19 +139,19 @@ class CaseResult:
     runs: list[dict[str, Any]] = field(default_factory=list)
 
 
-def _make_store(kind: StoreKind, tmp: Path, run: int) -> Store:
+_db_numbers = itertools.count()
+
+
+def _make_store(kind: StoreKind, tmp: Path) -> Store:
+    """A fresh, empty store for every run: one turn on one new session."""
     if kind == "memory":
         return MemoryStore()
-    return SqliteStore(tmp / f"bench-{run}.db")
+    return SqliteStore(tmp / f"bench-{next(_db_numbers)}.db")
 
 
-async def _run_turn(
-    store_kind: StoreKind, tool_kind: ToolKind, steps: int, tmp: Path, run: int
-) -> RunSample:
+async def _run_turn(store_kind: StoreKind, tool_kind: ToolKind, steps: int, tmp: Path) -> RunSample:
     tool = noop if tool_kind == "def" else noop_async
-    agent = turnkit.Agent(
-        name="bench", model=ZeroModel(steps, _TOOL_NAME[tool_kind]), tools=[tool]
-    )
+    agent = turnkit.Agent(name="bench", model=ZeroModel(steps, _TOOL_NAME[tool_kind]), tools=[tool])
     stamps: list[float] = []
     append, clock = stamps.append, time.perf_counter
 
@@ -160,7 +161,7 @@ async def _run_turn(
         if kind == "action.completed" or kind == "turn.started":
             append(clock())
 
-    async with turnkit.Runtime(agent, store=_make_store(store_kind, tmp, run)) as runtime:
+    async with turnkit.Runtime(agent, store=_make_store(store_kind, tmp)) as runtime:
         session = runtime.session("bench", _SESSION)
         unsubscribe = session.subscribe(on_event)
         gc.collect()
@@ -181,7 +182,7 @@ def _median(values: Sequence[float]) -> float:
 async def _measure_case(
     store_kind: StoreKind, tool_kind: ToolKind, steps: int, runs: int, window: int, tmp: Path
 ) -> CaseResult:
-    samples = [await _run_turn(store_kind, tool_kind, steps, tmp, r) for r in range(runs)]
+    samples = [await _run_turn(store_kind, tool_kind, steps, tmp) for _ in range(runs)]
     head_n = min(window, steps)
     has_tail = steps >= 2 * window
     per_run: list[dict[str, Any]] = []
@@ -260,8 +261,10 @@ def _pair_rows(k: int, turn_id: str) -> tuple[list[Row], list[Row]]:
         (_SQL_EVENT, (_SESSION, seq + 1, turn_id, _dumps(requested.to_dict()))),
     ]
     tool_rows: list[Row] = [
-        (_SQL_STEP, (_SESSION, f"tool:{idx}:{call.id}", turn_id, _dumps({"result": result,
-                                                                        "error": None}))),
+        (
+            _SQL_STEP,
+            (_SESSION, f"tool:{idx}:{call.id}", turn_id, _dumps({"result": result, "error": None})),
+        ),
         (_SQL_MSG, (_SESSION, idx + 1, turn_id, _dumps(tool_msg.to_dict()))),
         (_SQL_EVENT, (_SESSION, seq + 2, turn_id, _dumps(done.to_dict()))),
     ]
@@ -322,8 +325,10 @@ def measure_floor(pairs: int, runs: int, tmp: Path) -> Floor:
     m0, t0 = model_commits[0], tool_commits[0]
     names = ["model.step", "model.message", "model.event.completed", "model.event.requested"]
     sizes = {n: len(r[1][3]) for n, r in zip(names, m0, strict=True)}
-    sizes |= {n: len(r[1][3]) for n, r in zip(["tool.step", "tool.message", "tool.event"], t0,
-                                               strict=True)}
+    sizes |= {
+        n: len(r[1][3])
+        for n, r in zip(["tool.step", "tool.message", "tool.event"], t0, strict=True)
+    }
     return Floor(
         pairs=pairs,
         commit_3rows_us=c3 * 1e6,
@@ -352,7 +357,7 @@ def print_table(cases: list[CaseResult], window: int) -> None:
         print(
             f"{c.store:<7} {c.tool:<6} {c.steps:>6} {c.turn_ms:>9.2f} {c.turn_us_per_pair:>13.1f} "
             f"{c.head_us_per_pair:>18.1f} {_fmt(c.tail_us_per_pair):>17} "
-            f"{_fmt(c.growth, '.2f', '×'):>7}"
+            f"{_fmt(c.growth, '.2f', 'x'):>7}"
         )
 
 
@@ -365,10 +370,14 @@ def print_floor(floor: Floor) -> None:
         f"  one commit (BEGIN IMMEDIATE + step + message + event row + COMMIT): "
         f"{floor.commit_3rows_us:.1f} µs"
     )
-    print(f"  pair floor (2 such commits):                                      "
-          f"{floor.pair_3rows_us:.1f} µs")
-    print(f"  pair floor, engine's exact rows (4-row model + 3-row tool commit): "
-          f"{floor.pair_exact_us:.1f} µs")
+    print(
+        f"  pair floor (2 such commits):                                      "
+        f"{floor.pair_3rows_us:.1f} µs"
+    )
+    print(
+        f"  pair floor, engine's exact rows (4-row model + 3-row tool commit): "
+        f"{floor.pair_exact_us:.1f} µs"
+    )
     sizes = ", ".join(f"{k} {v}" for k, v in floor.body_bytes.items())
     print(f"  JSON body bytes: {sizes}")
 
@@ -414,16 +423,18 @@ def _word(ok: bool | None) -> str:
 def print_verdicts(rows: list[dict[str, Any]]) -> None:
     for v in rows:
         pair = " / ".join(f"{us:.1f} µs ({tool})" for tool, us in v["pair_us"].items())
-        growth = " / ".join(f"{g:.2f}× ({tool})" for tool, g in v["growth"].items()) or "-"
+        growth = " / ".join(f"{g:.2f}x ({tool})" for tool, g in v["growth"].items()) or "-"
         bar = f"≤ {v['pair_bar_us']:.0f} µs" if v["pair_bar_us"] is not None else "no bar"
         over = ""
         if v["pair_over_floor"]:
-            over = " [above SQLite floor: " + " / ".join(
-                f"{us:.1f} µs ({tool})" for tool, us in v["pair_over_floor"].items()
-            ) + "]"
+            over = (
+                " [above SQLite floor: "
+                + " / ".join(f"{us:.1f} µs ({tool})" for tool, us in v["pair_over_floor"].items())
+                + "]"
+            )
         print(
             f"VERDICT {v['store']}: pair {pair} vs {bar}: {_word(v['pair_ok'])}{over}; "
-            f"growth {growth} vs ≤ {v['growth_bar']}×: {_word(v['growth_ok'])}"
+            f"growth {growth} vs ≤ {v['growth_bar']}x: {_word(v['growth_ok'])}"
         )
 
 
@@ -455,8 +466,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--stores", nargs="+", choices=["memory", "sqlite"], default=["memory", "sqlite"]
     )
-    p.add_argument("--tools", nargs="+", choices=["def", "async"], default=["def", "async"],
-                   help="no-op tool variants: plain def (local) and async def (remote)")
+    p.add_argument(
+        "--tools",
+        nargs="+",
+        choices=["def", "async"],
+        default=["def", "async"],
+        help="no-op tool variants: plain def (local) and async def (remote)",
+    )
     p.add_argument("--warmup", type=int, default=1, help="untimed turns per store/tool first")
     p.add_argument("--no-gc", action="store_true", help="disable the cyclic GC while timing")
     p.add_argument("--no-floor", action="store_true", help="skip the SQLite floor")
@@ -471,8 +487,8 @@ async def run_cases(args: argparse.Namespace, tmp: Path) -> list[CaseResult]:
     cases: list[CaseResult] = []
     for store in args.stores:
         for tool in args.tools:
-            for w in range(args.warmup):
-                await _run_turn(store, tool, min(100, max(args.steps)), tmp, 1000 + w)
+            for _ in range(args.warmup):
+                await _run_turn(store, tool, min(100, max(args.steps)), tmp)
             for steps in args.steps:
                 cases.append(await _measure_case(store, tool, steps, args.runs, args.window, tmp))
     return cases

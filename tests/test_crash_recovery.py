@@ -1,0 +1,234 @@
+"""Crash safety for real: SIGKILL a process at every commit boundary, recover in a new one.
+
+``crash_child.py`` runs one turn (a batch of three local ``create_order`` calls, one
+remote call, a final answer built from the tool results) over
+``CrashingStore(SqliteStore(db))``. A reference run without a crash gives the number
+of commits ``N`` and the expected answers. Then, for every commit ``k`` in ``1..N``,
+killed just before and just after it, a fresh child on a fresh database is killed
+and a second fresh process recovers the turn, once by redelivering it and once with
+``runtime.recover()``, and runs a second turn. The database is then read directly
+with ``sqlite3`` and must hold exactly what one uninterrupted run would have written.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sqlite3
+import subprocess
+import sys
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from crash_child import (
+    ITEMS,
+    SECOND_ITEM,
+    SECOND_TEXT,
+    SECOND_TURN_ID,
+    SESSION,
+    TURN_ID,
+    TURN_TEXT,
+)
+
+pytestmark = pytest.mark.slow
+
+CHILD = Path(__file__).with_name("crash_child.py")
+#: Only there so a wedged child cannot hang the suite; never a performance bound.
+CHILD_TIMEOUT = 120.0
+WHENS = ("before", "after")
+RECOVERY_MODES = ("redeliver", "recover")
+#: One commit opens the turn, then one per model step (3) and one per tool call (4).
+EXPECTED_COMMITS = 1 + 3 + 4
+
+
+@dataclass(frozen=True)
+class Reference:
+    commits: int
+    turn1: dict[str, Any]
+    turn2: dict[str, Any]
+
+
+def run_child(db: Path, crash_at: int, when: str, mode: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(CHILD), str(db), str(crash_at), when, mode],
+        capture_output=True,
+        text=True,
+        timeout=CHILD_TIMEOUT,
+        check=False,
+    )
+
+
+def child_output(proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    assert proc.returncode == 0, (
+        f"child exited with {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    )
+    lines = proc.stdout.strip().splitlines()
+    assert lines, f"child printed nothing\nstderr:\n{proc.stderr}"
+    out: dict[str, Any] = json.loads(lines[-1])
+    return out
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Reference:
+    db = tmp_path_factory.mktemp("reference") / "turnkit.db"
+    out = child_output(run_child(db, 0, "before", "run"))
+    ref = Reference(commits=out["commits"], turn1=out["turn1"], turn2=out["turn2"])
+    # The checker must accept an uninterrupted run, or it proves nothing below.
+    check_database(db, ref)
+    return ref
+
+
+# -- reading the database directly --------------------------------------------------
+
+
+def read_messages(conn: sqlite3.Connection) -> list[dict[str, Any]]:
+    rows = conn.execute(
+        "SELECT idx, body FROM turnkit_messages WHERE session_id = ? ORDER BY idx", (SESSION,)
+    ).fetchall()
+    assert [r[0] for r in rows] == list(range(len(rows))), "transcript indexes have gaps"
+    return [json.loads(r[1]) for r in rows]
+
+
+def check_transcript_valid(messages: list[dict[str, Any]]) -> None:
+    """What the next model call needs: each assistant's calls answered, in order, at once.
+
+    Every turn is an opening, then assistant messages; an assistant with tool calls
+    is followed by exactly one tool message per call in the order asked, and
+    nothing else comes before the next assistant message.
+    """
+    i = 0
+    while i < len(messages):
+        opening = messages[i]
+        assert opening["role"] == "user", f"message {i} should open a turn: {opening}"
+        turn = opening["turn_id"]
+        i += 1
+        while True:
+            assert i < len(messages), f"turn {turn} ends without a final assistant message"
+            assistant = messages[i]
+            assert assistant["role"] == "assistant", f"message {i} should be assistant: {assistant}"
+            assert assistant["turn_id"] == turn, f"message {i} belongs to another turn"
+            i += 1
+            calls = assistant["tool_calls"]
+            if not calls:
+                break
+            for call in calls:
+                assert i < len(messages), f"call {call['id']} of turn {turn} has no result"
+                result = messages[i]
+                assert result["role"] == "tool", f"message {i} should answer {call}: {result}"
+                assert (result["call_id"], result["name"], result["turn_id"]) == (
+                    call["id"],
+                    call["name"],
+                    turn,
+                ), f"message {i} answers the wrong call: {result} for {call}"
+                i += 1
+
+
+def check_database(db: Path, ref: Reference) -> None:
+    conn = sqlite3.connect(db)
+    try:
+        messages = read_messages(conn)
+        check_transcript_valid(messages)
+
+        first = [m for m in messages if m["turn_id"] == TURN_ID]
+        second = [m for m in messages if m["turn_id"] == SECOND_TURN_ID]
+        assert messages == first + second, "the transcript holds something besides the two turns"
+        roles = Counter(m["role"] for m in first)
+        assert roles == {"user": 1, "assistant": 3, "tool": 4}, roles
+        assert first[0] == {"role": "user", "turn_id": TURN_ID, "text": TURN_TEXT}
+        assert [m["role"] for m in second] == ["user", "assistant", "tool", "assistant"]
+        assert second[0]["text"] == SECOND_TEXT
+        assert not any(m.get("is_error") for m in messages), "a tool result is an error"
+
+        orders = conn.execute("SELECT id, item, turn_id, call_id FROM orders ORDER BY id").fetchall()
+        by_turn = {t: [o for o in orders if o[2] == t] for t in (TURN_ID, SECOND_TURN_ID)}
+        assert sorted(o[1] for o in by_turn[TURN_ID]) == sorted(ITEMS), orders
+        assert [o[1] for o in by_turn[SECOND_TURN_ID]] == [SECOND_ITEM], orders
+        assert len(orders) == len(ITEMS) + 1, orders
+        assert len({(o[2], o[3]) for o in orders}) == len(orders), f"duplicate call: {orders}"
+        # Each create_order result names the row its own transaction wrote.
+        written = {
+            (m["turn_id"], m["call_id"]): (m["result"]["order_id"], m["result"]["item"])
+            for m in messages
+            if m["role"] == "tool" and m["name"] == "create_order"
+        }
+        assert written == {(o[2], o[3]): (o[0], o[1]) for o in orders}
+
+        turns = dict(
+            (row[0], row[1:])
+            for row in conn.execute(
+                "SELECT turn_id, status, text FROM turnkit_turns WHERE session_id = ?", (SESSION,)
+            )
+        )
+        assert turns == {
+            TURN_ID: ("completed", ref.turn1["text"]),
+            SECOND_TURN_ID: ("completed", ref.turn2["text"]),
+        }
+
+        events = Counter(
+            json.loads(body)["type"]
+            for (body,) in conn.execute(
+                "SELECT body FROM turnkit_events WHERE session_id = ? AND turn_id = ?",
+                (SESSION, TURN_ID),
+            )
+        )
+        # Events commit with their step, so a replay never logs one twice.
+        assert events["turn.started"] == 1, events
+        assert events["message.completed"] == 3, events
+        assert events["action.completed"] == 4, events
+        assert events["turn.completed"] == 1, events
+        assert events["turn.failed"] == 0, events
+    finally:
+        conn.close()
+
+
+# -- the tests -------------------------------------------------------------------------
+
+
+def test_reference_run(reference: Reference) -> None:
+    assert reference.commits == EXPECTED_COMMITS
+    assert reference.turn1["status"] == "completed"
+    assert reference.turn1["text"] == "Ordered: #1 a (packed), #2 b (shipped), #3 c (packed)."
+    assert reference.turn2 == {
+        "turn_id": SECOND_TURN_ID,
+        "status": "completed",
+        "text": "Also ordered #4 d.",
+        "error": None,
+    }
+
+
+def crash_and_recover(tmp: Path, ref: Reference, k: int, when: str, mode: str) -> None:
+    db = tmp / f"crash-{k}-{when}-{mode}.db"
+    crashed = run_child(db, k, when, "run")
+    assert crashed.returncode == -signal.SIGKILL, (
+        f"expected SIGKILL, got {crashed.returncode}\nstdout:\n{crashed.stdout}\n"
+        f"stderr:\n{crashed.stderr}"
+    )
+    assert crashed.stdout == "", "the killed child got past its first turn"
+
+    out = child_output(run_child(db, 0, "before", mode))
+    assert out["turn1"] == ref.turn1
+    assert out["turn2"] == ref.turn2
+    if mode == "recover":
+        never_opened = k == 1 and when == "before"
+        already_done = k == ref.commits and when == "after"
+        assert out["fallback"] is never_opened, out
+        expected = [] if never_opened or already_done else [ref.turn1]
+        assert out["recovered"] == expected, out
+    check_database(db, ref)
+
+
+@pytest.mark.parametrize("mode", RECOVERY_MODES)
+@pytest.mark.parametrize("when", WHENS)
+def test_kill_at_every_commit_then_recover(
+    reference: Reference, tmp_path: Path, when: str, mode: str
+) -> None:
+    failures: list[str] = []
+    for k in range(1, reference.commits + 1):
+        try:
+            crash_and_recover(tmp_path, reference, k, when, mode)
+        except AssertionError as exc:
+            failures.append(f"killed {when} commit {k}, recovered by {mode}: {exc}")
+    assert not failures, "\n\n".join(failures)

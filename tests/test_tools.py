@@ -1,0 +1,146 @@
+"""Tool declarations: schemas from type hints, classification by declaration, clear errors."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+
+import turnkit
+from turnkit import ActionContext, Tool, ToolContext, ToolDefinitionError, ToolSpec, define_action, tool
+from turnkit.testing import ScriptedModel, ScriptedReply, tool_call
+
+
+class Address(BaseModel):
+    city: str
+    zip: str | None = None
+
+
+def test_tool_schema_comes_from_name_docstring_and_hints() -> None:
+    @tool
+    def ship(item: str, qty: int, to: Address, express: bool = False, ctx: Any = None) -> str:
+        """Ship an item to an address."""
+        return "ok"
+
+    assert ship.name == "ship" and ship.local
+    assert ship.spec.description == "Ship an item to an address."
+    schema = ship.spec.input_schema
+    assert schema["required"] == ["item", "qty", "to"]
+    assert set(schema["properties"]) == {"item", "qty", "to", "express"}  # ctx is hidden
+    assert schema["properties"]["qty"]["type"] == "integer"
+    assert schema["additionalProperties"] is False
+
+
+def test_async_def_is_remote_and_overrides_apply() -> None:
+    @tool(name="lookup-v2", description="Find things.")
+    async def lookup(q: str) -> list[str]:
+        return [q]
+
+    assert lookup.name == "lookup-v2" and not lookup.local
+    assert lookup.spec.description == "Find things."
+
+
+def test_a_context_parameter_is_found_by_its_type() -> None:
+    @tool
+    def where(context: ToolContext) -> str:
+        """Where am I."""
+        return context.session_id
+
+    assert where.spec.input_schema["properties"] == {}
+
+
+@pytest.mark.parametrize("name", ["", "has space", "x" * 65, "dots.not.ok"])
+def test_invalid_tool_names_are_refused(name: str) -> None:
+    with pytest.raises(ToolDefinitionError, match="invalid tool name"):
+        Tool(ToolSpec(name=name, description="d", input_schema={}), lambda i, c: None)
+
+
+def test_missing_docstring_and_varargs_are_refused() -> None:
+    def nodoc(x: int) -> int:
+        return x
+
+    with pytest.raises(ToolDefinitionError, match="no description"):
+        tool(nodoc)
+
+    def star(*args: int) -> None:
+        """Star."""
+
+    with pytest.raises(ToolDefinitionError, match=r"\*args"):
+        tool(star)
+
+
+def test_raw_tool_classification_follows_run() -> None:
+    spec = ToolSpec(name="t", description="d", input_schema={"type": "object"})
+
+    class AsyncCallable:
+        async def __call__(self, data: Any, ctx: Any) -> None:
+            return None
+
+    assert Tool(spec, lambda data, ctx: None).local
+    assert not Tool(spec, AsyncCallable()).local
+    with pytest.raises(ToolDefinitionError, match="run must be callable"):
+        Tool(spec, 42)  # type: ignore[arg-type]
+
+
+async def test_define_action_sees_only_the_user(open_runtime: Any) -> None:
+    seen: list[Any] = []
+
+    def local_run(data: dict[str, Any], actx: ActionContext) -> str:
+        seen.append(actx)
+        return f"hello {data['name']}"
+
+    async def remote_run(data: dict[str, Any], actx: ActionContext) -> str:
+        seen.append(actx)
+        return "remote"
+
+    schema = {"type": "object", "properties": {"name": {"type": "string"}}}
+    greet = define_action(name="greet", description="Greet.", input_schema=schema, run=local_run)
+    ping = define_action(name="ping", description="Ping.", input_schema=schema, run=remote_run)
+    assert greet.local and not ping.local
+    model = ScriptedModel(
+        [ScriptedReply(tool_calls=[tool_call("greet", {"name": "Ada"}), tool_call("ping")]), "ok"]
+    )
+    rt = await open_runtime(turnkit.Agent(name="a", model=model, tools=[greet, ping]))
+    user = turnkit.User(id="U1", attested=True)
+    event = turnkit.InboundEvent(source="test", text="hi", user=user)
+    await rt.session("a", "s1").turn("hi", event=event)
+    assert seen == [ActionContext(user=user), ActionContext(user=user)]
+    with pytest.raises(ToolDefinitionError, match="input_schema"):
+        define_action(name="x", description="d", input_schema="nope", run=local_run)  # type: ignore[arg-type]
+
+
+def test_agent_validates_its_tools() -> None:
+    @tool
+    def a() -> None:
+        """A."""
+
+    model = ScriptedModel([])
+    with pytest.raises(turnkit.ConfigurationError, match="duplicate tool name 'a'"):
+        turnkit.Agent(name="x", model=model, tools=[a, a])
+    with pytest.raises(turnkit.ConfigurationError, match="is not a Tool"):
+        turnkit.Agent(name="x", model=model, tools=[lambda: None])  # type: ignore[list-item]
+    with pytest.raises(turnkit.ConfigurationError, match="no stream"):
+        turnkit.Agent(name="x", model=object())  # type: ignore[arg-type]
+    with pytest.raises(turnkit.ConfigurationError, match="non-empty"):
+        turnkit.Agent(name=" ", model=model)
+
+
+async def test_tool_results_are_converted_to_json(open_runtime: Any) -> None:
+    @tool
+    def where() -> Address:
+        """Return a pydantic model."""
+        return Address(city="Oslo")
+
+    @tool
+    def unjsonable() -> object:
+        """Return something JSON cannot hold."""
+        return object()
+
+    model = ScriptedModel([ScriptedReply(tool_calls=[tool_call("where"), tool_call("unjsonable")]), "ok"])
+    rt = await open_runtime(turnkit.Agent(name="a", model=model, tools=[where, unjsonable]))
+    session = rt.session("a", "s1")
+    await session.turn("hi")
+    results = [m for m in await session.messages() if isinstance(m, turnkit.ToolMessage)]
+    assert results[0].result == {"city": "Oslo", "zip": None}
+    assert results[1].is_error and "PydanticSerializationError" in results[1].result["error"]
