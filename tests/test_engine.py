@@ -36,8 +36,12 @@ async def fetch(url: str, ctx: ToolContext) -> dict[str, str]:
     return {"url": url, "key": ctx.idempotency_key}
 
 
-def agent(model: turnkit.Model, *tools: turnkit.Tool, instructions: str = "Be brief.") -> turnkit.Agent:
-    return turnkit.Agent(name="a", model=model, instructions=instructions, tools=tools or (add, fetch))
+def agent(
+    model: turnkit.Model, *tools: turnkit.Tool, instructions: str = "Be brief."
+) -> turnkit.Agent:
+    return turnkit.Agent(
+        name="a", model=model, instructions=instructions, tools=tools or (add, fetch)
+    )
 
 
 def roles(messages: list[turnkit.Message]) -> list[str]:
@@ -196,7 +200,7 @@ async def test_tool_errors_become_results_the_model_reads(open_runtime: Any) -> 
     seen = [m for m in model.calls[1].messages if isinstance(m, ToolMessage)]
     assert [m.is_error for m in seen] == [True, True, True]
     completed = [e for e in await session.events() if e.type == "action.completed"]
-    assert [e.error for e in completed][0] == "QuotaError: quota exceeded"
+    assert next(e.error for e in completed) == "QuotaError: quota exceeded"
 
 
 async def test_invalid_input_is_an_error_result_the_model_can_correct(open_runtime: Any) -> None:
@@ -274,7 +278,9 @@ async def test_abnormal_stop_with_empty_reply_fails_before_commit(open_runtime: 
     session = rt.session("a", "s1")
     result = await session.result(session.start("write a novel"))
     assert result.status == "failed"
-    assert result.error == "model error: the model stopped with max_tokens (length) and an empty reply"
+    assert (
+        result.error == "model error: the model stopped with max_tokens (length) and an empty reply"
+    )
     assert roles(await session.messages()) == ["user"]
 
 
@@ -416,9 +422,7 @@ async def test_sqlite_local_tool_writes_commit_with_the_step(tmp_path: Path) -> 
         captured.append(ctx.store.unwrap())
         return True
 
-    async with turnkit.Runtime(
-        agent(model, orders_tool(), peek), store=SqliteStore(db)
-    ) as rt:
+    async with turnkit.Runtime(agent(model, orders_tool(), peek), store=SqliteStore(db)) as rt:
         assert await rt.session("a", "s1").turn("buy a pen") == "ordered"
     with sqlite3.connect(db) as conn:
         assert conn.execute("SELECT item FROM orders").fetchall() == [("pen",)]

@@ -45,7 +45,9 @@ def test_after_the_opening_the_model_is_asked() -> None:
 
 def test_owed_calls_come_from_the_transcript_in_order() -> None:
     log = [user("t"), asks("t", "a", "b", "c"), answer("t", "a")]
-    assert next_step(log, "t") == RunTools(1, (ToolCall(id="b", name="x"), ToolCall(id="c", name="x")))
+    assert next_step(log, "t") == RunTools(
+        1, (ToolCall(id="b", name="x"), ToolCall(id="c", name="x"))
+    )
     log += [answer("t", "c")]
     assert next_step(log, "t") == RunTools(1, (ToolCall(id="b", name="x"),))
     log += [answer("t", "b")]

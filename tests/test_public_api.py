@@ -28,8 +28,20 @@ CORE = [
     "_tools.py",
 ]
 ALLOWED_EXTERNAL = {
-    "__future__", "asyncio", "collections", "dataclasses", "hashlib", "inspect", "logging",
-    "re", "time", "types", "typing", "uuid", "pydantic", "pydantic_core",
+    "__future__",
+    "asyncio",
+    "collections",
+    "dataclasses",
+    "hashlib",
+    "inspect",
+    "logging",
+    "re",
+    "time",
+    "types",
+    "typing",
+    "uuid",
+    "pydantic",
+    "pydantic_core",
 }
 
 
@@ -48,7 +60,10 @@ def test_core_modules_import_only_core_and_basics() -> None:
                 target = (node.module or "").split(".")[0]
                 assert f"{target}.py" in CORE, f"{filename} imports .{node.module}"
             elif isinstance(node, ast.ImportFrom):
-                assert (node.module or "").split(".")[0] in ALLOWED_EXTERNAL, (filename, node.module)
+                assert (node.module or "").split(".")[0] in ALLOWED_EXTERNAL, (
+                    filename,
+                    node.module,
+                )
             elif isinstance(node, ast.Import):
                 for alias in node.names:
                     assert alias.name.split(".")[0] in ALLOWED_EXTERNAL, (filename, alias.name)

@@ -208,7 +208,11 @@ async def test_recover_replays_turns_a_dead_process_left_open(tmp_path: Path) ->
         tx.append_message(0, opening)
         tx.open_turn(
             turnkit.stores.TurnRecord(
-                session_id="s1", turn_id="t1", agent="a", status="running", opening=opening.to_dict()
+                session_id="s1",
+                turn_id="t1",
+                agent="a",
+                status="running",
+                opening=opening.to_dict(),
             )
         )
         tx.append_message(1, reply)
@@ -221,7 +225,9 @@ async def test_recover_replays_turns_a_dead_process_left_open(tmp_path: Path) ->
         with pytest.raises(turnkit.TurnError, match="not running in this process"):
             await rt.session("a", "s1").result("t1")
         results = await rt.recover()
-        assert [(r.turn_id, r.status, r.text) for r in results] == [("t1", "completed", "recovered")]
+        assert [(r.turn_id, r.status, r.text) for r in results] == [
+            ("t1", "completed", "recovered")
+        ]
         assert ran == ["t1"]
         assert await rt.recover() == []
         assert await rt.session("a", "s1").status() == "idle"
@@ -237,7 +243,11 @@ async def test_a_new_turn_supersedes_an_unrecovered_one(tmp_path: Path) -> None:
         tx.append_message(0, opening)
         tx.open_turn(
             turnkit.stores.TurnRecord(
-                session_id="s1", turn_id="t1", agent="a", status="running", opening=opening.to_dict()
+                session_id="s1",
+                turn_id="t1",
+                agent="a",
+                status="running",
+                opening=opening.to_dict(),
             )
         )
 
@@ -272,9 +282,11 @@ async def test_inbound_event_reaches_tools_and_survives_replay(open_runtime: Any
         echo_agent(
             "a",
             who,
-            respond=lambda m: ScriptedReply(tool_calls=[tool_call("who")])
-            if isinstance(m[-1], UserMessage)
-            else f"you are {m[-1].result}",
+            respond=lambda m: (
+                ScriptedReply(tool_calls=[tool_call("who")])
+                if isinstance(m[-1], UserMessage)
+                else f"you are {m[-1].result}"
+            ),
         )
     )
     event = turnkit.InboundEvent(
@@ -295,7 +307,9 @@ async def test_bad_arguments_get_clear_errors(open_runtime: Any) -> None:
     with pytest.raises(turnkit.ConfigurationError, match="non-empty"):
         rt.session("a", "")
     with pytest.raises(turnkit.ConfigurationError, match="not open"):
-        turnkit.Runtime(echo_agent(), store=turnkit.stores.MemoryStore()).session("a", "s").start("x")
+        turnkit.Runtime(echo_agent(), store=turnkit.stores.MemoryStore()).session("a", "s").start(
+            "x"
+        )
     with pytest.raises(turnkit.ConfigurationError, match="two agents"):
         turnkit.Runtime([echo_agent(), echo_agent()], store=turnkit.stores.MemoryStore())
 

@@ -8,7 +8,15 @@ import pytest
 from pydantic import BaseModel
 
 import turnkit
-from turnkit import ActionContext, Tool, ToolContext, ToolDefinitionError, ToolSpec, define_action, tool
+from turnkit import (
+    ActionContext,
+    Tool,
+    ToolContext,
+    ToolDefinitionError,
+    ToolSpec,
+    define_action,
+    tool,
+)
 from turnkit.testing import ScriptedModel, ScriptedReply, tool_call
 
 
@@ -137,7 +145,9 @@ async def test_tool_results_are_converted_to_json(open_runtime: Any) -> None:
         """Return something JSON cannot hold."""
         return object()
 
-    model = ScriptedModel([ScriptedReply(tool_calls=[tool_call("where"), tool_call("unjsonable")]), "ok"])
+    model = ScriptedModel(
+        [ScriptedReply(tool_calls=[tool_call("where"), tool_call("unjsonable")]), "ok"]
+    )
     rt = await open_runtime(turnkit.Agent(name="a", model=model, tools=[where, unjsonable]))
     session = rt.session("a", "s1")
     await session.turn("hi")

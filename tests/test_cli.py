@@ -1,0 +1,56 @@
+"""The ``turnkit`` command, run as a user runs it: a real subprocess on a real SQLite file."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "ops"
+
+
+def turnkit(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "turnkit.cli", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+
+
+def test_run_streams_a_turn_of_the_example_agent(tmp_path: Path) -> None:
+    done = turnkit("run", str(EXAMPLE), "order 2 blue widgets", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "no model configured; using the offline demo model" in done.stderr
+    out = done.stdout
+    assert "→ create_order" in out and "→ lookup_order" in out
+    assert "Done: order #1 (2 x blue widgets) is packed." in out
+    db = tmp_path / ".turnkit" / "sessions.db"
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("SELECT item, quantity FROM orders").fetchall() == [("blue widgets", 2)]
+    again = turnkit("run", str(EXAMPLE), "order 1 red pen", "--session", "other", cwd=tmp_path)
+    assert again.returncode == 0 and "order #2 (1 x red pen)" in again.stdout
+
+
+def test_tool_errors_show_in_the_timeline(tmp_path: Path) -> None:
+    done = turnkit("run", str(EXAMPLE), "order 0 ghosts", "--store", "x.db", cwd=tmp_path)
+    assert done.returncode == 0
+    assert "✗ create_order: ValueError: quantity must be at least 1" in done.stdout
+
+
+def test_errors_are_one_line_without_a_traceback(tmp_path: Path) -> None:
+    done = turnkit("run", str(tmp_path / "nowhere"), "hi", cwd=tmp_path)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        f"turnkit: error: agent folder {str(tmp_path / 'nowhere')!r} does not exist"
+    ]
+
+
+def test_help_lists_the_run_command(tmp_path: Path) -> None:
+    done = turnkit("run", "--help", cwd=tmp_path)
+    assert done.returncode == 0 and "--session" in done.stdout and "--store" in done.stdout
