@@ -94,3 +94,23 @@ async def test_sessions_share_one_file_but_never_each_others_rows(tmp_path: Path
         s1 = [getattr(m, "text", "") for m in await rt.session("a", "s1").messages()]
         s2 = [getattr(m, "text", "") for m in await rt.session("a", "s2").messages()]
     assert s1 == ["one", "ONE"] and s2 == ["two", "TWO"]
+
+
+async def test_a_taken_transcript_position_is_a_store_error_and_changes_nothing(
+    tmp_path: Path,
+) -> None:
+    store = SqliteStore(tmp_path / "dup.db")
+    await store.open()
+    session = store.session("s1")
+    first = turnkit.UserMessage(text="one", turn_id="t1")
+    await session.commit(lambda tx: tx.append_message(0, first))
+
+    def clash(tx: turnkit.stores.Transaction) -> None:
+        tx.put_step("model:1", "t1", {"text": "x"})
+        tx.append_message(0, turnkit.UserMessage(text="two", turn_id="t2"))
+
+    with pytest.raises(turnkit.StoreError, match="session s1: commit failed: UNIQUE constraint"):
+        await session.commit(clash)
+    assert await session.messages() == [first]
+    assert (await session.load("t1")).steps == {}
+    await store.close()

@@ -173,13 +173,19 @@ class _SqliteSession:
 
     async def commit(self, work: Callable[[Any], T]) -> T:
         conn = self._store.connection
-        conn.execute("BEGIN IMMEDIATE")
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            raise StoreError(f"session {self._sid}: cannot begin a transaction: {exc}") from exc
         try:
             result = work(_SqliteTransaction(conn, self._sid))
             conn.execute("COMMIT")
-        except BaseException:
+        except BaseException as exc:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
+            if isinstance(exc, sqlite3.Error):
+                # Only the store's own statements get here: tool errors arrive wrapped.
+                raise StoreError(f"session {self._sid}: commit failed: {exc}") from exc
             raise
         return result
 
