@@ -18,7 +18,8 @@ never. ``WHEN`` is ``before`` or ``after`` that commit. ``MODE`` is
 
 A process that is not killed prints one JSON object on stdout: the commit count
 after the first turn, both turns' results and, in ``recover`` mode, what
-``recover()`` returned.
+``recover()`` returned. The remote tool appends one line per run (the idempotency key
+it got and the commit count before it) to ``DB_PATH.remote.log``.
 
 The model answers with ``ScriptedModel(respond=...)``: every reply is derived from
 the transcript alone, so a replay in a fresh process asks for the same calls and
@@ -73,10 +74,19 @@ def create_order(item: str, ctx: ToolContext) -> dict[str, object]:
     return {"order_id": rows[0][0], "item": item}
 
 
+def remote_log_path(db: str) -> str:
+    """Where ``check_orders`` logs each run: a remote service's own record of requests."""
+    return db + ".remote.log"
+
+
 @tool
 async def check_orders(order_ids: list[int], ctx: ToolContext) -> dict[str, object]:
     """Look up the shipping status of orders (remote: awaited outside the transaction)."""
     await asyncio.sleep(0)  # stands in for a request to a remote service
+    store = ctx.runtime.store
+    # One line per run: the key it was sent and how many commits preceded it.
+    with open(remote_log_path(store.inner.path), "a") as log:
+        log.write(f"{ctx.idempotency_key} {store.commits}\n")
     return {
         "statuses": {str(i): "packed" if i % 2 else "shipped" for i in order_ids},
         "request_key": ctx.idempotency_key,

@@ -31,6 +31,7 @@ from crash_child import (
     SESSION,
     TURN_ID,
     TURN_TEXT,
+    remote_log_path,
 )
 
 pytestmark = pytest.mark.slow
@@ -49,6 +50,18 @@ class Reference:
     commits: int
     turn1: dict[str, Any]
     turn2: dict[str, Any]
+    #: The idempotency key the remote tool got, and the number of the commit that
+    #: records its result.
+    remote_key: str
+    remote_commit: int
+
+
+def remote_runs(db: Path) -> list[tuple[str, int]]:
+    """What ``check_orders`` logged: (idempotency key, commits before it) per run."""
+    log = Path(remote_log_path(str(db)))
+    if not log.exists():
+        return []
+    return [(key, int(n)) for key, n in (line.split() for line in log.read_text().splitlines())]
 
 
 def run_child(db: Path, crash_at: int, when: str, mode: str) -> subprocess.CompletedProcess[str]:
@@ -75,7 +88,15 @@ def child_output(proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:
 def reference(tmp_path_factory: pytest.TempPathFactory) -> Reference:
     db = tmp_path_factory.mktemp("reference") / "turnkit.db"
     out = child_output(run_child(db, 0, "before", "run"))
-    ref = Reference(commits=out["commits"], turn1=out["turn1"], turn2=out["turn2"])
+    runs = remote_runs(db)
+    assert len(runs) == 1, runs
+    ref = Reference(
+        commits=out["commits"],
+        turn1=out["turn1"],
+        turn2=out["turn2"],
+        remote_key=runs[0][0],
+        remote_commit=runs[0][1] + 1,
+    )
     # The checker must accept an uninterrupted run, or it proves nothing below.
     check_database(db, ref)
     return ref
@@ -142,7 +163,9 @@ def check_database(db: Path, ref: Reference) -> None:
         assert second[0]["text"] == SECOND_TEXT
         assert not any(m.get("is_error") for m in messages), "a tool result is an error"
 
-        orders = conn.execute("SELECT id, item, turn_id, call_id FROM orders ORDER BY id").fetchall()
+        orders = conn.execute(
+            "SELECT id, item, turn_id, call_id FROM orders ORDER BY id"
+        ).fetchall()
         by_turn = {t: [o for o in orders if o[2] == t] for t in (TURN_ID, SECOND_TURN_ID)}
         assert sorted(o[1] for o in by_turn[TURN_ID]) == sorted(ITEMS), orders
         assert [o[1] for o in by_turn[SECOND_TURN_ID]] == [SECOND_ITEM], orders
@@ -189,6 +212,8 @@ def check_database(db: Path, ref: Reference) -> None:
 
 def test_reference_run(reference: Reference) -> None:
     assert reference.commits == EXPECTED_COMMITS
+    # The remote call is the last tool step: only the final model step comes after it.
+    assert reference.remote_commit == EXPECTED_COMMITS - 1
     assert reference.turn1["status"] == "completed"
     assert reference.turn1["text"] == "Ordered: #1 a (packed), #2 b (shipped), #3 c (packed)."
     assert reference.turn2 == {
@@ -218,6 +243,12 @@ def crash_and_recover(tmp: Path, ref: Reference, k: int, when: str, mode: str) -
         expected = [] if never_opened or already_done else [ref.turn1]
         assert out["recovered"] == expected, out
     check_database(db, ref)
+    # The remote tool is at-least-once: it runs again only when the kill came after it
+    # ran but before its result committed, and every run carries the same key.
+    runs = remote_runs(db)
+    rerun = k == ref.remote_commit and when == "before"
+    assert len(runs) == (2 if rerun else 1), runs
+    assert {key for key, _ in runs} == {ref.remote_key}, runs
 
 
 @pytest.mark.parametrize("mode", RECOVERY_MODES)
