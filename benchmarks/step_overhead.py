@@ -279,19 +279,22 @@ def _open_floor_db(path: Path) -> sqlite3.Connection:
     return conn
 
 
-def _time_commits(path: Path, commits: list[list[Row]]) -> float:
-    """Seconds per commit for ``commits`` (each a list of rows) on a fresh database."""
+def _time_commits(path: Path, commits: list[list[Row]]) -> list[float]:
+    """``perf_counter`` before the first commit and after each one, on a fresh database."""
     conn = _open_floor_db(path)
     try:
         execute = conn.execute
+        clock = time.perf_counter
+        stamps = [0.0] * (len(commits) + 1)
         gc.collect()
-        t0 = time.perf_counter()
-        for rows in commits:
+        stamps[0] = clock()
+        for i, rows in enumerate(commits, start=1):
             execute("BEGIN IMMEDIATE")
             for sql, params in rows:
                 execute(sql, params)
             execute("COMMIT")
-        return (time.perf_counter() - t0) / len(commits)
+            stamps[i] = clock()
+        return stamps
     finally:
         conn.close()
 
@@ -302,10 +305,14 @@ class Floor:
     commit_3rows_us: float  # BEGIN + step + message + event + COMMIT
     pair_3rows_us: float  # two such commits
     pair_exact_us: float  # the engine's exact rows: model commit (4 rows) + tool commit (3)
+    window: int
+    head_pair_exact_us: float  # exact rows, first ``window`` pairs
+    tail_pair_exact_us: float | None  # exact rows, last ``window`` pairs
+    growth: float | None  # median of per-run tail/head
     body_bytes: dict[str, int]
 
 
-def measure_floor(pairs: int, runs: int, tmp: Path) -> Floor:
+def measure_floor(pairs: int, runs: int, window: int, tmp: Path) -> Floor:
     turn_id = "0" * 32  # a uuid4().hex-sized id
     model_commits: list[list[Row]] = []
     tool_commits: list[list[Row]] = []
@@ -320,8 +327,25 @@ def measure_floor(pairs: int, runs: int, tmp: Path) -> Floor:
     for m, t in zip(model_commits, tool_commits, strict=True):
         three += [m[:3], t]
         exact += [m, t]
-    c3 = _median([_time_commits(tmp / f"floor3-{r}.db", three) for r in range(runs)])
-    ce = _median([_time_commits(tmp / f"floorx-{r}.db", exact) for r in range(runs)])
+    n3, nx = len(three), len(exact)
+    c3 = _median(
+        [
+            (s[-1] - s[0]) / n3
+            for s in (_time_commits(tmp / f"f3-{r}.db", three) for r in range(runs))
+        ]
+    )
+    head_n = min(window, pairs)
+    has_tail = pairs >= 2 * window
+    totals: list[float] = []
+    heads: list[float] = []
+    tails: list[float] = []
+    for r in range(runs):
+        st = _time_commits(tmp / f"fx-{r}.db", exact)  # st[2k] = after pair k
+        totals.append((st[-1] - st[0]) / nx)
+        heads.append((st[2 * head_n] - st[0]) / head_n)
+        if has_tail:
+            tails.append((st[2 * pairs] - st[2 * (pairs - window)]) / window)
+    ce = _median(totals)
     m0, t0 = model_commits[0], tool_commits[0]
     names = ["model.step", "model.message", "model.event.completed", "model.event.requested"]
     sizes = {n: len(r[1][3]) for n, r in zip(names, m0, strict=True)}
@@ -334,6 +358,10 @@ def measure_floor(pairs: int, runs: int, tmp: Path) -> Floor:
         commit_3rows_us=c3 * 1e6,
         pair_3rows_us=2 * c3 * 1e6,
         pair_exact_us=2 * ce * 1e6,
+        window=head_n,
+        head_pair_exact_us=_median(heads) * 1e6,
+        tail_pair_exact_us=_median(tails) * 1e6 if has_tail else None,
+        growth=_median([t / h for t, h in zip(tails, heads, strict=True)]) if has_tail else None,
         body_bytes=sizes,
     )
 
@@ -378,6 +406,12 @@ def print_floor(floor: Floor) -> None:
         f"  pair floor, engine's exact rows (4-row model + 3-row tool commit): "
         f"{floor.pair_exact_us:.1f} µs"
     )
+    if floor.tail_pair_exact_us is not None:
+        print(
+            f"  pair floor, exact rows, first {floor.window} pairs / last {floor.window} pairs: "
+            f"{floor.head_pair_exact_us:.1f} / {floor.tail_pair_exact_us:.1f} µs "
+            f"(growth {_fmt(floor.growth, '.2f', 'x')})"
+        )
     sizes = ", ".join(f"{k} {v}" for k, v in floor.body_bytes.items())
     print(f"  JSON body bytes: {sizes}")
 
@@ -502,7 +536,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="turnkit-bench-") as d:
         tmp = Path(d)
         cases = asyncio.run(run_cases(args, tmp))
-        floor = None if args.no_floor else measure_floor(max(args.steps), args.runs, tmp)
+        floor = (
+            None if args.no_floor else measure_floor(max(args.steps), args.runs, args.window, tmp)
+        )
     if args.no_gc:
         gc.enable()
 
