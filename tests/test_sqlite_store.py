@@ -114,3 +114,18 @@ async def test_a_taken_transcript_position_is_a_store_error_and_changes_nothing(
     assert await session.messages() == [first]
     assert (await session.load("t1")).steps == {}
     await store.close()
+
+
+async def test_wal_checkpoints_run_in_the_background(tmp_path: Path) -> None:
+    from turnkit.stores.sqlite import CHECKPOINT_EVERY
+
+    db = tmp_path / "wal.db"
+    agent = turnkit.Agent(name="a", model=ScriptedModel(respond=lambda m: "ok"))
+    store = SqliteStore(db)
+    async with turnkit.Runtime(agent, store=store) as rt:
+        session = rt.session("a", "s1")
+        for i in range(CHECKPOINT_EVERY):  # two commits per turn
+            await session.turn(f"m{i}")
+    assert store.checkpoints >= 1
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("SELECT count(*) FROM turnkit_turns").fetchone() == (CHECKPOINT_EVERY,)

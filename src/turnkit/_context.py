@@ -29,7 +29,7 @@ class NoHandle:
         raise FatalToolError(f"ctx.store.execute is unavailable: {self._reason}")
 
 
-def idempotency_key(session_id: str, turn_id: str, step_id: str) -> str:
+def make_idempotency_key(session_id: str, turn_id: str, step_id: str) -> str:
     """Stable for one call across replays; different for every other call, turn and session."""
     digest = hashlib.sha256(f"{session_id}\x00{turn_id}\x00{step_id}".encode()).hexdigest()
     return f"tk-{digest[:40]}"
@@ -51,4 +51,9 @@ class ToolContext:
     call_id: str
     event: InboundEvent | None
     runtime: Any
-    idempotency_key: str
+    step_id: str
+
+    @property
+    def idempotency_key(self) -> str:
+        """Stable across replays of this call; pass it to remote services to dedupe on."""
+        return make_idempotency_key(self.session_id, self.turn_id, self.step_id)

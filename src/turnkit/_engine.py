@@ -11,11 +11,11 @@ import inspect
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Literal, overload
 
 from ._agent import Agent
-from ._context import NoHandle, ToolContext, idempotency_key
+from ._context import NoHandle, ToolContext
 from ._errors import FatalToolError, ModelError, StoreError
 from ._events import (
     ActionCompletedEvent,
@@ -196,18 +196,18 @@ class TurnRunner:
         events: list[TurnEvent],
         messages: Sequence[Message] = (),
     ) -> None:
-        """Commit ``write`` plus ``events``; only then extend the transcript and emit."""
-        numbered = [_with_seq(e, self.next_seq + i) for i, e in enumerate(events)]
+        """Commit ``write`` plus ``events`` (numbered from ``next_seq`` by the caller);
+        only then extend the transcript and emit."""
 
         def work(tx: Transaction) -> None:
             write(tx)
-            for event in numbered:
+            for event in events:
                 tx.log_event(event)
 
         await self.store.commit(work)
-        self.next_seq += len(numbered)
+        self.next_seq += len(events)
         self.transcript.extend(messages)
-        for event in numbered:
+        for event in events:
             self._emit(event)
 
     def _emit(self, event: TurnEvent) -> None:
@@ -247,7 +247,7 @@ class TurnRunner:
             tx.open_turn(record)
 
         started = TurnStartedEvent(
-            turn_id=self.turn_id, session_id=self.session_id, text=opening.text
+            turn_id=self.turn_id, session_id=self.session_id, text=opening.text, seq=self.next_seq
         )
         await self._commit(write, [started], [m for _, m in closing] + [opening])
 
@@ -276,7 +276,9 @@ class TurnRunner:
             tx.set_turn_status(self.turn_id, "running")
 
         text = self.request.opening.text
-        started = TurnStartedEvent(turn_id=self.turn_id, session_id=self.session_id, text=text)
+        started = TurnStartedEvent(
+            turn_id=self.turn_id, session_id=self.session_id, text=text, seq=self.next_seq
+        )
         await self._commit(write, [started])
 
     async def _fail(self, error: str) -> TurnResult:
@@ -285,7 +287,9 @@ class TurnRunner:
             def write(tx: Transaction) -> None:
                 tx.set_turn_status(self.turn_id, "failed", error=error)
 
-            failed = TurnFailedEvent(turn_id=self.turn_id, session_id=self.session_id, error=error)
+            failed = TurnFailedEvent(
+                turn_id=self.turn_id, session_id=self.session_id, error=error, seq=self.next_seq
+            )
             await self._commit(write, [failed])
         return TurnResult(turn_id=self.turn_id, status="failed", error=error)
 
@@ -298,17 +302,19 @@ class TurnRunner:
         message = AssistantMessage(
             text=reply.text, turn_id=self.turn_id, tool_calls=reply.tool_calls, stop=reply.stop
         )
-        ids = (self.turn_id, self.session_id)
+        tid, sid, seq = self.turn_id, self.session_id, self.next_seq
         events: list[TurnEvent] = [
-            MessageCompletedEvent(turn_id=ids[0], session_id=ids[1], message=message)
+            MessageCompletedEvent(turn_id=tid, session_id=sid, message=message, seq=seq)
         ]
         events += [
-            ActionRequestedEvent(turn_id=ids[0], session_id=ids[1], call=c)
-            for c in reply.tool_calls
+            ActionRequestedEvent(turn_id=tid, session_id=sid, call=c, seq=seq + i)
+            for i, c in enumerate(reply.tool_calls, start=1)
         ]
         final = not reply.tool_calls
         if final:
-            events.append(TurnCompletedEvent(turn_id=ids[0], session_id=ids[1], text=reply.text))
+            events.append(
+                TurnCompletedEvent(turn_id=tid, session_id=sid, text=reply.text, seq=seq + 1)
+            )
 
         def write(tx: Transaction) -> None:
             if cached is None:
@@ -363,7 +369,7 @@ class TurnRunner:
             call_id=call.id,
             event=self.event,
             runtime=self.runtime,
-            idempotency_key=idempotency_key(self.session_id, self.turn_id, step_id),
+            step_id=step_id,
         )
 
     async def _tool_step(self, assistant_index: int, call: ToolCall) -> None:
@@ -485,7 +491,3 @@ def _discard(value: Any) -> None:
     close = getattr(value, "close", None)
     if close is not None:
         close()
-
-
-def _with_seq(event: TurnEvent, seq: int) -> TurnEvent:
-    return replace(event, seq=seq)

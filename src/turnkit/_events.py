@@ -18,14 +18,22 @@ from ._messages import AssistantMessage, JsonObject, ToolCall, message_from_dict
 log = logging.getLogger("turnkit.events")
 
 
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+_NESTED = frozenset({"message", "call"})
+
+
 class _Event:
-    """Shared JSON encoding: nested values with ``to_dict`` are encoded recursively."""
+    """Shared JSON encoding: the nested message or call is encoded with its ``to_dict``."""
 
     def to_dict(self) -> JsonObject:
+        cls = type(self)
+        names = _FIELD_NAMES.get(cls)
+        if names is None:
+            names = _FIELD_NAMES[cls] = tuple(f.name for f in fields(cast(Any, self)))
         out: JsonObject = {}
-        for f in fields(cast(Any, self)):
-            value = getattr(self, f.name)
-            out[f.name] = value.to_dict() if hasattr(value, "to_dict") else value
+        for name in names:
+            value = getattr(self, name)
+            out[name] = value.to_dict() if name in _NESTED else value
         return out
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import inspect
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeAlias, cast, get_type_hints, overload
 
 import pydantic
@@ -69,15 +69,14 @@ class Tool:
         check_tool_name(self.spec.name)
         if not callable(self.run):
             raise ToolDefinitionError(f"tool {self.spec.name!r}: run must be callable")
+        object.__setattr__(self, "local", not is_async_callable(self.run))
+
+    #: True when ``run`` is a plain ``def`` and so runs inside the step transaction.
+    local: bool = field(init=False, repr=False, compare=False)
 
     @property
     def name(self) -> str:
         return self.spec.name
-
-    @property
-    def local(self) -> bool:
-        """True when ``run`` is a plain ``def`` and so runs inside the step transaction."""
-        return not is_async_callable(self.run)
 
 
 def _validation_message(exc: pydantic.ValidationError) -> str:

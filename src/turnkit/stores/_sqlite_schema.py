@@ -41,14 +41,15 @@ MIGRATIONS: list[tuple[str, ...]] = [
             body TEXT NOT NULL,
             PRIMARY KEY (session_id, idx)
         ) WITHOUT ROWID""",
+        # Keyed by turn first: a delivery loads only its own turn's steps, and step ids
+        # are unique within a session by construction, so no second index is needed.
         """CREATE TABLE turnkit_steps (
             session_id TEXT NOT NULL,
-            step_id TEXT NOT NULL,
             turn_id TEXT NOT NULL,
+            step_id TEXT NOT NULL,
             result TEXT NOT NULL,
-            PRIMARY KEY (session_id, step_id)
+            PRIMARY KEY (session_id, turn_id, step_id)
         ) WITHOUT ROWID""",
-        "CREATE INDEX turnkit_steps_turn ON turnkit_steps (session_id, turn_id)",
         """CREATE TABLE turnkit_events (
             session_id TEXT NOT NULL,
             seq INTEGER NOT NULL,

@@ -7,12 +7,16 @@ A local tool's ``ctx.store`` is this connection inside the open transaction.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import os
 import sqlite3
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar, cast
+
+from pydantic_core import to_json
 
 from .._errors import StoreError
 from .._events import TurnEvent, event_from_dict
@@ -29,8 +33,18 @@ from .._store import (
 from ._sqlite_schema import migrate
 
 T = TypeVar("T")
+log = logging.getLogger("turnkit.stores.sqlite")
 
-_dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+#: Commits between two background WAL checkpoints (see ``SqliteStore``).
+CHECKPOINT_EVERY = 256
+#: SQLite's own automatic checkpoint threshold, in pages, kept as a backstop.
+CHECKPOINT_BACKSTOP_PAGES = 10_000
+#: Truncate the WAL file back to this many bytes after a checkpoint.
+JOURNAL_SIZE_LIMIT = 64 * 1024 * 1024
+
+
+def _dumps(value: Any) -> str:
+    return to_json(value).decode()
 
 
 class _SqliteHandle:
@@ -63,8 +77,8 @@ class _SqliteTransaction:
 
     def put_step(self, step_id: str, turn_id: str, result: Any) -> None:
         self._conn.execute(
-            "INSERT INTO turnkit_steps (session_id, step_id, turn_id, result) VALUES (?, ?, ?, ?)",
-            (self._sid, step_id, turn_id, _dumps(result)),
+            "INSERT INTO turnkit_steps (session_id, turn_id, step_id, result) VALUES (?, ?, ?, ?)",
+            (self._sid, turn_id, step_id, _dumps(result)),
         )
 
     def log_event(self, event: TurnEvent) -> None:
@@ -187,6 +201,7 @@ class _SqliteSession:
                 # Only the store's own statements get here: tool errors arrive wrapped.
                 raise StoreError(f"session {self._sid}: commit failed: {exc}") from exc
             raise
+        self._store.committed()
         return result
 
     async def turn(self, turn_id: str) -> TurnRecord | None:
@@ -223,12 +238,51 @@ class _SqliteSession:
 
 class SqliteStore:
     """Sessions in one SQLite file (WAL). ``busy_timeout`` is how long, in seconds, a
-    write waits for another process's lock before failing."""
+    write waits for another process's lock before failing.
+
+    WAL checkpoints (copying committed pages back into the database file, with an
+    fsync) run on a worker thread every ``CHECKPOINT_EVERY`` commits instead of
+    inside whichever commit crosses SQLite's threshold, so they never stall the
+    event loop; SQLite's own automatic checkpoint stays on as a backstop.
+    """
 
     def __init__(self, path: str | os.PathLike[str], *, busy_timeout: float = 5.0) -> None:
         self.path = os.fspath(path)
         self._busy_timeout = busy_timeout
         self._conn: sqlite3.Connection | None = None
+        self._since_checkpoint = 0
+        self._checkpoint: asyncio.Future[None] | None = None
+        self._checkpoint_conn: sqlite3.Connection | None = None
+        #: How many background checkpoints have completed (for monitoring and tests).
+        self.checkpoints = 0
+
+    def committed(self) -> None:
+        """Count a commit; start a background checkpoint when enough have piled up."""
+        self._since_checkpoint += 1
+        if self._since_checkpoint < CHECKPOINT_EVERY or self._checkpoint is not None:
+            return
+        self._since_checkpoint = 0
+        self._checkpoint = asyncio.get_running_loop().run_in_executor(None, self._run_checkpoint)
+        self._checkpoint.add_done_callback(self._checkpoint_done)
+
+    def _run_checkpoint(self) -> None:
+        if self._checkpoint_conn is None:
+            self._checkpoint_conn = sqlite3.connect(
+                self.path,
+                timeout=self._busy_timeout,
+                isolation_level=None,
+                check_same_thread=False,
+            )
+        self._checkpoint_conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+
+    def _checkpoint_done(self, future: asyncio.Future[None]) -> None:
+        self._checkpoint = None
+        if future.cancelled():
+            return
+        if future.exception() is not None:
+            log.warning("background WAL checkpoint of %s failed: %s", self.path, future.exception())
+        else:
+            self.checkpoints += 1
 
     @property
     def connection(self) -> sqlite3.Connection:
@@ -254,12 +308,20 @@ class SqliteStore:
             )
             conn.execute("PRAGMA journal_mode = WAL")
             conn.execute("PRAGMA synchronous = NORMAL")
+            # Backstop only: the background checkpoint normally runs long before this.
+            conn.execute(f"PRAGMA wal_autocheckpoint = {CHECKPOINT_BACKSTOP_PAGES}")
+            conn.execute(f"PRAGMA journal_size_limit = {JOURNAL_SIZE_LIMIT}")
             migrate(conn)
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"SqliteStore: cannot open {self.path!r}: {exc}") from exc
         self._conn = conn
 
     async def close(self) -> None:
+        if self._checkpoint is not None:
+            await asyncio.wait([self._checkpoint])
+        if self._checkpoint_conn is not None:
+            self._checkpoint_conn.close()
+            self._checkpoint_conn = None
         if self._conn is not None:
             self._conn.close()
             self._conn = None
