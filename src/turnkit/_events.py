@@ -38,93 +38,78 @@ class _Event:
 
 
 @dataclass(frozen=True, kw_only=True)
-class TurnStartedEvent(_Event):
-    """The turn's opening message committed; ``text`` is what opened it."""
+class _TurnEventBase(_Event):
+    """Fields every event carries: which turn, which session, and its logged position."""
 
     turn_id: str
     session_id: str
-    text: str
     seq: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class TurnStartedEvent(_TurnEventBase):
+    """The turn's opening message committed; ``text`` is what opened it."""
+
+    text: str
     type: Literal["turn.started"] = "turn.started"
 
 
 @dataclass(frozen=True, kw_only=True)
-class MessageDeltaEvent(_Event):
+class MessageDeltaEvent(_TurnEventBase):
     """A live piece of the reply's text (never logged, never replayed)."""
 
-    turn_id: str
-    session_id: str
     text: str
-    seq: int | None = None
     type: Literal["message.delta"] = "message.delta"
 
 
 @dataclass(frozen=True, kw_only=True)
-class ReasoningDeltaEvent(_Event):
+class ReasoningDeltaEvent(_TurnEventBase):
     """A live piece of the model's reasoning (never logged, never replayed)."""
 
-    turn_id: str
-    session_id: str
     text: str
-    seq: int | None = None
     type: Literal["reasoning.delta"] = "reasoning.delta"
 
 
 @dataclass(frozen=True, kw_only=True)
-class MessageCompletedEvent(_Event):
+class MessageCompletedEvent(_TurnEventBase):
     """A model step committed this assistant message."""
 
-    turn_id: str
-    session_id: str
     message: AssistantMessage
-    seq: int | None = None
     type: Literal["message.completed"] = "message.completed"
 
 
 @dataclass(frozen=True, kw_only=True)
-class ActionRequestedEvent(_Event):
+class ActionRequestedEvent(_TurnEventBase):
     """The model asked for this tool call (logged with the model step that asked)."""
 
-    turn_id: str
-    session_id: str
     call: ToolCall
-    seq: int | None = None
     type: Literal["action.requested"] = "action.requested"
 
 
 @dataclass(frozen=True, kw_only=True)
-class ActionCompletedEvent(_Event):
+class ActionCompletedEvent(_TurnEventBase):
     """A tool call's result committed; ``error`` is set when the result is an error."""
 
-    turn_id: str
-    session_id: str
     call_id: str
     name: str
     result: Any
     error: str | None = None
-    seq: int | None = None
     type: Literal["action.completed"] = "action.completed"
 
 
 @dataclass(frozen=True, kw_only=True)
-class TurnCompletedEvent(_Event):
+class TurnCompletedEvent(_TurnEventBase):
     """The model answered without calling a tool; ``text`` is the answer."""
 
-    turn_id: str
-    session_id: str
     text: str
-    seq: int | None = None
     type: Literal["turn.completed"] = "turn.completed"
 
 
 @dataclass(frozen=True, kw_only=True)
-class TurnFailedEvent(_Event):
+class TurnFailedEvent(_TurnEventBase):
     """The turn ended in failure; ``error`` says why."""
 
-    turn_id: str
-    session_id: str
     error: str
-    seq: int | None = None
     type: Literal["turn.failed"] = "turn.failed"
 
 
