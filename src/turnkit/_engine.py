@@ -10,8 +10,9 @@ from __future__ import annotations
 import inspect
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from itertools import islice
 from typing import Any, Literal, overload
 
 from ._agent import Agent
@@ -103,6 +104,9 @@ class _TranscriptView(Sequence[Message]):
 
     def __len__(self) -> int:
         return self._len
+
+    def __iter__(self) -> Iterator[Message]:
+        return islice(self._items, self._len)
 
     @overload
     def __getitem__(self, i: int) -> Message: ...
@@ -389,6 +393,8 @@ class TurnRunner:
             await self._remote_tool_step(tool, step_id, call)
 
     async def _local_tool_step(self, tool: Tool, step_id: str, call: ToolCall) -> None:
+        """Run a ``def`` tool inside the commit that records its result."""
+
         def run_inside(tx: Transaction) -> Any:
             ctx = self._context(tx.handle, call, step_id)
             try:
@@ -409,7 +415,7 @@ class TurnRunner:
                 raise _ToolRaised(exc) from exc
 
         try:
-            await self._record_tool(step_id, call, None, None, run_inside=run_inside)
+            await self._record_tool(step_id, call, run_inside, None)
         except _ToolRaised as raised:
             # The transaction rolled back, undoing the tool's own writes; record the error.
             text = error_text(raised.original)
@@ -418,6 +424,7 @@ class TurnRunner:
             raise _TurnFailure(f"tool {tool.name!r} failed the turn: {error_text(exc)}") from exc
 
     async def _remote_tool_step(self, tool: Tool, step_id: str, call: ToolCall) -> None:
+        """Await an ``async def`` tool outside any transaction, then commit its result."""
         ctx = self._context(_REMOTE_HANDLE, call, step_id)
         try:
             result, error = to_json_result(await tool.run(call.input, ctx)), None
@@ -432,20 +439,20 @@ class TurnRunner:
         self,
         step_id: str,
         call: ToolCall,
-        result: Any,
+        result: Any | Callable[[Transaction], Any],
         error: str | None,
         *,
-        run_inside: Callable[[Transaction], Any] | None = None,
         memoized: bool = False,
     ) -> None:
-        """Commit a tool step: run ``run_inside`` (a local tool) in the transaction if
-        given, then write its result, the tool message and ``action.completed``."""
-        index = len(self.transcript)
-        seq = self.next_seq
-        outcome: dict[str, Any] = {}
+        """Commit a tool step: its result, the tool message and ``action.completed``.
 
-        def work(tx: Transaction) -> None:
-            value = run_inside(tx) if run_inside is not None else result
+        ``result`` may be a function of the transaction, which is how a local tool
+        runs inside the very commit that records what it returned.
+        """
+        index, seq = len(self.transcript), self.next_seq
+
+        def work(tx: Transaction) -> tuple[ToolMessage, ActionCompletedEvent]:
+            value = result(tx) if callable(result) else result
             message = ToolMessage(
                 call_id=call.id,
                 name=call.name,
@@ -466,12 +473,12 @@ class TurnRunner:
                 tx.put_step(step_id, self.turn_id, {"result": value, "error": error})
             tx.append_message(index, message)
             tx.log_event(event)
-            outcome["message"], outcome["event"] = message, event
+            return message, event
 
-        await self.store.commit(work)
+        message, event = await self.store.commit(work)
         self.next_seq += 1
-        self.transcript.append(outcome["message"])
-        self._emit(outcome["event"])
+        self.transcript.append(message)
+        self._emit(event)
 
 
 def _check_reply(reply: ModelReply) -> None:

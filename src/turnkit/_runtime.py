@@ -118,12 +118,13 @@ class AgentSession:
                 )
                 try:
                     future.set_result(await runner.run())
-                except asyncio.CancelledError:
-                    future.cancel()
-                    raise
                 except Exception as exc:
                     log.exception("turn %s on session %s crashed", request.turn_id, self.session_id)
                     future.set_exception(exc)
+                except BaseException:
+                    # Cancellation or interpreter exit: nobody may wait forever on this turn.
+                    future.cancel()
+                    raise
         finally:
             self._worker = None
             for _, future in self._queue:
