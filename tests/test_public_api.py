@@ -34,6 +34,7 @@ ALLOWED_EXTERNAL = {
     "dataclasses",
     "hashlib",
     "inspect",
+    "itertools",
     "logging",
     "re",
     "time",
