@@ -118,7 +118,9 @@ async def test_redelivering_a_completed_turn_runs_nothing_and_emits_no_deltas(
     result = await session.result(tid)
     assert result.status == "completed" and result.text == "hello there"
     assert len(model.calls) == 1
-    assert sink.events[before:] == []
+    # Nothing runs again: only the logged terminal event is announced, so observers end.
+    logged_end = (await session.events(turn_id=tid))[-1]
+    assert sink.events[before:] == [logged_end]
     assert roles(await session.messages()) == ["user", "assistant"]
 
 

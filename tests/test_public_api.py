@@ -25,6 +25,9 @@ CORE = [
     "_runtime.py",
     "_store.py",
     "_tool_results.py",
+    "_tool_call.py",
+    "_model_call.py",
+    "_turns.py",
     "_tools.py",
 ]
 ALLOWED_EXTERNAL = {

@@ -7,7 +7,6 @@ from its last finished step. The public names are re-exported here.
 
 from ._agent import Agent
 from ._context import ToolContext
-from ._engine import TurnRequest, TurnResult
 from ._errors import (
     ConfigurationError,
     FatalToolError,
@@ -49,6 +48,7 @@ from ._messages import (
 from ._model import Model, ModelDelta, ModelDone, ReasoningDelta, TextDelta, ToolSpec
 from ._runtime import AgentSession, Runtime
 from ._tools import ActionContext, Tool, define_action, tool
+from ._turns import TurnRequest, TurnResult
 
 __all__ = [
     "ActionCompletedEvent",

@@ -12,6 +12,7 @@ from ._inbound import InboundEvent
 
 if TYPE_CHECKING:
     from ._agent import Agent
+    from ._runtime import Runtime
     from ._store import StoreHandle
 
 
@@ -50,7 +51,7 @@ class ToolContext:
     turn_id: str
     call_id: str
     event: InboundEvent | None
-    runtime: Any
+    runtime: Runtime | None
     step_id: str
 
     @property

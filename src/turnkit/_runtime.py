@@ -15,12 +15,13 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from types import TracebackType
 
 from ._agent import Agent
-from ._engine import TurnRequest, TurnResult, TurnRunner, result_from_record
+from ._engine import TurnRunner
 from ._errors import ConfigurationError, TurnError, TurnFailedError
 from ._events import TERMINAL_EVENT_TYPES, EventSink, LocalEventSink, TurnEvent
 from ._inbound import InboundEvent, Proactive
 from ._messages import Message, OpeningMessage, TriggerMessage, UserMessage
 from ._store import SessionInfo, SessionStatus, SessionStore, Store
+from ._turns import TurnRequest, TurnResult, result_from_record
 
 log = logging.getLogger("turnkit.runtime")
 

@@ -17,7 +17,10 @@ def error_text(exc: BaseException) -> str:
 
     Never includes a traceback: only the class name and the message.
     """
-    message = str(exc)
+    try:
+        message = str(exc)
+    except Exception:
+        message = f"<unprintable {type(exc).__name__}>"
     if type(exc) is Exception or isinstance(exc, ToolInputError):
         text = message
     else:
