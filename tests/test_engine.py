@@ -158,8 +158,16 @@ async def test_replay_after_a_failed_model_step_skips_finished_steps(
     # The retried delivery logs a fresh turn.started; replay observers fold from there.
     types = [e.type for e in await session.events(turn_id=tid)]
     assert types.count("turn.started") == 2 and types[-1] == "turn.completed"
+    # Replay tells the turn as one story: the failed attempt's markers are folded away.
     replayed = [e.type async for e in session.observe(tid, replay=True)]
-    assert replayed == ["turn.started", "message.completed", "turn.completed"]
+    assert replayed == [
+        "turn.started",
+        "message.completed",
+        "action.requested",
+        "action.completed",
+        "message.completed",
+        "turn.completed",
+    ]
 
 
 async def test_tool_errors_become_results_the_model_reads(open_runtime: Any) -> None:

@@ -322,7 +322,7 @@ async def test_a_session_keeps_its_agent(tmp_path: Path) -> None:
             rt.session("b", "s1")
     async with turnkit.Runtime([echo_agent("b")], store=SqliteStore(db)) as rt:
         session = rt.session("b", "s1")
-        with pytest.raises(turnkit.ConfigurationError, match="belongs to agent .a."):
+        with pytest.raises(turnkit.ConfigurationError, match="belongs to agent 'a'"):
             await session.turn("hijack")
         assert [m.role for m in await session.messages()] == ["user", "assistant"]
 

@@ -11,8 +11,9 @@ import asyncio
 import logging
 import uuid
 from collections import OrderedDict, deque
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from types import TracebackType
+from typing import Any
 
 from ._agent import Agent
 from ._engine import TurnRunner
@@ -76,6 +77,7 @@ class AgentSession:
         )
         loop = self.runtime._require_loop()
         future: asyncio.Future[TurnResult] = loop.create_future()
+        future.add_done_callback(_retrieve)
         self._remember(tid, future)
         self._queue.append((TurnRequest(turn_id=tid, opening=opening, event=event), future))
         if self._worker is None:
@@ -110,27 +112,44 @@ class AgentSession:
         try:
             while self._queue:
                 request, future = self._queue.popleft()
-                runner = TurnRunner(
-                    agent=self.agent,
-                    store=self._store,
-                    sink=self.runtime.sink,
-                    request=request,
-                    runtime=self.runtime,
-                )
-                try:
-                    future.set_result(await runner.run())
-                except Exception as exc:
-                    log.exception("turn %s on session %s crashed", request.turn_id, self.session_id)
-                    future.set_exception(exc)
-                except BaseException:
-                    # Cancellation or interpreter exit: nobody may wait forever on this turn.
-                    future.cancel()
-                    raise
+                await self._deliver(request, future)
         finally:
             self._worker = None
-            for _, future in self._queue:
-                future.cancel()
-            self._queue.clear()
+            while self._queue:
+                request, future = self._queue.popleft()
+                _settle(
+                    future,
+                    TurnError(
+                        f"the runtime closed before turn {request.turn_id} started; "
+                        "it was never stored, so start it again"
+                    ),
+                )
+
+    async def _deliver(self, request: TurnRequest, future: asyncio.Future[TurnResult]) -> None:
+        # Let observers that were set up right after start() subscribe before we run:
+        # with a local store a whole turn can otherwise finish without yielding once.
+        await asyncio.sleep(0)
+        runner = TurnRunner(
+            agent=self.agent,
+            store=self._store,
+            sink=self.runtime.sink,
+            request=request,
+            runtime=self.runtime,
+        )
+        try:
+            future.set_result(await runner.run())
+        except Exception as exc:
+            log.exception("turn %s on session %s crashed", request.turn_id, self.session_id)
+            future.set_exception(exc)
+        except BaseException as exc:
+            interrupted = TurnError(
+                f"turn {request.turn_id} was interrupted ({type(exc).__name__}); it is still "
+                "open in the store: redeliver it or call runtime.recover()"
+            )
+            interrupted.__cause__ = exc
+            _settle(future, interrupted)
+            if isinstance(exc, asyncio.CancelledError | KeyboardInterrupt | SystemExit):
+                raise
 
     def _is_pending(self, turn_id: str) -> bool:
         future = self._futures.get(turn_id)
@@ -198,13 +217,16 @@ class AgentSession:
             return self.runtime.sink.subscribe(filtered)
 
         async def forward() -> None:
-            async for event in self._stream(turn_id, replay=True):
-                try:
-                    callback(event)
-                except Exception:
-                    log.exception("subscriber %r raised on %s; ignored", callback, event.type)
+            try:
+                async for event in self._stream(turn_id, replay=True):
+                    try:
+                        callback(event)
+                    except Exception:
+                        log.exception("subscriber %r raised on %s; ignored", callback, event.type)
+            except TurnError as exc:
+                log.warning("replaying subscription on session %s ended: %s", self.session_id, exc)
 
-        task = self.runtime._require_loop().create_task(forward())
+        task = self.runtime.spawn(forward())
 
         def unsubscribe() -> None:
             task.cancel()
@@ -219,32 +241,66 @@ class AgentSession:
             if event.session_id == sid and (turn_id is None or event.turn_id == turn_id):
                 queue.put_nowait(event)
 
+        # Subscribe before reading the log, so nothing falls between the two.
         unsubscribe = self.runtime.sink.subscribe(enqueue)
         try:
-            last_seq = 0
-            if replay or (turn_id is not None and not self._is_pending(turn_id)):
-                logged = await self._store.events(turn_id=turn_id)
-                if turn_id is not None:
-                    logged = _since_last_start(logged)
-                    if not logged and not self._is_pending(turn_id):
-                        await self._check_observable(turn_id)
-                for event in logged:
-                    last_seq = event.seq or last_seq
-                    if replay or event.type in TERMINAL_EVENT_TYPES:
-                        yield event
-                    if turn_id is not None and event.type in TERMINAL_EVENT_TYPES:
-                        return
-                if turn_id is not None and not self._is_pending(turn_id):
-                    await self._check_observable(turn_id)
-            while True:
-                event = await queue.get()
-                if event.seq is not None and event.seq <= last_seq:
-                    continue
+            if turn_id is None:
+                events = self._session_events(queue, replay)
+            else:
+                events = self._turn_events(queue, turn_id, replay)
+            async for event in events:
                 yield event
-                if turn_id is not None and event.type in TERMINAL_EVENT_TYPES:
-                    return
         finally:
             unsubscribe()
+
+    async def _session_events(
+        self, queue: asyncio.Queue[TurnEvent], replay: bool
+    ) -> AsyncIterator[TurnEvent]:
+        last_seq = 0
+        if replay:
+            for event in await self._store.events():
+                last_seq = event.seq or last_seq
+                yield event
+        while True:
+            event = await queue.get()
+            if event.seq is None or event.seq > last_seq:
+                yield event
+
+    async def _turn_events(
+        self, queue: asyncio.Queue[TurnEvent], turn_id: str, replay: bool
+    ) -> AsyncIterator[TurnEvent]:
+        future = self._futures.get(turn_id)
+        if future is None or future.done():
+            # Not running here: the log holds everything there is to see.
+            logged = fold_attempts(await self._store.events(turn_id=turn_id))
+            if not logged or logged[-1].type not in TERMINAL_EVENT_TYPES:
+                if future is not None and not future.cancelled() and future.exception():
+                    # This process's delivery broke before it could log an ending.
+                    raise TurnError(f"turn {turn_id} delivery failed") from future.exception()
+                await self._check_observable(turn_id)
+            for event in logged if replay else logged[-1:]:
+                yield event
+            return
+        last_seq, started = 0, False
+        if replay:
+            for event in fold_attempts(await self._store.events(turn_id=turn_id), live=True):
+                last_seq = event.seq or last_seq
+                started = started or event.type == "turn.started"
+                yield event
+        while True:
+            live = await _next_event(queue, future)
+            if live is None:
+                # The delivery ended without a terminal event reaching us (shutdown).
+                exc = future.exception() if not future.cancelled() else None
+                raise exc or TurnError(f"turn {turn_id} ended without a terminal event")
+            if live.seq is not None and live.seq <= last_seq:
+                continue
+            if live.type == "turn.started" and started:
+                continue  # a retry restarting: the story already began
+            started = started or live.type == "turn.started"
+            yield live
+            if live.type in TERMINAL_EVENT_TYPES:
+                return
 
     async def _check_observable(self, turn_id: str) -> None:
         record = await self._store.turn(turn_id)
@@ -252,17 +308,60 @@ class AgentSession:
             raise TurnError(f"session {self.session_id} has no turn {turn_id}")
         if record.status == "running":
             raise TurnError(
-                f"turn {turn_id} is unfinished and not running in this process; "
-                "nothing would arrive (redeliver it or call runtime.recover())"
+                f"turn {turn_id} is unfinished and not running in this process, so nothing "
+                "would arrive here; if no other process runs it, redeliver it or call "
+                "runtime.recover()"
             )
 
 
-def _since_last_start(events: list[TurnEvent]) -> list[TurnEvent]:
-    """A retried turn logs ``turn.started`` again; earlier events belong to a failed try."""
-    for i in range(len(events) - 1, -1, -1):
-        if events[i].type == "turn.started":
-            return events[i:]
-    return events
+def fold_attempts(events: list[TurnEvent], *, live: bool = False) -> list[TurnEvent]:
+    """One turn's logged events as one story, however many deliveries it took.
+
+    A failed turn that was redelivered logs ``turn.failed`` and then ``turn.started``
+    again; both markers are dropped, every step event is kept. With ``live=True``
+    (a retry is under way) a trailing ``turn.failed`` is dropped as well.
+    """
+    last_start = max((i for i, e in enumerate(events) if e.type == "turn.started"), default=-1)
+    folded: list[TurnEvent] = []
+    for i, event in enumerate(events):
+        if event.type == "turn.started" and folded:
+            continue
+        if event.type == "turn.failed" and (i < last_start or (live and i == len(events) - 1)):
+            continue
+        folded.append(event)
+    return folded
+
+
+async def _next_event(
+    queue: asyncio.Queue[TurnEvent], future: asyncio.Future[TurnResult]
+) -> TurnEvent | None:
+    """The next queued event, or ``None`` once the delivery is over and nothing is left."""
+    if not queue.empty():
+        return queue.get_nowait()
+    if future.done():
+        return None
+    getter = asyncio.ensure_future(queue.get())
+    waiting: set[asyncio.Future[Any]] = {getter, future}
+    try:
+        await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not getter.done():
+            getter.cancel()
+    if getter.done() and not getter.cancelled():
+        return getter.result()
+    return queue.get_nowait() if not queue.empty() else None
+
+
+def _settle(future: asyncio.Future[TurnResult], exc: BaseException) -> None:
+    if not future.done():
+        future.set_exception(exc)
+
+
+def _retrieve(future: asyncio.Future[TurnResult]) -> None:
+    """Mark a failed turn's exception as seen: it is logged already, and a caller
+    that never awaits ``result()`` should not get an asyncio warning for it."""
+    if not future.cancelled():
+        future.exception()
 
 
 class Runtime:
@@ -291,6 +390,7 @@ class Runtime:
         self.sink: EventSink = sink if sink is not None else LocalEventSink()
         self._sessions: dict[str, AgentSession] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._background: set[asyncio.Task[None]] = set()
 
     async def __aenter__(self) -> Runtime:
         await self.store.open()
@@ -303,13 +403,15 @@ class Runtime:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        workers = [s._worker for s in self._sessions.values() if s._worker is not None]
-        if exc_type is None:
+        """Wait for queued turns to finish (or, on an error, cancel them), then close."""
+        while workers := [s._worker for s in self._sessions.values() if s._worker is not None]:
+            if exc_type is not None:
+                for task in workers:
+                    task.cancel()
             await asyncio.gather(*workers, return_exceptions=True)
-        else:
-            for task in workers:
-                task.cancel()
-            await asyncio.gather(*workers, return_exceptions=True)
+        for task in list(self._background):
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
         self._loop = None
         await self.store.close()
 
@@ -317,6 +419,13 @@ class Runtime:
         if self._loop is None:
             raise ConfigurationError("the Runtime is not open: use `async with Runtime(...)`")
         return self._loop
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        """Run a helper task that the runtime cancels when it closes."""
+        task = self._require_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return task
 
     def session(self, agent_name: str, session_id: str) -> AgentSession:
         """The session ``session_id`` of agent ``agent_name`` (the same object each time)."""

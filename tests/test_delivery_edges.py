@@ -1,0 +1,246 @@
+"""How deliveries end when things go wrong: observers never hang, results never lie."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import turnkit
+from turnkit import StoreError, ToolMessage, UserMessage, tool
+from turnkit.stores import SqliteStore
+from turnkit.testing import CrashingStore, RecordingSink, ScriptedModel, ScriptedReply, tool_call
+
+HANG_GUARD = 20  # seconds; only keeps a broken build from hanging the suite
+
+
+def echo() -> turnkit.Agent:
+    return turnkit.Agent(name="a", model=ScriptedModel(respond=lambda m: f"echo: {m[-1].text}"))
+
+
+async def collect(session: turnkit.AgentSession, turn_id: str, **kw: Any) -> list[str]:
+    async def run() -> list[str]:
+        return [e.type async for e in session.observe(turn_id, **kw)]
+
+    return await asyncio.wait_for(run(), HANG_GUARD)
+
+
+async def test_observing_a_redelivered_completed_turn_ends(open_runtime: Any) -> None:
+    rt = await open_runtime(echo())
+    session = rt.session("a", "s1")
+    tid = session.start("hi")
+    await session.result(tid)
+    session.start("hi", turn_id=tid)
+    assert await collect(session, tid) == ["turn.completed"]
+
+
+async def test_a_delivery_the_store_breaks_ends_observers_and_stays_open(tmp_path: Path) -> None:
+    def outage() -> None:
+        raise StoreError("disk unplugged")
+
+    store = CrashingStore(SqliteStore(tmp_path / "t.db"), crash_at=2, on_crash=outage)
+    async with turnkit.Runtime(echo(), store=store) as rt:
+        session = rt.session("a", "s1")
+        tid = session.start("hi")
+        types = await collect(session, tid)
+        assert types[0] == "turn.started" and types[-1] == "turn.failed"
+        with pytest.raises(StoreError, match="disk unplugged"):
+            await session.result(tid)
+        # Nothing was marked failed: the turn is still open and recovers once the store is back.
+        store.crash_at = None
+        assert [r.text for r in await rt.recover()] == ["echo: hi"]
+
+
+async def test_a_superseded_turn_logs_its_failure(tmp_path: Path) -> None:
+    db = tmp_path / "t.db"
+    store = SqliteStore(db)
+    await store.open()
+    opening = UserMessage(text="lost", turn_id="t1")
+
+    def write(tx: Any) -> None:
+        tx.append_message(0, opening)
+        tx.open_turn(
+            turnkit.stores.TurnRecord(
+                session_id="s1",
+                turn_id="t1",
+                agent="a",
+                status="running",
+                opening=opening.to_dict(),
+            )
+        )
+
+    await store.session("s1").commit(write)
+    await store.close()
+    async with turnkit.Runtime(echo(), store=SqliteStore(db)) as rt:
+        session = rt.session("a", "s1")
+        await session.turn("new")
+        assert await collect(session, "t1") == ["turn.failed"]
+        assert await collect(session, "t1", replay=True) == ["turn.failed"]
+
+
+async def test_replay_during_a_retry_does_not_stop_at_the_old_failure(open_runtime: Any) -> None:
+    gate = asyncio.Event()
+    calls = 0
+
+    class Flaky:
+        async def stream(self, messages: Any, tools: Any, *, system: str | None) -> Any:
+            nonlocal calls
+            calls += 1
+            if calls == 1:
+                raise RuntimeError("provider down")
+            await gate.wait()
+            yield turnkit.ModelDone(reply=turnkit.ModelReply(text="back"))
+
+    rt = await open_runtime(turnkit.Agent(name="a", model=Flaky()))
+    session = rt.session("a", "s1")
+    tid = session.start("hi")
+    assert (await session.result(tid)).status == "failed"
+    session.start("hi", turn_id=tid)
+    watcher = asyncio.create_task(collect(session, tid, replay=True))
+    await asyncio.sleep(0.05)
+    assert not watcher.done()
+    gate.set()
+    assert await watcher == ["turn.started", "message.completed", "turn.completed"]
+
+
+async def test_closing_the_runtime_settles_every_result_and_observer(tmp_path: Path) -> None:
+    forever = asyncio.Event()
+
+    @tool
+    async def wait_forever() -> None:
+        """Never returns."""
+        await forever.wait()
+
+    def respond(messages: Any) -> Any:
+        return ScriptedReply(tool_calls=[tool_call("wait_forever")])
+
+    agent = turnkit.Agent(name="a", model=ScriptedModel(respond=respond), tools=[wait_forever])
+    with pytest.raises(RuntimeError, match="app crashed"):
+        async with turnkit.Runtime(agent, store=SqliteStore(tmp_path / "t.db")) as rt:
+            session = rt.session("a", "s1")
+            running, queued = session.start("one"), session.start("two")
+            watcher = asyncio.create_task(collect(session, running))
+            await asyncio.sleep(0.05)
+            raise RuntimeError("app crashed")
+    with pytest.raises(turnkit.TurnError, match="interrupted"):
+        await session.result(running)
+    with pytest.raises(turnkit.TurnError, match="never stored"):
+        await session.result(queued)
+    with pytest.raises(turnkit.TurnError, match="interrupted"):
+        await watcher
+
+
+async def test_a_base_exception_from_a_tool_fails_only_that_delivery(open_runtime: Any) -> None:
+    class Meltdown(BaseException):
+        pass
+
+    @tool
+    def melt() -> None:
+        """Raises something that is not an Exception."""
+        raise Meltdown()
+
+    def respond(messages: Any) -> Any:
+        if isinstance(messages[-1], UserMessage) and messages[-1].text == "melt":
+            return ScriptedReply(tool_calls=[tool_call("melt")])
+        return "fine"
+
+    rt = await open_runtime(
+        turnkit.Agent(name="a", model=ScriptedModel(respond=respond), tools=[melt])
+    )
+    session = rt.session("a", "s1")
+    bad = session.start("melt")
+    assert await session.turn("next") == "fine"
+    with pytest.raises(turnkit.TurnError, match="interrupted \\(Meltdown\\)"):
+        await session.result(bad)
+
+
+async def test_an_event_sink_that_raises_breaks_nothing(
+    make_store: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    class BrokenSink(RecordingSink):
+        def emit(self, event: turnkit.TurnEvent) -> None:
+            super().emit(event)
+            raise RuntimeError("sink down")
+
+    async with turnkit.Runtime(echo(), store=make_store(), sink=BrokenSink()) as rt:
+        with caplog.at_level(logging.ERROR):
+            assert await rt.session("a", "s1").turn("hi") == "echo: hi"
+    assert "sink down" in caplog.text
+
+
+async def test_a_replaying_subscription_to_an_unknown_turn_is_reported(
+    open_runtime: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    rt = await open_runtime(echo())
+    session = rt.session("a", "s1")
+    with caplog.at_level(logging.WARNING):
+        session.subscribe(lambda e: None, turn_id="nope", replay=True)
+        for _ in range(100):
+            if "has no turn nope" in caplog.text:
+                break
+            await asyncio.sleep(0.01)
+    assert "has no turn nope" in caplog.text
+
+
+async def test_starting_the_same_turn_twice_delivers_it_once(open_runtime: Any) -> None:
+    model = ScriptedModel(["once"])
+    rt = await open_runtime(turnkit.Agent(name="a", model=model))
+    session = rt.session("a", "s1")
+    first = session.start("hi", turn_id="t1")
+    second = session.start("hi", turn_id="t1")
+    assert first == second == "t1"
+    assert (await session.result("t1")).text == "once"
+    assert len(model.calls) == 1
+
+
+async def test_a_tool_that_mutates_its_input_cannot_change_the_transcript(
+    open_runtime: Any,
+) -> None:
+    def grab(data: dict[str, Any], ctx: Any) -> int:
+        return int(data.pop("n")) + len(data.setdefault("extra", []))
+
+    spec = turnkit.ToolSpec(name="grab", description="Pops its input.", input_schema={})
+    model = ScriptedModel([ScriptedReply(tool_calls=[tool_call("grab", {"n": 1})]), "ok"])
+    rt = await open_runtime(turnkit.Agent(name="a", model=model, tools=[turnkit.Tool(spec, grab)]))
+    session = rt.session("a", "s1")
+    await session.turn("go")
+    asked = (await session.messages())[1]
+    assert isinstance(asked, turnkit.AssistantMessage)
+    assert asked.tool_calls[0].input == {"n": 1}
+    assert isinstance(model.calls[1].messages[1], turnkit.AssistantMessage)
+    assert model.calls[1].messages[1].tool_calls[0].input == {"n": 1}
+    assert isinstance((await session.messages())[2], ToolMessage)
+
+
+@pytest.mark.parametrize(
+    ("reply", "error"),
+    [
+        ({"text": "not a reply"}, "must be a ModelReply"),
+        (turnkit.ModelReply(text=None), "reply text must be a str"),  # type: ignore[arg-type]
+        (
+            turnkit.ModelReply(tool_calls=(turnkit.ToolCall(id="c", name="x", input='{"a":1}'),)),  # type: ignore[arg-type]
+            "needs a str name and a dict input",
+        ),
+        (
+            turnkit.ModelReply(
+                tool_calls=(turnkit.ToolCall(id="c", name="x", input={"o": object()}),)
+            ),
+            "input is not JSON",
+        ),
+    ],
+)
+async def test_malformed_replies_fail_the_step_and_never_reach_the_store(
+    open_runtime: Any, reply: Any, error: str
+) -> None:
+    class Broken:
+        async def stream(self, messages: Any, tools: Any, *, system: str | None) -> Any:
+            yield turnkit.ModelDone(reply=reply)
+
+    rt = await open_runtime(turnkit.Agent(name="a", model=Broken()))
+    session = rt.session("a", "s1")
+    result = await session.result(session.start("hi"))
+    assert result.status == "failed" and error in (result.error or "")
+    assert [m.role for m in await session.messages()] == ["user"]  # still readable
