@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import turnkit
 from turnkit.stores import SqliteStore
 from turnkit.stores._sqlite_schema import MIGRATIONS, SCHEMA_VERSION, migrate
-from turnkit.testing import ScriptedModel
+from turnkit.testing import ScriptedModel, ScriptedReply, tool_call
 
 
 async def test_open_creates_the_schema_at_the_current_version(tmp_path: Path) -> None:
@@ -129,3 +132,102 @@ async def test_wal_checkpoints_run_in_the_background(tmp_path: Path) -> None:
     assert store.checkpoints >= 1
     with sqlite3.connect(db) as conn:
         assert conn.execute("SELECT count(*) FROM turnkit_turns").fetchone() == (CHECKPOINT_EVERY,)
+
+
+def _one_tool_agent(fn: Any) -> turnkit.Agent:
+    t = turnkit.tool(fn)
+    model = ScriptedModel([ScriptedReply(tool_calls=[tool_call(t.name)]), "unreachable"])
+    return turnkit.Agent(name="a", model=model, tools=[t])
+
+
+async def _run_one(db: Path, agent: turnkit.Agent) -> turnkit.TurnResult:
+    async with turnkit.Runtime(agent, store=SqliteStore(db)) as rt:
+        session = rt.session("a", "s1")
+        return await session.result(session.start("go"))
+
+
+async def test_a_tool_that_commits_the_step_transaction_fails_the_turn(tmp_path: Path) -> None:
+    def sneaky_commit(ctx: turnkit.ToolContext) -> str:
+        """Commits on the raw handle."""
+        ctx.store.execute("CREATE TABLE IF NOT EXISTS app (x INTEGER)")
+        ctx.store.unwrap().commit()
+        return "done"
+
+    result = await _run_one(tmp_path / "c.db", _one_tool_agent(sneaky_commit))
+    assert result.status == "failed"
+    assert "ended the step's transaction" in (result.error or "")
+
+
+async def test_transaction_control_through_execute_is_refused(tmp_path: Path) -> None:
+    def control(ctx: turnkit.ToolContext) -> str:
+        """Tries to commit through execute."""
+        ctx.store.execute("CREATE TABLE app (x INTEGER)")
+        ctx.store.execute("commit")
+        return "done"
+
+    db = tmp_path / "r.db"
+    result = await _run_one(db, _one_tool_agent(control))
+    assert result.status == "failed" and "refused COMMIT" in (result.error or "")
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("SELECT name FROM sqlite_master WHERE name = 'app'").fetchall() == []
+
+
+async def test_a_statement_that_aborts_the_transaction_fails_the_turn_cleanly(
+    tmp_path: Path,
+) -> None:
+    def aborting(ctx: turnkit.ToolContext) -> str:
+        """Swallows an error that rolled the whole transaction back."""
+        conn = ctx.store.unwrap()
+        conn.execute("CREATE TABLE IF NOT EXISTS u (x INTEGER UNIQUE ON CONFLICT ROLLBACK)")
+        conn.execute("INSERT INTO u VALUES (1)")
+        with contextlib.suppress(sqlite3.IntegrityError):
+            conn.execute("INSERT INTO u VALUES (1)")
+        return "pretending all is well"
+
+    db = tmp_path / "a.db"
+    result = await _run_one(db, _one_tool_agent(aborting))
+    assert result.status == "failed" and "ended the step's transaction" in (result.error or "")
+    async with turnkit.Runtime(_one_tool_agent(aborting), store=SqliteStore(db)) as rt:
+        assert await rt.session("a", "s1").status() == "idle"  # not stuck running
+
+
+async def test_a_locked_database_is_waited_for_without_blocking_the_loop(tmp_path: Path) -> None:
+    db = tmp_path / "lock.db"
+    agent = turnkit.Agent(name="a", model=ScriptedModel(respond=lambda m: "ok"))
+    async with turnkit.Runtime(agent, store=SqliteStore(db)) as rt:
+        other = sqlite3.connect(db, isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")
+        ticks = 0
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0.01)
+
+        ticking = asyncio.create_task(ticker())
+        asyncio.get_running_loop().call_later(0.3, other.execute, "COMMIT")
+        assert await rt.session("a", "s1").turn("hi") == "ok"
+        ticking.cancel()
+        other.close()
+    assert ticks > 5  # the loop kept running while the turn waited for the lock
+
+
+async def test_a_lock_held_too_long_is_a_store_error_and_the_turn_stays_open(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "held.db"
+    agent = turnkit.Agent(name="a", model=ScriptedModel(respond=lambda m: "ok"))
+    async with turnkit.Runtime(agent, store=SqliteStore(db, busy_timeout=0.2)) as rt:
+        session = rt.session("a", "s1")
+        await session.turn("first")  # the schema exists; the next turn's opening will wait
+        other = sqlite3.connect(db, isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")
+        tid = session.start("second")
+        with pytest.raises(turnkit.StoreError, match="stayed locked by another connection"):
+            await session.result(tid)
+        other.execute("COMMIT")
+        other.close()
+        # Nothing of the second turn committed (its opening could not), so start it again.
+        assert [m.role for m in await session.messages()] == ["user", "assistant"]
+        assert await session.turn("second") == "ok"

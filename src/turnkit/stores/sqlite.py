@@ -11,6 +11,7 @@ import asyncio
 import json
 import logging
 import os
+import re
 import sqlite3
 import time
 from collections.abc import Callable, Sequence
@@ -18,7 +19,7 @@ from typing import Any, TypeVar, cast
 
 from pydantic_core import to_json
 
-from .._errors import StoreError
+from .._errors import FatalToolError, StoreError
 from .._events import TurnEvent, event_from_dict
 from .._messages import Message, message_from_dict
 from .._store import (
@@ -47,6 +48,18 @@ def _dumps(value: Any) -> str:
     return to_json(value).decode()
 
 
+_TRANSACTION_CONTROL = re.compile(r"^\s*(BEGIN|COMMIT|END|ROLLBACK(?!\s+TO\b))\b", re.IGNORECASE)
+_ENDED = (
+    "a local tool ended the step's transaction (commit or rollback on ctx.store); "
+    "turnkit commits the step itself, so never end the transaction in a tool"
+)
+
+
+def _check_open(conn: sqlite3.Connection) -> None:
+    if not conn.in_transaction:
+        raise FatalToolError(_ENDED)
+
+
 class _SqliteHandle:
     """``ctx.store`` for local tools: the raw connection, inside the step transaction."""
 
@@ -57,7 +70,11 @@ class _SqliteHandle:
         return self._conn
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        return self._conn.execute(sql, tuple(params)).fetchall()
+        if _TRANSACTION_CONTROL.match(sql):
+            raise FatalToolError(f"{_ENDED}: refused {sql.split()[0].upper()}")
+        rows = self._conn.execute(sql, tuple(params)).fetchall()
+        _check_open(self._conn)
+        return rows
 
 
 class _SqliteTransaction:
@@ -70,24 +87,28 @@ class _SqliteTransaction:
         return _SqliteHandle(self._conn)
 
     def append_message(self, index: int, message: Message) -> None:
+        _check_open(self._conn)
         self._conn.execute(
             "INSERT INTO turnkit_messages (session_id, idx, turn_id, body) VALUES (?, ?, ?, ?)",
             (self._sid, index, message.turn_id, _dumps(message.to_dict())),
         )
 
     def put_step(self, step_id: str, turn_id: str, result: Any) -> None:
+        _check_open(self._conn)
         self._conn.execute(
             "INSERT INTO turnkit_steps (session_id, turn_id, step_id, result) VALUES (?, ?, ?, ?)",
             (self._sid, turn_id, step_id, _dumps(result)),
         )
 
     def log_event(self, event: TurnEvent) -> None:
+        _check_open(self._conn)
         self._conn.execute(
             "INSERT INTO turnkit_events (session_id, seq, turn_id, body) VALUES (?, ?, ?, ?)",
             (self._sid, event.seq, event.turn_id, _dumps(event.to_dict())),
         )
 
     def open_turn(self, record: TurnRecord) -> None:
+        _check_open(self._conn)
         now = time.time()
         self._conn.execute(
             "INSERT INTO turnkit_turns (session_id, turn_id, agent, status, opening, event, "
@@ -111,6 +132,7 @@ class _SqliteTransaction:
     def set_turn_status(
         self, turn_id: str, status: TurnStatus, *, text: str | None = None, error: str | None = None
     ) -> None:
+        _check_open(self._conn)
         now = time.time()
         terminal = status in TERMINAL_TURN_STATUSES
         cur = self._conn.execute(
@@ -187,22 +209,45 @@ class _SqliteSession:
 
     async def commit(self, work: Callable[[Any], T]) -> T:
         conn = self._store.connection
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-        except sqlite3.Error as exc:
-            raise StoreError(f"session {self._sid}: cannot begin a transaction: {exc}") from exc
+        await self._begin(conn)
         try:
             result = work(_SqliteTransaction(conn, self._sid))
             conn.execute("COMMIT")
         except BaseException as exc:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
+            if isinstance(exc, sqlite3.IntegrityError):
+                raise StoreError(
+                    f"session {self._sid}: commit failed: {exc} (another writer advanced "
+                    "this session; run one runtime per session at a time)"
+                ) from exc
             if isinstance(exc, sqlite3.Error):
                 # Only the store's own statements get here: tool errors arrive wrapped.
                 raise StoreError(f"session {self._sid}: commit failed: {exc}") from exc
             raise
         self._store.committed()
         return result
+
+    async def _begin(self, conn: sqlite3.Connection) -> None:
+        """``BEGIN IMMEDIATE``, waiting for another process's write lock without blocking
+        the event loop: the connection never busy-waits, this retries with a sleep."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._store.busy_timeout
+        delay = 0.001
+        while True:
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                return
+            except sqlite3.OperationalError as exc:
+                if getattr(exc, "sqlite_errorcode", None) != sqlite3.SQLITE_BUSY:
+                    raise StoreError(f"session {self._sid}: cannot begin: {exc}") from exc
+                if loop.time() >= deadline:
+                    raise StoreError(
+                        f"session {self._sid}: the database stayed locked by another "
+                        f"connection for {self._store.busy_timeout:g}s"
+                    ) from exc
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.05)
 
     async def turn(self, turn_id: str) -> TurnRecord | None:
         row = self._store.connection.execute(
@@ -248,7 +293,7 @@ class SqliteStore:
 
     def __init__(self, path: str | os.PathLike[str], *, busy_timeout: float = 5.0) -> None:
         self.path = os.fspath(path)
-        self._busy_timeout = busy_timeout
+        self.busy_timeout = busy_timeout
         self._conn: sqlite3.Connection | None = None
         self._since_checkpoint = 0
         self._checkpoint: asyncio.Future[None] | None = None
@@ -269,7 +314,7 @@ class SqliteStore:
         if self._checkpoint_conn is None:
             self._checkpoint_conn = sqlite3.connect(
                 self.path,
-                timeout=self._busy_timeout,
+                timeout=self.busy_timeout,
                 isolation_level=None,
                 check_same_thread=False,
             )
@@ -302,7 +347,7 @@ class SqliteStore:
         try:
             conn = sqlite3.connect(
                 self.path,
-                timeout=self._busy_timeout,
+                timeout=self.busy_timeout,
                 isolation_level=None,
                 check_same_thread=False,
             )
@@ -312,6 +357,8 @@ class SqliteStore:
             conn.execute(f"PRAGMA wal_autocheckpoint = {CHECKPOINT_BACKSTOP_PAGES}")
             conn.execute(f"PRAGMA journal_size_limit = {JOURNAL_SIZE_LIMIT}")
             migrate(conn)
+            # From here on a locked database is waited for in ``_begin``, off the loop.
+            conn.execute("PRAGMA busy_timeout = 0")
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"SqliteStore: cannot open {self.path!r}: {exc}") from exc
         self._conn = conn
