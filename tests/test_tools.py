@@ -154,3 +154,61 @@ async def test_tool_results_are_converted_to_json(open_runtime: Any) -> None:
     results = [m for m in await session.messages() if isinstance(m, turnkit.ToolMessage)]
     assert results[0].result == {"city": "Oslo", "zip": None}
     assert results[1].is_error and "PydanticSerializationError" in results[1].result["error"]
+
+
+def test_parameters_the_model_cannot_fill_are_refused_at_declaration() -> None:
+    def private(_secret: str) -> str:
+        """Has a private-looking parameter."""
+        return _secret
+
+    def reserved(model_config: str) -> str:
+        """Clashes with pydantic."""
+        return model_config
+
+    def positional(a: int, /) -> int:
+        """Positional-only."""
+        return a
+
+    with pytest.raises(ToolDefinitionError, match="'_secret' cannot be an input field"):
+        tool(private)
+    with pytest.raises(ToolDefinitionError, match="'model_config' cannot be an input field"):
+        tool(reserved)
+    with pytest.raises(ToolDefinitionError, match="positional-only"):
+        tool(positional)
+
+
+def test_generator_functions_are_not_tools() -> None:
+    async def stream_things() -> Any:
+        """Yields."""
+        yield 1
+
+    def gen(ctx: Any, data: Any) -> Any:
+        yield 1
+
+    with pytest.raises(ToolDefinitionError, match="generator function"):
+        tool(stream_things)
+    with pytest.raises(ToolDefinitionError, match="generator function"):
+        Tool(ToolSpec(name="g", description="d", input_schema={}), gen)
+
+
+async def test_a_def_returning_a_task_fails_and_the_task_is_stopped(open_runtime: Any) -> None:
+    import asyncio
+
+    happened: list[str] = []
+
+    async def side_effect() -> None:
+        await asyncio.sleep(0.01)
+        happened.append("charged")
+
+    @tool
+    def schedule() -> Any:
+        """Returns a task from a plain def."""
+        return asyncio.ensure_future(side_effect())
+
+    model = ScriptedModel([ScriptedReply(tool_calls=[tool_call("schedule")])])
+    rt = await open_runtime(turnkit.Agent(name="a", model=model, tools=[schedule]))
+    session = rt.session("a", "s1")
+    result = await session.result(session.start("go"))
+    await asyncio.sleep(0.05)
+    assert result.status == "failed" and "async def" in (result.error or "")
+    assert happened == []

@@ -6,7 +6,7 @@ TurnkitError
 │   └── ToolDefinitionError   a tool that cannot be declared or classified
 └── TurnError                 a run or protocol failure seen by a caller
     ├── TurnFailedError       ``session.turn()`` of a turn that failed
-    ├── ModelError            the model broke its contract or stopped empty
+    ├── ModelError            an adapter's failure (SDK error, broken stream)
     ├── StoreError            the store refused or lost a write
     └── MessageDecodeError    stored or wire JSON that is not a message
 """
@@ -48,7 +48,11 @@ class TurnFailedError(TurnError):
 
 
 class ModelError(TurnError):
-    """The model's stream broke the protocol or stopped abnormally with nothing said."""
+    """A model adapter's failure (an SDK error, a broken stream), raised from ``stream``.
+
+    The engine records it as the turn's error text (``model error: …``); callers see
+    a failed ``TurnResult``, not this exception.
+    """
 
 
 class StoreError(TurnError):

@@ -25,10 +25,6 @@ class CallModel:
 
     index: int
 
-    @property
-    def step_id(self) -> str:
-        return model_step_id(self.index)
-
 
 @dataclass(frozen=True)
 class RunTools:

@@ -42,6 +42,14 @@ def is_async_callable(fn: object) -> bool:
     return call is not None and inspect.iscoroutinefunction(call)
 
 
+def _refuse_generators(fn: object, name: str) -> None:
+    if inspect.isasyncgenfunction(fn) or inspect.isgeneratorfunction(fn):
+        raise ToolDefinitionError(
+            f"tool {name!r} is a generator function; a tool returns one result "
+            "(use `def` or `async def` with `return`)"
+        )
+
+
 def check_tool_name(name: str) -> str:
     if not isinstance(name, str) or not TOOL_NAME.match(name):
         raise ToolDefinitionError(
@@ -69,6 +77,7 @@ class Tool:
         check_tool_name(self.spec.name)
         if not callable(self.run):
             raise ToolDefinitionError(f"tool {self.spec.name!r}: run must be callable")
+        _refuse_generators(self.run, self.spec.name)
         object.__setattr__(self, "local", not is_async_callable(self.run))
 
     #: True when ``run`` is a plain ``def`` and so runs inside the step transaction.
@@ -105,10 +114,20 @@ class _FunctionTool:
         for pname, param in sig.parameters.items():
             if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
                 raise ToolDefinitionError(f"tool {name!r}: *args and **kwargs are not supported")
+            if param.kind is param.POSITIONAL_ONLY:
+                raise ToolDefinitionError(
+                    f"tool {name!r}: parameter {pname!r} is positional-only; the model passes "
+                    "arguments by name"
+                )
             hint = hints.get(pname, Any)
             if hint is ToolContext or pname == "ctx":
                 self.ctx_param = pname
                 continue
+            if pname.startswith(("_", "model_")):
+                raise ToolDefinitionError(
+                    f"tool {name!r}: parameter {pname!r} cannot be an input field "
+                    "(names starting with '_' or 'model_' are reserved by pydantic)"
+                )
             default = ... if param.default is param.empty else param.default
             field_defs[pname] = (hint, default)
         config = pydantic.ConfigDict(extra="forbid")
@@ -138,6 +157,7 @@ class _FunctionTool:
 def _from_function(fn: Callable[..., Any], name: str | None, description: str | None) -> Tool:
     if not callable(fn):
         raise ToolDefinitionError(f"@tool needs a function, got {type(fn).__name__}")
+    _refuse_generators(fn, name or str(getattr(fn, "__name__", "?")))
     tool_name = check_tool_name(name or fn.__name__)
     doc = description if description is not None else inspect.getdoc(fn)
     if not doc:
