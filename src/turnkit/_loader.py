@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -46,7 +47,7 @@ class AgentFolder:
     instructions: str
     tools: tuple[Tool, ...]
     model: Model | None
-    demo_model: Model | None
+    demo_model: Callable[[], Model] | None
 
     @classmethod
     def read(cls, path: str | Path) -> AgentFolder:
@@ -64,7 +65,7 @@ class AgentFolder:
             config = raw
             model = getattr(module, "model", None)
             factory = getattr(module, "demo_model", None)
-            demo = factory() if callable(factory) else None
+            demo = factory if callable(factory) else None
         instructions_md = folder / "instructions.md"
         instructions = (
             instructions_md.read_text(encoding="utf-8") if instructions_md.exists() else ""
@@ -80,6 +81,15 @@ class AgentFolder:
             model=model,
             demo_model=demo,
         )
+
+    def agent(self, model: Model | None = None) -> Agent:
+        """The ``Agent``: ``model``, else the folder's ``model``, else its ``demo_model()``."""
+        chosen = model or self.model or (self.demo_model() if self.demo_model else None)
+        if chosen is None:
+            raise ConfigurationError(
+                f"agent folder {str(self.path)!r} names no model: pass load_agent(..., model=...)"
+            )
+        return Agent(name=self.name, model=chosen, instructions=self.instructions, tools=self.tools)
 
 
 def _read_tools(tools_dir: Path) -> list[Tool]:
@@ -99,12 +109,4 @@ def _read_tools(tools_dir: Path) -> list[Tool]:
 
 def load_agent(path: str | Path, *, model: Model | None = None) -> Agent:
     """Build the ``Agent`` a folder describes; ``model`` overrides the folder's own."""
-    folder = AgentFolder.read(path)
-    chosen = model or folder.model or folder.demo_model
-    if chosen is None:
-        raise ConfigurationError(
-            f"agent folder {str(folder.path)!r} names no model: pass load_agent(..., model=...)"
-        )
-    return Agent(
-        name=folder.name, model=chosen, instructions=folder.instructions, tools=folder.tools
-    )
+    return AgentFolder.read(path).agent(model)

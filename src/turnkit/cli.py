@@ -17,7 +17,7 @@ from typing import TextIO
 
 from ._errors import TurnkitError
 from ._events import TurnEvent
-from ._loader import AgentFolder, load_agent
+from ._loader import AgentFolder
 from ._runtime import Runtime
 from .stores import SqliteStore
 
@@ -70,9 +70,9 @@ class TerminalRenderer:
 
 async def _run(args: argparse.Namespace) -> int:
     folder = AgentFolder.read(args.agent_dir)
+    agent = folder.agent()
     if folder.model is None:
         print("turnkit: no model configured; using the offline demo model", file=sys.stderr)
-    agent = load_agent(args.agent_dir)
     store_path = Path(args.store)
     store_path.parent.mkdir(parents=True, exist_ok=True)
     renderer = TerminalRenderer(sys.stdout)
