@@ -424,15 +424,7 @@ async def test_sqlite_local_tool_writes_commit_with_the_step(tmp_path: Path) -> 
     model = ScriptedModel(
         [ScriptedReply(tool_calls=[tool_call("create_order", {"item": "pen"})]), "ordered"]
     )
-    captured: list[object] = []
-
-    @tool
-    def peek(ctx: ToolContext) -> bool:
-        """Look at the handle."""
-        captured.append(ctx.store.unwrap())
-        return True
-
-    async with turnkit.Runtime(agent(model, orders_tool(), peek), store=SqliteStore(db)) as rt:
+    async with turnkit.Runtime(agent(model, orders_tool()), store=SqliteStore(db)) as rt:
         assert await rt.session("a", "s1").turn("buy a pen") == "ordered"
     with sqlite3.connect(db) as conn:
         assert conn.execute("SELECT item FROM orders").fetchall() == [("pen",)]
@@ -471,7 +463,7 @@ async def test_sqlite_handle_is_the_connection_inside_the_step_transaction(
     assert seen == [(sqlite3.Connection, True)]
 
 
-async def test_memory_store_has_no_handle_and_execute_fails_the_turn(open_runtime: Any) -> None:
+async def test_memory_store_has_no_handle_and_execute_fails_the_turn() -> None:
     from turnkit.stores import MemoryStore
 
     seen: list[object] = []
@@ -485,9 +477,9 @@ async def test_memory_store_has_no_handle_and_execute_fails_the_turn(open_runtim
     model = ScriptedModel(
         [ScriptedReply(tool_calls=[tool_call("peek"), tool_call("create_order", {"item": "x"})])]
     )
-    rt = await open_runtime(agent(model, peek, orders_tool()), store=MemoryStore())
-    session = rt.session("a", "s1")
-    result = await session.result(session.start("go"))
+    async with turnkit.Runtime(agent(model, peek, orders_tool()), store=MemoryStore()) as rt:
+        session = rt.session("a", "s1")
+        result = await session.result(session.start("go"))
     assert seen == [None]
     assert result.status == "failed"
     assert "in-memory store has no transactional handle" in (result.error or "")
