@@ -382,3 +382,21 @@ async def test_sink_seam_can_be_replaced(make_store: Any) -> None:
     async with turnkit.Runtime(echo_agent(), store=make_store(), sink=sink) as rt:
         await rt.session("a", "s1").turn("hi")
     assert sink.types()[-1] == "turn.completed"
+
+
+async def test_wrong_kinds_of_arguments_are_named(open_runtime: Any) -> None:
+    with pytest.raises(turnkit.ConfigurationError, match="store must implement"):
+        turnkit.Runtime(echo_agent(), store="turnkit.db")  # type: ignore[arg-type]
+    with pytest.raises(turnkit.ConfigurationError, match="sink must implement"):
+        turnkit.Runtime(echo_agent(), store=turnkit.stores.MemoryStore(), sink=print)  # type: ignore[arg-type]
+    with pytest.raises(turnkit.ConfigurationError, match="tools must be a list of Tool"):
+        turnkit.Agent(
+            name="a", model=ScriptedModel([]), tools=tool(name="t", description="x")(lambda: None)
+        )  # type: ignore[arg-type]
+    rt = await open_runtime(echo_agent())
+    session = rt.session("a", "s1")
+    with pytest.raises(TypeError, match="event must be an InboundEvent, got dict"):
+        session.start("x", event={"source": "slack"})  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="trigger must be a Proactive, got str"):
+        session.start("x", trigger="cron")  # type: ignore[arg-type]
+    assert await session.status() == "new"

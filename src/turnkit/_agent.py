@@ -30,6 +30,11 @@ class Agent:
             )
         if not isinstance(self.instructions, str):
             raise ConfigurationError(f"agent {self.name!r}: instructions must be a string")
+        if isinstance(self.tools, Tool) or not isinstance(self.tools, Sequence):
+            raise ConfigurationError(
+                f"agent {self.name!r}: tools must be a list of Tool, "
+                f"got {type(self.tools).__name__}"
+            )
         by_name: dict[str, Tool] = {}
         for t in self.tools:
             if not isinstance(t, Tool):

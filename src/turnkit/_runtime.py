@@ -62,6 +62,10 @@ class AgentSession:
         """
         if not isinstance(text, str):
             raise TypeError(f"turn text must be a str, got {type(text).__name__}")
+        if event is not None and not isinstance(event, InboundEvent):
+            raise TypeError(f"event must be an InboundEvent, got {type(event).__name__}")
+        if trigger is not None and not isinstance(trigger, Proactive):
+            raise TypeError(f"trigger must be a Proactive, got {type(trigger).__name__}")
         if event is not None and trigger is not None:
             raise ConfigurationError("a turn has either an inbound event or a trigger, not both")
         if turn_id is not None and (not isinstance(turn_id, str) or not turn_id):
@@ -386,6 +390,16 @@ class Runtime:
             if agent.name in self.agents:
                 raise ConfigurationError(f"two agents are named {agent.name!r}")
             self.agents[agent.name] = agent
+        if not isinstance(store, Store):
+            raise ConfigurationError(
+                f"store must implement turnkit.stores.Store (MemoryStore, SqliteStore, …), "
+                f"got {type(store).__name__}"
+            )
+        if sink is not None and not isinstance(sink, EventSink):
+            raise ConfigurationError(
+                "sink must implement turnkit.EventSink (emit, subscribe), "
+                f"got {type(sink).__name__}"
+            )
         self.store = store
         self.sink: EventSink = sink if sink is not None else LocalEventSink()
         self._sessions: dict[str, AgentSession] = {}
