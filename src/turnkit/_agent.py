@@ -18,6 +18,8 @@ class Agent:
     model: Model
     instructions: str = ""
     tools: Sequence[Tool] = ()
+    #: Model steps one turn may take before it fails; ``None`` means no limit.
+    max_steps: int | None = None
     _by_name: dict[str, Tool] = field(init=False, repr=False, compare=False)
     _specs: tuple[ToolSpec, ...] = field(init=False, repr=False, compare=False)
 
@@ -27,6 +29,15 @@ class Agent:
         if not hasattr(self.model, "stream"):
             raise ConfigurationError(
                 f"agent {self.name!r}: model {self.model!r} has no stream() method"
+            )
+        if self.max_steps is not None and (
+            not isinstance(self.max_steps, int)
+            or isinstance(self.max_steps, bool)
+            or self.max_steps < 1
+        ):
+            raise ConfigurationError(
+                f"agent {self.name!r}: max_steps must be a positive int or None, "
+                f"got {self.max_steps!r}"
             )
         if not isinstance(self.instructions, str):
             raise ConfigurationError(f"agent {self.name!r}: instructions must be a string")

@@ -11,6 +11,8 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from itertools import count
 from typing import TYPE_CHECKING, Any
 
 from ._agent import Agent
@@ -36,6 +38,7 @@ from ._position import (
     CallModel,
     Finished,
     RunTools,
+    count_model_steps,
     has_opening_message,
     model_step_id,
     next_step,
@@ -57,7 +60,11 @@ _REMOTE_HANDLE = NoHandle(
     "this tool is async (remote) and runs outside the step transaction; "
     "declare it with plain `def` to write through the store"
 )
-STALE_CALL_ERROR = "not run: the turn that asked for this call ended before it ran"
+STALE_CALL_ERROR = "not run: the turn that asked for this call failed before it ran"
+INTERRUPTED_CALL_ERROR = (
+    "interrupted: the process running this call stopped before its result was saved; "
+    "it may or may not have run, so check before retrying it"
+)
 SUPERSEDED_ERROR = "interrupted: a later turn started before it was recovered"
 
 
@@ -90,7 +97,8 @@ class TurnRunner:
         open for redelivery; observers still get a live, unlogged ``turn.failed``."""
         try:
             return await self._run()
-        except Exception as exc:
+        except BaseException as exc:
+            # Emitting is synchronous, so this is safe even while being cancelled.
             self._emit(
                 TurnFailedEvent(
                     turn_id=self.turn_id,
@@ -109,8 +117,9 @@ class TurnRunner:
             )
         self.transcript, self.steps, self.next_seq = snap.messages, snap.steps, snap.next_seq
         record = snap.turn
-        if record is not None and self.event is None and record.event is not None:
-            self.event = InboundEvent.from_dict(record.event)
+        if record is not None:
+            # A redelivery replays the turn as it was opened, whatever the caller passed.
+            self.event = InboundEvent.from_dict(record.event) if record.event else None
         if record is not None and (
             record.status == "completed" or not has_opening_message(self.transcript, self.turn_id)
         ):
@@ -127,10 +136,17 @@ class TurnRunner:
             return await self._fail(str(failure))
 
     async def _loop(self) -> TurnResult:
+        limit = self.agent.max_steps
+        taken = count_model_steps(self.transcript, self.turn_id) if limit is not None else 0
         while True:
             step = next_step(self.transcript, self.turn_id)
             if isinstance(step, CallModel):
+                if limit is not None and taken >= limit:
+                    raise TurnFailure(
+                        f"the turn reached agent {self.agent.name!r}'s limit of {limit} model steps"
+                    )
                 await self._model_step(step.index)
+                taken += 1
             elif isinstance(step, RunTools):
                 for call in step.owed:
                     await self._tool_step(step.assistant_index, call)
@@ -179,8 +195,11 @@ class TurnRunner:
 
     async def _open(self) -> None:
         opening = self.request.opening
-        index = len(self.transcript)
-        closing = self._stale_call_messages()
+        # The turn before ours, if a crash left it open, ends here: ours supersedes it.
+        previous = self.transcript[-1].turn_id if self.transcript else None
+        stale = await self.store.turn(previous) if previous else None
+        crashed = stale if stale is not None and stale.status == "running" else None
+        closing = self._closing_results(INTERRUPTED_CALL_ERROR if crashed else STALE_CALL_ERROR)
         record = TurnRecord(
             session_id=self.session_id,
             turn_id=self.turn_id,
@@ -190,51 +209,61 @@ class TurnRunner:
             event=self.event.to_dict() if self.event else None,
             created_at=time.time(),
         )
-        # The turn before ours, if a crash left it open, ends here: ours supersedes it.
-        previous = self.transcript[-1].turn_id if self.transcript else None
-        stale = await self.store.turn(previous) if previous else None
-        events: list[TurnEvent] = []
-        if stale is not None and stale.status == "running":
+        seq = count(self.next_seq)
+        sid = self.session_id
+        events: list[TurnEvent] = [
+            ActionCompletedEvent(
+                turn_id=m.turn_id,
+                session_id=sid,
+                call_id=m.call_id,
+                name=m.name,
+                result=copy_input(m.result),
+                error=m.result["error"],
+                seq=next(seq),
+            )
+            for _, m in closing
+        ]
+        if crashed is not None:
             events.append(
                 TurnFailedEvent(
-                    turn_id=stale.turn_id,
-                    session_id=self.session_id,
-                    error=SUPERSEDED_ERROR,
-                    seq=self.next_seq,
+                    turn_id=crashed.turn_id, session_id=sid, error=SUPERSEDED_ERROR, seq=next(seq)
                 )
             )
         events.append(
-            TurnStartedEvent(
-                turn_id=self.turn_id,
-                session_id=self.session_id,
-                text=opening.text,
-                seq=self.next_seq + len(events),
-            )
+            TurnStartedEvent(turn_id=self.turn_id, session_id=sid, text=opening.text, seq=next(seq))
         )
+        index = len(self.transcript)
 
         def write(tx: Transaction) -> None:
-            if stale is not None and stale.status == "running":
-                tx.set_turn_status(stale.turn_id, "failed", error=SUPERSEDED_ERROR)
             for offset, (step_id, msg) in enumerate(closing):
-                tx.put_step(step_id, msg.turn_id, {"result": msg.result, "error": STALE_CALL_ERROR})
+                tx.put_step(
+                    step_id, msg.turn_id, {"result": msg.result, "error": msg.result["error"]}
+                )
                 tx.append_message(index + offset, msg)
+            if crashed is not None:
+                tx.set_turn_status(crashed.turn_id, "failed", error=SUPERSEDED_ERROR)
             tx.append_message(index + len(closing), opening)
             tx.open_turn(record)
 
         await self._commit(write, events, [m for _, m in closing] + [opening])
 
-    def _stale_call_messages(self) -> list[tuple[str, ToolMessage]]:
+    def _closing_results(self, reason: str) -> list[tuple[str, ToolMessage]]:
         """Error results for the calls an earlier turn left unanswered at the tail."""
         stale = stale_calls(self.transcript, self.turn_id)
         if stale is None:
             return []
         index, calls = stale
         owner = self.transcript[index].turn_id
-        result = error_result(STALE_CALL_ERROR)
         return [
             (
                 tool_step_id(index, c.id),
-                ToolMessage(call_id=c.id, name=c.name, result=result, turn_id=owner, is_error=True),
+                ToolMessage(
+                    call_id=c.id,
+                    name=c.name,
+                    result=error_result(reason),
+                    turn_id=owner,
+                    is_error=True,
+                ),
             )
             for c in calls
         ]
@@ -274,12 +303,13 @@ class TurnRunner:
             text=reply.text, turn_id=self.turn_id, tool_calls=reply.tool_calls, stop=reply.stop
         )
         tid, sid, seq = self.turn_id, self.session_id, self.next_seq
+        shown = _detached(message)  # observers may mutate what they get; the transcript not
         events: list[TurnEvent] = [
-            MessageCompletedEvent(turn_id=tid, session_id=sid, message=message, seq=seq)
+            MessageCompletedEvent(turn_id=tid, session_id=sid, message=shown, seq=seq)
         ]
         events += [
             ActionRequestedEvent(turn_id=tid, session_id=sid, call=c, seq=seq + i)
-            for i, c in enumerate(reply.tool_calls, start=1)
+            for i, c in enumerate(shown.tool_calls, start=1)
         ]
         final = not reply.tool_calls
         if final:
@@ -341,7 +371,7 @@ class TurnRunner:
         def work(tx: Transaction) -> tuple[ToolMessage, ActionCompletedEvent]:
             ctx = self._context(tx.handle, call, step_id)
             value = run_local(tool, copy_input(call.input), ctx)
-            return self._write_tool(tx, index, seq, step_id, call, value, None, memo=False)
+            return self._write_tool(tx, _ToolRow(index, seq, step_id, call, value, None, False))
 
         try:
             message, event = await self.store.commit(work)
@@ -358,45 +388,37 @@ class TurnRunner:
         self, step_id: str, call: ToolCall, value: Any, error: str | None, *, memo: bool = False
     ) -> None:
         """Commit a tool step whose result is already known."""
-        index, seq = len(self.transcript), self.next_seq
+        row = _ToolRow(len(self.transcript), self.next_seq, step_id, call, value, error, memo)
 
         def work(tx: Transaction) -> tuple[ToolMessage, ActionCompletedEvent]:
-            return self._write_tool(tx, index, seq, step_id, call, value, error, memo=memo)
+            return self._write_tool(tx, row)
 
         self._after_tool(*await self.store.commit(work))
 
     def _write_tool(
-        self,
-        tx: Transaction,
-        index: int,
-        seq: int,
-        step_id: str,
-        call: ToolCall,
-        value: Any,
-        error: str | None,
-        *,
-        memo: bool,
+        self, tx: Transaction, row: _ToolRow
     ) -> tuple[ToolMessage, ActionCompletedEvent]:
         """The rows of one tool step: its memo, its tool message, its ``action.completed``."""
+        call = row.call
         message = ToolMessage(
             call_id=call.id,
             name=call.name,
-            result=value,
+            result=row.value,
             turn_id=self.turn_id,
-            is_error=error is not None,
+            is_error=row.error is not None,
         )
         event = ActionCompletedEvent(
             turn_id=self.turn_id,
             session_id=self.session_id,
             call_id=call.id,
             name=call.name,
-            result=value,
-            error=error,
-            seq=seq,
+            result=copy_input(row.value),  # observers get their own copy to mutate
+            error=row.error,
+            seq=row.seq,
         )
-        if not memo:
-            tx.put_step(step_id, self.turn_id, {"result": value, "error": error})
-        tx.append_message(index, message)
+        if not row.memo:
+            tx.put_step(row.step_id, self.turn_id, {"result": row.value, "error": row.error})
+        tx.append_message(row.index, message)
         tx.log_event(event)
         return message, event
 
@@ -404,3 +426,27 @@ class TurnRunner:
         self.next_seq += 1
         self.transcript.append(message)
         self._emit(event)
+
+
+@dataclass(frozen=True)
+class _ToolRow:
+    """Everything one tool step commits, positioned in the transcript and the event log."""
+
+    index: int
+    seq: int
+    step_id: str
+    call: ToolCall
+    value: Any
+    error: str | None
+    memo: bool
+
+
+def _detached(message: AssistantMessage) -> AssistantMessage:
+    """A copy of ``message`` whose tool inputs are not shared with the transcript."""
+    if not message.tool_calls:
+        return message
+    calls = tuple(
+        replace(c, input=copy_input(c.input), provider_state=copy_input(c.provider_state))
+        for c in message.tool_calls
+    )
+    return replace(message, tool_calls=calls)

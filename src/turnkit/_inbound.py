@@ -67,3 +67,7 @@ class Proactive:
     """Marks a turn that no person opened; ``by`` names what did (``"cron:daily"``)."""
 
     by: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.by, str) or not self.by:
+            raise ValueError(f"Proactive.by must be a non-empty str, got {self.by!r}")

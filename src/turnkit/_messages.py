@@ -70,6 +70,8 @@ class StopReason:
             raise ValueError(
                 f"unknown stop kind {self.kind!r}; expected one of {sorted(STOP_KINDS)}"
             )
+        if self.raw is not None and not isinstance(self.raw, str):
+            raise ValueError(f"StopReason.raw must be a str or None, got {type(self.raw).__name__}")
 
     @property
     def abnormal(self) -> bool:

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator, Sequence
 from itertools import islice
 from typing import overload
 
-from pydantic_core import to_json
+from pydantic_core import from_json, to_json
 
 from ._agent import Agent
 from ._errors import ModelError
@@ -87,7 +87,7 @@ async def ask_model(
     if reply is None:
         raise TurnFailure("model error: the stream ended without ModelDone")
     check_reply(reply)
-    return reply
+    return stored_form(reply)
 
 
 def check_reply(reply: object) -> None:
@@ -104,6 +104,15 @@ def check_reply(reply: object) -> None:
     seen: set[str] = set()
     for call in reply.tool_calls:
         _check_call(call, seen)
+
+
+def stored_form(reply: ModelReply) -> ModelReply:
+    """The reply exactly as a replay will read it back, or ``TurnFailure`` if it cannot
+    be stored: what is committed must decode again, or the session would be unreadable."""
+    try:
+        return ModelReply.from_dict(from_json(to_json(reply.to_dict())))
+    except Exception as exc:
+        raise TurnFailure(f"model error: the reply cannot be stored: {error_text(exc)}") from exc
 
 
 def _check_call(call: object, seen: set[str]) -> None:

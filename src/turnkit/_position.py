@@ -110,6 +110,20 @@ def stale_calls(
     return (index, owed) if owed else None
 
 
+def count_model_steps(transcript: Sequence[Message], turn_id: str) -> int:
+    """How many model steps ``turn_id`` has committed (its assistant messages at the tail).
+
+    Called once per delivery, so it may walk the whole turn.
+    """
+    steps = 0
+    for i in range(len(transcript) - 1, -1, -1):
+        msg = transcript[i]
+        if msg.turn_id != turn_id:
+            break
+        steps += isinstance(msg, AssistantMessage)
+    return steps
+
+
 def has_opening_message(transcript: Sequence[Message], turn_id: str) -> bool:
     """True when the transcript already holds the opening of ``turn_id``.
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic_core import to_jsonable_python
+from pydantic_core import to_json, to_jsonable_python
 
 from ._tools import ToolInputError
 
@@ -33,5 +33,11 @@ def error_result(text: str) -> dict[str, Any]:
 
 
 def to_json_result(value: Any) -> Any:
-    """The JSON form of a tool's return value (pydantic models, dataclasses, dates, …)."""
-    return to_jsonable_python(value)
+    """The JSON form of a tool's return value (pydantic models, dataclasses, dates, …).
+
+    It is encoded once here so that a value no store could write (a lone surrogate,
+    an unknown type) becomes an error result the model reads, not a stuck turn.
+    """
+    jsonable = to_jsonable_python(value)
+    to_json(jsonable)
+    return jsonable
