@@ -28,6 +28,7 @@ CORE = [
     "_tool_call.py",
     "_model_call.py",
     "_turns.py",
+    "_observe.py",
     "_tools.py",
 ]
 ALLOWED_EXTERNAL = {

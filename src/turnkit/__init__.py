@@ -48,7 +48,7 @@ from ._messages import (
 from ._model import Model, ModelDelta, ModelDone, ReasoningDelta, TextDelta, ToolSpec
 from ._runtime import AgentSession, Runtime
 from ._tools import ActionContext, Tool, define_action, tool
-from ._turns import TurnRequest, TurnResult
+from ._turns import TurnResult
 
 __all__ = [
     "ActionCompletedEvent",
@@ -90,7 +90,6 @@ __all__ = [
     "TurnEvent",
     "TurnFailedError",
     "TurnFailedEvent",
-    "TurnRequest",
     "TurnResult",
     "TurnStartedEvent",
     "TurnkitError",

@@ -18,9 +18,10 @@ from typing import Any
 from ._agent import Agent
 from ._engine import TurnRunner
 from ._errors import ConfigurationError, TurnError, TurnFailedError
-from ._events import TERMINAL_EVENT_TYPES, EventSink, LocalEventSink, TurnEvent
+from ._events import EventSink, LocalEventSink, TurnEvent
 from ._inbound import InboundEvent, Proactive
 from ._messages import Message, OpeningMessage, TriggerMessage, UserMessage
+from ._observe import event_filter, finished_record, session_events, turn_events
 from ._store import SessionInfo, SessionStatus, SessionStore, Store
 from ._turns import TurnRequest, TurnResult, result_from_record
 
@@ -81,7 +82,7 @@ class AgentSession:
         )
         loop = self.runtime._require_loop()
         future: asyncio.Future[TurnResult] = loop.create_future()
-        future.add_done_callback(_retrieve)
+        future.add_done_callback(_mark_exception_seen)
         self._remember(tid, future)
         self._queue.append((TurnRequest(turn_id=tid, opening=opening, event=event), future))
         if self._worker is None:
@@ -155,10 +156,6 @@ class AgentSession:
             if isinstance(exc, asyncio.CancelledError | KeyboardInterrupt | SystemExit):
                 raise
 
-    def _is_pending(self, turn_id: str) -> bool:
-        future = self._futures.get(turn_id)
-        return future is not None and not future.done()
-
     # -- reading results and state -----------------------------------------------
 
     async def result(self, turn_id: str) -> TurnResult:
@@ -166,15 +163,7 @@ class AgentSession:
         future = self._futures.get(turn_id)
         if future is not None:
             return await asyncio.shield(future)
-        record = await self._store.turn(turn_id)
-        if record is None:
-            raise TurnError(f"session {self.session_id} has no turn {turn_id}")
-        if record.status == "running":
-            raise TurnError(
-                f"turn {turn_id} is unfinished and not running in this process; "
-                "redeliver it with start(..., turn_id=...) or call runtime.recover()"
-            )
-        return result_from_record(record)
+        return result_from_record(await finished_record(self._store, turn_id))
 
     async def messages(self) -> list[Message]:
         """The live transcript, oldest first."""
@@ -212,10 +201,10 @@ class AgentSession:
         skipped; it never breaks the turn or other subscribers.
         """
         if not replay:
-            sid = self.session_id
+            wanted = event_filter(self.session_id, turn_id)
 
             def filtered(event: TurnEvent) -> None:
-                if event.session_id == sid and (turn_id is None or event.turn_id == turn_id):
+                if wanted(event):
                     callback(event)
 
             return self.runtime.sink.subscribe(filtered)
@@ -227,7 +216,7 @@ class AgentSession:
                         callback(event)
                     except Exception:
                         log.exception("subscriber %r raised on %s; ignored", callback, event.type)
-            except TurnError as exc:
+            except Exception as exc:
                 log.warning("replaying subscription on session %s ended: %s", self.session_id, exc)
 
         task = self.runtime.spawn(forward())
@@ -239,121 +228,24 @@ class AgentSession:
 
     async def _stream(self, turn_id: str | None, *, replay: bool) -> AsyncIterator[TurnEvent]:
         queue: asyncio.Queue[TurnEvent] = asyncio.Queue()
-        sid = self.session_id
+        wanted = event_filter(self.session_id, turn_id)
 
         def enqueue(event: TurnEvent) -> None:
-            if event.session_id == sid and (turn_id is None or event.turn_id == turn_id):
+            if wanted(event):
                 queue.put_nowait(event)
 
         # Subscribe before reading the log, so nothing falls between the two.
         unsubscribe = self.runtime.sink.subscribe(enqueue)
         try:
             if turn_id is None:
-                events = self._session_events(queue, replay)
+                events = session_events(self._store, queue, replay=replay)
             else:
-                events = self._turn_events(queue, turn_id, replay)
+                future = self._futures.get(turn_id)
+                events = turn_events(self._store, queue, turn_id, future, replay=replay)
             async for event in events:
                 yield event
         finally:
             unsubscribe()
-
-    async def _session_events(
-        self, queue: asyncio.Queue[TurnEvent], replay: bool
-    ) -> AsyncIterator[TurnEvent]:
-        last_seq = 0
-        if replay:
-            for event in await self._store.events():
-                last_seq = event.seq or last_seq
-                yield event
-        while True:
-            event = await queue.get()
-            if event.seq is None or event.seq > last_seq:
-                yield event
-
-    async def _turn_events(
-        self, queue: asyncio.Queue[TurnEvent], turn_id: str, replay: bool
-    ) -> AsyncIterator[TurnEvent]:
-        future = self._futures.get(turn_id)
-        if future is None or future.done():
-            # Not running here: the log holds everything there is to see.
-            logged = fold_attempts(await self._store.events(turn_id=turn_id))
-            if not logged or logged[-1].type not in TERMINAL_EVENT_TYPES:
-                if future is not None and not future.cancelled() and future.exception():
-                    # This process's delivery broke before it could log an ending.
-                    raise TurnError(f"turn {turn_id} delivery failed") from future.exception()
-                await self._check_observable(turn_id)
-            for event in logged if replay else logged[-1:]:
-                yield event
-            return
-        last_seq, started = 0, False
-        if replay:
-            for event in fold_attempts(await self._store.events(turn_id=turn_id), live=True):
-                last_seq = event.seq or last_seq
-                started = started or event.type == "turn.started"
-                yield event
-        while True:
-            live = await _next_event(queue, future)
-            if live is None:
-                # The delivery ended without a terminal event reaching us (shutdown).
-                exc = future.exception() if not future.cancelled() else None
-                raise exc or TurnError(f"turn {turn_id} ended without a terminal event")
-            if live.seq is not None and live.seq <= last_seq:
-                continue
-            if live.type == "turn.started" and started:
-                continue  # a retry restarting: the story already began
-            started = started or live.type == "turn.started"
-            yield live
-            if live.type in TERMINAL_EVENT_TYPES:
-                return
-
-    async def _check_observable(self, turn_id: str) -> None:
-        record = await self._store.turn(turn_id)
-        if record is None:
-            raise TurnError(f"session {self.session_id} has no turn {turn_id}")
-        if record.status == "running":
-            raise TurnError(
-                f"turn {turn_id} is unfinished and not running in this process, so nothing "
-                "would arrive here; if no other process runs it, redeliver it or call "
-                "runtime.recover()"
-            )
-
-
-def fold_attempts(events: list[TurnEvent], *, live: bool = False) -> list[TurnEvent]:
-    """One turn's logged events as one story, however many deliveries it took.
-
-    A failed turn that was redelivered logs ``turn.failed`` and then ``turn.started``
-    again; both markers are dropped, every step event is kept. With ``live=True``
-    (a retry is under way) a trailing ``turn.failed`` is dropped as well.
-    """
-    last_start = max((i for i, e in enumerate(events) if e.type == "turn.started"), default=-1)
-    folded: list[TurnEvent] = []
-    for i, event in enumerate(events):
-        if event.type == "turn.started" and folded:
-            continue
-        if event.type == "turn.failed" and (i < last_start or (live and i == len(events) - 1)):
-            continue
-        folded.append(event)
-    return folded
-
-
-async def _next_event(
-    queue: asyncio.Queue[TurnEvent], future: asyncio.Future[TurnResult]
-) -> TurnEvent | None:
-    """The next queued event, or ``None`` once the delivery is over and nothing is left."""
-    if not queue.empty():
-        return queue.get_nowait()
-    if future.done():
-        return None
-    getter = asyncio.ensure_future(queue.get())
-    waiting: set[asyncio.Future[Any]] = {getter, future}
-    try:
-        await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        if not getter.done():
-            getter.cancel()
-    if getter.done() and not getter.cancelled():
-        return getter.result()
-    return queue.get_nowait() if not queue.empty() else None
 
 
 def _settle(future: asyncio.Future[TurnResult], exc: BaseException) -> None:
@@ -361,7 +253,7 @@ def _settle(future: asyncio.Future[TurnResult], exc: BaseException) -> None:
         future.set_exception(exc)
 
 
-def _retrieve(future: asyncio.Future[TurnResult]) -> None:
+def _mark_exception_seen(future: asyncio.Future[TurnResult]) -> None:
     """Mark a failed turn's exception as seen: it is logged already, and a caller
     that never awaits ``result()`` should not get an asyncio warning for it."""
     if not future.cancelled():
@@ -466,18 +358,26 @@ class Runtime:
         return await self.store.sessions()
 
     async def recover(self) -> list[TurnResult]:
-        """Replay every turn left unfinished in the store and wait for them to end."""
+        """Replay every turn left unfinished in the store and wait for them to end.
+
+        Returns the results of the deliveries that ran to an end; one that cannot
+        run (its agent is missing, the store fails again) is logged and skipped, so
+        it never keeps the others from recovering.
+        """
         self._require_loop()
         waits = []
         for record in await self.store.unfinished_turns():
-            if record.agent not in self.agents:
-                log.warning(
-                    "cannot recover turn %s: agent %r is not in this runtime",
-                    record.turn_id,
-                    record.agent,
-                )
+            try:
+                session = self.session(record.agent, record.session_id)
+            except ConfigurationError as exc:
+                log.warning("cannot recover turn %s: %s", record.turn_id, exc)
                 continue
-            session = self.session(record.agent, record.session_id)
             turn_id = session.start(str(record.opening.get("text", "")), turn_id=record.turn_id)
             waits.append(session.result(turn_id))
-        return list(await asyncio.gather(*waits))
+        results: list[TurnResult] = []
+        for outcome in await asyncio.gather(*waits, return_exceptions=True):
+            if isinstance(outcome, TurnResult):
+                results.append(outcome)
+            else:
+                log.warning("recovering a turn failed again: %s", outcome)
+        return results
