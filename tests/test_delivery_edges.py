@@ -245,3 +245,194 @@ async def test_malformed_replies_fail_the_step_and_never_reach_the_store(
     result = await session.result(session.start("hi"))
     assert result.status == "failed" and error in (result.error or "")
     assert [m.role for m in await session.messages()] == ["user"]  # still readable
+
+
+@pytest.mark.parametrize(
+    ("reply", "error"),
+    [
+        (
+            turnkit.ModelReply(
+                tool_calls=(turnkit.ToolCall(id="c", name="x", provider_state="sig"),)  # type: ignore[arg-type]
+            ),
+            "cannot be stored",
+        ),
+        (turnkit.ModelReply(text="bad \ud800 surrogate"), "cannot be stored"),
+    ],
+)
+async def test_replies_that_would_not_decode_again_are_refused(
+    open_runtime: Any, reply: Any, error: str
+) -> None:
+    class Broken:
+        async def stream(self, messages: Any, tools: Any, *, system: str | None) -> Any:
+            yield turnkit.ModelDone(reply=reply)
+
+    rt = await open_runtime(turnkit.Agent(name="a", model=Broken()))
+    session = rt.session("a", "s1")
+    result = await session.result(session.start("hi"))
+    assert result.status == "failed" and error in (result.error or "")
+    assert [m.role for m in await session.messages()] == ["user"]
+
+
+def test_values_that_cannot_be_stored_are_refused_at_construction() -> None:
+    with pytest.raises(ValueError, match="raw must be a str"):
+        turnkit.StopReason(kind="end_turn", raw=5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"Proactive\.by must be a non-empty str"):
+        turnkit.Proactive(by=123)  # type: ignore[arg-type]
+
+
+async def test_a_tool_result_no_store_could_write_is_an_error_result(open_runtime: Any) -> None:
+    runs: list[int] = []
+
+    @tool
+    def listdir() -> str:
+        """Returns an undecodable file name."""
+        runs.append(1)
+        return b"caf\xe9".decode("utf-8", "surrogateescape")
+
+    model = ScriptedModel([ScriptedReply(tool_calls=[tool_call("listdir")]), "handled"])
+    rt = await open_runtime(turnkit.Agent(name="a", model=model, tools=[listdir]))
+    session = rt.session("a", "s1")
+    assert await session.turn("ls") == "handled"
+    msg = (await session.messages())[2]
+    assert isinstance(msg, ToolMessage) and msg.is_error and runs == [1]
+
+
+async def test_replaying_a_redelivered_finished_turn_ends_cleanly(open_runtime: Any) -> None:
+    rt = await open_runtime(echo())
+    session = rt.session("a", "s1")
+    tid = session.start("hi")
+    await session.result(tid)
+    session.start("hi", turn_id=tid)
+    assert await collect(session, tid, replay=True) == [
+        "turn.started",
+        "message.completed",
+        "turn.completed",
+    ]
+
+
+async def test_sink_subscribers_see_an_ending_after_a_base_exception(open_runtime: Any) -> None:
+    class Meltdown(BaseException):
+        pass
+
+    @tool
+    def melt() -> None:
+        """Raises something that is not an Exception."""
+        raise Meltdown()
+
+    model = ScriptedModel([ScriptedReply(tool_calls=[tool_call("melt")])])
+    rt = await open_runtime(turnkit.Agent(name="a", model=model, tools=[melt]))
+    session = rt.session("a", "s1")
+    seen: list[turnkit.TurnEvent] = []
+    tid = session.start("melt")
+    session.subscribe(seen.append, turn_id=tid)
+    with pytest.raises(turnkit.TurnError):
+        await session.result(tid)
+    assert seen[-1].type == "turn.failed"
+    assert "left open" in seen[-1].error  # type: ignore[union-attr]
+
+
+async def test_calls_of_a_crashed_turn_are_closed_as_outcome_unknown(tmp_path: Path) -> None:
+    db = tmp_path / "t.db"
+    store = SqliteStore(db)
+    await store.open()
+    opening = UserMessage(text="pay", turn_id="t1")
+    asked = turnkit.AssistantMessage(
+        text="", turn_id="t1", tool_calls=(turnkit.ToolCall(id="c1", name="charge"),)
+    )
+
+    def write(tx: Any) -> None:
+        tx.append_message(0, opening)
+        tx.open_turn(
+            turnkit.stores.TurnRecord(
+                session_id="s1",
+                turn_id="t1",
+                agent="a",
+                status="running",
+                opening=opening.to_dict(),
+            )
+        )
+        tx.append_message(1, asked)
+
+    await store.session("s1").commit(write)
+    await store.close()
+    async with turnkit.Runtime(echo(), store=SqliteStore(db)) as rt:
+        session = rt.session("a", "s1")
+        await session.turn("next")
+        closing = (await session.messages())[2]
+        assert isinstance(closing, ToolMessage) and closing.turn_id == "t1"
+        assert "may or may not have run" in closing.result["error"]
+        old = [e.type for e in await session.events(turn_id="t1")]
+        assert old == ["action.completed", "turn.failed"]
+
+
+async def test_a_subscriber_mutating_events_cannot_change_the_transcript(
+    open_runtime: Any,
+) -> None:
+    @tool
+    def weather(city: str) -> dict[str, str]:
+        """Weather."""
+        return {"city": city, "secret": "s3"}
+
+    model = ScriptedModel(
+        [ScriptedReply(tool_calls=[tool_call("weather", {"city": "Oslo"})]), "sunny"]
+    )
+    rt = await open_runtime(turnkit.Agent(name="a", model=model, tools=[weather]))
+    session = rt.session("a", "s1")
+
+    def redact(event: turnkit.TurnEvent) -> None:
+        if isinstance(event, turnkit.ActionRequestedEvent):
+            event.call.input["city"] = "REDACTED"
+        if isinstance(event, turnkit.ActionCompletedEvent):
+            event.result.pop("secret")
+
+    session.subscribe(redact)
+    await session.turn("weather?")
+    seen = model.calls[1].messages
+    assert isinstance(seen[1], turnkit.AssistantMessage) and seen[1].tool_calls[0].input == {
+        "city": "Oslo"
+    }
+    assert isinstance(seen[2], ToolMessage) and seen[2].result == {"city": "Oslo", "secret": "s3"}
+
+
+async def test_max_steps_stops_a_runaway_turn(open_runtime: Any) -> None:
+    @tool
+    def again() -> str:
+        """Keeps the model going."""
+        return "more"
+
+    model = ScriptedModel(respond=lambda m: ScriptedReply(tool_calls=[tool_call("again")]))
+    rt = await open_runtime(turnkit.Agent(name="a", model=model, tools=[again], max_steps=3))
+    session = rt.session("a", "s1")
+    result = await session.result(session.start("loop"))
+    assert result.status == "failed" and "limit of 3 model steps" in (result.error or "")
+    assert len(model.calls) == 3
+    with pytest.raises(turnkit.ConfigurationError, match="max_steps must be a positive int"):
+        turnkit.Agent(name="a", model=model, max_steps=0)
+
+
+async def test_recover_keeps_going_when_one_turn_fails_again(tmp_path: Path) -> None:
+    db = tmp_path / "t.db"
+    store = SqliteStore(db)
+    await store.open()
+    for sid, agent in (("s1", "gone"), ("s2", "a")):
+        opening = UserMessage(text="hi", turn_id=f"t-{sid}")
+
+        def write(
+            tx: Any, opening: UserMessage = opening, sid: str = sid, agent: str = agent
+        ) -> None:
+            tx.append_message(0, opening)
+            tx.open_turn(
+                turnkit.stores.TurnRecord(
+                    session_id=sid,
+                    turn_id=opening.turn_id,
+                    agent=agent,
+                    status="running",
+                    opening=opening.to_dict(),
+                )
+            )
+
+        await store.session(sid).commit(write)
+    await store.close()
+    async with turnkit.Runtime(echo(), store=SqliteStore(db)) as rt:
+        results = await rt.recover()
+    assert [(r.turn_id, r.text) for r in results] == [("t-s2", "echo: hi")]

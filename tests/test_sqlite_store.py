@@ -231,3 +231,17 @@ async def test_a_lock_held_too_long_is_a_store_error_and_the_turn_stays_open(
         # Nothing of the second turn committed (its opening could not), so start it again.
         assert [m.role for m in await session.messages()] == ["user", "assistant"]
         assert await session.turn("second") == "ok"
+
+
+async def test_unreadable_rows_are_reported_as_store_errors(tmp_path: Path) -> None:
+    db = tmp_path / "bad.db"
+    agent = turnkit.Agent(name="a", model=ScriptedModel(respond=lambda m: "ok"))
+    async with turnkit.Runtime(agent, store=SqliteStore(db)) as rt:
+        await rt.session("a", "s1").turn("hi")
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE turnkit_messages SET body = '{not json' WHERE idx = 1")
+    async with turnkit.Runtime(agent, store=SqliteStore(db)) as rt:
+        with pytest.raises(
+            turnkit.StoreError, match="session s1 holds data that is not valid JSON"
+        ):
+            await rt.session("a", "s1").messages()

@@ -2,7 +2,8 @@
 
 It honours the seam's contract except what memory cannot give: there is no
 connection for tools (``ctx.store.unwrap()`` is ``None``) and no rollback, so
-exactly-once app writes need a SQL store.
+exactly-once app writes need a SQL store. Everything is kept as encoded JSON, as a
+durable store would keep it, so what passes here also survives a real store.
 """
 
 from __future__ import annotations
@@ -12,10 +13,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
+from pydantic_core import from_json, to_json
+
 from .._context import NoHandle
 from .._errors import StoreError
-from .._events import TurnEvent
-from .._messages import Message
+from .._events import TurnEvent, event_from_dict
+from .._messages import Message, message_from_dict
 from .._store import (
     TERMINAL_TURN_STATUSES,
     SessionInfo,
@@ -36,10 +39,21 @@ class _SessionData:
     agent: str | None = None
     status: SessionStatus = "new"
     updated_at: float = 0.0
-    messages: list[Message] = field(default_factory=list)
-    steps: dict[str, tuple[str, Any]] = field(default_factory=dict)
-    events: list[TurnEvent] = field(default_factory=list)
+    messages: list[bytes] = field(default_factory=list)
+    steps: dict[str, tuple[str, bytes]] = field(default_factory=dict)
+    events: list[tuple[int, str, bytes]] = field(default_factory=list)
     turns: dict[str, TurnRecord] = field(default_factory=dict)
+
+
+def _encode(value: Any, what: str) -> bytes:
+    try:
+        return to_json(value)
+    except Exception as exc:
+        raise StoreError(f"cannot store {what} as JSON: {exc}") from exc
+
+
+def _copy(value: Any) -> Any:
+    return from_json(to_json(value))
 
 
 class _MemoryTransaction:
@@ -59,25 +73,25 @@ class _MemoryTransaction:
                 f"session {self._session_id}: message index {index} is not the next "
                 f"position {len(self._data.messages)}"
             )
-        self._data.messages.append(message)
+        self._data.messages.append(_encode(message.to_dict(), "a message"))
 
     def put_step(self, step_id: str, turn_id: str, result: Any) -> None:
         if step_id in self._data.steps:
             raise StoreError(f"session {self._session_id}: step {step_id} is already stored")
-        self._data.steps[step_id] = (turn_id, result)
+        self._data.steps[step_id] = (turn_id, _encode(result, f"step {step_id}"))
 
     def log_event(self, event: TurnEvent) -> None:
         events = self._data.events
-        if event.seq is None or (
-            events and events[-1].seq is not None and event.seq <= events[-1].seq
-        ):
+        if event.seq is None or (events and event.seq <= events[-1][0]):
             raise StoreError(f"session {self._session_id}: event seq {event.seq} is not increasing")
-        events.append(event)
+        events.append((event.seq, event.turn_id, _encode(event.to_dict(), "an event")))
 
     def open_turn(self, record: TurnRecord) -> None:
         if record.turn_id in self._data.turns:
             raise StoreError(f"session {self._session_id}: turn {record.turn_id} already exists")
-        self._data.turns[record.turn_id] = record
+        self._data.turns[record.turn_id] = replace(
+            record, opening=_copy(record.opening), event=_copy(record.event)
+        )
         self._data.agent = record.agent
         self._touch("running")
 
@@ -114,15 +128,17 @@ class _MemorySession:
     async def load(self, turn_id: str | None = None) -> SessionSnapshot:
         d = self._data
         steps = (
-            {k: r for k, (t, r) in d.steps.items() if t == turn_id} if turn_id is not None else {}
+            {k: from_json(r) for k, (t, r) in d.steps.items() if t == turn_id}
+            if turn_id is not None
+            else {}
         )
-        last_seq = d.events[-1].seq if d.events else 0
+        last_seq = d.events[-1][0] if d.events else 0
         return SessionSnapshot(
-            messages=list(d.messages),
+            messages=await self.messages(),
             steps=steps,
             turn=d.turns.get(turn_id) if turn_id is not None else None,
             agent=d.agent,
-            next_seq=(last_seq or 0) + 1,
+            next_seq=last_seq + 1,
         )
 
     async def commit(self, work: Callable[[Any], T]) -> T:
@@ -132,13 +148,13 @@ class _MemorySession:
         return self._data.turns.get(turn_id)
 
     async def messages(self) -> list[Message]:
-        return list(self._data.messages)
+        return [message_from_dict(from_json(m)) for m in self._data.messages]
 
     async def events(self, *, turn_id: str | None = None, after: int = 0) -> list[TurnEvent]:
         return [
-            e
-            for e in self._data.events
-            if (e.seq or 0) > after and (turn_id is None or e.turn_id == turn_id)
+            event_from_dict(from_json(body))
+            for seq, tid, body in self._data.events
+            if seq > after and (turn_id is None or tid == turn_id)
         ]
 
     async def status(self) -> SessionStatus:

@@ -14,7 +14,8 @@ import os
 import re
 import sqlite3
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, TypeVar, cast
 
 from pydantic_core import to_json
@@ -45,10 +46,26 @@ JOURNAL_SIZE_LIMIT = 64 * 1024 * 1024
 
 
 def _dumps(value: Any) -> str:
-    return to_json(value).decode()
+    try:
+        return to_json(value).decode()
+    except Exception as exc:
+        raise StoreError(f"cannot store a value as JSON: {exc}") from exc
 
 
-_TRANSACTION_CONTROL = re.compile(r"^\s*(BEGIN|COMMIT|END|ROLLBACK(?!\s+TO\b))\b", re.IGNORECASE)
+@contextmanager
+def _reading(what: str) -> Iterator[None]:
+    """Report a failed read as the store's error, naming what was being read."""
+    try:
+        yield
+    except sqlite3.Error as exc:
+        raise StoreError(f"cannot read {what}: {exc}") from exc
+    except ValueError as exc:  # JSON that does not parse
+        raise StoreError(f"{what} holds data that is not valid JSON: {exc}") from exc
+
+
+_TRANSACTION_CONTROL = re.compile(
+    r"^\s*(BEGIN|COMMIT|END|ROLLBACK(?!\s+(TRANSACTION\s+)?TO\b))\b", re.IGNORECASE
+)
 _ENDED = (
     "a local tool ended the step's transaction (commit or rollback on ctx.store); "
     "turnkit commits the step itself, so never end the transaction in a tool"
@@ -180,6 +197,15 @@ class _SqliteSession:
 
     async def load(self, turn_id: str | None = None) -> SessionSnapshot:
         conn = self._store.connection
+        with _reading(f"session {self._sid}"):
+            # One read transaction, so the snapshot is consistent across the tables.
+            conn.execute("BEGIN")
+            try:
+                return self._read_snapshot(conn, turn_id)
+            finally:
+                conn.execute("COMMIT")
+
+    def _read_snapshot(self, conn: sqlite3.Connection, turn_id: str | None) -> SessionSnapshot:
         rows = conn.execute(
             "SELECT body FROM turnkit_messages WHERE session_id = ? ORDER BY idx", (self._sid,)
         ).fetchall()
@@ -192,7 +218,7 @@ class _SqliteSession:
                 (self._sid, turn_id),
             ):
                 steps[step_id] = json.loads(result)
-            turn = await self.turn(turn_id)
+            turn = self._read_turn(conn, turn_id)
         seq_row = conn.execute(
             "SELECT max(seq) FROM turnkit_events WHERE session_id = ?", (self._sid,)
         ).fetchone()
@@ -225,7 +251,7 @@ class _SqliteSession:
                 # Only the store's own statements get here: tool errors arrive wrapped.
                 raise StoreError(f"session {self._sid}: commit failed: {exc}") from exc
             raise
-        self._store.committed()
+        self._store._committed()
         return result
 
     async def _begin(self, conn: sqlite3.Connection) -> None:
@@ -239,7 +265,8 @@ class _SqliteSession:
                 conn.execute("BEGIN IMMEDIATE")
                 return
             except sqlite3.OperationalError as exc:
-                if getattr(exc, "sqlite_errorcode", None) != sqlite3.SQLITE_BUSY:
+                # The extended code (SQLITE_BUSY_RECOVERY, …) carries BUSY in its low byte.
+                if getattr(exc, "sqlite_errorcode", 0) & 0xFF != sqlite3.SQLITE_BUSY:
                     raise StoreError(f"session {self._sid}: cannot begin: {exc}") from exc
                 if loop.time() >= deadline:
                     raise StoreError(
@@ -250,16 +277,28 @@ class _SqliteSession:
             delay = min(delay * 2, 0.05)
 
     async def turn(self, turn_id: str) -> TurnRecord | None:
-        row = self._store.connection.execute(
+        with _reading(f"turn {turn_id}"):
+            return self._read_turn(self._store.connection, turn_id)
+
+    def _read_turn(self, conn: sqlite3.Connection, turn_id: str) -> TurnRecord | None:
+        row = conn.execute(
             f"SELECT {_TURN_COLUMNS} FROM turnkit_turns WHERE session_id = ? AND turn_id = ?",
             (self._sid, turn_id),
         ).fetchone()
         return _turn_from_row(row) if row else None
 
     async def messages(self) -> list[Message]:
-        return (await self.load()).messages
+        with _reading(f"session {self._sid}"):
+            rows = self._store.connection.execute(
+                "SELECT body FROM turnkit_messages WHERE session_id = ? ORDER BY idx", (self._sid,)
+            ).fetchall()
+            return [message_from_dict(json.loads(r[0])) for r in rows]
 
     async def events(self, *, turn_id: str | None = None, after: int = 0) -> list[TurnEvent]:
+        with _reading(f"events of session {self._sid}"):
+            return self._read_events(turn_id, after)
+
+    def _read_events(self, turn_id: str | None, after: int) -> list[TurnEvent]:
         conn = self._store.connection
         if turn_id is None:
             rows = conn.execute(
@@ -275,9 +314,10 @@ class _SqliteSession:
         return [event_from_dict(json.loads(r[0])) for r in rows]
 
     async def status(self) -> SessionStatus:
-        row = self._store.connection.execute(
-            "SELECT status FROM turnkit_sessions WHERE session_id = ?", (self._sid,)
-        ).fetchone()
+        with _reading(f"session {self._sid}"):
+            row = self._store.connection.execute(
+                "SELECT status FROM turnkit_sessions WHERE session_id = ?", (self._sid,)
+            ).fetchone()
         return cast(SessionStatus, row[0]) if row else "new"
 
 
@@ -301,7 +341,7 @@ class SqliteStore:
         #: How many background checkpoints have completed (for monitoring and tests).
         self.checkpoints = 0
 
-    def committed(self) -> None:
+    def _committed(self) -> None:
         """Count a commit; start a background checkpoint when enough have piled up."""
         self._since_checkpoint += 1
         if self._since_checkpoint < CHECKPOINT_EVERY or self._checkpoint is not None:
@@ -344,13 +384,14 @@ class SqliteStore:
         parent = os.path.dirname(os.path.abspath(self.path))
         if not os.path.isdir(parent):
             raise StoreError(f"SqliteStore: directory {parent!r} does not exist")
+        # Migrations may wait for another process's lock: do it off the event loop.
+        self._conn = await asyncio.to_thread(self._connect)
+
+    def _connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(
+            self.path, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False
+        )
         try:
-            conn = sqlite3.connect(
-                self.path,
-                timeout=self.busy_timeout,
-                isolation_level=None,
-                check_same_thread=False,
-            )
             conn.execute("PRAGMA journal_mode = WAL")
             conn.execute("PRAGMA synchronous = NORMAL")
             # Backstop only: the background checkpoint normally runs long before this.
@@ -359,9 +400,12 @@ class SqliteStore:
             migrate(conn)
             # From here on a locked database is waited for in ``_begin``, off the loop.
             conn.execute("PRAGMA busy_timeout = 0")
-        except sqlite3.DatabaseError as exc:
-            raise StoreError(f"SqliteStore: cannot open {self.path!r}: {exc}") from exc
-        self._conn = conn
+        except BaseException as exc:
+            conn.close()
+            if isinstance(exc, sqlite3.DatabaseError):
+                raise StoreError(f"SqliteStore: cannot open {self.path!r}: {exc}") from exc
+            raise
+        return conn
 
     async def close(self) -> None:
         if self._checkpoint is not None:
@@ -377,16 +421,19 @@ class SqliteStore:
         return _SqliteSession(self, session_id)
 
     async def sessions(self) -> list[SessionInfo]:
-        rows = self.connection.execute(
-            "SELECT session_id, agent, status, updated_at FROM turnkit_sessions ORDER BY session_id"
-        ).fetchall()
+        with _reading("the session list"):
+            rows = self.connection.execute(
+                "SELECT session_id, agent, status, updated_at FROM turnkit_sessions "
+                "ORDER BY session_id"
+            ).fetchall()
         return [
             SessionInfo(session_id=r[0], agent=r[1], status=r[2], updated_at=r[3]) for r in rows
         ]
 
     async def unfinished_turns(self) -> list[TurnRecord]:
-        rows = self.connection.execute(
-            f"SELECT {_TURN_COLUMNS} FROM turnkit_turns WHERE status = 'running' "
-            "ORDER BY created_at"
-        ).fetchall()
-        return [_turn_from_row(r) for r in rows]
+        with _reading("unfinished turns"):
+            rows = self.connection.execute(
+                f"SELECT {_TURN_COLUMNS} FROM turnkit_turns WHERE status = 'running' "
+                "ORDER BY created_at"
+            ).fetchall()
+            return [_turn_from_row(r) for r in rows]
