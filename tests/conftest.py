@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import turnkit
-from turnkit.stores import MemoryStore, SqliteStore, Store
+from turnkit.stores import MemoryStore, SqliteStore, Store, TurnRecord
 from turnkit.testing import RecordingSink
 
 StoreFactory = Callable[[], Store]
@@ -51,3 +51,37 @@ async def open_runtime(make_store: StoreFactory, sink: RecordingSink) -> AsyncIt
     yield open_
     for runtime in reversed(opened):
         await runtime.__aexit__(None, None, None)
+
+
+async def plant_open_turn(
+    db: Path,
+    *,
+    session_id: str = "s1",
+    turn_id: str = "t1",
+    agent: str = "a",
+    text: str = "go",
+    after: Sequence[turnkit.Message] = (),
+) -> None:
+    """Leave ``db`` as a process that died mid-turn would: the turn opened (and
+    perhaps committed ``after``), with no terminal state."""
+    store = SqliteStore(db)
+    await store.open()
+    opening = turnkit.UserMessage(text=text, turn_id=turn_id)
+    existing = len(await store.session(session_id).messages())
+
+    def write(tx: Any) -> None:
+        tx.append_message(existing, opening)
+        tx.open_turn(
+            TurnRecord(
+                session_id=session_id,
+                turn_id=turn_id,
+                agent=agent,
+                status="running",
+                opening=opening.to_dict(),
+            )
+        )
+        for offset, message in enumerate(after, start=existing + 1):
+            tx.append_message(offset, message)
+
+    await store.session(session_id).commit(write)
+    await store.close()

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import plant_open_turn
 
 import turnkit
 from turnkit import StoreError, ToolMessage, UserMessage, tool
@@ -56,24 +57,7 @@ async def test_a_delivery_the_store_breaks_ends_observers_and_stays_open(tmp_pat
 
 async def test_a_superseded_turn_logs_its_failure(tmp_path: Path) -> None:
     db = tmp_path / "t.db"
-    store = SqliteStore(db)
-    await store.open()
-    opening = UserMessage(text="lost", turn_id="t1")
-
-    def write(tx: Any) -> None:
-        tx.append_message(0, opening)
-        tx.open_turn(
-            turnkit.stores.TurnRecord(
-                session_id="s1",
-                turn_id="t1",
-                agent="a",
-                status="running",
-                opening=opening.to_dict(),
-            )
-        )
-
-    await store.session("s1").commit(write)
-    await store.close()
+    await plant_open_turn(db, text="lost")
     async with turnkit.Runtime(echo(), store=SqliteStore(db)) as rt:
         session = rt.session("a", "s1")
         await session.turn("new")
@@ -333,28 +317,10 @@ async def test_sink_subscribers_see_an_ending_after_a_base_exception(open_runtim
 
 async def test_calls_of_a_crashed_turn_are_closed_as_outcome_unknown(tmp_path: Path) -> None:
     db = tmp_path / "t.db"
-    store = SqliteStore(db)
-    await store.open()
-    opening = UserMessage(text="pay", turn_id="t1")
     asked = turnkit.AssistantMessage(
         text="", turn_id="t1", tool_calls=(turnkit.ToolCall(id="c1", name="charge"),)
     )
-
-    def write(tx: Any) -> None:
-        tx.append_message(0, opening)
-        tx.open_turn(
-            turnkit.stores.TurnRecord(
-                session_id="s1",
-                turn_id="t1",
-                agent="a",
-                status="running",
-                opening=opening.to_dict(),
-            )
-        )
-        tx.append_message(1, asked)
-
-    await store.session("s1").commit(write)
-    await store.close()
+    await plant_open_turn(db, text="pay", after=[asked])
     async with turnkit.Runtime(echo(), store=SqliteStore(db)) as rt:
         session = rt.session("a", "s1")
         await session.turn("next")
@@ -412,27 +378,8 @@ async def test_max_steps_stops_a_runaway_turn(open_runtime: Any) -> None:
 
 async def test_recover_keeps_going_when_one_turn_fails_again(tmp_path: Path) -> None:
     db = tmp_path / "t.db"
-    store = SqliteStore(db)
-    await store.open()
-    for sid, agent in (("s1", "gone"), ("s2", "a")):
-        opening = UserMessage(text="hi", turn_id=f"t-{sid}")
-
-        def write(
-            tx: Any, opening: UserMessage = opening, sid: str = sid, agent: str = agent
-        ) -> None:
-            tx.append_message(0, opening)
-            tx.open_turn(
-                turnkit.stores.TurnRecord(
-                    session_id=sid,
-                    turn_id=opening.turn_id,
-                    agent=agent,
-                    status="running",
-                    opening=opening.to_dict(),
-                )
-            )
-
-        await store.session(sid).commit(write)
-    await store.close()
+    await plant_open_turn(db, session_id="s1", turn_id="t-s1", agent="gone", text="hi")
+    await plant_open_turn(db, session_id="s2", turn_id="t-s2", agent="a", text="hi")
     async with turnkit.Runtime(echo(), store=SqliteStore(db)) as rt:
         results = await rt.recover()
     assert [(r.turn_id, r.text) for r in results] == [("t-s2", "echo: hi")]

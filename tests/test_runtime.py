@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import plant_open_turn
 
 import turnkit
 from turnkit import TriggerMessage, UserMessage, tool
@@ -226,29 +227,10 @@ async def test_recover_replays_turns_a_dead_process_left_open(tmp_path: Path) ->
         return "recovered"
 
     # Simulate a dead process: the turn opened and committed its first model step.
-    store = SqliteStore(db)
-    await store.open()
-    session_store = store.session("s1")
-    opening = UserMessage(text="go", turn_id="t1")
     reply = turnkit.AssistantMessage(
         text="", turn_id="t1", tool_calls=(turnkit.ToolCall(id="c1", name="step"),)
     )
-
-    def write(tx: Any) -> None:
-        tx.append_message(0, opening)
-        tx.open_turn(
-            turnkit.stores.TurnRecord(
-                session_id="s1",
-                turn_id="t1",
-                agent="a",
-                status="running",
-                opening=opening.to_dict(),
-            )
-        )
-        tx.append_message(1, reply)
-
-    await session_store.commit(write)
-    await store.close()
+    await plant_open_turn(db, after=[reply])
 
     async with turnkit.Runtime(echo_agent("a", step, respond=respond), store=SqliteStore(db)) as rt:
         assert await rt.session("a", "s1").status() == "running"
@@ -265,24 +247,7 @@ async def test_recover_replays_turns_a_dead_process_left_open(tmp_path: Path) ->
 
 async def test_a_new_turn_supersedes_an_unrecovered_one(tmp_path: Path) -> None:
     db = tmp_path / "t.db"
-    store = SqliteStore(db)
-    await store.open()
-    opening = UserMessage(text="lost", turn_id="t1")
-
-    def write(tx: Any) -> None:
-        tx.append_message(0, opening)
-        tx.open_turn(
-            turnkit.stores.TurnRecord(
-                session_id="s1",
-                turn_id="t1",
-                agent="a",
-                status="running",
-                opening=opening.to_dict(),
-            )
-        )
-
-    await store.session("s1").commit(write)
-    await store.close()
+    await plant_open_turn(db, text="lost")
     async with turnkit.Runtime(echo_agent(), store=SqliteStore(db)) as rt:
         session = rt.session("a", "s1")
         assert await session.turn("new") == "echo: new"
