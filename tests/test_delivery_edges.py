@@ -312,7 +312,7 @@ async def test_sink_subscribers_see_an_ending_after_a_base_exception(open_runtim
     with pytest.raises(turnkit.TurnError):
         await session.result(tid)
     assert seen[-1].type == "turn.failed"
-    assert "left open" in seen[-1].error  # type: ignore[union-attr]
+    assert "stays open" in seen[-1].error  # type: ignore[union-attr]
 
 
 async def test_calls_of_a_crashed_turn_are_closed_as_outcome_unknown(tmp_path: Path) -> None:

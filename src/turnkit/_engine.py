@@ -103,7 +103,8 @@ class TurnRunner:
                 TurnFailedEvent(
                     turn_id=self.turn_id,
                     session_id=self.session_id,
-                    error=f"delivery failed, turn left open: {error_text(exc)}",
+                    error="delivery failed before the turn could end (it stays open): "
+                    + error_text(exc),
                 )
             )
             raise
