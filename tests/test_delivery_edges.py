@@ -18,6 +18,16 @@ from turnkit.testing import CrashingStore, RecordingSink, ScriptedModel, Scripte
 HANG_GUARD = 20  # seconds; only keeps a broken build from hanging the suite
 
 
+class Meltdown(BaseException):
+    """Something a tool can raise that is not an ``Exception``."""
+
+
+@tool
+def melt() -> None:
+    """Raises something that is not an Exception."""
+    raise Meltdown()
+
+
 def echo() -> turnkit.Agent:
     return turnkit.Agent(name="a", model=ScriptedModel(respond=lambda m: f"echo: {m[-1].text}"))
 
@@ -119,14 +129,6 @@ async def test_closing_the_runtime_settles_every_result_and_observer(tmp_path: P
 
 
 async def test_a_base_exception_from_a_tool_fails_only_that_delivery(open_runtime: Any) -> None:
-    class Meltdown(BaseException):
-        pass
-
-    @tool
-    def melt() -> None:
-        """Raises something that is not an Exception."""
-        raise Meltdown()
-
     def respond(messages: Any) -> Any:
         if isinstance(messages[-1], UserMessage) and messages[-1].text == "melt":
             return ScriptedReply(tool_calls=[tool_call("melt")])
@@ -276,14 +278,6 @@ async def test_replaying_a_redelivered_finished_turn_ends_cleanly(open_runtime: 
 
 
 async def test_sink_subscribers_see_an_ending_after_a_base_exception(open_runtime: Any) -> None:
-    class Meltdown(BaseException):
-        pass
-
-    @tool
-    def melt() -> None:
-        """Raises something that is not an Exception."""
-        raise Meltdown()
-
     model = ScriptedModel([ScriptedReply(tool_calls=[tool_call("melt")])])
     rt = await open_runtime(turnkit.Agent(name="a", model=model, tools=[melt]))
     session = rt.session("a", "s1")
