@@ -540,3 +540,23 @@ async def test_a_memoized_step_without_its_message_is_recorded_not_rerun(
         msgs = await session.messages()
     assert ran == [1]  # the memo answered; the tool did not run twice
     assert [m.role for m in msgs] == ["user", "assistant", "tool", "assistant"]
+
+
+async def test_provider_state_is_stored_on_the_assistant_message_and_sent_back(
+    open_runtime: Any,
+) -> None:
+    state = {"thinking": [{"type": "thinking", "thinking": "hmm", "signature": "sig"}]}
+    first = ModelReply(
+        text="",
+        tool_calls=(turnkit.ToolCall(id="c1", name="add", input={"a": 1, "b": 1}),),
+        stop=StopReason(kind="tool_use"),
+        provider_state=state,
+    )
+    model = ScriptedModel([first, "2"])
+    rt = await open_runtime(agent(model))
+    session = rt.session("a", "s1")
+    assert await session.turn("1+1?") == "2"
+    stored = (await session.messages())[1]
+    assert isinstance(stored, AssistantMessage) and stored.provider_state == state
+    sent = model.calls[1].messages[1]
+    assert isinstance(sent, AssistantMessage) and sent.provider_state == state

@@ -47,6 +47,7 @@ messages = st.one_of(
         turn_id=ids,
         tool_calls=st.lists(calls, max_size=3).map(tuple),
         stop=stops,
+        provider_state=st.none() | json_objects,
     ),
     st.builds(
         ToolMessage, call_id=ids, name=ids, result=json_values, turn_id=ids, is_error=st.booleans()
@@ -62,7 +63,11 @@ def test_every_message_round_trips_through_json(message: turnkit.Message) -> Non
 
 @given(
     st.builds(
-        ModelReply, text=st.text(), tool_calls=st.lists(calls, max_size=3).map(tuple), stop=stops
+        ModelReply,
+        text=st.text(),
+        tool_calls=st.lists(calls, max_size=3).map(tuple),
+        stop=stops,
+        provider_state=st.none() | json_objects,
     )
 )
 def test_model_replies_round_trip(reply: ModelReply) -> None:

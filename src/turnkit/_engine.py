@@ -301,7 +301,11 @@ class TurnRunner:
                 self.agent, self.transcript, self._text_delta, self._reasoning_delta
             )
         message = AssistantMessage(
-            text=reply.text, turn_id=self.turn_id, tool_calls=reply.tool_calls, stop=reply.stop
+            text=reply.text,
+            turn_id=self.turn_id,
+            tool_calls=reply.tool_calls,
+            stop=reply.stop,
+            provider_state=reply.provider_state,
         )
         tid, sid, seq = self.turn_id, self.session_id, self.next_seq
         shown = _detached(message)  # observers may mutate what they get; the transcript not

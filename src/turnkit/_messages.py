@@ -129,6 +129,9 @@ class ModelReply:
     text: str = ""
     tool_calls: tuple[ToolCall, ...] = ()
     stop: StopReason | None = None
+    #: Opaque, JSON-able data an adapter needs back on the next call (for example
+    #: Anthropic's signed thinking blocks). Stored on the assistant message.
+    provider_state: JsonObject | None = None
 
     @property
     def empty(self) -> bool:
@@ -139,6 +142,7 @@ class ModelReply:
             "text": self.text,
             "tool_calls": [c.to_dict() for c in self.tool_calls],
             "stop": self.stop.to_dict() if self.stop else None,
+            "provider_state": self.provider_state,
         }
 
     @classmethod
@@ -149,6 +153,7 @@ class ModelReply:
             text=_get(d, "text", str, "model reply"),
             tool_calls=_calls_from(d, "model reply"),
             stop=StopReason.from_dict(stop) if stop is not None else None,
+            provider_state=_get_optional(d, "provider_state", dict, "model reply"),
         )
 
 
@@ -185,6 +190,7 @@ class AssistantMessage:
     turn_id: str
     tool_calls: tuple[ToolCall, ...] = ()
     stop: StopReason | None = None
+    provider_state: JsonObject | None = None
     role: Literal["assistant"] = "assistant"
 
     def to_dict(self) -> JsonObject:
@@ -194,6 +200,7 @@ class AssistantMessage:
             "text": self.text,
             "tool_calls": [c.to_dict() for c in self.tool_calls],
             "stop": self.stop.to_dict() if self.stop else None,
+            "provider_state": self.provider_state,
         }
 
 
@@ -242,6 +249,7 @@ def message_from_dict(data: object) -> Message:
             turn_id=turn_id,
             tool_calls=_calls_from(d, what),
             stop=StopReason.from_dict(stop) if stop is not None else None,
+            provider_state=_get_optional(d, "provider_state", dict, what),
         )
     if role == "tool":
         if "result" not in d:

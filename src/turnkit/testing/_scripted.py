@@ -35,6 +35,7 @@ class ScriptedReply:
     reasoning: str = ""
     stop: StopReason | None = None
     chunks: int | None = None
+    provider_state: JsonObject | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -114,7 +115,14 @@ class ScriptedModel:
             for k, c in enumerate(reply.tool_calls, start=1)
         )
         stop = reply.stop or StopReason(kind="tool_use" if calls else "end_turn")
-        yield ModelDone(reply=ModelReply(text=reply.text, tool_calls=calls, stop=stop))
+        yield ModelDone(
+            reply=ModelReply(
+                text=reply.text,
+                tool_calls=calls,
+                stop=stop,
+                provider_state=reply.provider_state,
+            )
+        )
 
 
 def _as_scripted(entry: Any) -> ScriptedReply:
@@ -123,5 +131,10 @@ def _as_scripted(entry: Any) -> ScriptedReply:
     if isinstance(entry, ScriptedReply):
         return entry
     if isinstance(entry, ModelReply):
-        return ScriptedReply(text=entry.text, tool_calls=entry.tool_calls, stop=entry.stop)
+        return ScriptedReply(
+            text=entry.text,
+            tool_calls=entry.tool_calls,
+            stop=entry.stop,
+            provider_state=entry.provider_state,
+        )
     raise ModelError(f"ScriptedModel: script entry {entry!r} is not a reply, exception or callable")
