@@ -35,6 +35,7 @@ ALLOWED_EXTERNAL = {
     "__future__",
     "asyncio",
     "collections",
+    "contextlib",
     "dataclasses",
     "hashlib",
     "inspect",

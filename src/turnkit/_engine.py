@@ -96,7 +96,8 @@ class TurnRunner:
         """Run the delivery. An exception escaping here (a store outage) leaves the turn
         open for redelivery; observers still get a live, unlogged ``turn.failed``."""
         try:
-            return await self._run()
+            async with self.store.writer():
+                return await self._run()
         except BaseException as exc:
             # Emitting is synchronous, so this is safe even while being cancelled.
             self._emit(

@@ -8,6 +8,7 @@ TurnkitError
     ├── TurnFailedError       ``session.turn()`` of a turn that failed
     ├── ModelError            an adapter's failure (SDK error, broken stream)
     ├── StoreError            the store refused or lost a write
+    │   └── SessionBusyError  another process holds the session's writer lock
     └── MessageDecodeError    stored or wire JSON that is not a message
 """
 
@@ -57,6 +58,13 @@ class ModelError(TurnError):
 
 class StoreError(TurnError):
     """The session store refused a write or holds data it cannot read."""
+
+
+class SessionBusyError(StoreError):
+    """Another process kept the session's single-writer lock past the wait limit.
+
+    Nothing was written; the turn can be delivered again once the other writer is done.
+    """
 
 
 class MessageDecodeError(TurnError, ValueError):

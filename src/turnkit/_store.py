@@ -11,6 +11,7 @@ the same transaction. See ``docs/stores.md`` for the full contract.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeAlias, TypeVar, runtime_checkable
 
@@ -112,6 +113,15 @@ class SessionStore(Protocol):
 
     @property
     def session_id(self) -> str: ...
+
+    def writer(self) -> AbstractAsyncContextManager[None]:
+        """Hold the session's single-writer lock for one delivery of a turn.
+
+        While it is held no other delivery, in this process or (for a networked
+        store) any other, runs a step of this session; a second one waits, and
+        past the store's timeout fails with ``SessionBusyError``.
+        """
+        ...
 
     async def load(self, turn_id: str | None = None) -> SessionSnapshot: ...
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
@@ -28,6 +29,7 @@ from .._store import (
     TurnRecord,
     TurnStatus,
 )
+from ._locks import SessionLocks
 
 T = TypeVar("T")
 
@@ -117,9 +119,13 @@ class _MemoryTransaction:
 
 
 class _MemorySession:
-    def __init__(self, session_id: str, data: _SessionData) -> None:
+    def __init__(self, session_id: str, data: _SessionData, locks: SessionLocks) -> None:
         self._session_id = session_id
         self._data = data
+        self._locks = locks
+
+    def writer(self) -> AbstractAsyncContextManager[None]:
+        return self._locks.hold(self._session_id)
 
     @property
     def session_id(self) -> str:
@@ -166,6 +172,7 @@ class MemoryStore:
 
     def __init__(self) -> None:
         self._sessions: dict[str, _SessionData] = {}
+        self._locks = SessionLocks()
 
     async def open(self) -> None:
         return None
@@ -175,7 +182,7 @@ class MemoryStore:
 
     def session(self, session_id: str) -> _MemorySession:
         data = self._sessions.setdefault(session_id, _SessionData())
-        return _MemorySession(session_id, data)
+        return _MemorySession(session_id, data, self._locks)
 
     async def sessions(self) -> list[SessionInfo]:
         return [

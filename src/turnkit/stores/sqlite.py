@@ -15,7 +15,7 @@ import re
 import sqlite3
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractAsyncContextManager, contextmanager
 from typing import Any, TypeVar, cast
 
 from pydantic_core import to_json
@@ -32,6 +32,7 @@ from .._store import (
     TurnRecord,
     TurnStatus,
 )
+from ._locks import SessionLocks
 from ._sqlite_schema import migrate
 
 T = TypeVar("T")
@@ -195,6 +196,10 @@ class _SqliteSession:
     def session_id(self) -> str:
         return self._sid
 
+    def writer(self) -> AbstractAsyncContextManager[None]:
+        # In-process only: one runtime per SQLite file is the supported deployment.
+        return self._store._locks.hold(self._sid)
+
     async def load(self, turn_id: str | None = None) -> SessionSnapshot:
         conn = self._store.connection
         with _reading(f"session {self._sid}"):
@@ -340,6 +345,7 @@ class SqliteStore:
         self._checkpoint_conn: sqlite3.Connection | None = None
         #: How many background checkpoints have completed (for monitoring and tests).
         self.checkpoints = 0
+        self._locks = SessionLocks()
 
     def _committed(self) -> None:
         """Count a commit; start a background checkpoint when enough have piled up."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import signal
 from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from typing import Any, Literal, TypeVar
 
 from .._events import TurnEvent
@@ -39,6 +40,9 @@ class _CountingSession:
     @property
     def session_id(self) -> str:
         return self._inner.session_id
+
+    def writer(self) -> AbstractAsyncContextManager[None]:
+        return self._inner.writer()
 
     async def load(self, turn_id: str | None = None) -> SessionSnapshot:
         return await self._inner.load(turn_id)
