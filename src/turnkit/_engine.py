@@ -46,7 +46,7 @@ from ._position import (
     tool_step_id,
 )
 from ._store import SessionStore, Transaction, TurnRecord
-from ._tool_call import ToolRaised, copy_input, fatal, run_local, run_remote
+from ._tool_call import ToolRaised, copy_input, fatal, input_error, run_local, run_remote
 from ._tool_results import error_result, error_text
 from ._tools import Tool
 from ._turns import TurnFailure, TurnRequest, TurnResult, result_from_record
@@ -360,8 +360,9 @@ class TurnRunner:
             await self._commit_tool(step_id, call, cached["result"], cached["error"], memo=True)
             return
         tool = self.agent.tool(call.name)
-        if tool is None:
-            text = f"unknown tool: {call.name}"
+        problem = input_error(call)
+        if problem is not None or tool is None:
+            text = problem or f"unknown tool: {call.name}"
             await self._commit_tool(step_id, call, error_result(text), text)
         elif tool.local:
             await self._local_tool_step(tool, step_id, call)

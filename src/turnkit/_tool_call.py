@@ -12,6 +12,7 @@ from typing import Any
 
 from ._context import ToolContext
 from ._errors import FatalToolError
+from ._messages import ToolCall
 from ._tool_results import error_result, error_text, to_json_result
 from ._tools import Tool
 from ._turns import TurnFailure
@@ -34,6 +35,19 @@ def copy_input(value: Any) -> Any:
     if isinstance(value, list):
         return [copy_input(v) for v in value]
     return value
+
+
+#: The ``ToolCall.provider_state`` key by which an adapter reports that the model's
+#: arguments could not be read (not JSON, say): the call is answered with that
+#: text as an error result the model can correct, and its tool never runs.
+INPUT_ERROR_KEY = "input_error"
+
+
+def input_error(call: ToolCall) -> str | None:
+    """Why the adapter could not read this call's arguments, or ``None`` if it could."""
+    state = call.provider_state
+    problem = state.get(INPUT_ERROR_KEY) if state else None
+    return problem if isinstance(problem, str) and problem else None
 
 
 def fatal(tool: Tool, exc: FatalToolError) -> TurnFailure:
