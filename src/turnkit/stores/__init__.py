@@ -1,8 +1,11 @@
 """Storage backends behind the ``SessionStore`` seam.
 
-``MemoryStore`` for tests, ``SqliteStore`` as the embedded default; networked
-backends live in their own optional modules.
+``MemoryStore`` for tests, ``SqliteStore`` as the embedded default, and
+``PostgresStore`` (``turnkit[postgres]``, imported only when first named) for
+deployments with many processes.
 """
+
+from typing import TYPE_CHECKING, Any
 
 from .._store import (
     SessionInfo,
@@ -18,8 +21,21 @@ from .._store import (
 from .memory import MemoryStore
 from .sqlite import SqliteStore
 
+if TYPE_CHECKING:
+    from .postgres import PostgresStore
+
+
+def __getattr__(name: str) -> Any:
+    if name == "PostgresStore":
+        from .postgres import PostgresStore
+
+        return PostgresStore
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "MemoryStore",
+    "PostgresStore",
     "SessionInfo",
     "SessionSnapshot",
     "SessionStatus",

@@ -1,0 +1,135 @@
+"""PostgreSQL schema migrations: the SQLite tables in PostgreSQL types, plus the
+writer-lease table and the fence function that every step commit calls.
+
+Each migration runs in one transaction under an advisory lock, so several
+processes starting at once migrate a live database exactly once, and readers
+never see a half-applied version (PostgreSQL DDL is transactional).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .._errors import StoreError
+
+#: SQLSTATE raised by ``turnkit_fence`` when another process holds the session.
+FENCE_SQLSTATE = "TK001"
+#: SQLSTATE raised by ``turnkit_expect_one`` when an update found no row.
+MISSING_SQLSTATE = "TK002"
+
+MIGRATIONS: list[tuple[str, ...]] = [
+    (
+        """CREATE TABLE turnkit_sessions (
+            session_id text PRIMARY KEY,
+            agent text NOT NULL,
+            status text NOT NULL,
+            created_at double precision NOT NULL,
+            updated_at double precision NOT NULL
+        )""",
+        """CREATE TABLE turnkit_turns (
+            session_id text NOT NULL,
+            turn_id text NOT NULL,
+            agent text NOT NULL,
+            status text NOT NULL,
+            opening text NOT NULL,
+            event text,
+            text text,
+            error text,
+            created_at double precision NOT NULL,
+            finished_at double precision,
+            PRIMARY KEY (session_id, turn_id)
+        )""",
+        "CREATE INDEX turnkit_turns_running ON turnkit_turns (created_at) WHERE status = 'running'",
+        """CREATE TABLE turnkit_messages (
+            session_id text NOT NULL,
+            idx integer NOT NULL,
+            turn_id text NOT NULL,
+            body text NOT NULL,
+            PRIMARY KEY (session_id, idx)
+        )""",
+        """CREATE TABLE turnkit_steps (
+            session_id text NOT NULL,
+            turn_id text NOT NULL,
+            step_id text NOT NULL,
+            result text NOT NULL,
+            PRIMARY KEY (session_id, turn_id, step_id)
+        )""",
+        """CREATE TABLE turnkit_events (
+            session_id text NOT NULL,
+            seq bigint NOT NULL,
+            turn_id text NOT NULL,
+            body text NOT NULL,
+            PRIMARY KEY (session_id, seq)
+        )""",
+        "CREATE INDEX turnkit_events_turn ON turnkit_events (session_id, turn_id, seq)",
+        # The current writer of each session: a token per lock acquisition. Every
+        # commit checks it (and share-locks the row, so a takeover waits for the
+        # commit in flight), so a process that lost its lock can never write.
+        """CREATE TABLE turnkit_writers (
+            session_id text PRIMARY KEY,
+            token text NOT NULL,
+            holder text NOT NULL,
+            since double precision NOT NULL
+        )""",
+        """CREATE FUNCTION turnkit_fence(sid text, tok text) RETURNS void
+        LANGUAGE plpgsql AS $fn$
+        BEGIN
+            PERFORM 1 FROM {schema}.turnkit_writers
+                WHERE session_id = sid AND token = tok FOR SHARE;
+            IF NOT FOUND THEN
+                RAISE EXCEPTION USING ERRCODE = '{sqlstate}',
+                    MESSAGE = 'session ' || sid || ' is held by another writer';
+            END IF;
+        END
+        $fn$""",
+        # Fails the transaction unless exactly one row was changed: lets a pipelined
+        # commit check an UPDATE's row count server-side, before its COMMIT runs.
+        """CREATE FUNCTION turnkit_expect_one(n bigint, what text) RETURNS void
+        LANGUAGE plpgsql AS $fn$
+        BEGIN
+            IF n <> 1 THEN
+                RAISE EXCEPTION USING ERRCODE = '{sqlstate_missing}', MESSAGE = what;
+            END IF;
+        END
+        $fn$""",
+    ),
+]
+
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def migrate(conn: Any, schema: str, migrations: list[tuple[str, ...]] = MIGRATIONS) -> int:
+    """Bring ``schema`` up to date on an autocommit psycopg connection; return the version.
+
+    A database written by a newer turnkit is refused rather than misread.
+    """
+    quoted = f'"{schema}"'
+    with conn.transaction():
+        # One migrator at a time per schema, across every process.
+        conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"turnkit-migrate:{schema}",))
+        conn.execute(f"CREATE SCHEMA IF NOT EXISTS {quoted}")
+        conn.execute(
+            f"CREATE TABLE IF NOT EXISTS {quoted}.turnkit_schema "
+            "(id integer PRIMARY KEY CHECK (id = 1), version integer NOT NULL)"
+        )
+        row = conn.execute(f"SELECT version FROM {quoted}.turnkit_schema WHERE id = 1").fetchone()
+        version = int(row[0]) if row else 0
+        if version > len(migrations):
+            raise StoreError(
+                f"database schema {schema!r} is version {version}, newer than this turnkit "
+                f"knows ({len(migrations)}); upgrade turnkit"
+            )
+        for target in range(version + 1, len(migrations) + 1):
+            conn.execute(f"SET LOCAL search_path TO {quoted}")
+            for statement in migrations[target - 1]:
+                conn.execute(
+                    statement.format(
+                        schema=quoted, sqlstate=FENCE_SQLSTATE, sqlstate_missing=MISSING_SQLSTATE
+                    )
+                )
+            conn.execute(
+                f"INSERT INTO {quoted}.turnkit_schema (id, version) VALUES (1, %s) "
+                "ON CONFLICT (id) DO UPDATE SET version = excluded.version",
+                (target,),
+            )
+    return len(migrations)

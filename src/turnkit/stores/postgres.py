@@ -1,0 +1,734 @@
+"""``PostgresStore``: sessions in PostgreSQL, for deployments with many processes and hosts.
+
+Needs ``turnkit[postgres]`` (psycopg 3 and its pool). psycopg's blocking driver
+runs on a private thread pool, so the event loop never waits on the network, and a
+local tool's SQL (which is synchronous) joins the step's transaction on that thread.
+
+A step commit is one pipelined round trip: ``BEGIN``, the writer fence, the step's
+rows and ``COMMIT`` travel together; a local tool that touches ``ctx.store`` first
+opens the transaction and runs its statements one by one. A session has one writer
+across every process: a delivery holds a session-level advisory lock, and every
+commit re-checks a per-acquisition token, so a process that lost its lock (its lock
+connection died) can never interleave a step with the new holder's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import functools
+import hashlib
+import json
+import logging
+import os
+import re
+import select
+import socket
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any, TypeVar, cast
+
+from pydantic_core import to_json
+
+from .._errors import ConfigurationError, FatalToolError, SessionBusyError, StoreError
+from .._events import TurnEvent, event_from_dict
+from .._messages import Message, message_from_dict
+from .._store import (
+    TERMINAL_TURN_STATUSES,
+    SessionInfo,
+    SessionSnapshot,
+    SessionStatus,
+    StoreHandle,
+    TurnRecord,
+    TurnStatus,
+)
+from ._locks import SessionLocks
+from ._postgres_schema import FENCE_SQLSTATE, MISSING_SQLSTATE, migrate
+
+try:
+    import psycopg
+    from psycopg import errors as pg_errors
+    from psycopg.pq import TransactionStatus
+    from psycopg_pool import ConnectionPool
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        "PostgresStore needs psycopg 3 and psycopg-pool: pip install 'turnkit[postgres]'"
+    ) from exc
+
+T = TypeVar("T")
+log = logging.getLogger("turnkit.stores.postgres")
+
+_SCHEMA_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+_TRANSACTION_CONTROL = re.compile(
+    r"^\s*(BEGIN|START\s+TRANSACTION|COMMIT|END|ABORT|ROLLBACK(?!\s+(TRANSACTION\s+|WORK\s+)?TO\b)"
+    r"|PREPARE\s+TRANSACTION)\b",
+    re.IGNORECASE,
+)
+_ENDED = (
+    "a local tool ended the step's transaction (commit or rollback on ctx.store); "
+    "turnkit commits the step itself, so never end the transaction in a tool"
+)
+_ABORTED = (
+    "a local tool left the step's transaction aborted (it caught a database error "
+    "raised through ctx.store.unwrap()); use ctx.store.execute, which isolates each "
+    "statement, or let the error propagate"
+)
+_TURN_COLUMNS = (
+    "session_id, turn_id, agent, status, opening, event, text, error, created_at, finished_at"
+)
+
+
+def _dumps(value: Any) -> str:
+    try:
+        return to_json(value).decode()
+    except Exception as exc:
+        raise StoreError(f"cannot store a value as JSON: {exc}") from exc
+
+
+def qmark_to_pyformat(sql: str) -> str:
+    """Rewrite ``?`` placeholders as psycopg's ``%s`` (and escape ``%``), leaving
+    quoted strings, quoted identifiers, dollar-quoted bodies and comments alone.
+
+    This is what lets one local tool's ``ctx.store.execute`` run on SQLite and
+    PostgreSQL unchanged. PostgreSQL's ``?`` JSON operators therefore need
+    ``unwrap()`` (or the equivalent functions, such as ``jsonb_exists``).
+    """
+    out: list[str] = []
+    i, n = 0, len(sql)
+    while i < n:
+        ch = sql[i]
+        if ch in "'\"":
+            end = i + 1
+            while end < n:
+                if sql[end] == ch:
+                    if end + 1 < n and sql[end + 1] == ch:  # doubled quote
+                        end += 2
+                        continue
+                    break
+                end += 1
+            out.append(sql[i : end + 1].replace("%", "%%"))
+            i = end + 1
+        elif ch == "-" and sql.startswith("--", i):
+            end = sql.find("\n", i)
+            end = n if end < 0 else end
+            out.append(sql[i:end].replace("%", "%%"))
+            i = end
+        elif ch == "/" and sql.startswith("/*", i):
+            end = sql.find("*/", i + 2)
+            end = n if end < 0 else end + 2
+            out.append(sql[i:end].replace("%", "%%"))
+            i = end
+        elif ch == "$" and (tag := re.match(r"\$([A-Za-z_][A-Za-z0-9_]*)?\$", sql[i:])):
+            close = sql.find(tag.group(0), i + len(tag.group(0)))
+            end = n if close < 0 else close + len(tag.group(0))
+            out.append(sql[i:end].replace("%", "%%"))
+            i = end
+        elif ch == "?":
+            out.append("%s")
+            i += 1
+        elif ch == "%":
+            out.append("%%")
+            i += 1
+        else:
+            out.append(ch)
+            i += 1
+    return "".join(out)
+
+
+def _lock_key(schema: str, session_id: str) -> int:
+    digest = hashlib.blake2b(f"{schema}\0{session_id}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
+def _connection_lost(conn: psycopg.Connection[Any]) -> bool:
+    return bool(conn.closed or conn.broken)
+
+
+def _rollback_quietly(conn: psycopg.Connection[Any]) -> None:
+    if _connection_lost(conn) or conn.info.transaction_status == TransactionStatus.IDLE:
+        return
+    try:
+        conn.execute("ROLLBACK")
+    except psycopg.Error:
+        log.debug("rollback after a failed commit failed too", exc_info=True)
+
+
+def _check_idle_connection(conn: psycopg.Connection[Any]) -> None:
+    """The pool's checkout check, free in the common case: an idle connection whose
+    socket is readable has been sent something (a termination notice, EOF), so only
+    then is it probed; a dead one is discarded before a step ever uses it."""
+    if _connection_lost(conn):
+        raise psycopg.OperationalError("connection is closed")
+    readable, _, _ = select.select([conn.fileno()], [], [], 0)
+    if readable:
+        ConnectionPool.check_connection(conn)
+
+
+class _PgHandle:
+    """``ctx.store`` for local tools on PostgreSQL."""
+
+    def __init__(self, tx: _PgTransaction) -> None:
+        self._tx = tx
+
+    def unwrap(self) -> psycopg.Connection[Any]:
+        """The psycopg connection, inside the step's open transaction."""
+        self._tx.begin()
+        return self._tx.conn
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        """Run one statement with ``?`` placeholders in the step's transaction.
+
+        The statement runs under a savepoint: if it fails, only it is undone and the
+        error propagates, just as one failed statement does on SQLite.
+        """
+        if _TRANSACTION_CONTROL.match(sql):
+            raise FatalToolError(f"{_ENDED}: refused {sql.split()[0].upper()}")
+        conn = self._tx.conn
+        self._tx.begin()
+        query = qmark_to_pyformat(sql) if params else sql
+        try:
+            with conn.pipeline():
+                conn.execute("SAVEPOINT turnkit_statement")
+                cur = conn.execute(query, tuple(params) if params else None)
+                conn.execute("RELEASE SAVEPOINT turnkit_statement")
+        except psycopg.Error:
+            if not _connection_lost(conn):
+                conn.execute("ROLLBACK TO SAVEPOINT turnkit_statement")
+                conn.execute("RELEASE SAVEPOINT turnkit_statement")
+            raise
+        rows = cur.fetchall() if cur.description is not None else []
+        self._tx.check_open()
+        return rows
+
+
+class _PgTransaction:
+    """Collects the engine's writes and sends them in one pipeline with the COMMIT."""
+
+    def __init__(self, conn: psycopg.Connection[Any], session_id: str) -> None:
+        self.conn = conn
+        self._sid = session_id
+        self._writes: list[tuple[str, tuple[Any, ...]]] = []
+        self._begun = False
+
+    @property
+    def handle(self) -> StoreHandle:
+        return _PgHandle(self)
+
+    def begin(self) -> None:
+        if not self._begun:
+            self.conn.execute("BEGIN")
+            self._begun = True
+        else:
+            self.check_open()
+
+    def check_open(self) -> None:
+        if self.conn.info.transaction_status == TransactionStatus.IDLE:
+            raise FatalToolError(_ENDED)
+
+    def append_message(self, index: int, message: Message) -> None:
+        self._writes.append(
+            (
+                "INSERT INTO turnkit_messages (session_id, idx, turn_id, body) "
+                "VALUES (%s, %s, %s, %s)",
+                (self._sid, index, message.turn_id, _dumps(message.to_dict())),
+            )
+        )
+
+    def put_step(self, step_id: str, turn_id: str, result: Any) -> None:
+        self._writes.append(
+            (
+                "INSERT INTO turnkit_steps (session_id, turn_id, step_id, result) "
+                "VALUES (%s, %s, %s, %s)",
+                (self._sid, turn_id, step_id, _dumps(result)),
+            )
+        )
+
+    def log_event(self, event: TurnEvent) -> None:
+        self._writes.append(
+            (
+                "INSERT INTO turnkit_events (session_id, seq, turn_id, body) "
+                "VALUES (%s, %s, %s, %s)",
+                (self._sid, event.seq, event.turn_id, _dumps(event.to_dict())),
+            )
+        )
+
+    def open_turn(self, record: TurnRecord) -> None:
+        now = time.time()
+        self._writes.append(
+            (
+                "INSERT INTO turnkit_turns (session_id, turn_id, agent, status, opening, "
+                "event, created_at) VALUES (%s, %s, %s, 'running', %s, %s, %s)",
+                (
+                    self._sid,
+                    record.turn_id,
+                    record.agent,
+                    _dumps(record.opening),
+                    _dumps(record.event) if record.event is not None else None,
+                    record.created_at or now,
+                ),
+            )
+        )
+        self._writes.append(
+            (
+                "INSERT INTO turnkit_sessions (session_id, agent, status, created_at, "
+                "updated_at) VALUES (%s, %s, 'running', %s, %s) ON CONFLICT (session_id) "
+                "DO UPDATE SET agent = excluded.agent, status = 'running', "
+                "updated_at = excluded.updated_at",
+                (self._sid, record.agent, now, now),
+            )
+        )
+
+    def set_turn_status(
+        self, turn_id: str, status: TurnStatus, *, text: str | None = None, error: str | None = None
+    ) -> None:
+        now = time.time()
+        terminal = status in TERMINAL_TURN_STATUSES
+        self._writes.append(
+            (
+                "WITH t AS (UPDATE turnkit_turns SET status = %s, text = %s, error = %s, "
+                "finished_at = %s WHERE session_id = %s AND turn_id = %s RETURNING 1), "
+                "s AS (UPDATE turnkit_sessions SET status = %s, updated_at = %s "
+                "WHERE session_id = %s AND EXISTS (SELECT 1 FROM t)) "
+                "SELECT turnkit_expect_one(count(*), %s) FROM t",
+                (
+                    status,
+                    text,
+                    error,
+                    now if terminal else None,
+                    self._sid,
+                    turn_id,
+                    "idle" if terminal else "running",
+                    now,
+                    self._sid,
+                    f"session {self._sid}: no turn {turn_id} to update",
+                ),
+            )
+        )
+
+    def flush(self, token: str | None) -> None:
+        """Send the fence, the buffered writes and the COMMIT in one round trip."""
+        conn = self.conn
+        if self._begun and conn.info.transaction_status == TransactionStatus.INERROR:
+            raise FatalToolError(_ABORTED)
+        if self._begun:
+            self.check_open()
+        with conn.pipeline():
+            if not self._begun:
+                conn.execute("BEGIN")
+            if token is not None:
+                conn.execute("SELECT turnkit_fence(%s, %s)", (self._sid, token))
+            for sql, params in self._writes:
+                conn.execute(sql, params)
+            conn.execute("COMMIT")
+
+
+def _turn_from_row(row: Sequence[Any]) -> TurnRecord:
+    sid, tid, agent, status, opening, event, text, error, created, finished = row
+    return TurnRecord(
+        session_id=sid,
+        turn_id=tid,
+        agent=agent,
+        status=status,
+        opening=json.loads(opening),
+        event=json.loads(event) if event else None,
+        text=text,
+        error=error,
+        created_at=created,
+        finished_at=finished,
+    )
+
+
+class _PgSession:
+    def __init__(self, store: PostgresStore, session_id: str) -> None:
+        self._store = store
+        self._sid = session_id
+
+    @property
+    def session_id(self) -> str:
+        return self._sid
+
+    def writer(self) -> AbstractAsyncContextManager[None]:
+        return self._store._writer(self._sid)
+
+    async def load(self, turn_id: str | None = None) -> SessionSnapshot:
+        return await self._store._read(f"session {self._sid}", self._load_sync, turn_id)
+
+    def _load_sync(self, conn: psycopg.Connection[Any], turn_id: str | None) -> SessionSnapshot:
+        sid = self._sid
+        with conn.pipeline():
+            conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            messages = conn.execute(
+                "SELECT body FROM turnkit_messages WHERE session_id = %s ORDER BY idx", (sid,)
+            )
+            steps = conn.execute(
+                "SELECT step_id, result FROM turnkit_steps WHERE session_id = %s AND turn_id = %s",
+                (sid, turn_id),
+            )
+            turn = conn.execute(
+                f"SELECT {_TURN_COLUMNS} FROM turnkit_turns WHERE session_id = %s AND turn_id = %s",
+                (sid, turn_id),
+            )
+            seq = conn.execute("SELECT max(seq) FROM turnkit_events WHERE session_id = %s", (sid,))
+            agent = conn.execute("SELECT agent FROM turnkit_sessions WHERE session_id = %s", (sid,))
+            conn.execute("COMMIT")
+        turn_row = turn.fetchone()
+        seq_row = seq.fetchone()
+        agent_row = agent.fetchone()
+        return SessionSnapshot(
+            messages=[message_from_dict(json.loads(r[0])) for r in messages.fetchall()],
+            steps={step_id: json.loads(result) for step_id, result in steps.fetchall()},
+            turn=_turn_from_row(turn_row) if turn_row else None,
+            agent=agent_row[0] if agent_row else None,
+            next_seq=((seq_row[0] if seq_row else None) or 0) + 1,
+        )
+
+    async def commit(self, work: Callable[[Any], T]) -> T:
+        return await self._store._call(self._commit_sync, work)
+
+    def _commit_sync(self, work: Callable[[Any], T]) -> T:
+        store = self._store
+        token = store._tokens.get(self._sid)
+        try:
+            conn_cm = store.pool.connection(timeout=store.connect_timeout)
+            conn = conn_cm.__enter__()
+        except Exception as exc:
+            raise StoreError(f"session {self._sid}: no database connection: {exc}") from exc
+        try:
+            tx = _PgTransaction(conn, self._sid)
+            try:
+                result = work(tx)
+                tx.flush(token)
+            except BaseException as exc:
+                _rollback_quietly(conn)
+                raise self._commit_error(conn, exc) from exc
+        finally:
+            conn_cm.__exit__(None, None, None)
+        return result
+
+    def _commit_error(self, conn: psycopg.Connection[Any], exc: BaseException) -> BaseException:
+        """What a failed commit raises: the engine's own exceptions unchanged, unless the
+        connection died under them (then it is a store outage, not a tool's failure)."""
+        if _connection_lost(conn):
+            return StoreError(
+                f"session {self._sid}: lost the database connection during a commit "
+                f"({exc}); nothing of this step was kept: deliver the turn again"
+            )
+        if isinstance(exc, psycopg.Error):
+            state = exc.sqlstate
+            if state == FENCE_SQLSTATE:
+                return SessionBusyError(
+                    f"session {self._sid}: another process took over this session's "
+                    "writer lock; this step was not written"
+                )
+            if state == MISSING_SQLSTATE:
+                return StoreError(str(exc.diag.message_primary or exc))
+            if isinstance(exc, pg_errors.UniqueViolation):
+                return StoreError(
+                    f"session {self._sid}: commit failed: {exc.diag.message_primary} "
+                    "(another writer advanced this session)"
+                )
+            if isinstance(exc, pg_errors.InFailedSqlTransaction):
+                return FatalToolError(_ABORTED)
+            return StoreError(f"session {self._sid}: commit failed: {exc}")
+        return exc
+
+    async def turn(self, turn_id: str) -> TurnRecord | None:
+        def read(conn: psycopg.Connection[Any]) -> TurnRecord | None:
+            row = conn.execute(
+                f"SELECT {_TURN_COLUMNS} FROM turnkit_turns WHERE session_id = %s AND turn_id = %s",
+                (self._sid, turn_id),
+            ).fetchone()
+            return _turn_from_row(row) if row else None
+
+        return await self._store._read(f"turn {turn_id}", read)
+
+    async def messages(self) -> list[Message]:
+        def read(conn: psycopg.Connection[Any]) -> list[Message]:
+            rows = conn.execute(
+                "SELECT body FROM turnkit_messages WHERE session_id = %s ORDER BY idx",
+                (self._sid,),
+            ).fetchall()
+            return [message_from_dict(json.loads(r[0])) for r in rows]
+
+        return await self._store._read(f"session {self._sid}", read)
+
+    async def events(self, *, turn_id: str | None = None, after: int = 0) -> list[TurnEvent]:
+        def read(conn: psycopg.Connection[Any]) -> list[TurnEvent]:
+            if turn_id is None:
+                cur = conn.execute(
+                    "SELECT body FROM turnkit_events WHERE session_id = %s AND seq > %s "
+                    "ORDER BY seq",
+                    (self._sid, after),
+                )
+            else:
+                cur = conn.execute(
+                    "SELECT body FROM turnkit_events WHERE session_id = %s AND turn_id = %s "
+                    "AND seq > %s ORDER BY seq",
+                    (self._sid, turn_id, after),
+                )
+            return [event_from_dict(json.loads(r[0])) for r in cur.fetchall()]
+
+        return await self._store._read(f"events of session {self._sid}", read)
+
+    async def status(self) -> SessionStatus:
+        def read(conn: psycopg.Connection[Any]) -> SessionStatus:
+            row = conn.execute(
+                "SELECT status FROM turnkit_sessions WHERE session_id = %s", (self._sid,)
+            ).fetchone()
+            return cast(SessionStatus, row[0]) if row else "new"
+
+        return await self._store._read(f"session {self._sid}", read)
+
+
+class PostgresStore:
+    """Sessions in a PostgreSQL database (``dsn`` is a libpq connection string or URL).
+
+    ``schema`` holds turnkit's tables (created if missing); local tools' statements
+    resolve names in it first, then in ``public``. ``max_size`` bounds the pool and
+    the worker threads. ``busy_timeout`` is how long, in seconds, a delivery waits
+    for a session another process is running before raising ``SessionBusyError``.
+    """
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        schema: str = "public",
+        min_size: int = 1,
+        max_size: int = 10,
+        busy_timeout: float = 30.0,
+        connect_timeout: float = 10.0,
+    ) -> None:
+        if not _SCHEMA_NAME.match(schema):
+            raise ConfigurationError(
+                f"PostgresStore schema {schema!r} must be a plain identifier "
+                "(letters, digits and _, not starting with a digit)"
+            )
+        if not 1 <= min_size <= max_size:
+            raise ConfigurationError(
+                f"PostgresStore needs 1 <= min_size <= max_size, got {min_size} and {max_size}"
+            )
+        self.dsn = dsn
+        self.schema = schema
+        self.min_size = min_size
+        self.max_size = max_size
+        self.busy_timeout = busy_timeout
+        self.connect_timeout = connect_timeout
+        self.holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self._pool: ConnectionPool[Any] | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._lock_conn: psycopg.Connection[Any] | None = None
+        self._lock_mutex = threading.Lock()
+        self._locks = SessionLocks()
+        self._tokens: dict[str, str] = {}
+
+    # -- lifecycle ---------------------------------------------------------------
+
+    def _connect_kwargs(self) -> dict[str, Any]:
+        path = f"{self.schema},public" if self.schema != "public" else "public"
+        return {
+            "autocommit": True,
+            "options": f"-c search_path={path}",
+            "application_name": "turnkit",
+            "connect_timeout": max(1, int(self.connect_timeout)),
+        }
+
+    @property
+    def pool(self) -> ConnectionPool[Any]:
+        if self._pool is None:
+            raise StoreError(
+                "PostgresStore is not open: use it through `async with Runtime(...)` "
+                "or await store.open() first"
+            )
+        return self._pool
+
+    async def open(self) -> None:
+        if self._pool is not None:
+            return
+        self._executor = ThreadPoolExecutor(
+            max_workers=self.max_size + 1, thread_name_prefix="turnkit-pg"
+        )
+        try:
+            await self._call(self._open_sync)
+        except BaseException:
+            self._executor.shutdown(wait=False)
+            self._executor = None
+            raise
+
+    def _open_sync(self) -> None:
+        try:
+            with psycopg.connect(self.dsn, **self._connect_kwargs()) as conn:
+                migrate(conn, self.schema)
+            pool: ConnectionPool[Any] = ConnectionPool(
+                self.dsn,
+                min_size=self.min_size,
+                max_size=self.max_size,
+                kwargs=self._connect_kwargs(),
+                check=_check_idle_connection,
+                open=False,
+                name=f"turnkit-{self.schema}",
+            )
+            pool.open(wait=True, timeout=self.connect_timeout)
+        except psycopg.Error as exc:
+            raise StoreError(f"PostgresStore: cannot open the database: {exc}") from exc
+        except Exception as exc:  # the pool's own timeout, for one
+            raise StoreError(f"PostgresStore: cannot connect: {exc}") from exc
+        self._pool = pool
+
+    async def close(self) -> None:
+        pool, self._pool = self._pool, None
+        executor, self._executor = self._executor, None
+        lock_conn, self._lock_conn = self._lock_conn, None
+        if executor is None:
+            return
+
+        def shut() -> None:
+            if lock_conn is not None:
+                lock_conn.close()
+            if pool is not None:
+                pool.close()
+
+        await asyncio.get_running_loop().run_in_executor(executor, shut)
+        executor.shutdown(wait=False)
+
+    # -- plumbing ----------------------------------------------------------------
+
+    async def _call(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run blocking ``fn`` on the store's threads, with the caller's context."""
+        if self._executor is None:
+            raise StoreError("PostgresStore is not open: await store.open() first")
+        context = contextvars.copy_context()
+        call = functools.partial(context.run, fn, *args)
+        return await asyncio.get_running_loop().run_in_executor(self._executor, call)
+
+    async def _read(self, what: str, fn: Callable[..., T], *args: Any) -> T:
+        def run() -> T:
+            try:
+                with self.pool.connection(timeout=self.connect_timeout) as conn:
+                    try:
+                        return fn(conn, *args)
+                    except BaseException:
+                        _rollback_quietly(conn)
+                        raise
+            except psycopg.Error as exc:
+                raise StoreError(f"cannot read {what}: {exc}") from exc
+            except ValueError as exc:
+                raise StoreError(f"{what} holds data that is not valid JSON: {exc}") from exc
+            except StoreError:
+                raise
+            except Exception as exc:  # the pool's timeout
+                raise StoreError(f"cannot read {what}: {exc}") from exc
+
+        return await self._call(run)
+
+    # -- the single writer -------------------------------------------------------
+
+    @asynccontextmanager
+    async def _writer(self, session_id: str) -> AsyncIterator[None]:
+        async with self._locks.hold(session_id):
+            token = await self._acquire(session_id)
+            self._tokens[session_id] = token
+            try:
+                yield
+            finally:
+                del self._tokens[session_id]
+                try:
+                    await self._call(self._release_sync, session_id)
+                except Exception as exc:
+                    # The lock dies with its connection anyway; the next holder's token
+                    # fences this process off.
+                    log.warning("releasing the writer lock of %s failed: %s", session_id, exc)
+
+    async def _acquire(self, session_id: str) -> str:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.busy_timeout
+        delay = 0.005
+        while True:
+            token = await self._call(self._try_acquire_sync, session_id)
+            if token is not None:
+                return token
+            if loop.time() >= deadline:
+                raise SessionBusyError(
+                    f"session {session_id} is being run by another process; waited "
+                    f"{self.busy_timeout:g}s for it (deliver the turn again later)"
+                )
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.2)
+
+    def _lock_connection(self) -> psycopg.Connection[Any]:
+        conn = self._lock_conn
+        if conn is None or _connection_lost(conn):
+            conn = psycopg.connect(self.dsn, **self._connect_kwargs())
+            # Losing this write in a server crash is harmless: a holder whose token
+            # did not survive has committed nothing after it, and is fenced off.
+            conn.execute("SET synchronous_commit = off")
+            self._lock_conn = conn
+        return conn
+
+    def _try_acquire_sync(self, session_id: str) -> str | None:
+        token = uuid.uuid4().hex
+        key = _lock_key(self.schema, session_id)
+        with self._lock_mutex:
+            try:
+                conn = self._lock_connection()
+                row = conn.execute(
+                    "WITH l AS (SELECT pg_try_advisory_lock(%s) AS ok) "
+                    "INSERT INTO turnkit_writers (session_id, token, holder, since) "
+                    "SELECT %s, %s, %s, %s FROM l WHERE l.ok "
+                    "ON CONFLICT (session_id) DO UPDATE SET token = excluded.token, "
+                    "holder = excluded.holder, since = excluded.since RETURNING 1",
+                    (key, session_id, token, self.holder, time.time()),
+                ).fetchone()
+            except psycopg.Error as exc:
+                self._unlock_quietly(key)
+                raise StoreError(
+                    f"session {session_id}: cannot take the writer lock: {exc}"
+                ) from exc
+        return token if row else None
+
+    def _release_sync(self, session_id: str) -> None:
+        with self._lock_mutex:
+            conn = self._lock_conn
+            if conn is None or _connection_lost(conn):
+                return  # the lock went with the connection
+            conn.execute("SELECT pg_advisory_unlock(%s)", (_lock_key(self.schema, session_id),))
+
+    def _unlock_quietly(self, key: int) -> None:
+        conn = self._lock_conn
+        if conn is None or _connection_lost(conn):
+            return
+        try:
+            conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
+        except psycopg.Error:
+            log.debug("unlock after a failed acquisition failed", exc_info=True)
+
+    # -- the Store protocol ------------------------------------------------------
+
+    def session(self, session_id: str) -> _PgSession:
+        return _PgSession(self, session_id)
+
+    async def sessions(self) -> list[SessionInfo]:
+        def read(conn: psycopg.Connection[Any]) -> list[SessionInfo]:
+            rows = conn.execute(
+                "SELECT session_id, agent, status, updated_at FROM turnkit_sessions "
+                "ORDER BY session_id"
+            ).fetchall()
+            return [
+                SessionInfo(session_id=r[0], agent=r[1], status=r[2], updated_at=r[3]) for r in rows
+            ]
+
+        return await self._read("the session list", read)
+
+    async def unfinished_turns(self) -> list[TurnRecord]:
+        def read(conn: psycopg.Connection[Any]) -> list[TurnRecord]:
+            rows = conn.execute(
+                f"SELECT {_TURN_COLUMNS} FROM turnkit_turns WHERE status = 'running' "
+                "ORDER BY created_at"
+            ).fetchall()
+            return [_turn_from_row(r) for r in rows]
+
+        return await self._read("unfinished turns", read)
