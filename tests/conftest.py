@@ -1,12 +1,19 @@
-"""Shared fixtures: every engine test runs on each store that supports it."""
+"""Shared fixtures: every engine test runs on each store (memory, SQLite, PostgreSQL).
+
+PostgreSQL tests use the server named by ``TURNKIT_TEST_POSTGRES_DSN``; each test gets
+a schema of its own, dropped afterwards. Without the variable (or the server) they
+are skipped with a message saying so, unless ``TURNKIT_REQUIRE_POSTGRES=1`` (set by
+``.ci/run``), which turns that skip into a failure.
+"""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
+from postgres_support import drop_schema, new_schema, postgres_dsn
 
 import turnkit
 from turnkit.stores import MemoryStore, SqliteStore, Store, TurnRecord
@@ -15,19 +22,42 @@ from turnkit.testing import RecordingSink
 StoreFactory = Callable[[], Store]
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
 def store_kind(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
 @pytest.fixture
-def make_store(store_kind: str, tmp_path: Path) -> StoreFactory:
+def pg_dsn() -> str:
+    """The test server's DSN; skips (or, in CI, fails) when there is none."""
+    return postgres_dsn()
+
+
+@pytest.fixture
+def pg_schema(pg_dsn: str) -> Iterator[str]:
+    """A fresh, empty schema for one test, dropped with everything in it afterwards."""
+    schema = new_schema()
+    yield schema
+    drop_schema(pg_dsn, schema)
+
+
+@pytest.fixture
+def make_store(store_kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> StoreFactory:
     """A factory so a test can reopen the same durable store as a "new process" would."""
     memory = MemoryStore()
     db = tmp_path / "turnkit.db"
+    if store_kind == "postgres":
+        dsn = request.getfixturevalue("pg_dsn")
+        schema = request.getfixturevalue("pg_schema")
 
     def factory() -> Store:
-        return memory if store_kind == "memory" else SqliteStore(db)
+        if store_kind == "memory":
+            return memory
+        if store_kind == "sqlite":
+            return SqliteStore(db)
+        from turnkit.stores import PostgresStore
+
+        return PostgresStore(dsn, schema=schema, busy_timeout=10.0)
 
     return factory
 

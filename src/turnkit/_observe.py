@@ -86,8 +86,15 @@ async def turn_events(
     while True:
         live = await next_event(queue, future)
         if live is None:
-            # The delivery ended without a terminal event reaching us.
+            # The delivery ended without a terminal event reaching us: it was emitted
+            # before we subscribed (the delivery was still releasing the session), so
+            # the log has it; or the delivery broke.
             exc = future.exception() if not future.cancelled() else None
+            if exc is None:
+                logged = fold_attempts(await store.events(turn_id=turn_id))
+                if logged and logged[-1].type in TERMINAL_EVENT_TYPES:
+                    yield logged[-1]
+                    return
             raise exc or TurnError(f"turn {turn_id} ended without a terminal event")
         if live.seq is not None and live.seq <= last_seq:
             continue

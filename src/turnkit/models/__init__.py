@@ -1,0 +1,88 @@
+"""Model adapters for real providers, each behind its own extra, and ``from_env``.
+
+``anthropic()`` needs ``turnkit[anthropic]`` and ``openai()`` needs ``turnkit[openai]``;
+each imports its SDK only when called, so ``import turnkit.models`` works with neither
+installed, and a missing SDK is an ``ImportError`` naming the extra to install.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ._demo import demo_model
+from ._env import DEFAULT_ANTHROPIC_MODEL, DEFAULT_OPENAI_MODEL, from_env
+
+if TYPE_CHECKING:
+    import anthropic as anthropic_sdk
+    import openai as openai_sdk
+
+    from ._anthropic import AnthropicModel
+    from ._openai import OpenAIModel
+
+
+def anthropic(
+    model: str,
+    *,
+    thinking: bool | int = False,
+    max_tokens: int = 8192,
+    max_retries: int | None = None,
+    client: anthropic_sdk.AsyncAnthropic | None = None,
+    api_key: str | None = None,
+    base_url: str | None = None,
+) -> AnthropicModel:
+    """Claude through the Messages API.
+
+    ``thinking=True`` turns on adaptive thinking, an ``int`` a manual thinking budget;
+    thinking blocks are kept on the transcript, so tool-use turns work with it on.
+    ``max_retries`` bounds the SDK's own retries of overloads, rate limits and 5xx
+    (default: the SDK's). Without ``client``, one is made from ``api_key`` and
+    ``base_url`` (default: the SDK reads ``ANTHROPIC_API_KEY``).
+    """
+    from ._anthropic import AnthropicModel
+
+    return AnthropicModel(
+        model,
+        thinking=thinking,
+        max_tokens=max_tokens,
+        max_retries=max_retries,
+        client=client,
+        api_key=api_key,
+        base_url=base_url,
+    )
+
+
+def openai(
+    model: str,
+    *,
+    base_url: str | None = None,
+    max_tokens: int | None = None,
+    max_retries: int | None = None,
+    client: openai_sdk.AsyncOpenAI | None = None,
+    api_key: str | None = None,
+) -> OpenAIModel:
+    """OpenAI, or any OpenAI-compatible server at ``base_url``, through Chat Completions.
+
+    With a ``base_url`` and no key anywhere, a placeholder key is sent (local servers
+    take any). ``max_tokens`` is sent as ``max_completion_tokens`` when given;
+    ``max_retries`` bounds the SDK's own retries (default: the SDK's).
+    """
+    from ._openai import OpenAIModel
+
+    return OpenAIModel(
+        model,
+        base_url=base_url,
+        max_tokens=max_tokens,
+        max_retries=max_retries,
+        client=client,
+        api_key=api_key,
+    )
+
+
+__all__ = [
+    "DEFAULT_ANTHROPIC_MODEL",
+    "DEFAULT_OPENAI_MODEL",
+    "anthropic",
+    "demo_model",
+    "from_env",
+    "openai",
+]

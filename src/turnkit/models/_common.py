@@ -1,0 +1,63 @@
+"""What every adapter needs and no SDK provides: the install hint, tool results as
+text, and tool arguments that may not be JSON.
+
+Kept free of SDK imports so ``turnkit.models`` imports without any extra installed.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from .._messages import JsonObject, ToolCall
+
+#: The ``ToolCall.provider_state`` key the engine reads to answer a call with an
+#: error instead of running its tool (see ``turnkit._tool_call.input_error``).
+INPUT_ERROR = "input_error"
+#: How much of an unreadable argument string the model is shown back.
+MAX_ECHO_CHARS = 500
+
+
+def missing_sdk(package: str, extra: str) -> str:
+    """The ``ImportError`` text for an adapter whose SDK is not installed."""
+    return (
+        f"turnkit.models.{extra} needs the {package!r} package, which is not installed; "
+        f"install it with: pip install 'turnkit[{extra}]'"
+    )
+
+
+def result_text(result: Any) -> str:
+    """A tool result as the text a provider's ``tool_result`` carries: strings as they
+    are, anything else as compact JSON."""
+    if isinstance(result, str):
+        return result
+    return json.dumps(result, ensure_ascii=False, separators=(",", ":"))
+
+
+def arguments_call(call_id: str, name: str, raw: str | None) -> ToolCall:
+    """A ``ToolCall`` from the argument text a model streamed.
+
+    Text that is not a JSON object becomes an empty input plus an ``input_error`` the
+    engine answers as an error result, so the model reads what went wrong and can call
+    again, and the turn goes on.
+    """
+    text = (raw or "").strip()
+    if not text:
+        return ToolCall(id=call_id, name=name, input={})
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        return _unreadable(call_id, name, text, f"not valid JSON ({exc})")
+    if not isinstance(value, dict):
+        return _unreadable(call_id, name, text, f"a JSON {type(value).__name__}, not an object")
+    return ToolCall(id=call_id, name=name, input=value)
+
+
+def _unreadable(call_id: str, name: str, text: str, why: str) -> ToolCall:
+    shown = text if len(text) <= MAX_ECHO_CHARS else text[:MAX_ECHO_CHARS] + "…"
+    problem = (
+        f"invalid arguments for {name}: they were {why}, so the tool did not run. "
+        f"You sent: {shown}. Call {name} again with a JSON object that fits its input schema."
+    )
+    state: JsonObject = {INPUT_ERROR: problem}
+    return ToolCall(id=call_id, name=name, input={}, provider_state=state)
