@@ -533,7 +533,7 @@ class PostgresStore:
         return {
             "autocommit": True,
             "options": f"-c search_path={path}",
-            "application_name": "turnkit",
+            "application_name": f"turnkit-{self.schema}"[:63],
             "connect_timeout": max(1, int(self.connect_timeout)),
         }
 

@@ -1,0 +1,463 @@
+"""PostgresStore specifics: migrations, the SQL handle, the event loop, the single
+writer across processes, and connection loss in the middle of a turn.
+
+Everything here talks to the real server named by ``TURNKIT_TEST_POSTGRES_DSN``, in
+a schema of the test's own (see ``conftest.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import turnkit
+from turnkit import ToolContext, UserMessage, tool
+from turnkit.testing import ScriptedModel, ScriptedReply, tool_call
+
+psycopg = pytest.importorskip("psycopg", reason="PostgreSQL tests need turnkit[postgres]")
+
+from turnkit.stores import PostgresStore  # noqa: E402
+from turnkit.stores._postgres_schema import MIGRATIONS, SCHEMA_VERSION, migrate  # noqa: E402
+from turnkit.stores.postgres import qmark_to_pyformat  # noqa: E402
+
+CHILD = Path(__file__).with_name("pg_writer_child.py")
+
+
+def connect(dsn: str) -> Any:
+    return psycopg.connect(dsn, autocommit=True)
+
+
+@pytest.fixture
+async def store(pg_dsn: str, pg_schema: str) -> AsyncIterator[PostgresStore]:
+    s = PostgresStore(pg_dsn, schema=pg_schema)
+    await s.open()
+    yield s
+    await s.close()
+
+
+def one_tool_agent(fn: Any, *, then: str = "done") -> turnkit.Agent:
+    t = tool(fn)
+
+    def respond(messages: Any) -> Any:
+        if isinstance(messages[-1], UserMessage):
+            return ScriptedReply(tool_calls=[tool_call(t.name)])
+        return then
+
+    return turnkit.Agent(name="a", model=ScriptedModel(respond=respond), tools=[t])
+
+
+# -- schema -----------------------------------------------------------------------------
+
+
+async def test_open_creates_the_schema_at_the_current_version(
+    store: PostgresStore, pg_dsn: str, pg_schema: str
+) -> None:
+    with connect(pg_dsn) as conn:
+        row = conn.execute(f'SELECT version FROM "{pg_schema}".turnkit_schema').fetchone()
+        assert row == (SCHEMA_VERSION,)
+
+
+def test_migrations_run_forward_from_any_version_and_only_once(pg_dsn: str, pg_schema: str) -> None:
+    extra = [*MIGRATIONS, ("ALTER TABLE turnkit_sessions ADD COLUMN note text",)]
+    with connect(pg_dsn) as conn:
+        assert migrate(conn, pg_schema) == SCHEMA_VERSION
+        conn.execute(
+            f"INSERT INTO \"{pg_schema}\".turnkit_sessions VALUES ('s', 'a', 'idle', 0, 0)"
+        )
+        assert migrate(conn, pg_schema, extra) == SCHEMA_VERSION + 1
+        assert migrate(conn, pg_schema, extra) == SCHEMA_VERSION + 1
+        rows = conn.execute(f'SELECT session_id, note FROM "{pg_schema}".turnkit_sessions')
+        assert rows.fetchall() == [("s", None)]
+
+
+def test_a_newer_schema_is_refused_and_a_failed_migration_changes_nothing(
+    pg_dsn: str, pg_schema: str
+) -> None:
+    with connect(pg_dsn) as conn:
+        migrate(conn, pg_schema)
+        broken = [*MIGRATIONS, ("CREATE TABLE fine (x integer)", "THIS IS NOT SQL")]
+        with pytest.raises(psycopg.errors.SyntaxError):
+            migrate(conn, pg_schema, broken)
+        assert conn.execute(f'SELECT version FROM "{pg_schema}".turnkit_schema').fetchone() == (
+            SCHEMA_VERSION,
+        )
+        found = conn.execute(
+            "SELECT count(*) FROM information_schema.tables "
+            "WHERE table_schema = %s AND table_name = 'fine'",
+            (pg_schema,),
+        ).fetchone()
+        assert found == (0,)
+        conn.execute(f'UPDATE "{pg_schema}".turnkit_schema SET version = 99')
+        with pytest.raises(turnkit.StoreError, match="version 99, newer than this turnkit"):
+            migrate(conn, pg_schema)
+
+
+async def test_many_stores_opening_at_once_migrate_exactly_once(
+    pg_dsn: str, pg_schema: str
+) -> None:
+    stores = [PostgresStore(pg_dsn, schema=pg_schema) for _ in range(6)]
+    await asyncio.gather(*(s.open() for s in stores))
+    for s in stores:
+        await s.close()
+    with connect(pg_dsn) as conn:
+        assert conn.execute(f'SELECT version FROM "{pg_schema}".turnkit_schema').fetchone() == (
+            SCHEMA_VERSION,
+        )
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "SELECT body FROM turnkit_messages WHERE session_id = 'x' ORDER BY idx",
+        "SELECT step_id, result FROM turnkit_steps WHERE session_id = 'x' AND turn_id = 't'",
+        "SELECT max(seq) FROM turnkit_events WHERE session_id = 'x'",
+        "SELECT body FROM turnkit_events WHERE session_id = 'x' AND turn_id = 't' AND seq > 0",
+        "SELECT status FROM turnkit_turns WHERE session_id = 'x' AND turn_id = 't'",
+        "SELECT turn_id FROM turnkit_turns WHERE status = 'running' ORDER BY created_at",
+    ],
+)
+async def test_every_session_query_can_use_an_index(
+    store: PostgresStore, pg_dsn: str, pg_schema: str, query: str
+) -> None:
+    with connect(pg_dsn) as conn:
+        conn.execute(f'SET search_path TO "{pg_schema}"')
+        conn.execute("SET enable_seqscan = off")  # tiny tables: ask what is possible
+        plan = "\n".join(r[0] for r in conn.execute(f"EXPLAIN {query}"))
+    assert "Index" in plan and "Seq Scan" not in plan, plan
+
+
+async def test_clear_errors_for_bad_configuration(pg_dsn: str) -> None:
+    with pytest.raises(turnkit.ConfigurationError, match="plain identifier"):
+        PostgresStore(pg_dsn, schema="bad-name; drop")
+    with pytest.raises(turnkit.ConfigurationError, match="min_size <= max_size"):
+        PostgresStore(pg_dsn, min_size=5, max_size=2)
+    with pytest.raises(turnkit.StoreError, match="cannot open the database"):
+        await PostgresStore(
+            "postgresql://127.0.0.1:5432/no_such_database_here", connect_timeout=3
+        ).open()
+    with pytest.raises(turnkit.StoreError, match="not open"):
+        await PostgresStore(pg_dsn).session("s1").messages()
+
+
+# -- the SQL handle -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("sql", "expected"),
+    [
+        ("SELECT ?", "SELECT %s"),
+        ("SELECT '?', ?", "SELECT '?', %s"),
+        ("SELECT 'it''s ?' || ?", "SELECT 'it''s ?' || %s"),
+        ('SELECT "odd?col" FROM t WHERE a = ?', 'SELECT "odd?col" FROM t WHERE a = %s'),
+        ("SELECT 1 -- why?\n, ?", "SELECT 1 -- why?\n, %s"),
+        ("SELECT /* ? */ ?", "SELECT /* ? */ %s"),
+        ("SELECT $$ ? $$, $tag$ ? $tag$, ?", "SELECT $$ ? $$, $tag$ ? $tag$, %s"),
+        ("SELECT 5 % 2, ? LIKE 'a%'", "SELECT 5 %% 2, %s LIKE 'a%%'"),
+    ],
+)
+def test_qmark_placeholders_become_psycopg_ones_outside_quotes(sql: str, expected: str) -> None:
+    assert qmark_to_pyformat(sql) == expected
+
+
+async def test_handle_is_the_psycopg_connection_inside_the_step_transaction(
+    store: PostgresStore,
+) -> None:
+    seen: dict[str, Any] = {}
+
+    def inspect_handle(ctx: ToolContext) -> str:
+        """Looks at ctx.store."""
+        conn = ctx.store.unwrap()
+        seen["type"] = type(conn).__module__.split(".")[0]
+        seen["status"] = conn.info.transaction_status.name
+        ctx.store.execute("CREATE TABLE app_rows (k text PRIMARY KEY, v integer)")
+        ctx.store.execute("INSERT INTO app_rows VALUES (?, ?)", ("a", 1))
+        seen["rows"] = ctx.store.execute("SELECT k, v FROM app_rows WHERE v > ?", (0,))
+        return "ok"
+
+    async with turnkit.Runtime(one_tool_agent(inspect_handle), store=store) as rt:
+        assert await rt.session("a", "s1").turn("go") == "done"
+    assert seen == {"type": "psycopg", "status": "INTRANS", "rows": [("a", 1)]}
+
+
+async def test_a_failed_statement_is_undone_alone_and_can_be_caught(store: PostgresStore) -> None:
+    def careful(ctx: ToolContext) -> str:
+        """Inserts, hits a duplicate, carries on (as SQLite allows)."""
+        ctx.store.execute("CREATE TABLE app_rows (k text PRIMARY KEY)")
+        ctx.store.execute("INSERT INTO app_rows VALUES (?)", ("a",))
+        with contextlib.suppress(psycopg.errors.UniqueViolation):
+            ctx.store.execute("INSERT INTO app_rows VALUES (?)", ("a",))
+        ctx.store.execute("INSERT INTO app_rows VALUES (?)", ("b",))
+        return "ok"
+
+    async with turnkit.Runtime(one_tool_agent(careful), store=store) as rt:
+        assert await rt.session("a", "s1").turn("go") == "done"
+    with connect(store.dsn) as conn:
+        rows = conn.execute(f'SELECT k FROM "{store.schema}".app_rows ORDER BY k').fetchall()
+    assert rows == [("a",), ("b",)]
+
+
+async def test_a_tool_error_rolls_back_its_rows_with_the_step(store: PostgresStore) -> None:
+    def half_done(ctx: ToolContext) -> str:
+        """Writes, then fails."""
+        ctx.store.execute("CREATE TABLE app_rows (k text PRIMARY KEY)")
+        ctx.store.execute("INSERT INTO app_rows VALUES (?)", ("a",))
+        raise RuntimeError("boom after writing")
+
+    async with turnkit.Runtime(one_tool_agent(half_done), store=store) as rt:
+        session = rt.session("a", "s1")
+        assert await session.turn("go") == "done"
+        result = (await session.messages())[2]
+    assert isinstance(result, turnkit.ToolMessage) and result.is_error
+    with connect(store.dsn) as conn:
+        found = conn.execute(
+            "SELECT count(*) FROM information_schema.tables WHERE table_schema = %s "
+            "AND table_name = 'app_rows'",
+            (store.schema,),
+        ).fetchone()
+    assert found == (0,)  # even the CREATE TABLE rolled back with the step
+
+
+@pytest.mark.parametrize(
+    ("body", "error"),
+    [
+        ("ctx.store.execute('COMMIT')", "refused COMMIT"),
+        ("ctx.store.execute('begin')", "refused BEGIN"),
+        ("ctx.store.unwrap().execute('COMMIT')", "ended the step's transaction"),
+        ("swallow(ctx)", "left the step's transaction aborted"),
+    ],
+)
+async def test_tools_that_break_the_transaction_fail_the_turn_cleanly(
+    store: PostgresStore, body: str, error: str
+) -> None:
+    def swallow(ctx: ToolContext) -> None:
+        conn = ctx.store.unwrap()
+        with contextlib.suppress(psycopg.errors.DivisionByZero):
+            conn.execute("SELECT 1/0")
+
+    def breaker(ctx: ToolContext) -> str:
+        """Misuses the handle."""
+        ctx.store.execute("CREATE TABLE IF NOT EXISTS app_rows (k text)")
+        eval(body, {"ctx": ctx, "swallow": swallow})
+        return "ok"
+
+    async with turnkit.Runtime(one_tool_agent(breaker), store=store) as rt:
+        session = rt.session("a", "s1")
+        result = await session.result(session.start("go"))
+        assert result.status == "failed" and error in (result.error or ""), result
+        assert await session.status() == "idle"
+
+
+# -- the event loop -------------------------------------------------------------------
+
+
+async def test_a_session_waiting_on_postgres_does_not_hold_up_other_sessions(
+    store: PostgresStore,
+) -> None:
+    finished: list[str] = []
+
+    def slow(ctx: ToolContext) -> str:
+        """Waits on the server for a while."""
+        ctx.store.execute("SELECT pg_sleep(0.6)")
+        return "slept"
+
+    sleeper = one_tool_agent(slow)
+    quick = turnkit.Agent(name="q", model=ScriptedModel(respond=lambda m: "quick"))
+    async with turnkit.Runtime([sleeper, quick], store=store) as rt:
+
+        async def run_slow() -> None:
+            await rt.session("a", "sleeper").turn("go")
+            finished.append("sleeper")
+
+        async def run_quick(session_id: str) -> None:
+            session = rt.session("q", session_id)
+            for i in range(5):
+                await session.turn(f"quick {i}")
+            finished.append(session_id)
+
+        await asyncio.gather(run_slow(), *(run_quick(f"quick-{i}") for i in range(3)))
+    # Fifteen turns of three other sessions finished while one step slept on the server.
+    assert finished[-1] == "sleeper", finished
+
+
+# -- one writer per session across processes -------------------------------------------
+
+
+async def test_a_second_process_waits_for_the_session_and_never_interleaves(
+    pg_dsn: str, pg_schema: str, tmp_path: Path
+) -> None:
+    child = subprocess.Popen(
+        [sys.executable, str(CHILD), pg_dsn, pg_schema, str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        for _ in range(3000):
+            if (tmp_path / "holding").exists() or child.poll() is not None:
+                break
+            await asyncio.sleep(0.01)
+        assert (tmp_path / "holding").exists(), child.communicate()
+        # The child is mid-turn: its tool call is out, the result not yet committed.
+        store = PostgresStore(pg_dsn, schema=pg_schema, busy_timeout=0.3)
+        agent = turnkit.Agent(name="a", model=ScriptedModel(respond=lambda m: "parent"))
+        async with turnkit.Runtime(agent, store=store) as rt:
+            session = rt.session("a", "s1")
+            with pytest.raises(turnkit.SessionBusyError, match="another process"):
+                await session.result(session.start("too early"))
+            before = await session.messages()
+            assert [m.role for m in before] == ["user", "assistant"]  # nothing of ours
+            # Now wait instead of refusing: release the child while we queue.
+            store.busy_timeout = 60.0
+            tid = session.start("parent")
+            await asyncio.sleep(0.2)
+            (tmp_path / "release").touch()
+            assert (await session.result(tid)).text == "parent"
+            roles = [(m.role, m.turn_id == tid) for m in await session.messages()]
+        out, err = child.communicate(timeout=60)
+        assert child.returncode == 0, err
+        assert out.strip() == "child done"
+        # The child's turn is whole and comes first; ours follows it.
+        assert roles == [
+            ("user", False),
+            ("assistant", False),
+            ("tool", False),
+            ("assistant", False),
+            ("user", True),
+            ("assistant", True),
+        ]
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.communicate()
+
+
+async def test_a_writer_that_lost_its_lock_is_fenced_off(pg_dsn: str, pg_schema: str) -> None:
+    """Process A's lock connection dies mid-turn; B takes the session over; A's next
+    commit must fail without writing, and B's turn stays whole."""
+    gate = asyncio.Event()
+    reached = asyncio.Event()
+
+    @tool
+    async def wait_gate() -> str:
+        """Blocks until the test opens the gate."""
+        reached.set()
+        await gate.wait()
+        return "open"
+
+    def respond(messages: Any) -> Any:
+        last = messages[-1]
+        if isinstance(last, UserMessage) and last.text == "a":
+            return ScriptedReply(tool_calls=[tool_call("wait_gate")])
+        return "answer"
+
+    agent = turnkit.Agent(name="a", model=ScriptedModel(respond=respond), tools=[wait_gate])
+    store_a = PostgresStore(pg_dsn, schema=pg_schema)
+    store_b = PostgresStore(pg_dsn, schema=pg_schema, busy_timeout=10)
+    async with (
+        turnkit.Runtime(agent, store=store_a) as rt_a,
+        turnkit.Runtime(agent, store=store_b) as rt_b,
+    ):
+        session_a = rt_a.session("a", "s1")
+        tid_a = session_a.start("a")
+        await reached.wait()
+        assert store_a._lock_conn is not None
+        with connect(pg_dsn) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", (store_a._lock_conn.info.backend_pid,))
+        # B can now take the lock; its turn supersedes A's unfinished one.
+        assert await rt_b.session("a", "s1").turn("b") == "answer"
+        gate.set()
+        with pytest.raises(turnkit.SessionBusyError, match="took over"):
+            await session_a.result(tid_a)
+        messages = await rt_b.session("a", "s1").messages()
+    # A's tool result never landed: B closed A's open call and ran its own turn.
+    assert [(m.role, m.turn_id == tid_a) for m in messages] == [
+        ("user", True),
+        ("assistant", True),
+        ("tool", True),
+        ("user", False),
+        ("assistant", False),
+    ]
+    assert isinstance(messages[2], turnkit.ToolMessage) and messages[2].is_error
+
+
+# -- connection loss ----------------------------------------------------------------
+
+
+async def test_a_connection_killed_inside_a_step_fails_it_cleanly_and_a_redelivery_completes(
+    store: PostgresStore,
+) -> None:
+    kills = iter([True])
+
+    def order(ctx: ToolContext) -> str:
+        """Writes an app row; the first time, its connection is killed mid-step."""
+        ctx.store.execute("CREATE TABLE IF NOT EXISTS orders (turn_id text, call_id text)")
+        ctx.store.execute("INSERT INTO orders VALUES (?, ?)", (ctx.turn_id, ctx.call_id))
+        if next(kills, False):
+            ctx.store.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+        return "ordered"
+
+    async with turnkit.Runtime(one_tool_agent(order), store=store) as rt:
+        session = rt.session("a", "s1")
+        tid = session.start("go")
+        with pytest.raises(turnkit.StoreError, match="lost the database connection"):
+            await session.result(tid)
+        # Nothing of the tool step committed: the opening and the model step did.
+        assert [m.role for m in await session.messages()] == ["user", "assistant"]
+        session.start("go", turn_id=tid)
+        assert (await session.result(tid)).text == "done"
+        assert [m.role for m in await session.messages()] == [
+            "user",
+            "assistant",
+            "tool",
+            "assistant",
+        ]
+    with connect(store.dsn) as conn:
+        rows = conn.execute(f'SELECT count(*) FROM "{store.schema}".orders').fetchone()
+    assert rows == (1,)
+
+
+async def test_connections_killed_between_steps_are_replaced_without_failing_the_turn(
+    store: PostgresStore,
+) -> None:
+    gate = asyncio.Event()
+    reached = asyncio.Event()
+
+    @tool
+    async def wait_gate() -> str:
+        """Blocks until the test opens the gate."""
+        reached.set()
+        await gate.wait()
+        return "open"
+
+    def respond(messages: Any) -> Any:
+        if isinstance(messages[-1], UserMessage):
+            return ScriptedReply(tool_calls=[tool_call("wait_gate")])
+        return "through"
+
+    agent = turnkit.Agent(name="a", model=ScriptedModel(respond=respond), tools=[wait_gate])
+    async with turnkit.Runtime(agent, store=store) as rt:
+        session = rt.session("a", "s1")
+        tid = session.start("go")
+        await reached.wait()
+        with connect(store.dsn) as admin:
+            killed = admin.execute(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE application_name = %s",
+                (f"turnkit-{store.schema}",),
+            ).fetchone()
+        assert killed is not None and killed[0] >= 1
+        gate.set()
+        assert (await session.result(tid)).text == "through"
+        assert [m.role for m in await session.messages()] == [
+            "user",
+            "assistant",
+            "tool",
+            "assistant",
+        ]
