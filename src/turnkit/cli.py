@@ -18,7 +18,10 @@ from typing import TextIO
 from ._errors import TurnkitError
 from ._events import TurnEvent
 from ._loader import AgentFolder
+from ._model import Model
 from ._runtime import Runtime
+from .models import demo_model
+from .models._env import configured
 from .stores import SqliteStore
 
 DEFAULT_STORE = os.path.join(".turnkit", "sessions.db")
@@ -70,9 +73,7 @@ class TerminalRenderer:
 
 async def _run(args: argparse.Namespace) -> int:
     folder = AgentFolder.read(args.agent_dir)
-    agent = folder.agent()
-    if folder.model is None:
-        print("turnkit: no model configured; using the offline demo model", file=sys.stderr)
+    agent = folder.agent(_model_for(folder))
     store_path = Path(args.store)
     store_path.parent.mkdir(parents=True, exist_ok=True)
     renderer = TerminalRenderer(sys.stdout)
@@ -87,6 +88,20 @@ async def _run(args: argparse.Namespace) -> int:
         print(f"turnkit: turn failed: {result.error}", file=sys.stderr)
         return 1
     return 0
+
+
+def _model_for(folder: AgentFolder) -> Model | None:
+    """The model to run when the folder names none: the environment's (``from_env``'s
+    rule), else the folder's ``demo_model()``, else the generic offline demo."""
+    if folder.model is not None:
+        return None
+    found = configured()
+    if found is not None:
+        model, choice = found
+        print(f"turnkit: using {choice.label} ({choice.because})", file=sys.stderr)
+        return model
+    print("turnkit: no model configured; using the offline demo model", file=sys.stderr)
+    return None if folder.demo_model is not None else demo_model()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -56,8 +56,8 @@ def arguments_call(call_id: str, name: str, raw: str | None) -> ToolCall:
 def _unreadable(call_id: str, name: str, text: str, why: str) -> ToolCall:
     shown = text if len(text) <= MAX_ECHO_CHARS else text[:MAX_ECHO_CHARS] + "…"
     problem = (
-        f"invalid arguments for {name}: they were {why}, so the tool did not run. "
-        f"You sent: {shown}. Call {name} again with a JSON object that fits its input schema."
+        f"invalid arguments for {name}: they were {why}, so the tool did not run; call "
+        f"{name} again with a JSON object that fits its input schema. Received: {shown}"
     )
     state: JsonObject = {INPUT_ERROR: problem}
     return ToolCall(id=call_id, name=name, input={}, provider_state=state)
