@@ -1,0 +1,472 @@
+"""The store conformance suite: the seam's contract as pytest tests, for any ``Store``.
+
+turnkit runs it on ``MemoryStore``, ``SqliteStore`` and ``PostgresStore``; a
+third-party backend runs the very same tests by importing them into one of its
+test modules and providing one fixture::
+
+    import pytest
+    from turnkit.testing.conformance import *  # noqa: F403 - the suite's tests
+    from turnkit.testing.conformance import StoreUnderTest
+
+    @pytest.fixture
+    def conformance_store(tmp_path):
+        return StoreUnderTest(factory=lambda: MyStore(tmp_path / "db"), rollback=True)
+
+``factory()`` must return a new, unopened store object over the *same* data each
+time it is called, the way a new process would see it. Set ``rollback=False`` or
+``sql=False`` for a backend that, by design, lacks a rollback or a SQL handle: the
+suite then checks that it lacks them honestly (writes stay, ``unwrap()`` is
+``None`` and ``execute`` raises ``FatalToolError``). SQL handles are driven with
+``?`` placeholders and portable SQL. Needs pytest and pytest-asyncio.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from .._agent import Agent
+from .._context import ToolContext
+from .._errors import FatalToolError, StoreError
+from .._events import TurnCompletedEvent, TurnStartedEvent
+from .._messages import AssistantMessage, Message, ToolMessage, UserMessage
+from .._runtime import Runtime
+from .._store import SessionStore, Store, Transaction, TurnRecord
+from .._tools import tool
+from ._crashing import CrashingStore
+from ._scripted import ScriptedModel, ScriptedReply, tool_call
+
+__all__ = [
+    "StoreUnderTest",
+    "test_conformance_a_crash_at_any_commit_is_recovered_by_redelivery",
+    "test_conformance_a_failed_commit_reraises_unchanged",
+    "test_conformance_a_taken_position_or_step_is_refused",
+    "test_conformance_commit_writes_read_back",
+    "test_conformance_data_survives_reopening",
+    "test_conformance_events_filter_by_turn_and_sequence",
+    "test_conformance_local_tool_rows_commit_or_roll_back_with_the_step",
+    "test_conformance_sessions_are_isolated_and_listed",
+    "test_conformance_sql_handle_or_its_honest_absence",
+    "test_conformance_turn_with_tools_checkpoints_and_replays",
+    "test_conformance_unfinished_turns_oldest_first",
+    "test_conformance_updating_a_missing_turn_is_refused",
+    "test_conformance_writer_is_exclusive_per_session",
+]
+
+
+@dataclass(frozen=True)
+class StoreUnderTest:
+    """A backend for the suite: how to make it, and what it offers by design."""
+
+    factory: Callable[[], Store]
+    #: A failed ``commit`` undoes the writes ``work`` made before raising.
+    rollback: bool = True
+    #: ``tx.handle`` is a SQL connection: ``execute`` (with ``?``) joins the transaction.
+    sql: bool = True
+
+
+@asynccontextmanager
+async def _opened(under: StoreUnderTest) -> AsyncIterator[Store]:
+    store = under.factory()
+    await store.open()
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
+def _record(session_id: str, turn_id: str, *, created_at: float = 1.0) -> TurnRecord:
+    return TurnRecord(
+        session_id=session_id,
+        turn_id=turn_id,
+        agent="a",
+        status="running",
+        opening=UserMessage(text=f"open {turn_id}", turn_id=turn_id).to_dict(),
+        created_at=created_at,
+    )
+
+
+async def _open_turn(session: SessionStore, turn_id: str, index: int = 0, **kw: Any) -> None:
+    opening = UserMessage(text=f"open {turn_id}", turn_id=turn_id)
+
+    def work(tx: Transaction) -> None:
+        tx.append_message(index, opening)
+        tx.open_turn(_record(session.session_id, turn_id, **kw))
+
+    await session.commit(work)
+
+
+class _Boom(Exception):
+    pass
+
+
+# -- the store seam ---------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_conformance_commit_writes_read_back(conformance_store: StoreUnderTest) -> None:
+    async with _opened(conformance_store) as store:
+        session = store.session("s1")
+        assert await session.status() == "new"
+        assert await session.messages() == []
+        await _open_turn(session, "t1")
+        assert await session.status() == "running"
+        reply = AssistantMessage(text="hi", turn_id="t1")
+        started = TurnStartedEvent(turn_id="t1", session_id="s1", text="open t1", seq=1)
+        done = TurnCompletedEvent(turn_id="t1", session_id="s1", text="hi", seq=2)
+
+        def work(tx: Transaction) -> None:
+            tx.put_step("model:1", "t1", {"text": "hi", "nested": [1, {"a": None}]})
+            tx.append_message(1, reply)
+            tx.log_event(started)
+            tx.log_event(done)
+            tx.set_turn_status("t1", "completed", text="hi")
+
+        await session.commit(work)
+        snap = await session.load("t1")
+        assert snap.messages == [UserMessage(text="open t1", turn_id="t1"), reply]
+        assert snap.steps == {"model:1": {"text": "hi", "nested": [1, {"a": None}]}}
+        assert snap.turn is not None and snap.turn.status == "completed"
+        assert snap.turn.text == "hi" and snap.turn.agent == "a"
+        assert snap.agent == "a" and snap.next_seq == 3
+        assert await session.events() == [started, done]
+        assert await session.status() == "idle"
+        record = await session.turn("t1")
+        assert record is not None and record.finished_at is not None
+        assert await session.turn("missing") is None
+
+
+@pytest.mark.asyncio
+async def test_conformance_a_failed_commit_reraises_unchanged(
+    conformance_store: StoreUnderTest,
+) -> None:
+    async with _opened(conformance_store) as store:
+        session = store.session("s1")
+        await _open_turn(session, "t1")
+        boom = _Boom("from work")
+
+        def work(tx: Transaction) -> None:
+            tx.put_step("model:1", "t1", {"text": "x"})
+            tx.append_message(1, AssistantMessage(text="x", turn_id="t1"))
+            raise boom
+
+        with pytest.raises(_Boom) as caught:
+            await session.commit(work)
+        assert caught.value is boom  # the engine tells tool failures apart by type
+        snap = await session.load("t1")
+        if conformance_store.rollback:
+            assert len(snap.messages) == 1 and snap.steps == {}
+        else:  # lacking by design: what work wrote before raising stays
+            assert len(snap.messages) == 2 and "model:1" in snap.steps
+
+
+@pytest.mark.asyncio
+async def test_conformance_a_taken_position_or_step_is_refused(
+    conformance_store: StoreUnderTest,
+) -> None:
+    async with _opened(conformance_store) as store:
+        session = store.session("s1")
+        await _open_turn(session, "t1")
+
+        def taken_position(tx: Transaction) -> None:
+            tx.append_message(0, UserMessage(text="again", turn_id="t1"))
+
+        def repeated_step(tx: Transaction) -> None:
+            tx.put_step("model:1", "t1", {"text": "first"})
+            tx.put_step("model:1", "t1", {"text": "second"})
+
+        with pytest.raises(StoreError):
+            await session.commit(taken_position)
+        with pytest.raises(StoreError):
+            await session.commit(repeated_step)
+        snap = await session.load("t1")
+        assert snap.messages == [UserMessage(text="open t1", turn_id="t1")]
+        if conformance_store.rollback:
+            assert snap.steps == {}
+        else:
+            assert snap.steps == {"model:1": {"text": "first"}}
+
+
+@pytest.mark.asyncio
+async def test_conformance_updating_a_missing_turn_is_refused(
+    conformance_store: StoreUnderTest,
+) -> None:
+    async with _opened(conformance_store) as store:
+        session = store.session("s1")
+        with pytest.raises(StoreError, match="no turn"):
+            await session.commit(lambda tx: tx.set_turn_status("ghost", "completed", text="x"))
+        assert await session.status() == "new"
+
+
+@pytest.mark.asyncio
+async def test_conformance_events_filter_by_turn_and_sequence(
+    conformance_store: StoreUnderTest,
+) -> None:
+    async with _opened(conformance_store) as store:
+        session = store.session("s1")
+        events = [
+            TurnStartedEvent(turn_id=tid, session_id="s1", text=tid, seq=seq)
+            for seq, tid in enumerate(["t1", "t2", "t1", "t2"], start=1)
+        ]
+
+        def work(tx: Transaction) -> None:
+            for event in events:
+                tx.log_event(event)
+
+        await session.commit(work)
+        assert await session.events() == events
+        assert await session.events(turn_id="t1") == [events[0], events[2]]
+        assert await session.events(after=2) == events[2:]
+        assert await session.events(turn_id="t2", after=2) == [events[3]]
+        assert (await session.load()).next_seq == 5
+
+
+@pytest.mark.asyncio
+async def test_conformance_sessions_are_isolated_and_listed(
+    conformance_store: StoreUnderTest,
+) -> None:
+    async with _opened(conformance_store) as store:
+        one, two = store.session("s1"), store.session("s2")
+        await _open_turn(one, "t1")
+        await _open_turn(two, "t1")  # the same turn id in another session is another turn
+        await one.commit(lambda tx: tx.set_turn_status("t1", "completed", text="done"))
+        assert await one.status() == "idle" and await two.status() == "running"
+        assert len(await one.messages()) == 1 and len(await two.messages()) == 1
+        listed = {(i.session_id, i.agent, i.status) for i in await store.sessions()}
+        assert listed == {("s1", "a", "idle"), ("s2", "a", "running")}
+
+
+@pytest.mark.asyncio
+async def test_conformance_unfinished_turns_oldest_first(
+    conformance_store: StoreUnderTest,
+) -> None:
+    async with _opened(conformance_store) as store:
+        await _open_turn(store.session("late"), "t2", created_at=20.0)
+        await _open_turn(store.session("early"), "t1", created_at=10.0)
+        await _open_turn(store.session("done"), "t3", created_at=5.0)
+        await store.session("done").commit(lambda tx: tx.set_turn_status("t3", "failed", error="x"))
+        assert [t.turn_id for t in await store.unfinished_turns()] == ["t1", "t2"]
+
+
+@pytest.mark.asyncio
+async def test_conformance_data_survives_reopening(conformance_store: StoreUnderTest) -> None:
+    async with _opened(conformance_store) as store:
+        await _open_turn(store.session("s1"), "t1")
+    async with _opened(conformance_store) as store:
+        snap = await store.session("s1").load("t1")
+        assert snap.turn is not None and snap.turn.status == "running"
+        assert snap.messages == [UserMessage(text="open t1", turn_id="t1")]
+
+
+@pytest.mark.asyncio
+async def test_conformance_writer_is_exclusive_per_session(
+    conformance_store: StoreUnderTest,
+) -> None:
+    async with _opened(conformance_store) as store:
+        order: list[str] = []
+        inside = asyncio.Event()
+        leave = asyncio.Event()
+
+        async def first() -> None:
+            async with store.session("s1").writer():
+                order.append("first in")
+                inside.set()
+                await leave.wait()
+                order.append("first out")
+
+        async def second() -> None:
+            await inside.wait()
+            async with store.session("s1").writer():
+                order.append("second in")
+
+        async def other_session() -> None:
+            await inside.wait()
+            async with store.session("s2").writer():
+                order.append("other session in")
+            leave.set()
+
+        await asyncio.gather(first(), second(), other_session())
+        assert order == ["first in", "other session in", "first out", "second in"]
+
+
+@pytest.mark.asyncio
+async def test_conformance_sql_handle_or_its_honest_absence(
+    conformance_store: StoreUnderTest,
+) -> None:
+    async with _opened(conformance_store) as store:
+        session = store.session("s1")
+        if not conformance_store.sql:
+
+            def probe(tx: Transaction) -> None:
+                assert tx.handle.unwrap() is None
+                with pytest.raises(FatalToolError):
+                    tx.handle.execute("SELECT 1")
+
+            await session.commit(probe)
+            return
+
+        def create(tx: Transaction) -> list[tuple[Any, ...]]:
+            assert tx.handle.unwrap() is not None
+            tx.handle.execute("CREATE TABLE conformance_rows (k TEXT PRIMARY KEY, v INTEGER)")
+            tx.handle.execute("INSERT INTO conformance_rows (k, v) VALUES (?, ?)", ("a", 1))
+            return tx.handle.execute("SELECT k, v FROM conformance_rows WHERE v = ?", (1,))
+
+        assert await session.commit(create) == [("a", 1)]
+
+        def write_then_fail(tx: Transaction) -> None:
+            tx.handle.execute("INSERT INTO conformance_rows (k, v) VALUES (?, ?)", ("b", 2))
+            raise _Boom("after the insert")
+
+        with pytest.raises(_Boom):
+            await session.commit(write_then_fail)
+
+        def read(tx: Transaction) -> list[tuple[Any, ...]]:
+            return tx.handle.execute("SELECT k FROM conformance_rows ORDER BY k")
+
+        expected = [("a",)] if conformance_store.rollback else [("a",), ("b",)]
+        assert await session.commit(read) == expected
+
+
+# -- the engine on the store ---------------------------------------------------------
+
+
+def _order_agent(counter: list[str]) -> Agent:
+    @tool
+    def place(item: str) -> str:
+        """Places an order (local)."""
+        counter.append(item)
+        return f"placed {item}"
+
+    @tool
+    async def ship(item: str) -> str:
+        """Ships it (remote)."""
+        return f"shipped {item}"
+
+    def respond(messages: Any) -> Any:
+        done = [m for m in messages if isinstance(m, ToolMessage)]
+        if not done or isinstance(messages[-1], UserMessage):
+            return ScriptedReply(text="placing", tool_calls=[tool_call("place", {"item": "x"})])
+        if len(done) == 1:
+            return ScriptedReply(tool_calls=[tool_call("ship", {"item": "x"})])
+        return "x is on its way"
+
+    return Agent(name="a", model=ScriptedModel(respond=respond), tools=[place, ship])
+
+
+def _roles(messages: list[Message]) -> list[str]:
+    return [m.role for m in messages]
+
+
+@pytest.mark.asyncio
+async def test_conformance_turn_with_tools_checkpoints_and_replays(
+    conformance_store: StoreUnderTest,
+) -> None:
+    placed: list[str] = []
+    async with Runtime(_order_agent(placed), store=conformance_store.factory()) as rt:
+        session = rt.session("a", "s1")
+        tid = session.start("order x")
+        assert (await session.result(tid)).text == "x is on its way"
+        session.start("order x", turn_id=tid)  # a redelivery runs nothing again
+        assert (await session.result(tid)).text == "x is on its way"
+        messages = await session.messages()
+    assert _roles(messages) == ["user", "assistant", "tool", "assistant", "tool", "assistant"]
+    assert placed == ["x"]
+    async with Runtime(_order_agent(placed), store=conformance_store.factory()) as rt:
+        assert await rt.session("a", "s1").messages() == messages
+        assert await rt.session("a", "s1").status() == "idle"
+
+
+@pytest.mark.asyncio
+async def test_conformance_a_crash_at_any_commit_is_recovered_by_redelivery(
+    conformance_store: StoreUnderTest,
+) -> None:
+    """Interrupt the delivery at every commit boundary (a store outage at the seam),
+    then redeliver on a reopened store: the turn completes exactly as an
+    uninterrupted one, and the local tool's work is recorded once."""
+
+    class Outage(Exception):
+        pass
+
+    def outage() -> None:
+        raise Outage("the store went away")
+
+    # A reference run counts the commits of one turn.
+    counting = CrashingStore(conformance_store.factory())
+    async with Runtime(_order_agent([]), store=counting) as rt:
+        await rt.session("a", "reference").turn("order x")
+    commits = counting.commits
+    assert commits >= 5
+    for k in range(1, commits + 1):
+        for when in ("before", "after"):
+            sid = f"crash-{k}-{when}"
+            placed: list[str] = []
+            crashing = CrashingStore(
+                conformance_store.factory(), crash_at=k, when=when, on_crash=outage
+            )
+            async with Runtime(_order_agent(placed), store=crashing) as rt:
+                session = rt.session("a", sid)
+                tid = session.start("order x")
+                try:
+                    await session.result(tid)
+                except Exception as exc:
+                    assert isinstance(exc, Outage), exc
+            async with Runtime(_order_agent(placed), store=conformance_store.factory()) as rt:
+                session = rt.session("a", sid)
+                session.start("order x", turn_id=tid)
+                result = await session.result(tid)
+                messages = await session.messages()
+            where = f"interrupted {when} commit {k}"
+            assert result.text == "x is on its way", where
+            assert _roles(messages) == [
+                "user",
+                "assistant",
+                "tool",
+                "assistant",
+                "tool",
+                "assistant",
+            ], where
+            if conformance_store.rollback:
+                # Only a kill after the tool ran but before its commit reruns it.
+                assert 1 <= len(placed) <= 2, where
+            assert not any(isinstance(m, ToolMessage) and m.is_error for m in messages), where
+
+
+@pytest.mark.asyncio
+async def test_conformance_local_tool_rows_commit_or_roll_back_with_the_step(
+    conformance_store: StoreUnderTest,
+) -> None:
+    if not conformance_store.sql:
+        pytest.skip("this backend has no SQL handle by design (checked above)")
+
+    @tool
+    def record(n: int, ctx: ToolContext) -> str:
+        """Writes an app row, failing for odd numbers after writing."""
+        ctx.store.execute("CREATE TABLE IF NOT EXISTS conformance_app (n INTEGER)")
+        ctx.store.execute("INSERT INTO conformance_app (n) VALUES (?)", (n,))
+        if n % 2:
+            raise ValueError(f"{n} is odd")
+        return "ok"
+
+    def respond(messages: Any) -> Any:
+        if isinstance(messages[-1], UserMessage):
+            return ScriptedReply(
+                tool_calls=[tool_call("record", {"n": 2}), tool_call("record", {"n": 3})]
+            )
+        return "recorded"
+
+    agent = Agent(name="a", model=ScriptedModel(respond=respond), tools=[record])
+    async with Runtime(agent, store=conformance_store.factory()) as rt:
+        assert await rt.session("a", "s1").turn("go") == "recorded"
+        results = [m for m in await rt.session("a", "s1").messages() if m.role == "tool"]
+
+        def read(tx: Transaction) -> list[tuple[Any, ...]]:
+            return tx.handle.execute("SELECT n FROM conformance_app ORDER BY n")
+
+        rows = await rt.store.session("check").commit(read)
+    assert [getattr(m, "is_error", None) for m in results] == [False, True]
+    assert rows == [(2,)]  # the failing call's row rolled back with its step

@@ -1,0 +1,20 @@
+"""The store conformance suite (``turnkit.testing.conformance``) on every built-in store.
+
+This module is also the example of how a third-party store runs the suite: import
+its tests and provide the ``conformance_store`` fixture.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from turnkit.testing.conformance import *  # noqa: F403 - the suite's tests
+from turnkit.testing.conformance import StoreUnderTest
+
+
+@pytest.fixture
+def conformance_store(store_kind: str, make_store: object) -> StoreUnderTest:
+    # The in-memory store has no rollback and no SQL handle by design; the suite then
+    # checks that it lacks them honestly.
+    durable = store_kind != "memory"
+    return StoreUnderTest(factory=make_store, rollback=durable, sql=durable)  # type: ignore[arg-type]
