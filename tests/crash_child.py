@@ -2,7 +2,10 @@
 
 Usage::
 
-    python crash_child.py DB_PATH CRASH_AT WHEN MODE
+    python crash_child.py STORE CRASH_AT WHEN MODE
+
+``STORE`` is a SQLite file path, or ``postgres:SCHEMA:WORK_DIR`` for PostgreSQL
+(the server named by ``TURNKIT_TEST_POSTGRES_DSN``, turnkit's tables in ``SCHEMA``).
 
 ``CRASH_AT`` is the commit number (counted by ``CrashingStore`` across all sessions,
 commit 1 being the turn's opening) at which the process SIGKILLs itself; ``0`` means
@@ -19,7 +22,7 @@ never. ``WHEN`` is ``before`` or ``after`` that commit. ``MODE`` is
 A process that is not killed prints one JSON object on stdout: the commit count
 after the first turn, both turns' results and, in ``recover`` mode, what
 ``recover()`` returned. The remote tool appends one line per run (the idempotency key
-it got and the commit count before it) to ``DB_PATH.remote.log``.
+it got and the commit count before it) to ``remote_log_path(STORE)``.
 
 The model answers with ``ScriptedModel(respond=...)``: every reply is derived from
 the transcript alone, so a replay in a fresh process asks for the same calls and
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict
@@ -45,7 +49,7 @@ from turnkit import (
     UserMessage,
     tool,
 )
-from turnkit.stores import SqliteStore
+from turnkit.stores import SqliteStore, Store
 from turnkit.testing import CrashingStore, ScriptedModel, ScriptedReply, tool_call
 
 AGENT = "ops"
@@ -67,16 +71,34 @@ _ORDERS_SCHEMA = (
 def create_order(item: str, ctx: ToolContext) -> dict[str, object]:
     """Place an order for `item`; returns the new order id (local: runs in the step tx)."""
     ctx.store.execute(_ORDERS_SCHEMA)
+    # Portable SQL, so the same tool runs on SQLite and PostgreSQL unchanged.
     rows = ctx.store.execute(
-        "INSERT INTO orders (item, turn_id, call_id) VALUES (?, ?, ?) RETURNING id",
+        "INSERT INTO orders (id, item, turn_id, call_id) "
+        "SELECT coalesce(max(id), 0) + 1, ?, ?, ? FROM orders RETURNING id",
         (item, ctx.turn_id, ctx.call_id),
     )
     return {"order_id": rows[0][0], "item": item}
 
 
-def remote_log_path(db: str) -> str:
+def remote_log_path(spec: str) -> str:
     """Where ``check_orders`` logs each run: a remote service's own record of requests."""
-    return db + ".remote.log"
+    if spec.startswith("postgres:"):
+        _, schema, work_dir = spec.split(":", 2)
+        return os.path.join(work_dir, f"{schema}.remote.log")
+    return spec + ".remote.log"
+
+
+def open_store(spec: str) -> Store:
+    if spec.startswith("postgres:"):
+        from turnkit.stores import PostgresStore
+
+        schema = spec.split(":", 2)[1]
+        return PostgresStore(os.environ["TURNKIT_TEST_POSTGRES_DSN"], schema=schema)
+    return SqliteStore(spec)
+
+
+#: Set by ``main``: the store spec this process runs on.
+SPEC = ""
 
 
 @tool
@@ -85,7 +107,7 @@ async def check_orders(order_ids: list[int], ctx: ToolContext) -> dict[str, obje
     await asyncio.sleep(0)  # stands in for a request to a remote service
     store = ctx.runtime.store
     # One line per run: the key it was sent and how many commits preceded it.
-    with open(remote_log_path(store.inner.path), "a") as log:
+    with open(remote_log_path(SPEC), "a") as log:
         log.write(f"{ctx.idempotency_key} {store.commits}\n")
     return {
         "statuses": {str(i): "packed" if i % 2 else "shipped" for i in order_ids},
@@ -153,8 +175,10 @@ def build_agent() -> Agent:
     )
 
 
-async def main(db: str, crash_at: int, when: Literal["before", "after"], mode: str) -> None:
-    store = CrashingStore(SqliteStore(db), crash_at=crash_at or None, when=when)
+async def main(spec: str, crash_at: int, when: Literal["before", "after"], mode: str) -> None:
+    global SPEC
+    SPEC = spec
+    store = CrashingStore(open_store(spec), crash_at=crash_at or None, when=when)
     out: dict[str, Any] = {"mode": mode}
     async with Runtime([build_agent()], store=store) as runtime:
         session = runtime.session(AGENT, SESSION)

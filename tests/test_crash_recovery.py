@@ -2,12 +2,13 @@
 
 ``crash_child.py`` runs one turn (a batch of three local ``create_order`` calls, one
 remote call, a final answer built from the tool results) over
-``CrashingStore(SqliteStore(db))``. A reference run without a crash gives the number
+``CrashingStore(SqliteStore(db))``, and again over ``PostgresStore``. A reference run without a crash gives the number
 of commits ``N`` and the expected answers. Then, for every commit ``k`` in ``1..N``,
 killed just before and just after it, a fresh child on a fresh database is killed
 and a second fresh process recovers the turn, once by redelivering it and once with
 ``runtime.recover()``, and runs a second turn. The database is then read directly
-with ``sqlite3`` and must hold exactly what one uninterrupted run would have written.
+with ``sqlite3`` (or psycopg) and must hold exactly what one uninterrupted run would
+have written.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ import sqlite3
 import subprocess
 import sys
 from collections import Counter
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +35,7 @@ from crash_child import (
     TURN_TEXT,
     remote_log_path,
 )
+from postgres_support import drop_schema, new_schema, postgres_dsn
 
 pytestmark = pytest.mark.slow
 
@@ -45,8 +48,52 @@ RECOVERY_MODES = ("redeliver", "recover")
 EXPECTED_COMMITS = 1 + 3 + 4
 
 
+@dataclass
+class Backend:
+    """Where a crash run keeps its data: a SQLite file, or a PostgreSQL schema."""
+
+    kind: str
+    dsn: str = ""
+    schemas: list[str] = field(default_factory=list)
+
+    def spec(self, tmp: Path, name: str) -> str:
+        if self.kind == "sqlite":
+            return str(tmp / f"{name}.db")
+        schema = new_schema()
+        self.schemas.append(schema)
+        return f"postgres:{schema}:{tmp}"
+
+    def query(self, spec: str, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        """One read of the run's tables, straight from the database."""
+        if self.kind == "sqlite":
+            conn = sqlite3.connect(spec)
+            try:
+                return conn.execute(sql, tuple(params)).fetchall()
+            finally:
+                conn.close()
+        import psycopg
+
+        from turnkit.stores.postgres import qmark_to_pyformat
+
+        schema = spec.split(":", 2)[1]
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            conn.execute(f'SET search_path TO "{schema}"')
+            return conn.execute(qmark_to_pyformat(sql), tuple(params)).fetchall()
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
+    b = Backend(kind=request.param)
+    if b.kind == "postgres":
+        b.dsn = postgres_dsn()
+    yield b
+    for schema in b.schemas:
+        drop_schema(b.dsn, schema)
+
+
 @dataclass(frozen=True)
 class Reference:
+    backend: Backend
     commits: int
     turn1: dict[str, Any]
     turn2: dict[str, Any]
@@ -56,17 +103,17 @@ class Reference:
     remote_commit: int
 
 
-def remote_runs(db: Path) -> list[tuple[str, int]]:
+def remote_runs(db: str) -> list[tuple[str, int]]:
     """What ``check_orders`` logged: (idempotency key, commits before it) per run."""
-    log = Path(remote_log_path(str(db)))
+    log = Path(remote_log_path(db))
     if not log.exists():
         return []
     return [(key, int(n)) for key, n in (line.split() for line in log.read_text().splitlines())]
 
 
-def run_child(db: Path, crash_at: int, when: str, mode: str) -> subprocess.CompletedProcess[str]:
+def run_child(db: str, crash_at: int, when: str, mode: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, str(CHILD), str(db), str(crash_at), when, mode],
+        [sys.executable, str(CHILD), db, str(crash_at), when, mode],
         capture_output=True,
         text=True,
         timeout=CHILD_TIMEOUT,
@@ -85,12 +132,13 @@ def child_output(proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> Reference:
-    db = tmp_path_factory.mktemp("reference") / "turnkit.db"
+def reference(backend: Backend, tmp_path_factory: pytest.TempPathFactory) -> Reference:
+    db = backend.spec(tmp_path_factory.mktemp("reference"), "turnkit")
     out = child_output(run_child(db, 0, "before", "run"))
     runs = remote_runs(db)
     assert len(runs) == 1, runs
     ref = Reference(
+        backend=backend,
         commits=out["commits"],
         turn1=out["turn1"],
         turn2=out["turn2"],
@@ -105,10 +153,10 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Reference:
 # -- reading the database directly --------------------------------------------------
 
 
-def read_messages(conn: sqlite3.Connection) -> list[dict[str, Any]]:
-    rows = conn.execute(
-        "SELECT idx, body FROM turnkit_messages WHERE session_id = ? ORDER BY idx", (SESSION,)
-    ).fetchall()
+def read_messages(db: str, ref: Reference) -> list[dict[str, Any]]:
+    rows = ref.backend.query(
+        db, "SELECT idx, body FROM turnkit_messages WHERE session_id = ? ORDER BY idx", (SESSION,)
+    )
     assert [r[0] for r in rows] == list(range(len(rows))), "transcript indexes have gaps"
     return [json.loads(r[1]) for r in rows]
 
@@ -147,64 +195,60 @@ def check_transcript_valid(messages: list[dict[str, Any]]) -> None:
                 i += 1
 
 
-def check_database(db: Path, ref: Reference) -> None:
-    conn = sqlite3.connect(db)
-    try:
-        messages = read_messages(conn)
-        check_transcript_valid(messages)
+def check_database(db: str, ref: Reference) -> None:
+    query = ref.backend.query
+    messages = read_messages(db, ref)
+    check_transcript_valid(messages)
 
-        first = [m for m in messages if m["turn_id"] == TURN_ID]
-        second = [m for m in messages if m["turn_id"] == SECOND_TURN_ID]
-        assert messages == first + second, "the transcript holds something besides the two turns"
-        roles = Counter(m["role"] for m in first)
-        assert roles == {"user": 1, "assistant": 3, "tool": 4}, roles
-        assert first[0] == {"role": "user", "turn_id": TURN_ID, "text": TURN_TEXT}
-        assert [m["role"] for m in second] == ["user", "assistant", "tool", "assistant"]
-        assert second[0]["text"] == SECOND_TEXT
-        assert not any(m.get("is_error") for m in messages), "a tool result is an error"
+    first = [m for m in messages if m["turn_id"] == TURN_ID]
+    second = [m for m in messages if m["turn_id"] == SECOND_TURN_ID]
+    assert messages == first + second, "the transcript holds something besides the two turns"
+    roles = Counter(m["role"] for m in first)
+    assert roles == {"user": 1, "assistant": 3, "tool": 4}, roles
+    assert first[0] == {"role": "user", "turn_id": TURN_ID, "text": TURN_TEXT}
+    assert [m["role"] for m in second] == ["user", "assistant", "tool", "assistant"]
+    assert second[0]["text"] == SECOND_TEXT
+    assert not any(m.get("is_error") for m in messages), "a tool result is an error"
 
-        orders = conn.execute(
-            "SELECT id, item, turn_id, call_id FROM orders ORDER BY id"
-        ).fetchall()
-        by_turn = {t: [o for o in orders if o[2] == t] for t in (TURN_ID, SECOND_TURN_ID)}
-        assert sorted(o[1] for o in by_turn[TURN_ID]) == sorted(ITEMS), orders
-        assert [o[1] for o in by_turn[SECOND_TURN_ID]] == [SECOND_ITEM], orders
-        assert len(orders) == len(ITEMS) + 1, orders
-        assert len({(o[2], o[3]) for o in orders}) == len(orders), f"duplicate call: {orders}"
-        # Each create_order result names the row its own transaction wrote.
-        written = {
-            (m["turn_id"], m["call_id"]): (m["result"]["order_id"], m["result"]["item"])
-            for m in messages
-            if m["role"] == "tool" and m["name"] == "create_order"
-        }
-        assert written == {(o[2], o[3]): (o[0], o[1]) for o in orders}
+    orders = query(db, "SELECT id, item, turn_id, call_id FROM orders ORDER BY id")
+    by_turn = {t: [o for o in orders if o[2] == t] for t in (TURN_ID, SECOND_TURN_ID)}
+    assert sorted(o[1] for o in by_turn[TURN_ID]) == sorted(ITEMS), orders
+    assert [o[1] for o in by_turn[SECOND_TURN_ID]] == [SECOND_ITEM], orders
+    assert len(orders) == len(ITEMS) + 1, orders
+    assert len({(o[2], o[3]) for o in orders}) == len(orders), f"duplicate call: {orders}"
+    # Each create_order result names the row its own transaction wrote.
+    written = {
+        (m["turn_id"], m["call_id"]): (m["result"]["order_id"], m["result"]["item"])
+        for m in messages
+        if m["role"] == "tool" and m["name"] == "create_order"
+    }
+    assert written == {(o[2], o[3]): (o[0], o[1]) for o in orders}
 
-        turns = dict(
-            (row[0], row[1:])
-            for row in conn.execute(
-                "SELECT turn_id, status, text FROM turnkit_turns WHERE session_id = ?", (SESSION,)
-            )
+    turns = {
+        row[0]: tuple(row[1:])
+        for row in query(
+            db, "SELECT turn_id, status, text FROM turnkit_turns WHERE session_id = ?", (SESSION,)
         )
-        assert turns == {
-            TURN_ID: ("completed", ref.turn1["text"]),
-            SECOND_TURN_ID: ("completed", ref.turn2["text"]),
-        }
+    }
+    assert turns == {
+        TURN_ID: ("completed", ref.turn1["text"]),
+        SECOND_TURN_ID: ("completed", ref.turn2["text"]),
+    }
 
-        events = Counter(
-            json.loads(body)["type"]
-            for (body,) in conn.execute(
-                "SELECT body FROM turnkit_events WHERE session_id = ? AND turn_id = ?",
-                (SESSION, TURN_ID),
-            )
+    events = Counter(
+        json.loads(body)["type"]
+        for (body,) in query(
+            db,
+            "SELECT body FROM turnkit_events WHERE session_id = ? AND turn_id = ?",
+            (SESSION, TURN_ID),
         )
-        # Events commit with their step, so a replay never logs one twice.
-        assert events["turn.started"] == 1, events
-        assert events["message.completed"] == 3, events
-        assert events["action.completed"] == 4, events
-        assert events["turn.completed"] == 1, events
-        assert events["turn.failed"] == 0, events
-    finally:
-        conn.close()
+    )
+    # Events commit with their step, so a replay never logs one twice.
+    assert events["turn.started"] == 1, events
+    assert events["message.completed"] == 3, events
+    assert events["action.completed"] == 4, events
+    assert events["turn.completed"] == 1, events
+    assert events["turn.failed"] == 0, events
 
 
 # -- the tests -------------------------------------------------------------------------
@@ -225,7 +269,7 @@ def test_reference_run(reference: Reference) -> None:
 
 
 def crash_and_recover(tmp: Path, ref: Reference, k: int, when: str, mode: str) -> None:
-    db = tmp / f"crash-{k}-{when}-{mode}.db"
+    db = ref.backend.spec(tmp, f"crash-{k}-{when}-{mode}")
     crashed = run_child(db, k, when, "run")
     assert crashed.returncode == -signal.SIGKILL, (
         f"expected SIGKILL, got {crashed.returncode}\nstdout:\n{crashed.stdout}\n"
