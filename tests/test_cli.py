@@ -10,6 +10,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "ops"
+#: Without the model settings, so a developer's API key never sends these tests online.
+OFFLINE_ENV = {
+    k: v
+    for k, v in os.environ.items()
+    if k not in {"TURNKIT_MODEL", "ANTHROPIC_API_KEY", "OPENAI_API_KEY", "OPENAI_BASE_URL"}
+}
 
 
 def turnkit(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -19,7 +25,7 @@ def turnkit(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
         capture_output=True,
         text=True,
         timeout=120,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env={**OFFLINE_ENV, "PYTHONUNBUFFERED": "1"},
     )
 
 
