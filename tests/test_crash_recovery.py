@@ -2,13 +2,13 @@
 
 ``crash_child.py`` runs one turn (a batch of three local ``create_order`` calls, one
 remote call, a final answer built from the tool results) over
-``CrashingStore(SqliteStore(db))``, and again over ``PostgresStore``. A reference run without a crash gives the number
-of commits ``N`` and the expected answers. Then, for every commit ``k`` in ``1..N``,
-killed just before and just after it, a fresh child on a fresh database is killed
-and a second fresh process recovers the turn, once by redelivering it and once with
-``runtime.recover()``, and runs a second turn. The database is then read directly
-with ``sqlite3`` (or psycopg) and must hold exactly what one uninterrupted run would
-have written.
+``CrashingStore(SqliteStore(db))``, and again over ``PostgresStore``. A reference
+run without a crash gives the number of commits ``N`` and the expected answers.
+Then, for every commit ``k`` in ``1..N``, killed just before and just after it, a
+fresh child on a fresh database is killed and a second fresh process recovers the
+turn, once by redelivering it and once with ``runtime.recover()``, and runs a
+second turn. The database is then read directly (``sqlite3`` or psycopg) and must
+hold exactly what one uninterrupted run would have written.
 """
 
 from __future__ import annotations
