@@ -325,3 +325,24 @@ async def test_a_server_that_cannot_be_reached_is_a_model_error(tmp_path: Path) 
     model = anthropic("claude-test", api_key="k", base_url=url, max_retries=0)
     with pytest.raises(turnkit.ModelError, match="anthropic: could not connect"):
         await final_reply(model, [UserMessage(text="hi", turn_id="t")])
+
+
+async def test_kept_thinking_goes_back_only_while_thinking_is_on(server: FakeProvider) -> None:
+    kept = [
+        {"type": "thinking", "thinking": "hm", "signature": "sig"},
+        {"type": "text", "text": "Earlier."},
+    ]
+    history: list[turnkit.Message] = [
+        UserMessage(text="hi", turn_id="t0"),
+        turnkit.AssistantMessage(
+            text="Earlier.", turn_id="t0", provider_state={"anthropic": {"content": kept}}
+        ),
+        UserMessage(text="again", turn_id="t1"),
+    ]
+    server.add(wire.message(wire.text("a")), wire.message(wire.text("b")))
+    for thinking in (True, False):
+        model = anthropic("claude-test", thinking=thinking, api_key="k", base_url=server.url)
+        await final_reply(model, history)
+    on, off = (body["messages"][1]["content"] for body in server.bodies())
+    assert on == kept
+    assert off == [{"type": "text", "text": "Earlier."}]

@@ -173,3 +173,9 @@ def test_a_folder_without_a_demo_gets_the_generic_one(tmp_path: Path) -> None:
 def test_choice_labels() -> None:
     assert Choice(provider="openai", model="m", because="x").label == "openai:m"
     assert Choice(provider="demo", model="", because="x").label == "the offline demo model"
+
+
+def test_the_public_names_are_sorted_and_present() -> None:
+    names = turnkit.models.__all__
+    assert list(names) == sorted(names)
+    assert all(hasattr(turnkit.models, name) for name in names)

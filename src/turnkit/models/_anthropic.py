@@ -70,6 +70,7 @@ class AnthropicModel:
         self.model = model
         self.max_tokens = max_tokens
         self.thinking = _thinking_config(thinking, max_tokens)
+        self.thinking_on = thinking is not False
         if client is None:
             retries = sdk.DEFAULT_MAX_RETRIES if max_retries is None else max_retries
             client = sdk.AsyncAnthropic(api_key=api_key, base_url=base_url, max_retries=retries)
@@ -90,7 +91,7 @@ class AnthropicModel:
         manager = self.client.messages.stream(
             model=self.model,
             max_tokens=self.max_tokens,
-            messages=cast("list[MessageParam]", wire_messages(messages)),
+            messages=cast("list[MessageParam]", wire_messages(messages, self.thinking_on)),
             system=system if system else sdk.omit,
             tools=[cast(ToolParam, t.to_dict()) for t in tools] if tools else sdk.omit,
             thinking=self.thinking,
@@ -137,13 +138,14 @@ def _thinking_config(thinking: bool | int, max_tokens: int) -> ThinkingConfigPar
 # -- the transcript, as the Messages API wants it ----------------------------------
 
 
-def wire_messages(messages: Sequence[Message]) -> list[JsonObject]:
+def wire_messages(messages: Sequence[Message], thinking: bool = True) -> list[JsonObject]:
     """Anthropic messages for a transcript. Turns of one role are merged, which groups
-    a step's tool results into one user message (the API wants them there, first)."""
+    a step's tool results into one user message (the API wants them there, first).
+    Kept thinking blocks go back only while thinking is on (the API needs them then)."""
     out: list[JsonObject] = []
     for message in messages:
         role = "assistant" if isinstance(message, AssistantMessage) else "user"
-        blocks = _blocks(message)
+        blocks = _blocks(message, thinking)
         if not blocks:
             continue  # the API refuses empty content; a neighbour of the same role merges
         if out and out[-1]["role"] == role:
@@ -153,7 +155,7 @@ def wire_messages(messages: Sequence[Message]) -> list[JsonObject]:
     return out
 
 
-def _blocks(message: Message) -> list[JsonObject]:
+def _blocks(message: Message, thinking: bool) -> list[JsonObject]:
     if isinstance(message, ToolMessage):
         return [
             {
@@ -164,15 +166,16 @@ def _blocks(message: Message) -> list[JsonObject]:
             }
         ]
     if isinstance(message, AssistantMessage):
-        return _assistant_blocks(message)
+        return _assistant_blocks(message, thinking)
     return [{"type": "text", "text": message.text}] if message.text else []
 
 
-def _assistant_blocks(message: AssistantMessage) -> list[JsonObject]:
+def _assistant_blocks(message: AssistantMessage, thinking: bool) -> list[JsonObject]:
     state = (message.provider_state or {}).get(STATE_KEY)
     kept = state.get("content") if isinstance(state, dict) else None
     if isinstance(kept, list):
-        return [dict(block) for block in kept]  # the reply's own blocks, in their order
+        # The reply's own blocks, in their order.
+        return [dict(b) for b in kept if thinking or b.get("type") not in _KEPT_BLOCKS]
     blocks: list[JsonObject] = [{"type": "text", "text": message.text}] if message.text else []
     blocks += [_tool_use(call) for call in message.tool_calls]
     return blocks
