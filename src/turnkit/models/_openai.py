@@ -110,17 +110,13 @@ class OpenAIModel:
 
 def _client(api_key: str | None, base_url: str | None, max_retries: int | None) -> sdk.AsyncOpenAI:
     retries = sdk.DEFAULT_MAX_RETRIES if max_retries is None else max_retries
-    if api_key is None and base_url is not None:
+    if api_key is None and (base_url or os.environ.get("OPENAI_BASE_URL")):
         # Local servers take any key; the SDK refuses to start without one.
-        api_key = _env_key() or PLACEHOLDER_KEY
+        api_key = os.environ.get("OPENAI_API_KEY") or PLACEHOLDER_KEY
     try:
         return sdk.AsyncOpenAI(api_key=api_key, base_url=base_url, max_retries=retries)
     except sdk.OpenAIError as exc:
         raise ConfigurationError(f"openai: {exc}") from exc
-
-
-def _env_key() -> str | None:
-    return os.environ.get("OPENAI_API_KEY") or None
 
 
 # -- the transcript, as Chat Completions wants it ---------------------------------
