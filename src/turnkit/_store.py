@@ -20,9 +20,16 @@ from ._messages import JsonObject, Message
 
 T = TypeVar("T")
 
-TurnStatus: TypeAlias = Literal["running", "completed", "failed"]
+TurnStatus: TypeAlias = Literal["running", "suspended", "completed", "failed"]
 SessionStatus: TypeAlias = Literal["new", "running", "suspended", "idle"]
 TERMINAL_TURN_STATUSES: frozenset[str] = frozenset({"completed", "failed"})
+
+
+def session_status_after(status: TurnStatus) -> SessionStatus:
+    """The session's status once its current turn has moved to ``status``."""
+    if status in TERMINAL_TURN_STATUSES:
+        return "idle"
+    return "suspended" if status == "suspended" else "running"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,6 +46,8 @@ class TurnRecord:
     error: str | None = None
     created_at: float = 0.0
     finished_at: float | None = None
+    #: The suspend checkpoint of a ``suspended`` turn: what it waits for (see ``_park``).
+    pending: JsonObject | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -101,9 +110,17 @@ class Transaction(Protocol):
         """Record a new running turn and mark the session ``running`` for ``record.agent``."""
 
     def set_turn_status(
-        self, turn_id: str, status: TurnStatus, *, text: str | None = None, error: str | None = None
+        self,
+        turn_id: str,
+        status: TurnStatus,
+        *,
+        text: str | None = None,
+        error: str | None = None,
+        pending: JsonObject | None = None,
     ) -> None:
-        """Move a turn to ``status``; the session becomes ``running`` or, if terminal, ``idle``."""
+        """Move a turn to ``status``; the session becomes ``running``, ``suspended``, or
+        (if terminal) ``idle``. ``pending`` is the checkpoint a ``suspended`` turn keeps;
+        any other status clears it."""
 
 
 @runtime_checkable
@@ -134,6 +151,10 @@ class SessionStore(Protocol):
     async def events(self, *, turn_id: str | None = None, after: int = 0) -> list[TurnEvent]: ...
 
     async def status(self) -> SessionStatus: ...
+
+    async def parked(self) -> TurnRecord | None:
+        """The session's ``suspended`` turn, if it is parked on one."""
+        ...
 
 
 @runtime_checkable

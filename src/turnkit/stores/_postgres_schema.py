@@ -93,6 +93,12 @@ MIGRATIONS: list[tuple[str, ...]] = [
         END
         $fn$""",
     ),
+    # v2: human in the loop. A parked turn keeps its suspend checkpoint on its row.
+    (
+        "ALTER TABLE turnkit_turns ADD COLUMN pending text",
+        "CREATE INDEX turnkit_turns_parked ON turnkit_turns (session_id) "
+        "WHERE status = 'suspended'",
+    ),
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -59,6 +59,12 @@ MIGRATIONS: list[tuple[str, ...]] = [
         ) WITHOUT ROWID""",
         "CREATE INDEX turnkit_events_turn ON turnkit_events (session_id, turn_id, seq)",
     ),
+    # v2: human in the loop. A parked turn keeps its suspend checkpoint on its row.
+    (
+        "ALTER TABLE turnkit_turns ADD COLUMN pending TEXT",
+        "CREATE INDEX turnkit_turns_parked ON turnkit_turns (session_id) "
+        "WHERE status = 'suspended'",
+    ),
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -19,7 +19,7 @@ from pydantic_core import from_json, to_json
 from .._context import NoHandle
 from .._errors import StoreError
 from .._events import TurnEvent, event_from_dict
-from .._messages import Message, message_from_dict
+from .._messages import JsonObject, Message, message_from_dict
 from .._store import (
     TERMINAL_TURN_STATUSES,
     SessionInfo,
@@ -28,6 +28,7 @@ from .._store import (
     StoreHandle,
     TurnRecord,
     TurnStatus,
+    session_status_after,
 )
 from ._locks import SessionLocks
 
@@ -98,20 +99,32 @@ class _MemoryTransaction:
         self._touch("running")
 
     def set_turn_status(
-        self, turn_id: str, status: TurnStatus, *, text: str | None = None, error: str | None = None
+        self,
+        turn_id: str,
+        status: TurnStatus,
+        *,
+        text: str | None = None,
+        error: str | None = None,
+        pending: JsonObject | None = None,
     ) -> None:
         record = self._data.turns.get(turn_id)
         if record is None:
-            raise StoreError(f"session {self._session_id}: no turn {turn_id} to finish")
+            raise StoreError(f"session {self._session_id}: no turn {turn_id} to update")
         terminal = status in TERMINAL_TURN_STATUSES
+        kept = (
+            from_json(_encode(pending, "a suspend checkpoint"))
+            if status == "suspended" and pending is not None
+            else None
+        )
         self._data.turns[turn_id] = replace(
             record,
             status=status,
             text=text,
             error=error,
             finished_at=time.time() if terminal else None,
+            pending=kept,
         )
-        self._touch("idle" if terminal else "running")
+        self._touch(session_status_after(status))
 
     def _touch(self, status: SessionStatus) -> None:
         self._data.status = status
@@ -165,6 +178,10 @@ class _MemorySession:
 
     async def status(self) -> SessionStatus:
         return self._data.status
+
+    async def parked(self) -> TurnRecord | None:
+        found = [t for t in self._data.turns.values() if t.status == "suspended"]
+        return max(found, key=lambda t: t.created_at) if found else None
 
 
 class MemoryStore:

@@ -36,7 +36,7 @@ from pydantic_core import to_json
 
 from .._errors import ConfigurationError, FatalToolError, SessionBusyError, StoreError
 from .._events import TurnEvent, event_from_dict
-from .._messages import Message, message_from_dict
+from .._messages import JsonObject, Message, message_from_dict
 from .._store import (
     TERMINAL_TURN_STATUSES,
     SessionInfo,
@@ -45,6 +45,7 @@ from .._store import (
     StoreHandle,
     TurnRecord,
     TurnStatus,
+    session_status_after,
 )
 from ._locks import SessionLocks
 from ._postgres_schema import FENCE_SQLSTATE, MISSING_SQLSTATE, migrate
@@ -78,7 +79,8 @@ _ABORTED = (
     "statement, or let the error propagate"
 )
 _TURN_COLUMNS = (
-    "session_id, turn_id, agent, status, opening, event, text, error, created_at, finished_at"
+    "session_id, turn_id, agent, status, opening, event, text, error, created_at, finished_at, "
+    "pending"
 )
 
 
@@ -283,14 +285,22 @@ class _PgTransaction:
         )
 
     def set_turn_status(
-        self, turn_id: str, status: TurnStatus, *, text: str | None = None, error: str | None = None
+        self,
+        turn_id: str,
+        status: TurnStatus,
+        *,
+        text: str | None = None,
+        error: str | None = None,
+        pending: JsonObject | None = None,
     ) -> None:
         now = time.time()
         terminal = status in TERMINAL_TURN_STATUSES
+        kept = _dumps(pending) if status == "suspended" and pending is not None else None
         self._writes.append(
             (
                 "WITH t AS (UPDATE turnkit_turns SET status = %s, text = %s, error = %s, "
-                "finished_at = %s WHERE session_id = %s AND turn_id = %s RETURNING 1), "
+                "finished_at = %s, pending = %s WHERE session_id = %s AND turn_id = %s "
+                "RETURNING 1), "
                 "s AS (UPDATE turnkit_sessions SET status = %s, updated_at = %s "
                 "WHERE session_id = %s AND EXISTS (SELECT 1 FROM t)) "
                 "SELECT turnkit_expect_one(count(*), %s) FROM t",
@@ -299,9 +309,10 @@ class _PgTransaction:
                     text,
                     error,
                     now if terminal else None,
+                    kept,
                     self._sid,
                     turn_id,
-                    "idle" if terminal else "running",
+                    session_status_after(status),
                     now,
                     self._sid,
                     f"session {self._sid}: no turn {turn_id} to update",
@@ -327,7 +338,7 @@ class _PgTransaction:
 
 
 def _turn_from_row(row: Sequence[Any]) -> TurnRecord:
-    sid, tid, agent, status, opening, event, text, error, created, finished = row
+    sid, tid, agent, status, opening, event, text, error, created, finished, pending = row
     return TurnRecord(
         session_id=sid,
         turn_id=tid,
@@ -339,6 +350,7 @@ def _turn_from_row(row: Sequence[Any]) -> TurnRecord:
         error=error,
         created_at=created,
         finished_at=finished,
+        pending=json.loads(pending) if pending else None,
     )
 
 
@@ -473,6 +485,17 @@ class _PgSession:
             return [event_from_dict(json.loads(r[0])) for r in cur.fetchall()]
 
         return await self._store._read(f"events of session {self._sid}", read)
+
+    async def parked(self) -> TurnRecord | None:
+        def read(conn: psycopg.Connection[Any]) -> TurnRecord | None:
+            row = conn.execute(
+                f"SELECT {_TURN_COLUMNS} FROM turnkit_turns WHERE session_id = %s "
+                "AND status = 'suspended' ORDER BY created_at DESC LIMIT 1",
+                (self._sid,),
+            ).fetchone()
+            return _turn_from_row(row) if row else None
+
+        return await self._store._read(f"session {self._sid}", read)
 
     async def status(self) -> SessionStatus:
         def read(conn: psycopg.Connection[Any]) -> SessionStatus:

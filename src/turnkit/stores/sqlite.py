@@ -22,7 +22,7 @@ from pydantic_core import to_json
 
 from .._errors import FatalToolError, StoreError
 from .._events import TurnEvent, event_from_dict
-from .._messages import Message, message_from_dict
+from .._messages import JsonObject, Message, message_from_dict
 from .._store import (
     TERMINAL_TURN_STATUSES,
     SessionInfo,
@@ -31,6 +31,7 @@ from .._store import (
     StoreHandle,
     TurnRecord,
     TurnStatus,
+    session_status_after,
 )
 from ._locks import SessionLocks
 from ._sqlite_schema import migrate
@@ -148,26 +149,33 @@ class _SqliteTransaction:
         )
 
     def set_turn_status(
-        self, turn_id: str, status: TurnStatus, *, text: str | None = None, error: str | None = None
+        self,
+        turn_id: str,
+        status: TurnStatus,
+        *,
+        text: str | None = None,
+        error: str | None = None,
+        pending: JsonObject | None = None,
     ) -> None:
         _check_open(self._conn)
         now = time.time()
         terminal = status in TERMINAL_TURN_STATUSES
+        kept = _dumps(pending) if status == "suspended" and pending is not None else None
         cur = self._conn.execute(
-            "UPDATE turnkit_turns SET status = ?, text = ?, error = ?, finished_at = ? "
-            "WHERE session_id = ? AND turn_id = ?",
-            (status, text, error, now if terminal else None, self._sid, turn_id),
+            "UPDATE turnkit_turns SET status = ?, text = ?, error = ?, finished_at = ?, "
+            "pending = ? WHERE session_id = ? AND turn_id = ?",
+            (status, text, error, now if terminal else None, kept, self._sid, turn_id),
         )
         if cur.rowcount != 1:
             raise StoreError(f"session {self._sid}: no turn {turn_id} to update")
         self._conn.execute(
             "UPDATE turnkit_sessions SET status = ?, updated_at = ? WHERE session_id = ?",
-            ("idle" if terminal else "running", now, self._sid),
+            (session_status_after(status), now, self._sid),
         )
 
 
 def _turn_from_row(row: sqlite3.Row | tuple[Any, ...]) -> TurnRecord:
-    sid, tid, agent, status, opening, event, text, error, created, finished = row
+    sid, tid, agent, status, opening, event, text, error, created, finished, pending = row
     return TurnRecord(
         session_id=sid,
         turn_id=tid,
@@ -179,11 +187,13 @@ def _turn_from_row(row: sqlite3.Row | tuple[Any, ...]) -> TurnRecord:
         error=error,
         created_at=created,
         finished_at=finished,
+        pending=json.loads(pending) if pending else None,
     )
 
 
 _TURN_COLUMNS = (
-    "session_id, turn_id, agent, status, opening, event, text, error, created_at, finished_at"
+    "session_id, turn_id, agent, status, opening, event, text, error, created_at, finished_at, "
+    "pending"
 )
 
 
@@ -317,6 +327,15 @@ class _SqliteSession:
                 (self._sid, turn_id, after),
             ).fetchall()
         return [event_from_dict(json.loads(r[0])) for r in rows]
+
+    async def parked(self) -> TurnRecord | None:
+        with _reading(f"session {self._sid}"):
+            row = self._store.connection.execute(
+                f"SELECT {_TURN_COLUMNS} FROM turnkit_turns WHERE session_id = ? "
+                "AND status = 'suspended' ORDER BY created_at DESC LIMIT 1",
+                (self._sid,),
+            ).fetchone()
+            return _turn_from_row(row) if row else None
 
     async def status(self) -> SessionStatus:
         with _reading(f"session {self._sid}"):

@@ -69,6 +69,9 @@ class _CountingSession:
     async def status(self) -> SessionStatus:
         return await self._inner.status()
 
+    async def parked(self) -> TurnRecord | None:
+        return await self._inner.parked()
+
 
 class CrashingStore:
     """``CrashingStore(SqliteStore(path), crash_at=3, when="after")`` dies right after
