@@ -30,6 +30,8 @@ CORE = [
     "_turns.py",
     "_observe.py",
     "_tools.py",
+    "_inputs.py",
+    "_approvals.py",
 ]
 ALLOWED_EXTERNAL = {
     "__future__",
@@ -38,6 +40,10 @@ ALLOWED_EXTERNAL = {
     "contextlib",
     "dataclasses",
     "hashlib",
+    "hmac",
+    "json",
+    "jsonschema",
+    "secrets",
     "inspect",
     "itertools",
     "logging",

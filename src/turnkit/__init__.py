@@ -6,23 +6,30 @@ from its last finished step. The public names are re-exported here.
 """
 
 from ._agent import Agent
+from ._approvals import AnswerCheck, Grant, ResumeRequest, grant_answer
 from ._context import ToolContext
 from ._errors import (
     ConfigurationError,
     FatalToolError,
+    InvalidAnswerError,
     MessageDecodeError,
     ModelError,
+    ResumeAuthorizationError,
+    ResumeConflictError,
     SessionBusyError,
+    SessionSuspendedError,
     StoreError,
     ToolDefinitionError,
     TurnError,
     TurnFailedError,
     TurnkitError,
+    TurnSuspendedError,
 )
 from ._events import (
     ActionCompletedEvent,
     ActionRequestedEvent,
     EventSink,
+    InputRequestedEvent,
     LocalEventSink,
     MessageCompletedEvent,
     MessageDeltaEvent,
@@ -34,6 +41,7 @@ from ._events import (
     event_from_dict,
 )
 from ._inbound import InboundEvent, Proactive, User
+from ._inputs import Answerer, Answerers, InputRequest
 from ._loader import load_agent
 from ._messages import (
     AssistantMessage,
@@ -57,11 +65,18 @@ __all__ = [
     "ActionRequestedEvent",
     "Agent",
     "AgentSession",
+    "AnswerCheck",
+    "Answerer",
+    "Answerers",
     "AssistantMessage",
     "ConfigurationError",
     "EventSink",
     "FatalToolError",
+    "Grant",
     "InboundEvent",
+    "InputRequest",
+    "InputRequestedEvent",
+    "InvalidAnswerError",
     "LocalEventSink",
     "Message",
     "MessageCompletedEvent",
@@ -75,8 +90,12 @@ __all__ = [
     "Proactive",
     "ReasoningDelta",
     "ReasoningDeltaEvent",
+    "ResumeAuthorizationError",
+    "ResumeConflictError",
+    "ResumeRequest",
     "Runtime",
     "SessionBusyError",
+    "SessionSuspendedError",
     "StopReason",
     "StoreError",
     "TextDelta",
@@ -94,11 +113,13 @@ __all__ = [
     "TurnFailedEvent",
     "TurnResult",
     "TurnStartedEvent",
+    "TurnSuspendedError",
     "TurnkitError",
     "User",
     "UserMessage",
     "define_action",
     "event_from_dict",
+    "grant_answer",
     "load_agent",
     "message_from_dict",
     "tool",

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ._errors import ConfigurationError
 from ._model import Model, ToolSpec
 from ._tools import Tool
+
+if TYPE_CHECKING:
+    from ._approvals import AuthorizeAnswer
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -20,6 +24,8 @@ class Agent:
     tools: Sequence[Tool] = ()
     #: Model steps one turn may take before it fails; ``None`` means no limit.
     max_steps: int | None = None
+    #: Decides policy answerers: ``async (AnswerCheck) -> bool``, used by ``grant_answer``.
+    authorize_answer: AuthorizeAnswer | None = None
     _by_name: dict[str, Tool] = field(init=False, repr=False, compare=False)
     _specs: tuple[ToolSpec, ...] = field(init=False, repr=False, compare=False)
 
@@ -38,6 +44,11 @@ class Agent:
             raise ConfigurationError(
                 f"agent {self.name!r}: max_steps must be a positive int or None, "
                 f"got {self.max_steps!r}"
+            )
+        if self.authorize_answer is not None and not callable(self.authorize_answer):
+            raise ConfigurationError(
+                f"agent {self.name!r}: authorize_answer must be an async function, "
+                f"got {self.authorize_answer!r}"
             )
         if not isinstance(self.instructions, str):
             raise ConfigurationError(f"agent {self.name!r}: instructions must be a string")

@@ -16,13 +16,14 @@ from itertools import count
 from typing import TYPE_CHECKING, Any
 
 from ._agent import Agent
-from ._context import NoHandle, ToolContext
-from ._errors import ConfigurationError, FatalToolError, StoreError
+from ._context import NoHandle, ToolContext, TurnParked
+from ._errors import ConfigurationError, FatalToolError, SessionSuspendedError, StoreError
 from ._events import (
-    TERMINAL_EVENT_TYPES,
+    ENDING_EVENT_TYPES,
     ActionCompletedEvent,
     ActionRequestedEvent,
     EventSink,
+    InputRequestedEvent,
     MessageCompletedEvent,
     MessageDeltaEvent,
     ReasoningDeltaEvent,
@@ -32,6 +33,7 @@ from ._events import (
     TurnStartedEvent,
 )
 from ._inbound import InboundEvent
+from ._inputs import InputRequest
 from ._messages import AssistantMessage, Message, ModelReply, ToolCall, ToolMessage
 from ._model_call import ask_model
 from ._position import (
@@ -123,9 +125,11 @@ class TurnRunner:
             # A redelivery replays the turn as it was opened, whatever the caller passed.
             self.event = InboundEvent.from_dict(record.event) if record.event else None
         if record is not None and (
-            record.status == "completed" or not has_opening_message(self.transcript, self.turn_id)
+            record.status in ("completed", "suspended")
+            or not has_opening_message(self.transcript, self.turn_id)
         ):
-            # Finished, or superseded by a later turn: nothing to run, report how it ended.
+            # Finished, parked (no answer yet), or superseded by a later turn: nothing to
+            # run, so say again how it ended (a parked turn re-announces its request).
             await self._announce_outcome()
             return result_from_record(record)
         try:
@@ -136,6 +140,8 @@ class TurnRunner:
             return await self._loop()
         except TurnFailure as failure:
             return await self._fail(str(failure))
+        except _Park as park:
+            return await self._park(park.call, park.request)
 
     async def _loop(self) -> TurnResult:
         limit = self.agent.max_steps
@@ -186,10 +192,10 @@ class TurnRunner:
             log.exception("event sink raised on %s; ignored", event.type)
 
     async def _announce_outcome(self) -> None:
-        """Re-emit the logged terminal event of a turn that has nothing left to run."""
+        """Re-emit the logged ending (terminal, or the park) of a turn with nothing to run."""
         logged = await self.store.events(turn_id=self.turn_id)
         for event in reversed(logged):
-            if event.type in TERMINAL_EVENT_TYPES:
+            if event.type in ENDING_EVENT_TYPES:
                 self._emit(event)
                 return
 
@@ -200,6 +206,11 @@ class TurnRunner:
         # The turn before ours, if a crash left it open, ends here: ours supersedes it.
         previous = self.transcript[-1].turn_id if self.transcript else None
         stale = await self.store.turn(previous) if previous else None
+        if stale is not None and stale.status == "suspended":
+            raise SessionSuspendedError(
+                f"session {self.session_id} is waiting for input on turn {stale.turn_id}; "
+                "resume it (or reset the session) before starting another turn"
+            )
         crashed = stale if stale is not None and stale.status == "running" else None
         closing = self._closing_results(INTERRUPTED_CALL_ERROR if crashed else STALE_CALL_ERROR)
         record = TurnRecord(
@@ -290,6 +301,27 @@ class TurnRunner:
         await self._commit(write, [failed])
         return TurnResult(turn_id=self.turn_id, status="failed", error=error)
 
+    async def _park(self, call: ToolCall, request: InputRequest) -> TurnResult:
+        """Write the one suspend checkpoint: the request and what a resume in another
+        process needs to replay the turn as it was opened."""
+        record = await self.store.turn(self.turn_id)
+        checkpoint = {
+            "request": request.to_dict(),
+            "call_id": call.id,
+            "opening_text": str(record.opening.get("text", "")) if record else "",
+            "event": self.event.to_dict() if self.event else None,
+            "policy": None,
+        }
+
+        def write(tx: Transaction) -> None:
+            tx.set_turn_status(self.turn_id, "suspended", pending=checkpoint)
+
+        asked = InputRequestedEvent(
+            turn_id=self.turn_id, session_id=self.session_id, request=request, seq=self.next_seq
+        )
+        await self._commit(write, [asked])
+        return TurnResult(turn_id=self.turn_id, status="suspended", request=request)
+
     # -- model steps -------------------------------------------------------------
 
     async def _model_step(self, index: int) -> None:
@@ -340,7 +372,7 @@ class TurnRunner:
 
     # -- tool steps --------------------------------------------------------------
 
-    def _context(self, handle: Any, call: ToolCall, step_id: str) -> ToolContext:
+    def _context(self, handle: Any, call: ToolCall, step_id: str, *, local: bool) -> ToolContext:
         return ToolContext(
             store=handle,
             agent=self.agent,
@@ -350,6 +382,9 @@ class TurnRunner:
             event=self.event,
             runtime=self.runtime,
             step_id=step_id,
+            tool_name=call.name,
+            _steps=self.steps,
+            _local=local,
         )
 
     async def _tool_step(self, assistant_index: int, call: ToolCall) -> None:
@@ -367,8 +402,11 @@ class TurnRunner:
         elif tool.local:
             await self._local_tool_step(tool, step_id, call)
         else:
-            ctx = self._context(_REMOTE_HANDLE, call, step_id)
-            result, error = await run_remote(tool, copy_input(call.input), ctx)
+            ctx = self._context(_REMOTE_HANDLE, call, step_id, local=False)
+            try:
+                result, error = await run_remote(tool, copy_input(call.input), ctx)
+            except TurnParked as parked:
+                raise _Park(call, parked.request) from None
             await self._commit_tool(step_id, call, result, error)
 
     async def _local_tool_step(self, tool: Tool, step_id: str, call: ToolCall) -> None:
@@ -376,7 +414,7 @@ class TurnRunner:
         index, seq = len(self.transcript), self.next_seq
 
         def work(tx: Transaction) -> tuple[ToolMessage, ActionCompletedEvent]:
-            ctx = self._context(tx.handle, call, step_id)
+            ctx = self._context(tx.handle, call, step_id, local=True)
             value = run_local(tool, copy_input(call.input), ctx)
             return self._write_tool(tx, _ToolRow(index, seq, step_id, call, value, None, False))
 
@@ -433,6 +471,15 @@ class TurnRunner:
         self.next_seq += 1
         self.transcript.append(message)
         self._emit(event)
+
+
+class _Park(Exception):
+    """Internal: a remote tool asked for input; the turn parks at its call."""
+
+    def __init__(self, call: ToolCall, request: InputRequest) -> None:
+        super().__init__(request.id)
+        self.call = call
+        self.request = request
 
 
 @dataclass(frozen=True)

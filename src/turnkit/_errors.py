@@ -6,6 +6,11 @@ TurnkitError
 │   └── ToolDefinitionError   a tool that cannot be declared or classified
 └── TurnError                 a run or protocol failure seen by a caller
     ├── TurnFailedError       ``session.turn()`` of a turn that failed
+    ├── TurnSuspendedError    ``session.turn()`` of a turn that parked for input
+    ├── SessionSuspendedError a new turn on a session parked on another one
+    ├── ResumeConflictError   a resume for the wrong turn, input or state
+    ├── ResumeAuthorizationError  a resume by someone who may not answer
+    ├── InvalidAnswerError    a resume whose answer breaks the request's schema
     ├── ModelError            an adapter's failure (SDK error, broken stream)
     ├── StoreError            the store refused or lost a write
     │   └── SessionBusyError  another process holds the session's writer lock
@@ -13,6 +18,8 @@ TurnkitError
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 
 class TurnkitError(Exception):
@@ -46,6 +53,38 @@ class TurnFailedError(TurnError):
         super().__init__(f"turn {turn_id} failed: {error}")
         self.turn_id = turn_id
         self.error = error
+
+
+class TurnSuspendedError(TurnError):
+    """The awaited turn parked on an input request; ``request`` says what it waits for.
+
+    Answer it with ``await session.resume(turn_id, request.id, value, by=...)``.
+    """
+
+    def __init__(self, turn_id: str, request: Any) -> None:
+        super().__init__(f"turn {turn_id} is waiting for input {request.id!r}: {request.prompt}")
+        self.turn_id = turn_id
+        self.request = request
+
+
+class SessionSuspendedError(TurnError):
+    """A new turn was started while the session waits on a parked turn's input.
+
+    One park at a time: resume (or reset) the parked turn first.
+    """
+
+
+class ResumeConflictError(TurnError):
+    """A resume that does not fit the session: wrong turn, wrong input id, or the
+    session is not parked. Nothing was stored."""
+
+
+class ResumeAuthorizationError(TurnError):
+    """A resume by someone the request's answerers do not admit. Nothing was stored."""
+
+
+class InvalidAnswerError(TurnError, ValueError):
+    """A resume's answer does not match the request's schema. Nothing was stored."""
 
 
 class ModelError(TurnError):

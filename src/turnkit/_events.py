@@ -13,13 +13,14 @@ from dataclasses import dataclass, fields
 from typing import Any, Literal, Protocol, TypeAlias, cast, runtime_checkable
 
 from ._errors import MessageDecodeError
+from ._inputs import InputRequest
 from ._messages import AssistantMessage, JsonObject, ToolCall, message_from_dict
 
 log = logging.getLogger("turnkit.events")
 
 
 _FIELD_NAMES: dict[type, tuple[str, ...]] = {}
-_NESTED = frozenset({"message", "call"})
+_NESTED = frozenset({"message", "call", "request"})
 
 
 class _Event:
@@ -113,6 +114,14 @@ class TurnFailedEvent(_TurnEventBase):
     type: Literal["turn.failed"] = "turn.failed"
 
 
+@dataclass(frozen=True, kw_only=True)
+class InputRequestedEvent(_TurnEventBase):
+    """The turn parked: a tool asked for input; ``request`` says what and from whom."""
+
+    request: InputRequest
+    type: Literal["input.requested"] = "input.requested"
+
+
 TurnEvent: TypeAlias = (
     TurnStartedEvent
     | MessageDeltaEvent
@@ -120,12 +129,16 @@ TurnEvent: TypeAlias = (
     | MessageCompletedEvent
     | ActionRequestedEvent
     | ActionCompletedEvent
+    | InputRequestedEvent
     | TurnCompletedEvent
     | TurnFailedEvent
 )
 
-#: Event types after which a turn has ended; an observer stops there.
+#: Event types after which a turn has ended for good.
 TERMINAL_EVENT_TYPES: frozenset[str] = frozenset({"turn.completed", "turn.failed"})
+#: Event types that end a delivery: the terminal ones, and a park. An observer of a
+#: delivery stops at the first of them.
+ENDING_EVENT_TYPES: frozenset[str] = TERMINAL_EVENT_TYPES | {"input.requested"}
 
 _EVENT_TYPES: dict[str, type[_Event]] = {
     cls.type: cls
@@ -136,6 +149,7 @@ _EVENT_TYPES: dict[str, type[_Event]] = {
         MessageCompletedEvent,
         ActionRequestedEvent,
         ActionCompletedEvent,
+        InputRequestedEvent,
         TurnCompletedEvent,
         TurnFailedEvent,
     )
@@ -158,6 +172,8 @@ def event_from_dict(data: object) -> TurnEvent:
         values["message"] = message
     if "call" in values:
         values["call"] = ToolCall.from_dict(values["call"])
+    if "request" in values:
+        values["request"] = InputRequest.from_dict(values["request"])
     try:
         event = cls(**values)
     except TypeError as exc:

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from ._errors import TurnError
-from ._events import TERMINAL_EVENT_TYPES, TurnEvent
+from ._events import ENDING_EVENT_TYPES, TERMINAL_EVENT_TYPES, TurnEvent
 from ._store import SessionStore, TurnRecord
 from ._turns import TurnResult
 
@@ -62,11 +62,15 @@ async def turn_events(
     *,
     replay: bool,
 ) -> AsyncIterator[TurnEvent]:
-    """One turn's events; ``future`` is this process's delivery of it, if there is one."""
+    """One turn's events; ``future`` is this process's delivery of it, if there is one.
+
+    The story of one delivery ends at a terminal event or at ``input.requested``
+    (the turn parked; a resume starts a new delivery).
+    """
     if future is None or future.done():
         # Not running here: the log holds everything there is to see.
         logged = fold_attempts(await store.events(turn_id=turn_id))
-        if not logged or logged[-1].type not in TERMINAL_EVENT_TYPES:
+        if not logged or logged[-1].type not in ENDING_EVENT_TYPES:
             if future is not None and not future.cancelled() and future.exception():
                 # This process's delivery broke before it could log an ending.
                 raise TurnError(f"turn {turn_id} delivery failed") from future.exception()
@@ -92,8 +96,9 @@ async def turn_events(
             exc = future.exception() if not future.cancelled() else None
             if exc is None:
                 logged = fold_attempts(await store.events(turn_id=turn_id))
-                if logged and logged[-1].type in TERMINAL_EVENT_TYPES:
-                    yield logged[-1]
+                if logged and logged[-1].type in ENDING_EVENT_TYPES:
+                    if (logged[-1].seq or 0) > last_seq:
+                        yield logged[-1]
                     return
             raise exc or TurnError(f"turn {turn_id} ended without a terminal event")
         if live.seq is not None and live.seq <= last_seq:
@@ -102,7 +107,7 @@ async def turn_events(
             continue  # a retry restarting: the story already began
         started = started or live.type == "turn.started"
         yield live
-        if live.type in TERMINAL_EVENT_TYPES:
+        if live.type in ENDING_EVENT_TYPES:
             return
 
 

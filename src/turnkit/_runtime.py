@@ -15,14 +15,26 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from types import TracebackType
 from typing import Any
 
+from pydantic_core import to_json
+
 from ._agent import Agent
+from ._approvals import Grant, GrantSealer, check_answer, check_answerer
 from ._engine import TurnRunner
-from ._errors import ConfigurationError, TurnError, TurnFailedError
+from ._errors import (
+    ConfigurationError,
+    InvalidAnswerError,
+    ResumeConflictError,
+    SessionSuspendedError,
+    TurnError,
+    TurnFailedError,
+    TurnSuspendedError,
+)
 from ._events import EventSink, LocalEventSink, TurnEvent
 from ._inbound import InboundEvent, Proactive
-from ._messages import Message, OpeningMessage, TriggerMessage, UserMessage
+from ._inputs import InputRequest, input_step_id
+from ._messages import Message, OpeningMessage, TriggerMessage, UserMessage, message_from_dict
 from ._observe import event_filter, finished_record, session_events, turn_events
-from ._store import SessionInfo, SessionStatus, SessionStore, Store
+from ._store import SessionInfo, SessionStatus, SessionStore, Store, Transaction
 from ._turns import TurnRequest, TurnResult, result_from_record
 
 log = logging.getLogger("turnkit.runtime")
@@ -41,6 +53,9 @@ class AgentSession:
         self._queue: deque[tuple[TurnRequest, asyncio.Future[TurnResult]]] = deque()
         self._futures: OrderedDict[str, asyncio.Future[TurnResult]] = OrderedDict()
         self._worker: asyncio.Task[None] | None = None
+        #: The turn this process saw park, so start() can refuse at once; the store
+        #: stays the authority (another process may have parked or resumed it).
+        self._parked: str | None = None
 
     @property
     def session_id(self) -> str:
@@ -71,20 +86,29 @@ class AgentSession:
             raise ConfigurationError("a turn has either an inbound event or a trigger, not both")
         if turn_id is not None and (not isinstance(turn_id, str) or not turn_id):
             raise ConfigurationError("turn_id must be a non-empty string")
+        if self._parked is not None and turn_id != self._parked:
+            raise SessionSuspendedError(
+                f"session {self.session_id} is waiting for input on turn {self._parked}; "
+                "resume it (or reset the session) before starting another turn"
+            )
         tid = turn_id or uuid.uuid4().hex
-        pending = self._futures.get(tid)
-        if pending is not None and not pending.done():
-            return tid  # already queued or running here: one delivery is enough
         opening: OpeningMessage = (
             TriggerMessage(text=text, turn_id=tid, by=trigger.by)
             if trigger is not None
             else UserMessage(text=text, turn_id=tid)
         )
+        return self._enqueue(TurnRequest(turn_id=tid, opening=opening, event=event))
+
+    def _enqueue(self, request: TurnRequest) -> str:
+        tid = request.turn_id
+        pending = self._futures.get(tid)
+        if pending is not None and not pending.done():
+            return tid  # already queued or running here: one delivery is enough
         loop = self.runtime._require_loop()
         future: asyncio.Future[TurnResult] = loop.create_future()
         future.add_done_callback(_mark_exception_seen)
         self._remember(tid, future)
-        self._queue.append((TurnRequest(turn_id=tid, opening=opening, event=event), future))
+        self._queue.append((request, future))
         if self._worker is None:
             self._worker = loop.create_task(self._drain(), name=f"turnkit:{self.session_id}")
         return tid
@@ -97,12 +121,85 @@ class AgentSession:
         trigger: Proactive | None = None,
         turn_id: str | None = None,
     ) -> str:
-        """Start a turn and wait for its answer; raise ``TurnFailedError`` if it fails."""
+        """Start a turn and wait for its answer; raise ``TurnFailedError`` if it fails
+        and ``TurnSuspendedError`` (carrying the request) if it parks for input."""
         tid = self.start(text, event=event, trigger=trigger, turn_id=turn_id)
         result = await self.result(tid)
+        if result.status == "suspended" and result.request is not None:
+            raise TurnSuspendedError(result.turn_id, result.request)
         if result.status != "completed":
             raise TurnFailedError(result.turn_id, result.error or result.status)
         return result.text or ""
+
+    # -- human in the loop ---------------------------------------------------------
+
+    async def pending(self) -> InputRequest | None:
+        """The input request this session is parked on, or ``None``."""
+        record = await self._store.parked()
+        if record is None or record.pending is None:
+            return None
+        return InputRequest.from_dict(record.pending["request"])
+
+    async def resume(
+        self,
+        turn_id: str,
+        input_id: str,
+        value: Any,
+        *,
+        by: str | None = None,
+        granted: Grant | None = None,
+        principal: Any = None,
+    ) -> str:
+        """Answer the parked turn's request and replay it; return the turn id.
+
+        ``by`` is the answerer's verified identity (never what a user typed);
+        ``granted`` is a ``Grant`` from ``grant_answer`` for a policy answerer.
+        Raises ``ResumeConflictError`` (wrong turn, wrong input id, session not
+        parked), ``ResumeAuthorizationError`` (not an admitted answerer) or
+        ``InvalidAnswerError`` (the answer breaks the request's schema); none of
+        them stores anything. ``await session.result(turn_id)`` waits for the
+        replayed turn. ``principal`` is for ``authorize_answer`` (see ``grant_answer``).
+        """
+        del principal  # checked by grant_answer; a resume itself needs only the grant
+        async with self._store.writer():
+            record = await self._store.parked()
+            if record is None or record.pending is None:
+                raise ResumeConflictError(
+                    f"session {self.session_id} is not waiting for input (turn {turn_id})"
+                )
+            if record.turn_id != turn_id:
+                raise ResumeConflictError(
+                    f"session {self.session_id} waits on turn {record.turn_id}, not {turn_id}"
+                )
+            request = InputRequest.from_dict(record.pending["request"])
+            if request.id != input_id:
+                raise ResumeConflictError(
+                    f"turn {turn_id} waits for input {request.id!r}, not {input_id!r}"
+                )
+            check_answerer(
+                request,
+                session_id=self.session_id,
+                by=by,
+                granted=granted,
+                sealer=self.runtime.grants,
+            )
+            try:
+                to_json(value)
+                check_answer(request, value)
+            except ValueError as exc:
+                raise InvalidAnswerError(str(exc)) from None
+
+            def write(tx: Transaction) -> None:
+                tx.put_step(input_step_id(turn_id, input_id), turn_id, {"value": value, "by": by})
+                tx.set_turn_status(turn_id, "running")
+
+            await self._store.commit(write)
+        self._parked = None
+        opening = message_from_dict(record.opening)
+        event = InboundEvent.from_dict(record.event) if record.event else None
+        if not isinstance(opening, UserMessage | TriggerMessage):
+            raise TurnError(f"turn {turn_id} has no opening message to replay")
+        return self._enqueue(TurnRequest(turn_id=turn_id, opening=opening, event=event))
 
     def _remember(self, turn_id: str, future: asyncio.Future[TurnResult]) -> None:
         self._futures[turn_id] = future
@@ -142,7 +239,10 @@ class AgentSession:
             runtime=self.runtime,
         )
         try:
-            future.set_result(await runner.run())
+            result = await runner.run()
+            if result.status == "suspended":
+                self._parked = request.turn_id
+            future.set_result(result)
         except Exception as exc:
             log.exception("turn %s on session %s crashed", request.turn_id, self.session_id)
             future.set_exception(exc)
@@ -294,6 +394,8 @@ class Runtime:
             )
         self.store = store
         self.sink: EventSink = sink if sink is not None else LocalEventSink()
+        #: Seals the grants ``grant_answer`` issues; its key never leaves this process.
+        self.grants = GrantSealer()
         self._sessions: dict[str, AgentSession] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._background: set[asyncio.Task[None]] = set()

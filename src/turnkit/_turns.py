@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from ._inbound import InboundEvent
+from ._inputs import InputRequest
 from ._messages import OpeningMessage
 from ._store import TurnRecord
 
@@ -21,12 +22,14 @@ class TurnRequest:
 
 @dataclass(frozen=True, kw_only=True)
 class TurnResult:
-    """How a turn ended: ``completed`` with ``text``, or ``failed`` with ``error``."""
+    """How a turn ended: ``completed`` with ``text``, ``failed`` with ``error``, or
+    ``suspended`` (parked) with the ``request`` it waits on."""
 
     turn_id: str
-    status: Literal["completed", "failed"]
+    status: Literal["completed", "failed", "suspended"]
     text: str | None = None
     error: str | None = None
+    request: InputRequest | None = None
 
 
 class TurnFailure(Exception):
@@ -36,4 +39,10 @@ class TurnFailure(Exception):
 def result_from_record(record: TurnRecord) -> TurnResult:
     if record.status == "completed":
         return TurnResult(turn_id=record.turn_id, status="completed", text=record.text or "")
+    if record.status == "suspended" and record.pending is not None:
+        return TurnResult(
+            turn_id=record.turn_id,
+            status="suspended",
+            request=InputRequest.from_dict(record.pending["request"]),
+        )
     return TurnResult(turn_id=record.turn_id, status="failed", error=record.error or "failed")
