@@ -222,7 +222,7 @@ async def test_an_answer_that_breaks_the_schema_is_refused_and_not_stored(
     before = await stored_state(session, parked.turn_id)
     with pytest.raises(turnkit.InvalidAnswerError, match="approved"):
         await session.resume(parked.turn_id, "approve", {"approved": "yes"})
-    with pytest.raises(turnkit.InvalidAnswerError, match="not JSON|serial"):
+    with pytest.raises(turnkit.InvalidAnswerError, match="is not JSON"):
         await session.resume(parked.turn_id, "approve", {"approved": object()})
     assert await stored_state(session, parked.turn_id) == before
     assert await session.status() == "suspended"

@@ -185,6 +185,11 @@ class AgentSession:
             )
             try:
                 to_json(value)
+            except ValueError as exc:
+                raise InvalidAnswerError(
+                    f"the answer to input {input_id!r} is not JSON: {exc}"
+                ) from None
+            try:
                 check_answer(request, value)
             except ValueError as exc:
                 raise InvalidAnswerError(str(exc)) from None
