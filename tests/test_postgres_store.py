@@ -69,7 +69,8 @@ def test_migrations_run_forward_from_any_version_and_only_once(pg_dsn: str, pg_s
     with connect(pg_dsn) as conn:
         assert migrate(conn, pg_schema) == SCHEMA_VERSION
         conn.execute(
-            f"INSERT INTO \"{pg_schema}\".turnkit_sessions VALUES ('s', 'a', 'idle', 0, 0)"
+            f'INSERT INTO "{pg_schema}".turnkit_sessions '
+            "(session_id, agent, status, created_at, updated_at) VALUES ('s', 'a', 'idle', 0, 0)"
         )
         assert migrate(conn, pg_schema, extra) == SCHEMA_VERSION + 1
         assert migrate(conn, pg_schema, extra) == SCHEMA_VERSION + 1
@@ -446,13 +447,24 @@ async def test_connections_killed_between_steps_are_replaced_without_failing_the
         session = rt.session("a", "s1")
         tid = session.start("go")
         await reached.wait()
+        name = f"turnkit-{store.schema}"
         with connect(store.dsn) as admin:
             killed = admin.execute(
                 "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
                 "WHERE application_name = %s",
-                (f"turnkit-{store.schema}",),
+                (name,),
             ).fetchone()
-        assert killed is not None and killed[0] >= 1
+            assert killed is not None and killed[0] >= 1
+            # Wait until the backends are gone (termination is asynchronous), so the
+            # pool sees closed sockets rather than racing a dying server process.
+            for _ in range(500):
+                left = admin.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
+                    (name,),
+                ).fetchone()
+                if left == (0,):
+                    break
+                await asyncio.sleep(0.01)
         gate.set()
         assert (await session.result(tid)).text == "through"
         assert [m.role for m in await session.messages()] == [

@@ -31,7 +31,8 @@ def test_migrations_run_forward_from_any_version_and_only_once(tmp_path: Path) -
     extra = [*MIGRATIONS, ("ALTER TABLE turnkit_sessions ADD COLUMN note TEXT",)]
     assert migrate(conn) == SCHEMA_VERSION
     conn.execute(
-        "INSERT INTO turnkit_sessions VALUES ('s', 'a', 'idle', 0, 0)"
+        "INSERT INTO turnkit_sessions (session_id, agent, status, created_at, updated_at) "
+        "VALUES ('s', 'a', 'idle', 0, 0)"
     )  # data written at the old version survives the upgrade
     assert migrate(conn, extra) == SCHEMA_VERSION + 1
     assert migrate(conn, extra) == SCHEMA_VERSION + 1  # idempotent

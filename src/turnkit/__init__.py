@@ -20,6 +20,7 @@ from ._errors import (
     SessionSuspendedError,
     StoreError,
     ToolDefinitionError,
+    TurnCancelledError,
     TurnError,
     TurnFailedError,
     TurnkitError,
@@ -34,6 +35,7 @@ from ._events import (
     MessageCompletedEvent,
     MessageDeltaEvent,
     ReasoningDeltaEvent,
+    TurnCancelledEvent,
     TurnCompletedEvent,
     TurnEvent,
     TurnFailedEvent,
@@ -57,7 +59,7 @@ from ._messages import (
 from ._model import Model, ModelDelta, ModelDone, ReasoningDelta, TextDelta, ToolSpec
 from ._runtime import AgentSession, Runtime
 from ._tools import ActionContext, Tool, define_action, tool
-from ._turns import TurnResult
+from ._turns import ResetResult, TurnResult
 
 __all__ = [
     "ActionCompletedEvent",
@@ -90,6 +92,7 @@ __all__ = [
     "Proactive",
     "ReasoningDelta",
     "ReasoningDeltaEvent",
+    "ResetResult",
     "ResumeAuthorizationError",
     "ResumeConflictError",
     "ResumeRequest",
@@ -106,6 +109,8 @@ __all__ = [
     "ToolMessage",
     "ToolSpec",
     "TriggerMessage",
+    "TurnCancelledError",
+    "TurnCancelledEvent",
     "TurnCompletedEvent",
     "TurnError",
     "TurnEvent",

@@ -27,6 +27,7 @@ from ._events import (
     MessageCompletedEvent,
     MessageDeltaEvent,
     ReasoningDeltaEvent,
+    TurnCancelledEvent,
     TurnCompletedEvent,
     TurnEvent,
     TurnFailedEvent,
@@ -51,7 +52,7 @@ from ._store import SessionStore, Transaction, TurnRecord
 from ._tool_call import ToolRaised, copy_input, fatal, input_error, run_local, run_remote
 from ._tool_results import error_result, error_text
 from ._tools import Tool
-from ._turns import TurnFailure, TurnRequest, TurnResult, result_from_record
+from ._turns import TurnCancelled, TurnFailure, TurnRequest, TurnResult, result_from_record
 
 if TYPE_CHECKING:
     from ._runtime import Runtime
@@ -93,6 +94,8 @@ class TurnRunner:
         self.transcript: list[Message] = []
         self.steps: dict[str, Any] = {}
         self.next_seq = 1
+        self._durable_cancel: str | None = None
+        self._opened = False
 
     async def run(self) -> TurnResult:
         """Run the delivery. An exception escaping here (a store outage) leaves the turn
@@ -124,9 +127,14 @@ class TurnRunner:
         if record is not None:
             # A redelivery replays the turn as it was opened, whatever the caller passed.
             self.event = InboundEvent.from_dict(record.event) if record.event else None
+            self._durable_cancel = record.cancel_reason
+        superseded = record is not None and not has_opening_message(self.transcript, self.turn_id)
+        if record is not None and record.status == "suspended" and not superseded:
+            reason = self._cancel_reason()
+            if reason is not None:
+                return await self._cancel(reason)  # a parked turn ends where it waits
         if record is not None and (
-            record.status in ("completed", "suspended")
-            or not has_opening_message(self.transcript, self.turn_id)
+            record.status in ("completed", "suspended", "cancelled") or superseded
         ):
             # Finished, parked (no answer yet), or superseded by a later turn: nothing to
             # run, so say again how it ended (a parked turn re-announces its request).
@@ -142,6 +150,62 @@ class TurnRunner:
             return await self._fail(str(failure))
         except _Park as park:
             return await self._park(park.call, park.request)
+        except TurnCancelled as cancelled:
+            if not self._opened and record is None:
+                return self._cancelled_unopened(cancelled.reason)
+            return await self._cancel(cancelled.reason)
+
+    # -- cancellation ------------------------------------------------------------
+
+    def _cancel_reason(self) -> str | None:
+        """Why this turn is to stop, if it is: asked here, or recorded in the store."""
+        return self.request.cancel.reason or self._durable_cancel
+
+    def _boundary(self) -> None:
+        """A checkpoint boundary: stop here if the turn was cancelled."""
+        reason = self._cancel_reason()
+        if reason is not None:
+            raise TurnCancelled(reason)
+
+    def _cancelled_unopened(self, reason: str) -> TurnResult:
+        """Cancelled before its opening committed: nothing is stored, observers are told."""
+        self._emit(
+            TurnCancelledEvent(turn_id=self.turn_id, session_id=self.session_id, reason=reason)
+        )
+        return TurnResult(turn_id=self.turn_id, status="cancelled", reason=reason)
+
+    async def _cancel(self, reason: str) -> TurnResult:
+        """End the turn ``cancelled`` in one commit. Calls of the current batch that had
+        not run get a synthetic result, so the transcript stays valid for the next
+        model call; no ``action.completed`` is emitted for them."""
+        step = next_step(self.transcript, self.turn_id)
+        owed: Sequence[ToolCall] = step.owed if isinstance(step, RunTools) else ()
+        index = len(self.transcript)
+        result = {"cancelled": True, "reason": reason}
+        messages = [
+            ToolMessage(
+                call_id=c.id, name=c.name, result=dict(result), turn_id=self.turn_id, is_error=True
+            )
+            for c in owed
+        ]
+        assistant_index = step.assistant_index if isinstance(step, RunTools) else 0
+
+        def write(tx: Transaction) -> None:
+            for offset, (call, message) in enumerate(zip(owed, messages, strict=True)):
+                tx.put_step(
+                    tool_step_id(assistant_index, call.id),
+                    self.turn_id,
+                    {"result": message.result, "error": f"cancelled: {reason}"},
+                )
+                tx.append_message(index + offset, message)
+            tx.request_cancel(self.turn_id, reason)
+            tx.set_turn_status(self.turn_id, "cancelled")
+
+        event = TurnCancelledEvent(
+            turn_id=self.turn_id, session_id=self.session_id, reason=reason, seq=self.next_seq
+        )
+        await self._commit(write, [event], messages)
+        return TurnResult(turn_id=self.turn_id, status="cancelled", reason=reason)
 
     async def _loop(self) -> TurnResult:
         limit = self.agent.max_steps
@@ -149,6 +213,7 @@ class TurnRunner:
         while True:
             step = next_step(self.transcript, self.turn_id)
             if isinstance(step, CallModel):
+                self._boundary()
                 if limit is not None and taken >= limit:
                     raise TurnFailure(
                         f"the turn reached agent {self.agent.name!r}'s limit of {limit} model steps"
@@ -157,6 +222,7 @@ class TurnRunner:
                 taken += 1
             elif isinstance(step, RunTools):
                 for call in step.owed:
+                    self._boundary()
                     await self._tool_step(step.assistant_index, call)
             elif isinstance(step, Finished):
                 return TurnResult(turn_id=self.turn_id, status="completed", text=step.text)
@@ -246,6 +312,7 @@ class TurnRunner:
             TurnStartedEvent(turn_id=self.turn_id, session_id=sid, text=opening.text, seq=next(seq))
         )
         index = len(self.transcript)
+        self._boundary()  # the last moment a cancellation leaves no trace
 
         def write(tx: Transaction) -> None:
             for offset, (step_id, msg) in enumerate(closing):
@@ -259,6 +326,7 @@ class TurnRunner:
             tx.open_turn(record)
 
         await self._commit(write, events, [m for _, m in closing] + [opening])
+        self._opened = True
 
     def _closing_results(self, reason: str) -> list[tuple[str, ToolMessage]]:
         """Error results for the calls an earlier turn left unanswered at the tail."""
@@ -331,7 +399,11 @@ class TurnRunner:
             reply = ModelReply.from_dict(cached)  # memoized: never asked twice, no deltas
         else:
             reply = await ask_model(
-                self.agent, self.transcript, self._text_delta, self._reasoning_delta
+                self.agent,
+                self.transcript,
+                self._text_delta,
+                self._reasoning_delta,
+                self._cancel_reason,
             )
         message = AssistantMessage(
             text=reply.text,

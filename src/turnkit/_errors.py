@@ -7,6 +7,7 @@ TurnkitError
 └── TurnError                 a run or protocol failure seen by a caller
     ├── TurnFailedError       ``session.turn()`` of a turn that failed
     ├── TurnSuspendedError    ``session.turn()`` of a turn that parked for input
+    ├── TurnCancelledError    ``session.turn()`` of a turn that was cancelled
     ├── SessionSuspendedError a new turn on a session parked on another one
     ├── ResumeConflictError   a resume for the wrong turn, input or state
     ├── ResumeAuthorizationError  a resume by someone who may not answer
@@ -53,6 +54,15 @@ class TurnFailedError(TurnError):
         super().__init__(f"turn {turn_id} failed: {error}")
         self.turn_id = turn_id
         self.error = error
+
+
+class TurnCancelledError(TurnError):
+    """The awaited turn was cancelled; ``reason`` is ``requested``, ``replaced`` or ``reset``."""
+
+    def __init__(self, turn_id: str, reason: str) -> None:
+        super().__init__(f"turn {turn_id} was cancelled ({reason})")
+        self.turn_id = turn_id
+        self.reason = reason
 
 
 class TurnSuspendedError(TurnError):

@@ -122,6 +122,15 @@ class InputRequestedEvent(_TurnEventBase):
     type: Literal["input.requested"] = "input.requested"
 
 
+@dataclass(frozen=True, kw_only=True)
+class TurnCancelledEvent(_TurnEventBase):
+    """The turn was cancelled at a checkpoint boundary; ``reason`` says why
+    (``requested``, ``replaced`` or ``reset``)."""
+
+    reason: str
+    type: Literal["turn.cancelled"] = "turn.cancelled"
+
+
 TurnEvent: TypeAlias = (
     TurnStartedEvent
     | MessageDeltaEvent
@@ -132,10 +141,13 @@ TurnEvent: TypeAlias = (
     | InputRequestedEvent
     | TurnCompletedEvent
     | TurnFailedEvent
+    | TurnCancelledEvent
 )
 
 #: Event types after which a turn has ended for good.
-TERMINAL_EVENT_TYPES: frozenset[str] = frozenset({"turn.completed", "turn.failed"})
+TERMINAL_EVENT_TYPES: frozenset[str] = frozenset(
+    {"turn.completed", "turn.failed", "turn.cancelled"}
+)
 #: Event types that end a delivery: the terminal ones, and a park. An observer of a
 #: delivery stops at the first of them.
 ENDING_EVENT_TYPES: frozenset[str] = TERMINAL_EVENT_TYPES | {"input.requested"}
@@ -152,6 +164,7 @@ _EVENT_TYPES: dict[str, type[_Event]] = {
         InputRequestedEvent,
         TurnCompletedEvent,
         TurnFailedEvent,
+        TurnCancelledEvent,
     )
 }
 

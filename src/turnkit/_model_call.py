@@ -17,7 +17,7 @@ from ._errors import ModelError
 from ._messages import Message, ModelReply, ToolCall
 from ._model import ModelDone, ReasoningDelta, TextDelta
 from ._tool_results import error_text
-from ._turns import TurnFailure
+from ._turns import TurnCancelled, TurnFailure
 
 
 class TranscriptView(Sequence[Message]):
@@ -58,8 +58,13 @@ async def ask_model(
     transcript: list[Message],
     on_text: Callable[[str], None],
     on_reasoning: Callable[[str], None],
+    cancelled: Callable[[], str | None] = lambda: None,
 ) -> ModelReply:
-    """Stream one reply from ``agent.model``; deltas go to the callbacks as they arrive."""
+    """Stream one reply from ``agent.model``; deltas go to the callbacks as they arrive.
+
+    ``cancelled`` is asked after every delta: a reason stops the stream there (the
+    adapter's iterator is closed) and raises ``TurnCancelled``; nothing is kept.
+    """
     reply: ModelReply | None = None
     try:
         stream = agent.model.stream(
@@ -76,10 +81,15 @@ async def ask_model(
                     break
                 else:
                     raise ModelError(f"the model yielded {delta!r}, which is not a ModelDelta")
+                why = cancelled()
+                if why is not None:
+                    raise TurnCancelled(why)
         finally:
             aclose = getattr(stream, "aclose", None)
             if aclose is not None:
                 await aclose()
+    except TurnCancelled:
+        raise
     except ModelError as exc:
         raise TurnFailure(f"model error: {exc}") from exc
     except Exception as exc:

@@ -25,6 +25,7 @@ from ._errors import (
     InvalidAnswerError,
     ResumeConflictError,
     SessionSuspendedError,
+    TurnCancelledError,
     TurnError,
     TurnFailedError,
     TurnSuspendedError,
@@ -35,7 +36,7 @@ from ._inputs import InputRequest, input_step_id
 from ._messages import Message, OpeningMessage, TriggerMessage, UserMessage, message_from_dict
 from ._observe import event_filter, finished_record, session_events, turn_events
 from ._store import SessionInfo, SessionStatus, SessionStore, Store, Transaction
-from ._turns import TurnRequest, TurnResult, result_from_record
+from ._turns import ResetResult, TurnRequest, TurnResult, result_from_record
 
 log = logging.getLogger("turnkit.runtime")
 
@@ -50,7 +51,10 @@ class AgentSession:
         self.runtime = runtime
         self.agent = agent
         self._store = store
-        self._queue: deque[tuple[TurnRequest, asyncio.Future[TurnResult]]] = deque()
+        #: Deliveries in order; ``None`` in place of a request is a reset job.
+        self._queue: deque[tuple[TurnRequest | None, asyncio.Future[Any]]] = deque()
+        self._current: TurnRequest | None = None
+        self._resets_pending = 0
         self._futures: OrderedDict[str, asyncio.Future[TurnResult]] = OrderedDict()
         self._worker: asyncio.Task[None] | None = None
         #: The turn this process saw park, so start() can refuse at once; the store
@@ -69,12 +73,16 @@ class AgentSession:
         *,
         event: InboundEvent | None = None,
         trigger: Proactive | None = None,
+        replace: bool = False,
         turn_id: str | None = None,
     ) -> str:
         """Queue a turn and return its id at once; the opening commits when it runs.
 
         Passing the ``turn_id`` of an earlier delivery replays that turn from its
         last checkpoint instead of opening a new one (``text`` is then ignored).
+        ``replace=True`` first cancels every unfinished turn of the session (reason
+        ``replaced``); the new turn runs once they have unwound. It never cancels a
+        parked approval: while the session is parked, ``start`` refuses.
         """
         if not isinstance(text, str):
             raise TypeError(f"turn text must be a str, got {type(text).__name__}")
@@ -91,6 +99,10 @@ class AgentSession:
                 f"session {self.session_id} is waiting for input on turn {self._parked}; "
                 "resume it (or reset the session) before starting another turn"
             )
+        if replace:
+            replaced = self._signal_all("replaced")
+            if replaced:
+                self.runtime.spawn(self._record_cancel_quietly("replaced", set(replaced)))
         tid = turn_id or uuid.uuid4().hex
         opening: OpeningMessage = (
             TriggerMessage(text=text, turn_id=tid, by=trigger.by)
@@ -119,14 +131,18 @@ class AgentSession:
         *,
         event: InboundEvent | None = None,
         trigger: Proactive | None = None,
+        replace: bool = False,
         turn_id: str | None = None,
     ) -> str:
-        """Start a turn and wait for its answer; raise ``TurnFailedError`` if it fails
-        and ``TurnSuspendedError`` (carrying the request) if it parks for input."""
-        tid = self.start(text, event=event, trigger=trigger, turn_id=turn_id)
+        """Start a turn and wait for its answer; raise ``TurnFailedError`` if it fails,
+        ``TurnSuspendedError`` (carrying the request) if it parks for input and
+        ``TurnCancelledError`` if it is cancelled."""
+        tid = self.start(text, event=event, trigger=trigger, replace=replace, turn_id=turn_id)
         result = await self.result(tid)
         if result.status == "suspended" and result.request is not None:
             raise TurnSuspendedError(result.turn_id, result.request)
+        if result.status == "cancelled":
+            raise TurnCancelledError(result.turn_id, result.reason or "requested")
         if result.status != "completed":
             raise TurnFailedError(result.turn_id, result.error or result.status)
         return result.text or ""
@@ -161,6 +177,11 @@ class AgentSession:
         replayed turn. ``principal`` is for ``authorize_answer`` (see ``grant_answer``).
         """
         del principal  # checked by grant_answer; a resume itself needs only the grant
+        if self._resets_pending:
+            raise ResumeConflictError(
+                f"session {self.session_id} has a reset pending; its parked turn is being "
+                "archived, so it can no longer be resumed"
+            )
         async with self._store.writer():
             record = await self._store.parked()
             if record is None or record.pending is None:
@@ -219,16 +240,24 @@ class AgentSession:
         try:
             while self._queue:
                 request, future = self._queue.popleft()
-                await self._deliver(request, future)
+                if request is None:
+                    await self._run_reset(future)
+                else:
+                    self._current = request
+                    try:
+                        await self._deliver(request, future)
+                    finally:
+                        self._current = None
         finally:
             self._worker = None
             while self._queue:
                 request, future = self._queue.popleft()
+                what = f"turn {request.turn_id}" if request is not None else "the reset"
                 _settle(
                     future,
                     TurnError(
-                        f"the runtime closed before turn {request.turn_id} started; "
-                        "it was never stored, so start it again"
+                        f"the runtime closed before {what} started; it was never stored, "
+                        "so ask again"
                     ),
                 )
 
@@ -260,6 +289,112 @@ class AgentSession:
             _settle(future, interrupted)
             if isinstance(exc, asyncio.CancelledError | KeyboardInterrupt | SystemExit):
                 raise
+
+    # -- cancellation and reset -------------------------------------------------
+
+    def _signal_all(self, reason: str) -> list[str]:
+        """Tell the running delivery and every queued one to stop at their next
+        checkpoint boundary; return their turn ids."""
+        signalled: list[str] = []
+        requests = [self._current] + [r for r, _ in self._queue]
+        for request in requests:
+            if request is not None:
+                request.cancel.cancel(reason)
+                signalled.append(request.turn_id)
+        return signalled
+
+    async def _record_cancel(self, reason: str, *, only: set[str] | None = None) -> list[str]:
+        """Record the cancellation in the store for the session's unfinished turns, so
+        a crash before their next boundary cannot bring them back; a parked turn is
+        ended at once (there is no delivery to reach a boundary)."""
+        recorded: list[str] = []
+        for record in await self._store.unfinished():
+            if only is not None and record.turn_id not in only:
+                continue
+            recorded.append(record.turn_id)
+            if record.cancel_reason is None:
+                await self._store.commit(_cancel_request(record.turn_id, reason))
+            if record.status == "suspended":
+                self._parked = None
+                opening = message_from_dict(record.opening)
+                if isinstance(opening, UserMessage | TriggerMessage):
+                    request = TurnRequest(turn_id=record.turn_id, opening=opening)
+                    request.cancel.cancel(reason)
+                    self._enqueue(request)
+        return recorded
+
+    async def _record_cancel_quietly(self, reason: str, only: set[str]) -> None:
+        try:
+            await self._record_cancel(reason, only=only)
+        except Exception as exc:
+            # The in-memory signal still stops the turns; only crash-durability is lost.
+            log.warning(
+                "recording the %s cancellation on %s failed: %s", reason, self.session_id, exc
+            )
+
+    async def cancel(self, reason: str = "requested") -> list[str]:
+        """Cancel every unfinished turn of the session, running, queued or parked.
+
+        Each stops at its next checkpoint boundary (before its opening commits,
+        before a model call, between model deltas, between tool calls); what
+        committed stays. The cancellation is recorded in the store first, so a
+        turn cancelled before a crash is not run again by a replay or
+        ``runtime.recover()``. Returns the ids of the turns it reached; their
+        results then say ``status == "cancelled"`` with ``reason``.
+        """
+        if not isinstance(reason, str) or not reason:
+            raise ConfigurationError(f"cancel reason must be a non-empty str, got {reason!r}")
+        signalled = self._signal_all(reason)
+        recorded = await self._record_cancel(reason)
+        return list(dict.fromkeys(signalled + recorded))
+
+    async def reset(self) -> ResetResult:
+        """Retire the session's history and keep its address.
+
+        Cancels its unfinished turns (reason ``reset``), then, in order after them,
+        archives the transcript, steps, events and turns under the current
+        generation number and empties the live session (status ``new``) in one
+        transaction. New turns may queue behind it; ``resume`` refuses until it
+        is done.
+        """
+        self._resets_pending += 1
+        try:
+            self._parked = None  # a stale park is archived with everything else
+            await self.cancel("reset")
+            loop = self.runtime._require_loop()
+            future: asyncio.Future[ResetResult] = loop.create_future()
+            self._queue.append((None, future))
+            if self._worker is None:
+                self._worker = loop.create_task(self._drain(), name=f"turnkit:{self.session_id}")
+            return await future
+        finally:
+            self._resets_pending -= 1
+
+    async def _run_reset(self, future: asyncio.Future[Any]) -> None:
+        try:
+            async with self._store.writer():
+                generation = (await self._store.load()).generation
+                await self._store.commit(
+                    lambda tx: tx.archive_generation(generation, self.agent.name)
+                )
+        except Exception as exc:
+            _settle(future, exc)
+            return
+        except BaseException as exc:
+            _settle(future, TurnError(f"the reset was interrupted ({type(exc).__name__})"))
+            raise
+        self._parked = None
+        future.set_result(
+            ResetResult(previous_session=f"{self.session_id}#g{generation}", generation=generation)
+        )
+
+    async def generations(self) -> list[int]:
+        """The archived generations of this session (one per reset), oldest first."""
+        return await self._store.generations()
+
+    async def archived_messages(self, generation: int) -> list[Message]:
+        """The transcript the session had in ``generation`` (``"s1#g0"`` is 0)."""
+        return await self._store.archived_messages(generation)
 
     # -- reading results and state -----------------------------------------------
 
@@ -353,7 +488,14 @@ class AgentSession:
             unsubscribe()
 
 
-def _settle(future: asyncio.Future[TurnResult], exc: BaseException) -> None:
+def _cancel_request(turn_id: str, reason: str) -> Callable[[Transaction], None]:
+    def write(tx: Transaction) -> None:
+        tx.request_cancel(turn_id, reason)
+
+    return write
+
+
+def _settle(future: asyncio.Future[Any], exc: BaseException) -> None:
     if not future.done():
         future.set_exception(exc)
 

@@ -20,9 +20,9 @@ from ._messages import JsonObject, Message
 
 T = TypeVar("T")
 
-TurnStatus: TypeAlias = Literal["running", "suspended", "completed", "failed"]
+TurnStatus: TypeAlias = Literal["running", "suspended", "completed", "failed", "cancelled"]
 SessionStatus: TypeAlias = Literal["new", "running", "suspended", "idle"]
-TERMINAL_TURN_STATUSES: frozenset[str] = frozenset({"completed", "failed"})
+TERMINAL_TURN_STATUSES: frozenset[str] = frozenset({"completed", "failed", "cancelled"})
 
 
 def session_status_after(status: TurnStatus) -> SessionStatus:
@@ -48,6 +48,9 @@ class TurnRecord:
     finished_at: float | None = None
     #: The suspend checkpoint of a ``suspended`` turn: what it waits for (see ``_park``).
     pending: JsonObject | None = None
+    #: Set once a cancellation was asked for (``requested``, ``replaced``, ``reset``);
+    #: the turn ends ``cancelled`` at its next checkpoint boundary.
+    cancel_reason: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -73,6 +76,8 @@ class SessionSnapshot:
     turn: TurnRecord | None = None
     agent: str | None = None
     next_seq: int = 1
+    #: How many times the session was reset: its live history is generation ``generation``.
+    generation: int = 0
 
 
 @runtime_checkable
@@ -105,6 +110,16 @@ class Transaction(Protocol):
 
     def log_event(self, event: TurnEvent) -> None:
         """Append a structural event; ``event.seq`` is set and unused in the session."""
+
+    def request_cancel(self, turn_id: str, reason: str) -> None:
+        """Record that the turn is to end ``cancelled`` (its ``cancel_reason``); the
+        first reason recorded wins. A missing turn is an error."""
+
+    def archive_generation(self, generation: int, agent: str) -> None:
+        """Reset the session: move its messages, steps, events and turns to the archive
+        under ``generation``, empty the live tables, set the status to ``new`` and the
+        generation to ``generation + 1``. Refused if the live generation is not
+        ``generation`` (someone else reset it first)."""
 
     def open_turn(self, record: TurnRecord) -> None:
         """Record a new running turn and mark the session ``running`` for ``record.agent``."""
@@ -154,6 +169,18 @@ class SessionStore(Protocol):
 
     async def parked(self) -> TurnRecord | None:
         """The session's ``suspended`` turn, if it is parked on one."""
+        ...
+
+    async def unfinished(self) -> list[TurnRecord]:
+        """This session's ``running`` and ``suspended`` turns, oldest first."""
+        ...
+
+    async def generations(self) -> list[int]:
+        """The archived generations of this session, oldest first."""
+        ...
+
+    async def archived_messages(self, generation: int) -> list[Message]:
+        """The transcript of an archived generation (empty if there is none)."""
         ...
 
 

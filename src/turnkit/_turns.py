@@ -2,13 +2,27 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from ._inbound import InboundEvent
 from ._inputs import InputRequest
 from ._messages import OpeningMessage
 from ._store import TurnRecord
+
+
+class CancelSignal:
+    """Set by ``session.cancel()`` (or a replace, or a reset); read by the engine at
+    each checkpoint boundary. The first reason given is the one that counts."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self) -> None:
+        self.reason: str | None = None
+
+    def cancel(self, reason: str) -> None:
+        if self.reason is None:
+            self.reason = reason
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -18,27 +32,51 @@ class TurnRequest:
     turn_id: str
     opening: OpeningMessage
     event: InboundEvent | None = None
+    cancel: CancelSignal = field(default_factory=CancelSignal, compare=False)
 
 
 @dataclass(frozen=True, kw_only=True)
 class TurnResult:
-    """How a turn ended: ``completed`` with ``text``, ``failed`` with ``error``, or
-    ``suspended`` (parked) with the ``request`` it waits on."""
+    """How a turn ended: ``completed`` with ``text``, ``failed`` with ``error``,
+    ``suspended`` (parked) with the ``request`` it waits on, or ``cancelled`` with
+    its ``reason`` (``requested``, ``replaced``, ``reset``)."""
 
     turn_id: str
-    status: Literal["completed", "failed", "suspended"]
+    status: Literal["completed", "failed", "suspended", "cancelled"]
     text: str | None = None
     error: str | None = None
     request: InputRequest | None = None
+    reason: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ResetResult:
+    """What ``session.reset()`` retired: ``previous_session`` names the archived
+    generation (``"s1#g0"``), readable with ``session.archived_messages(generation)``."""
+
+    previous_session: str
+    generation: int
 
 
 class TurnFailure(Exception):
     """Internal: ends the turn as failed, recorded, with this message."""
 
 
+class TurnCancelled(Exception):
+    """Internal: a cancellation reached a checkpoint boundary; ``reason`` says why."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
 def result_from_record(record: TurnRecord) -> TurnResult:
     if record.status == "completed":
         return TurnResult(turn_id=record.turn_id, status="completed", text=record.text or "")
+    if record.status == "cancelled":
+        return TurnResult(
+            turn_id=record.turn_id, status="cancelled", reason=record.cancel_reason or "requested"
+        )
     if record.status == "suspended" and record.pending is not None:
         return TurnResult(
             turn_id=record.turn_id,

@@ -99,6 +99,57 @@ MIGRATIONS: list[tuple[str, ...]] = [
         "CREATE INDEX turnkit_turns_parked ON turnkit_turns (session_id) "
         "WHERE status = 'suspended'",
     ),
+    # v3: durable cancellation, and resets that archive a session's history.
+    (
+        "ALTER TABLE turnkit_turns ADD COLUMN cancel_reason text",
+        "ALTER TABLE turnkit_sessions ADD COLUMN generation integer NOT NULL DEFAULT 0",
+        """CREATE TABLE turnkit_generations (
+            session_id text NOT NULL,
+            generation integer NOT NULL,
+            archived_at double precision NOT NULL,
+            PRIMARY KEY (session_id, generation)
+        )""",
+        """CREATE TABLE turnkit_archived_messages (
+            session_id text NOT NULL,
+            generation integer NOT NULL,
+            idx integer NOT NULL,
+            turn_id text NOT NULL,
+            body text NOT NULL,
+            PRIMARY KEY (session_id, generation, idx)
+        )""",
+        """CREATE TABLE turnkit_archived_steps (
+            session_id text NOT NULL,
+            generation integer NOT NULL,
+            turn_id text NOT NULL,
+            step_id text NOT NULL,
+            result text NOT NULL,
+            PRIMARY KEY (session_id, generation, turn_id, step_id)
+        )""",
+        """CREATE TABLE turnkit_archived_events (
+            session_id text NOT NULL,
+            generation integer NOT NULL,
+            seq bigint NOT NULL,
+            turn_id text NOT NULL,
+            body text NOT NULL,
+            PRIMARY KEY (session_id, generation, seq)
+        )""",
+        """CREATE TABLE turnkit_archived_turns (
+            session_id text NOT NULL,
+            generation integer NOT NULL,
+            turn_id text NOT NULL,
+            agent text NOT NULL,
+            status text NOT NULL,
+            opening text NOT NULL,
+            event text,
+            text text,
+            error text,
+            created_at double precision NOT NULL,
+            finished_at double precision,
+            pending text,
+            cancel_reason text,
+            PRIMARY KEY (session_id, generation, turn_id)
+        )""",
+    ),
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -65,6 +65,57 @@ MIGRATIONS: list[tuple[str, ...]] = [
         "CREATE INDEX turnkit_turns_parked ON turnkit_turns (session_id) "
         "WHERE status = 'suspended'",
     ),
+    # v3: durable cancellation, and resets that archive a session's history.
+    (
+        "ALTER TABLE turnkit_turns ADD COLUMN cancel_reason TEXT",
+        "ALTER TABLE turnkit_sessions ADD COLUMN generation INTEGER NOT NULL DEFAULT 0",
+        """CREATE TABLE turnkit_generations (
+            session_id TEXT NOT NULL,
+            generation INTEGER NOT NULL,
+            archived_at REAL NOT NULL,
+            PRIMARY KEY (session_id, generation)
+        ) WITHOUT ROWID""",
+        """CREATE TABLE turnkit_archived_messages (
+            session_id TEXT NOT NULL,
+            generation INTEGER NOT NULL,
+            idx INTEGER NOT NULL,
+            turn_id TEXT NOT NULL,
+            body TEXT NOT NULL,
+            PRIMARY KEY (session_id, generation, idx)
+        ) WITHOUT ROWID""",
+        """CREATE TABLE turnkit_archived_steps (
+            session_id TEXT NOT NULL,
+            generation INTEGER NOT NULL,
+            turn_id TEXT NOT NULL,
+            step_id TEXT NOT NULL,
+            result TEXT NOT NULL,
+            PRIMARY KEY (session_id, generation, turn_id, step_id)
+        ) WITHOUT ROWID""",
+        """CREATE TABLE turnkit_archived_events (
+            session_id TEXT NOT NULL,
+            generation INTEGER NOT NULL,
+            seq INTEGER NOT NULL,
+            turn_id TEXT NOT NULL,
+            body TEXT NOT NULL,
+            PRIMARY KEY (session_id, generation, seq)
+        ) WITHOUT ROWID""",
+        """CREATE TABLE turnkit_archived_turns (
+            session_id TEXT NOT NULL,
+            generation INTEGER NOT NULL,
+            turn_id TEXT NOT NULL,
+            agent TEXT NOT NULL,
+            status TEXT NOT NULL,
+            opening TEXT NOT NULL,
+            event TEXT,
+            text TEXT,
+            error TEXT,
+            created_at REAL NOT NULL,
+            finished_at REAL,
+            pending TEXT,
+            cancel_reason TEXT,
+            PRIMARY KEY (session_id, generation, turn_id)
+        ) WITHOUT ROWID""",
+    ),
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

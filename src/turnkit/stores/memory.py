@@ -46,6 +46,9 @@ class _SessionData:
     steps: dict[str, tuple[str, bytes]] = field(default_factory=dict)
     events: list[tuple[int, str, bytes]] = field(default_factory=list)
     turns: dict[str, TurnRecord] = field(default_factory=dict)
+    generation: int = 0
+    #: Retired generations: their transcripts (encoded, as live ones are kept).
+    archive: dict[int, list[bytes]] = field(default_factory=dict)
 
 
 def _encode(value: Any, what: str) -> bytes:
@@ -88,6 +91,25 @@ class _MemoryTransaction:
         if event.seq is None or (events and event.seq <= events[-1][0]):
             raise StoreError(f"session {self._session_id}: event seq {event.seq} is not increasing")
         events.append((event.seq, event.turn_id, _encode(event.to_dict(), "an event")))
+
+    def request_cancel(self, turn_id: str, reason: str) -> None:
+        record = self._data.turns.get(turn_id)
+        if record is None:
+            raise StoreError(f"session {self._session_id}: no turn {turn_id} to cancel")
+        self._data.turns[turn_id] = replace(record, cancel_reason=record.cancel_reason or reason)
+
+    def archive_generation(self, generation: int, agent: str) -> None:
+        d = self._data
+        if generation != d.generation or generation in d.archive:
+            raise StoreError(
+                f"session {self._session_id}: generation {generation} is not the live one "
+                f"({d.generation}); another reset came first"
+            )
+        d.archive[generation] = d.messages
+        d.messages, d.steps, d.events, d.turns = [], {}, [], {}
+        d.generation = generation + 1
+        d.agent = agent
+        self._touch("new")
 
     def open_turn(self, record: TurnRecord) -> None:
         if record.turn_id in self._data.turns:
@@ -158,6 +180,7 @@ class _MemorySession:
             turn=d.turns.get(turn_id) if turn_id is not None else None,
             agent=d.agent,
             next_seq=last_seq + 1,
+            generation=d.generation,
         )
 
     async def commit(self, work: Callable[[Any], T]) -> T:
@@ -178,6 +201,16 @@ class _MemorySession:
 
     async def status(self) -> SessionStatus:
         return self._data.status
+
+    async def generations(self) -> list[int]:
+        return sorted(self._data.archive)
+
+    async def archived_messages(self, generation: int) -> list[Message]:
+        return [message_from_dict(from_json(m)) for m in self._data.archive.get(generation, [])]
+
+    async def unfinished(self) -> list[TurnRecord]:
+        found = [t for t in self._data.turns.values() if t.status in ("running", "suspended")]
+        return sorted(found, key=lambda t: t.created_at)
 
     async def parked(self) -> TurnRecord | None:
         found = [t for t in self._data.turns.values() if t.status == "suspended"]

@@ -47,6 +47,7 @@ from .._store import (
     TurnStatus,
     session_status_after,
 )
+from . import _archive_sql as archive_sql
 from ._locks import SessionLocks
 from ._postgres_schema import FENCE_SQLSTATE, MISSING_SQLSTATE, migrate
 
@@ -80,7 +81,7 @@ _ABORTED = (
 )
 _TURN_COLUMNS = (
     "session_id, turn_id, agent, status, opening, event, text, error, created_at, finished_at, "
-    "pending"
+    "pending, cancel_reason"
 )
 
 
@@ -139,6 +140,12 @@ def qmark_to_pyformat(sql: str) -> str:
             out.append(ch)
             i += 1
     return "".join(out)
+
+
+@functools.cache
+def _pg(sql: str) -> str:
+    """A shared ``?``-style statement in psycopg's placeholder style."""
+    return qmark_to_pyformat(sql)
 
 
 def _lock_key(schema: str, session_id: str) -> int:
@@ -258,6 +265,19 @@ class _PgTransaction:
             )
         )
 
+    def request_cancel(self, turn_id: str, reason: str) -> None:
+        self._writes.append(
+            (
+                "WITH t AS (" + _pg(archive_sql.REQUEST_CANCEL) + " RETURNING 1) "
+                "SELECT turnkit_expect_one(count(*), %s) FROM t",
+                (reason, self._sid, turn_id, f"session {self._sid}: no turn {turn_id} to cancel"),
+            )
+        )
+
+    def archive_generation(self, generation: int, agent: str) -> None:
+        for sql, params in archive_sql.reset_statements(self._sid, agent, generation, time.time()):
+            self._writes.append((_pg(sql), params))
+
     def open_turn(self, record: TurnRecord) -> None:
         now = time.time()
         self._writes.append(
@@ -338,7 +358,7 @@ class _PgTransaction:
 
 
 def _turn_from_row(row: Sequence[Any]) -> TurnRecord:
-    sid, tid, agent, status, opening, event, text, error, created, finished, pending = row
+    sid, tid, agent, status, opening, event, text, error, created, finished, pending, why = row
     return TurnRecord(
         session_id=sid,
         turn_id=tid,
@@ -351,6 +371,7 @@ def _turn_from_row(row: Sequence[Any]) -> TurnRecord:
         created_at=created,
         finished_at=finished,
         pending=json.loads(pending) if pending else None,
+        cancel_reason=why,
     )
 
 
@@ -385,7 +406,9 @@ class _PgSession:
                 (sid, turn_id),
             )
             seq = conn.execute("SELECT max(seq) FROM turnkit_events WHERE session_id = %s", (sid,))
-            agent = conn.execute("SELECT agent FROM turnkit_sessions WHERE session_id = %s", (sid,))
+            agent = conn.execute(
+                "SELECT agent, generation FROM turnkit_sessions WHERE session_id = %s", (sid,)
+            )
             conn.execute("COMMIT")
         turn_row = turn.fetchone()
         seq_row = seq.fetchone()
@@ -396,6 +419,7 @@ class _PgSession:
             turn=_turn_from_row(turn_row) if turn_row else None,
             agent=agent_row[0] if agent_row else None,
             next_seq=((seq_row[0] if seq_row else None) or 0) + 1,
+            generation=agent_row[1] if agent_row else 0,
         )
 
     async def commit(self, work: Callable[[Any], T]) -> T:
@@ -438,6 +462,13 @@ class _PgSession:
                 )
             if state == MISSING_SQLSTATE:
                 return StoreError(str(exc.diag.message_primary or exc))
+            if isinstance(exc, pg_errors.UniqueViolation) and "turnkit_generations" in str(
+                exc.diag.table_name or ""
+            ):
+                return StoreError(
+                    f"session {self._sid}: this generation was already archived "
+                    "(another reset came first)"
+                )
             if isinstance(exc, pg_errors.UniqueViolation):
                 return StoreError(
                     f"session {self._sid}: commit failed: {exc.diag.message_primary} "
@@ -485,6 +516,33 @@ class _PgSession:
             return [event_from_dict(json.loads(r[0])) for r in cur.fetchall()]
 
         return await self._store._read(f"events of session {self._sid}", read)
+
+    async def generations(self) -> list[int]:
+        def read(conn: psycopg.Connection[Any]) -> list[int]:
+            rows = conn.execute(_pg(archive_sql.GENERATIONS), (self._sid,)).fetchall()
+            return [int(r[0]) for r in rows]
+
+        return await self._store._read(f"generations of session {self._sid}", read)
+
+    async def archived_messages(self, generation: int) -> list[Message]:
+        def read(conn: psycopg.Connection[Any]) -> list[Message]:
+            rows = conn.execute(
+                _pg(archive_sql.ARCHIVED_MESSAGES), (self._sid, generation)
+            ).fetchall()
+            return [message_from_dict(json.loads(r[0])) for r in rows]
+
+        return await self._store._read(f"session {self._sid} generation {generation}", read)
+
+    async def unfinished(self) -> list[TurnRecord]:
+        def read(conn: psycopg.Connection[Any]) -> list[TurnRecord]:
+            rows = conn.execute(
+                f"SELECT {_TURN_COLUMNS} FROM turnkit_turns WHERE session_id = %s "
+                "AND status IN ('running', 'suspended') ORDER BY created_at",
+                (self._sid,),
+            ).fetchall()
+            return [_turn_from_row(r) for r in rows]
+
+        return await self._store._read(f"session {self._sid}", read)
 
     async def parked(self) -> TurnRecord | None:
         def read(conn: psycopg.Connection[Any]) -> TurnRecord | None:

@@ -33,6 +33,7 @@ from .._store import (
     TurnStatus,
     session_status_after,
 )
+from . import _archive_sql as archive_sql
 from ._locks import SessionLocks
 from ._sqlite_schema import migrate
 
@@ -126,6 +127,25 @@ class _SqliteTransaction:
             (self._sid, event.seq, event.turn_id, _dumps(event.to_dict())),
         )
 
+    def request_cancel(self, turn_id: str, reason: str) -> None:
+        _check_open(self._conn)
+        cur = self._conn.execute(archive_sql.REQUEST_CANCEL, (reason, self._sid, turn_id))
+        if cur.rowcount != 1:
+            raise StoreError(f"session {self._sid}: no turn {turn_id} to cancel")
+
+    def archive_generation(self, generation: int, agent: str) -> None:
+        _check_open(self._conn)
+        try:
+            for sql, params in archive_sql.reset_statements(
+                self._sid, agent, generation, time.time()
+            ):
+                self._conn.execute(sql, params)
+        except sqlite3.IntegrityError as exc:
+            raise StoreError(
+                f"session {self._sid}: generation {generation} was already archived "
+                "(another reset came first)"
+            ) from exc
+
     def open_turn(self, record: TurnRecord) -> None:
         _check_open(self._conn)
         now = time.time()
@@ -175,7 +195,7 @@ class _SqliteTransaction:
 
 
 def _turn_from_row(row: sqlite3.Row | tuple[Any, ...]) -> TurnRecord:
-    sid, tid, agent, status, opening, event, text, error, created, finished, pending = row
+    sid, tid, agent, status, opening, event, text, error, created, finished, pending, why = row
     return TurnRecord(
         session_id=sid,
         turn_id=tid,
@@ -188,12 +208,13 @@ def _turn_from_row(row: sqlite3.Row | tuple[Any, ...]) -> TurnRecord:
         created_at=created,
         finished_at=finished,
         pending=json.loads(pending) if pending else None,
+        cancel_reason=why,
     )
 
 
 _TURN_COLUMNS = (
     "session_id, turn_id, agent, status, opening, event, text, error, created_at, finished_at, "
-    "pending"
+    "pending, cancel_reason"
 )
 
 
@@ -238,7 +259,7 @@ class _SqliteSession:
             "SELECT max(seq) FROM turnkit_events WHERE session_id = ?", (self._sid,)
         ).fetchone()
         agent_row = conn.execute(
-            "SELECT agent FROM turnkit_sessions WHERE session_id = ?", (self._sid,)
+            "SELECT agent, generation FROM turnkit_sessions WHERE session_id = ?", (self._sid,)
         ).fetchone()
         return SessionSnapshot(
             messages=messages,
@@ -246,6 +267,7 @@ class _SqliteSession:
             turn=turn,
             agent=agent_row[0] if agent_row else None,
             next_seq=(seq_row[0] or 0) + 1,
+            generation=agent_row[1] if agent_row else 0,
         )
 
     async def commit(self, work: Callable[[Any], T]) -> T:
@@ -327,6 +349,27 @@ class _SqliteSession:
                 (self._sid, turn_id, after),
             ).fetchall()
         return [event_from_dict(json.loads(r[0])) for r in rows]
+
+    async def generations(self) -> list[int]:
+        with _reading(f"generations of session {self._sid}"):
+            rows = self._store.connection.execute(archive_sql.GENERATIONS, (self._sid,))
+            return [int(r[0]) for r in rows.fetchall()]
+
+    async def archived_messages(self, generation: int) -> list[Message]:
+        with _reading(f"session {self._sid} generation {generation}"):
+            rows = self._store.connection.execute(
+                archive_sql.ARCHIVED_MESSAGES, (self._sid, generation)
+            ).fetchall()
+            return [message_from_dict(json.loads(r[0])) for r in rows]
+
+    async def unfinished(self) -> list[TurnRecord]:
+        with _reading(f"session {self._sid}"):
+            rows = self._store.connection.execute(
+                f"SELECT {_TURN_COLUMNS} FROM turnkit_turns WHERE session_id = ? "
+                "AND status IN ('running', 'suspended') ORDER BY created_at",
+                (self._sid,),
+            ).fetchall()
+            return [_turn_from_row(r) for r in rows]
 
     async def parked(self) -> TurnRecord | None:
         with _reading(f"session {self._sid}"):

@@ -72,6 +72,15 @@ class _CountingSession:
     async def parked(self) -> TurnRecord | None:
         return await self._inner.parked()
 
+    async def unfinished(self) -> list[TurnRecord]:
+        return await self._inner.unfinished()
+
+    async def generations(self) -> list[int]:
+        return await self._inner.generations()
+
+    async def archived_messages(self, generation: int) -> list[Message]:
+        return await self._inner.archived_messages(generation)
+
 
 class CrashingStore:
     """``CrashingStore(SqliteStore(path), crash_at=3, when="after")`` dies right after

@@ -1,0 +1,55 @@
+"""The SQL of a session reset, shared by the SQLite and PostgreSQL stores (``?`` style).
+
+One reset is these statements in one transaction: copy every live row of the
+session to the archive tables under the generation being retired, delete the live
+rows, record the generation (its primary key refuses a second reset of the same
+generation) and move the session to the next generation with status ``new``.
+"""
+
+from __future__ import annotations
+
+_LIVE_TABLES = ("messages", "steps", "events", "turns")
+
+ARCHIVE: tuple[str, ...] = (
+    "INSERT INTO turnkit_archived_messages (session_id, generation, idx, turn_id, body) "
+    "SELECT session_id, ?, idx, turn_id, body FROM turnkit_messages WHERE session_id = ?",
+    "INSERT INTO turnkit_archived_steps (session_id, generation, turn_id, step_id, result) "
+    "SELECT session_id, ?, turn_id, step_id, result FROM turnkit_steps WHERE session_id = ?",
+    "INSERT INTO turnkit_archived_events (session_id, generation, seq, turn_id, body) "
+    "SELECT session_id, ?, seq, turn_id, body FROM turnkit_events WHERE session_id = ?",
+    "INSERT INTO turnkit_archived_turns (session_id, generation, turn_id, agent, status, "
+    "opening, event, text, error, created_at, finished_at, pending, cancel_reason) "
+    "SELECT session_id, ?, turn_id, agent, status, opening, event, text, error, created_at, "
+    "finished_at, pending, cancel_reason FROM turnkit_turns WHERE session_id = ?",
+)
+CLEAR: tuple[str, ...] = tuple(
+    f"DELETE FROM turnkit_{table} WHERE session_id = ?" for table in _LIVE_TABLES
+)
+RECORD_GENERATION = (
+    "INSERT INTO turnkit_generations (session_id, generation, archived_at) VALUES (?, ?, ?)"
+)
+NEXT_GENERATION = (
+    "INSERT INTO turnkit_sessions (session_id, agent, status, created_at, updated_at, "
+    "generation) VALUES (?, ?, 'new', ?, ?, ?) ON CONFLICT (session_id) DO UPDATE SET "
+    "status = 'new', updated_at = excluded.updated_at, generation = excluded.generation"
+)
+REQUEST_CANCEL = (
+    "UPDATE turnkit_turns SET cancel_reason = coalesce(cancel_reason, ?) "
+    "WHERE session_id = ? AND turn_id = ?"
+)
+GENERATIONS = "SELECT generation FROM turnkit_generations WHERE session_id = ? ORDER BY generation"
+ARCHIVED_MESSAGES = (
+    "SELECT body FROM turnkit_archived_messages WHERE session_id = ? AND generation = ? "
+    "ORDER BY idx"
+)
+
+
+def reset_statements(
+    session_id: str, agent: str, generation: int, now: float
+) -> list[tuple[str, tuple[object, ...]]]:
+    """Every statement of one reset, with its parameters, in order."""
+    out: list[tuple[str, tuple[object, ...]]] = [(sql, (generation, session_id)) for sql in ARCHIVE]
+    out += [(sql, (session_id,)) for sql in CLEAR]
+    out.append((RECORD_GENERATION, (session_id, generation, now)))
+    out.append((NEXT_GENERATION, (session_id, agent, now, now, generation + 1)))
+    return out
