@@ -135,16 +135,16 @@ class _SqliteTransaction:
 
     def archive_generation(self, generation: int, agent: str) -> None:
         _check_open(self._conn)
-        try:
-            for sql, params in archive_sql.reset_statements(
-                self._sid, agent, generation, time.time()
-            ):
+        for sql, params in archive_sql.reset_statements(self._sid, agent, generation, time.time()):
+            try:
                 self._conn.execute(sql, params)
-        except sqlite3.IntegrityError as exc:
-            raise StoreError(
-                f"session {self._sid}: generation {generation} was already archived "
-                "(another reset came first)"
-            ) from exc
+            except sqlite3.IntegrityError as exc:
+                if sql is not archive_sql.RECORD_GENERATION:
+                    raise
+                raise StoreError(
+                    f"session {self._sid}: generation {generation} was already archived "
+                    "(another reset came first)"
+                ) from exc
 
     def open_turn(self, record: TurnRecord) -> None:
         _check_open(self._conn)
