@@ -50,6 +50,8 @@ __all__ = [
     "test_conformance_data_survives_reopening",
     "test_conformance_events_filter_by_turn_and_sequence",
     "test_conformance_local_tool_rows_commit_or_roll_back_with_the_step",
+    "test_conformance_park_cancel_and_unfinished",
+    "test_conformance_reset_archives_a_generation",
     "test_conformance_sessions_are_isolated_and_listed",
     "test_conformance_sql_handle_or_its_honest_absence",
     "test_conformance_turn_with_tools_checkpoints_and_replays",
@@ -330,6 +332,60 @@ async def test_conformance_sql_handle_or_its_honest_absence(
 
         expected = [("a",)] if conformance_store.rollback else [("a",), ("b",)]
         assert await session.commit(read) == expected
+
+
+@pytest.mark.asyncio
+async def test_conformance_park_cancel_and_unfinished(conformance_store: StoreUnderTest) -> None:
+    async with _opened(conformance_store) as store:
+        session = store.session("s1")
+        await _open_turn(session, "t1")
+        assert [t.turn_id for t in await session.unfinished()] == ["t1"]
+        assert await session.parked() is None
+        checkpoint = {"request": {"id": "ok"}, "call_id": "c1"}
+        await session.commit(lambda tx: tx.set_turn_status("t1", "suspended", pending=checkpoint))
+        parked = await session.parked()
+        assert parked is not None and parked.pending == checkpoint
+        assert await session.status() == "suspended"
+        assert [t.status for t in await session.unfinished()] == ["suspended"]
+        await session.commit(lambda tx: tx.request_cancel("t1", "requested"))
+        await session.commit(lambda tx: tx.request_cancel("t1", "reset"))  # first one wins
+        await session.commit(lambda tx: tx.set_turn_status("t1", "cancelled"))
+        record = await session.turn("t1")
+        assert record is not None and record.status == "cancelled"
+        assert record.cancel_reason == "requested" and record.pending is None
+        assert await session.parked() is None and await session.unfinished() == []
+        assert await session.status() == "idle"
+        with pytest.raises(StoreError, match="no turn"):
+            await session.commit(lambda tx: tx.request_cancel("ghost", "requested"))
+
+
+@pytest.mark.asyncio
+async def test_conformance_reset_archives_a_generation(conformance_store: StoreUnderTest) -> None:
+    async with _opened(conformance_store) as store:
+        session, other = store.session("s1"), store.session("s2")
+        await _open_turn(session, "t1")
+        await _open_turn(other, "t1")
+        started = TurnStartedEvent(turn_id="t1", session_id="s1", text="open t1", seq=1)
+
+        def more(tx: Transaction) -> None:
+            tx.put_step("model:1", "t1", {"text": "x"})
+            tx.log_event(started)
+
+        await session.commit(more)
+        assert (await session.load()).generation == 0
+        await session.commit(lambda tx: tx.archive_generation(0, "a"))
+        snap = await session.load("t1")
+        assert snap.messages == [] and snap.steps == {} and snap.turn is None
+        assert snap.generation == 1 and snap.next_seq == 1
+        assert await session.events() == [] and await session.status() == "new"
+        assert await session.generations() == [0]
+        assert await session.archived_messages(0) == [UserMessage(text="open t1", turn_id="t1")]
+        assert await session.archived_messages(7) == []
+        with pytest.raises(StoreError):  # generation 0 is gone already
+            await session.commit(lambda tx: tx.archive_generation(0, "a"))
+        assert len(await other.messages()) == 1  # other sessions are untouched
+        await _open_turn(session, "t2")  # the same address lives on
+        assert [m.turn_id for m in await session.messages()] == ["t2"]
 
 
 # -- the engine on the store ---------------------------------------------------------
