@@ -2,8 +2,9 @@
 
 Run from the repo root::
 
-    .venv/bin/python benchmarks/step_overhead.py            # full run, well under 3 minutes
+    .venv/bin/python benchmarks/step_overhead.py            # full run, about a minute
     .venv/bin/python benchmarks/step_overhead.py --runs 3 --steps 10 100
+    .venv/bin/python benchmarks/step_overhead.py --stores postgres --dsn postgresql://…
     .venv/bin/python benchmarks/step_overhead.py --json results.json
 
 Each case is ONE turn on a fresh session and store: a zero-latency model calls a
@@ -16,9 +17,21 @@ pairs. ``growth`` is last-window cost / first-window cost (median of the per-run
 ratios); it shows whether a step costs more as the transcript grows. Every figure is
 the median of ``--runs`` runs.
 
-The floor is what SQLite alone charges on this machine for the rows the engine writes:
-the same PRAGMAs and schema, ``BEGIN IMMEDIATE`` + one step, one message and one event
-row + ``COMMIT``, with pre-encoded JSON bodies of the engine's own sizes, no turnkit code.
+The SQLite floor is what SQLite alone charges on this machine for the rows the engine
+writes: the same PRAGMAs and schema, ``BEGIN IMMEDIATE`` + one step, one message and
+one event row + ``COMMIT``, with pre-encoded JSON bodies of the engine's own sizes, no
+turnkit code.
+
+PostgreSQL (``--dsn``, default ``$TURNKIT_BENCH_POSTGRES_DSN`` or the local server):
+every run opens ``PostgresStore`` on a fresh schema and drops it afterwards. Its floor
+commits the same rows with psycopg alone over a ``psycopg_pool.ConnectionPool`` of
+autocommit connections on a fresh migrated schema, in the store's shape (one pipeline:
+``BEGIN``, the rows, ``COMMIT``): "one bare commit" is one step, one message and one
+event row; the engine's exact pair is its 4-row model commit plus 3-row tool commit.
+For reference it also times the bare commit unpipelined (five round trips), with the
+store's writer fence added, and one ``SELECT 1`` round trip. The bar: a pair costs at
+most 1.3x two bare commits. When PostgreSQL is not reachable and ``--stores`` was not
+given, the postgres cases are skipped with a note.
 """
 
 from __future__ import annotations
@@ -28,46 +41,48 @@ import asyncio
 import gc
 import itertools
 import json
+import os
 import platform
 import sqlite3
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import _floor
+from _floor import Row, pair_rows, pyformat
+
 import turnkit
 from turnkit import (
-    ActionCompletedEvent,
-    ActionRequestedEvent,
-    AssistantMessage,
     Message,
-    MessageCompletedEvent,
     ModelDelta,
     ModelDone,
     ModelReply,
     StopReason,
     TextDelta,
     ToolCall,
-    ToolMessage,
     ToolSpec,
     TurnEvent,
 )
 from turnkit.stores import MemoryStore, SqliteStore, Store
 from turnkit.stores._sqlite_schema import MIGRATIONS, migrate
 
-StoreKind = Literal["memory", "sqlite"]
+StoreKind = Literal["memory", "sqlite", "postgres"]
 ToolKind = Literal["def", "async"]
 
 PAIR_BAR_US = 250.0  # SQLite: engine cost per model+tool pair
+PG_PAIR_FACTOR = 1.3  # PostgreSQL: pair ≤ this times two bare commits
 GROWTH_BAR = 1.2  # last-window cost / first-window cost, any store
 
 _TOOL_NAME = {"def": "noop", "async": "noop_async"}
 _SESSION = "bench"
-_dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+_TURN_ID = "0" * 32  # a uuid4().hex-sized id
+_ALL_STORES: list[StoreKind] = ["memory", "sqlite", "postgres"]
 
 
 # -- the zero-latency model and the no-op tools ----------------------------------
@@ -139,17 +154,37 @@ class CaseResult:
     runs: list[dict[str, Any]] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class Where:
+    """Where the stores live: SQLite files under ``tmp``, PostgreSQL schemas at ``dsn``."""
+
+    tmp: Path
+    dsn: str
+
+
 _db_numbers = itertools.count()
 
 
-def _make_store(kind: StoreKind, tmp: Path) -> Store:
+@asynccontextmanager
+async def _fresh_store(kind: StoreKind, where: Where) -> AsyncIterator[Store]:
     """A fresh, empty store for every run: one turn on one new session."""
     if kind == "memory":
-        return MemoryStore()
-    return SqliteStore(tmp / f"bench-{next(_db_numbers)}.db")
+        yield MemoryStore()
+    elif kind == "sqlite":
+        yield SqliteStore(where.tmp / f"bench-{next(_db_numbers)}.db")
+    else:
+        from turnkit.stores import PostgresStore
+
+        schema = _floor.fresh_schema()
+        try:
+            yield PostgresStore(where.dsn, schema=schema)
+        finally:
+            await asyncio.to_thread(_floor.drop_schema, where.dsn, schema)
 
 
-async def _run_turn(store_kind: StoreKind, tool_kind: ToolKind, steps: int, tmp: Path) -> RunSample:
+async def _run_turn(
+    store_kind: StoreKind, tool_kind: ToolKind, steps: int, where: Where
+) -> RunSample:
     tool = noop if tool_kind == "def" else noop_async
     agent = turnkit.Agent(name="bench", model=ZeroModel(steps, _TOOL_NAME[tool_kind]), tools=[tool])
     stamps: list[float] = []
@@ -161,7 +196,10 @@ async def _run_turn(store_kind: StoreKind, tool_kind: ToolKind, steps: int, tmp:
         if kind == "action.completed" or kind == "turn.started":
             append(clock())
 
-    async with turnkit.Runtime(agent, store=_make_store(store_kind, tmp)) as runtime:
+    async with (
+        _fresh_store(store_kind, where) as store,
+        turnkit.Runtime(agent, store=store) as runtime,
+    ):
         session = runtime.session("bench", _SESSION)
         unsubscribe = session.subscribe(on_event)
         gc.collect()
@@ -180,9 +218,9 @@ def _median(values: Sequence[float]) -> float:
 
 
 async def _measure_case(
-    store_kind: StoreKind, tool_kind: ToolKind, steps: int, runs: int, window: int, tmp: Path
+    store_kind: StoreKind, tool_kind: ToolKind, steps: int, runs: int, window: int, where: Where
 ) -> CaseResult:
-    samples = [await _run_turn(store_kind, tool_kind, steps, tmp) for _ in range(runs)]
+    samples = [await _run_turn(store_kind, tool_kind, steps, where) for _ in range(runs)]
     head_n = min(window, steps)
     has_tail = steps >= 2 * window
     per_run: list[dict[str, Any]] = []
@@ -220,55 +258,7 @@ async def _measure_case(
 
 # -- the SQLite floor --------------------------------------------------------------
 
-_SQL_STEP = "INSERT INTO turnkit_steps (session_id, step_id, turn_id, result) VALUES (?, ?, ?, ?)"
-_SQL_MSG = "INSERT INTO turnkit_messages (session_id, idx, turn_id, body) VALUES (?, ?, ?, ?)"
-_SQL_EVENT = "INSERT INTO turnkit_events (session_id, seq, turn_id, body) VALUES (?, ?, ?, ?)"
-
-Row = tuple[str, tuple[Any, ...]]
-
-
-def _pair_rows(k: int, turn_id: str) -> tuple[list[Row], list[Row]]:
-    """The rows the engine writes for pair ``k``: (model commit, tool commit).
-
-    Bodies are the engine's own ``to_dict()`` encodings, pre-encoded here so the timed
-    loop does SQL only. The model commit has two events (message.completed and
-    action.requested); the tool commit has one (action.completed).
-    """
-    idx = 1 + 2 * (k - 1)  # the opening is message 0
-    seq = 2 + 3 * (k - 1)  # turn.started is seq 1
-    call = ToolCall(id=f"c{idx}", name="noop", input={"k": idx})
-    stop = StopReason(kind="tool_use")
-    reply = ModelReply(text="ok", tool_calls=(call,), stop=stop)
-    assistant = AssistantMessage(text="ok", turn_id=turn_id, tool_calls=(call,), stop=stop)
-    completed = MessageCompletedEvent(
-        turn_id=turn_id, session_id=_SESSION, message=assistant, seq=seq
-    )
-    requested = ActionRequestedEvent(turn_id=turn_id, session_id=_SESSION, call=call, seq=seq + 1)
-    result = {"ok": True, "k": idx}
-    tool_msg = ToolMessage(call_id=call.id, name=call.name, result=result, turn_id=turn_id)
-    done = ActionCompletedEvent(
-        turn_id=turn_id,
-        session_id=_SESSION,
-        call_id=call.id,
-        name=call.name,
-        result=result,
-        seq=seq + 2,
-    )
-    model_rows: list[Row] = [
-        (_SQL_STEP, (_SESSION, f"model:{idx}", turn_id, _dumps(reply.to_dict()))),
-        (_SQL_MSG, (_SESSION, idx, turn_id, _dumps(assistant.to_dict()))),
-        (_SQL_EVENT, (_SESSION, seq, turn_id, _dumps(completed.to_dict()))),
-        (_SQL_EVENT, (_SESSION, seq + 1, turn_id, _dumps(requested.to_dict()))),
-    ]
-    tool_rows: list[Row] = [
-        (
-            _SQL_STEP,
-            (_SESSION, f"tool:{idx}:{call.id}", turn_id, _dumps({"result": result, "error": None})),
-        ),
-        (_SQL_MSG, (_SESSION, idx + 1, turn_id, _dumps(tool_msg.to_dict()))),
-        (_SQL_EVENT, (_SESSION, seq + 2, turn_id, _dumps(done.to_dict()))),
-    ]
-    return model_rows, tool_rows
+Timer = Callable[[str, list[list[Row]]], list[float]]
 
 
 def _open_floor_db(path: Path) -> sqlite3.Connection:
@@ -279,28 +269,32 @@ def _open_floor_db(path: Path) -> sqlite3.Connection:
     return conn
 
 
-def _time_commits(path: Path, commits: list[list[Row]]) -> list[float]:
-    """``perf_counter`` before the first commit and after each one, on a fresh database."""
-    conn = _open_floor_db(path)
-    try:
-        execute = conn.execute
-        clock = time.perf_counter
-        stamps = [0.0] * (len(commits) + 1)
-        gc.collect()
-        stamps[0] = clock()
-        for i, rows in enumerate(commits, start=1):
-            execute("BEGIN IMMEDIATE")
-            for sql, params in rows:
-                execute(sql, params)
-            execute("COMMIT")
-            stamps[i] = clock()
-        return stamps
-    finally:
-        conn.close()
+def _sqlite_timer(tmp: Path) -> Timer:
+    def time_commits(tag: str, commits: list[list[Row]]) -> list[float]:
+        """``perf_counter`` before the first commit and after each one, on a fresh database."""
+        conn = _open_floor_db(tmp / f"floor-{tag}-{next(_db_numbers)}.db")
+        try:
+            execute = conn.execute
+            clock = time.perf_counter
+            stamps = [0.0] * (len(commits) + 1)
+            gc.collect()
+            stamps[0] = clock()
+            for i, rows in enumerate(commits, start=1):
+                execute("BEGIN IMMEDIATE")
+                for sql, params in rows:
+                    execute(sql, params)
+                execute("COMMIT")
+                stamps[i] = clock()
+            return stamps
+        finally:
+            conn.close()
+
+    return time_commits
 
 
 @dataclass
 class Floor:
+    store: StoreKind
     pairs: int
     commit_3rows_us: float  # BEGIN + step + message + event + COMMIT
     pair_3rows_us: float  # two such commits
@@ -310,37 +304,31 @@ class Floor:
     tail_pair_exact_us: float | None  # exact rows, last ``window`` pairs
     growth: float | None  # median of per-run tail/head
     body_bytes: dict[str, int]
+    reference: dict[str, float] = field(default_factory=dict)  # PostgreSQL: other shapes
 
 
-def measure_floor(pairs: int, runs: int, window: int, tmp: Path) -> Floor:
-    turn_id = "0" * 32  # a uuid4().hex-sized id
+def measure_floor(store: StoreKind, pairs: int, runs: int, window: int, timer: Timer) -> Floor:
     model_commits: list[list[Row]] = []
     tool_commits: list[list[Row]] = []
     for k in range(1, pairs + 1):
-        m, t = _pair_rows(k, turn_id)
+        m, t = pair_rows(k, _TURN_ID, _SESSION)
         model_commits.append(m)
         tool_commits.append(t)
-    # The brief's floor: one step, one message, one event row per commit (the model
-    # commit minus its action.requested row), alternating model and tool commits.
-    three: list[list[Row]] = []
+    # One step, one message, one event row per commit (the model commit minus its
+    # action.requested row), alternating model and tool commits.
+    three = _floor.bare_commits(pairs, _TURN_ID, _SESSION)
     exact: list[list[Row]] = []
     for m, t in zip(model_commits, tool_commits, strict=True):
-        three += [m[:3], t]
         exact += [m, t]
     n3, nx = len(three), len(exact)
-    c3 = _median(
-        [
-            (s[-1] - s[0]) / n3
-            for s in (_time_commits(tmp / f"f3-{r}.db", three) for r in range(runs))
-        ]
-    )
+    c3 = _median([(s[-1] - s[0]) / n3 for s in (timer("3rows", three) for _ in range(runs))])
     head_n = min(window, pairs)
     has_tail = pairs >= 2 * window
     totals: list[float] = []
     heads: list[float] = []
     tails: list[float] = []
-    for r in range(runs):
-        st = _time_commits(tmp / f"fx-{r}.db", exact)  # st[2k] = after pair k
+    for _ in range(runs):
+        st = timer("exact", exact)  # st[2k] = after pair k
         totals.append((st[-1] - st[0]) / nx)
         heads.append((st[2 * head_n] - st[0]) / head_n)
         if has_tail:
@@ -354,6 +342,7 @@ def measure_floor(pairs: int, runs: int, window: int, tmp: Path) -> Floor:
         for n, r in zip(["tool.step", "tool.message", "tool.event"], t0, strict=True)
     }
     return Floor(
+        store=store,
         pairs=pairs,
         commit_3rows_us=c3 * 1e6,
         pair_3rows_us=2 * c3 * 1e6,
@@ -366,6 +355,71 @@ def measure_floor(pairs: int, runs: int, window: int, tmp: Path) -> Floor:
     )
 
 
+# -- the PostgreSQL floor ----------------------------------------------------------
+
+_PG_REFERENCE_PAIRS = 250  # commits of each reference shape: twice this (or fewer)
+
+
+def _pg_timer(pool: Any, commit: Callable[[Any, Sequence[Row]], None] | None = None) -> Timer:
+    """Times commits over ``pool`` (one checkout per commit, as the store does), after
+    emptying the tables, so each call starts from the same state as a fresh schema."""
+    do_commit = commit or _floor.commit_pipelined
+
+    def time_commits(tag: str, commits: list[list[Row]]) -> list[float]:
+        converted = [pyformat(rows) for rows in commits]
+        with pool.connection() as conn:
+            conn.execute("TRUNCATE turnkit_steps, turnkit_messages, turnkit_events")
+        connection = pool.connection
+        clock = time.perf_counter
+        stamps = [0.0] * (len(commits) + 1)
+        gc.collect()
+        stamps[0] = clock()
+        for i, rows in enumerate(converted, start=1):
+            with connection() as conn:
+                do_commit(conn, rows)
+            stamps[i] = clock()
+        return stamps
+
+    return time_commits
+
+
+def _pg_round_trip_us(pool: Any, n: int = 500) -> float:
+    with pool.connection() as conn:
+        for _ in range(50):
+            conn.execute("SELECT 1")
+        t0 = time.perf_counter()
+        for _ in range(n):
+            conn.execute("SELECT 1")
+        return (time.perf_counter() - t0) / n * 1e6
+
+
+def measure_pg_floor(dsn: str, pairs: int, runs: int, window: int) -> Floor:
+    with _floor.floor_pool(dsn) as pool:
+        timer = _pg_timer(pool)
+        warm = _floor.bare_commits(20, _TURN_ID, _SESSION)
+        timer("warmup", warm)  # prepared statements, buffers
+        floor = measure_floor("postgres", pairs, runs, window, timer)
+        ref = _floor.bare_commits(min(pairs, _PG_REFERENCE_PAIRS), _TURN_ID, _SESSION)
+
+        def per_commit(t: Timer) -> float:
+            return _median(
+                [(s[-1] - s[0]) / len(ref) * 1e6 for s in (t("ref", ref) for _ in range(runs))]
+            )
+
+        with pool.connection() as conn:
+            token = _floor.take_writer(conn, _SESSION)
+
+        def fenced(conn: Any, rows: Sequence[Row]) -> None:
+            _floor.commit_fenced(conn, rows, _SESSION, token)
+
+        floor.reference = {
+            "round_trip_us": _pg_round_trip_us(pool),
+            "commit_3rows_unpipelined_us": per_commit(_pg_timer(pool, _floor.commit_unpipelined)),
+            "commit_3rows_fenced_us": per_commit(_pg_timer(pool, fenced)),
+        }
+    return floor
+
+
 # -- report ----------------------------------------------------------------------
 
 
@@ -375,7 +429,7 @@ def _fmt(value: float | None, spec: str = ".1f", suffix: str = "") -> str:
 
 def print_table(cases: list[CaseResult], window: int) -> None:
     header = (
-        f"{'store':<7} {'tool':<6} {'steps':>6} {'turn ms':>9} {'turn µs/pair':>13} "
+        f"{'store':<8} {'tool':<6} {'steps':>6} {'turn ms':>9} {'turn µs/pair':>13} "
         f"{'first ≤' + str(window) + ' µs/pair':>18} {'last ' + str(window) + ' µs/pair':>17} "
         f"{'growth':>7}"
     )
@@ -383,25 +437,22 @@ def print_table(cases: list[CaseResult], window: int) -> None:
     print("-" * len(header))
     for c in cases:
         print(
-            f"{c.store:<7} {c.tool:<6} {c.steps:>6} {c.turn_ms:>9.2f} {c.turn_us_per_pair:>13.1f} "
+            f"{c.store:<8} {c.tool:<6} {c.steps:>6} {c.turn_ms:>9.2f} {c.turn_us_per_pair:>13.1f} "
             f"{c.head_us_per_pair:>18.1f} {_fmt(c.tail_us_per_pair):>17} "
             f"{_fmt(c.growth, '.2f', 'x'):>7}"
         )
 
 
-def print_floor(floor: Floor) -> None:
+def print_floor(floor: Floor, label: str) -> None:
+    pg = floor.store == "postgres"
+    begin = "BEGIN" if pg else "BEGIN IMMEDIATE"
+    shape = ", one pipeline (one round trip) per commit" if pg else ""
+    print(f"{label} floor ({floor.pairs} pairs{shape}):")
     print(
-        f"SQLite floor ({floor.pairs} pairs, WAL, synchronous=NORMAL, sqlite "
-        f"{sqlite3.sqlite_version}):"
-    )
-    print(
-        f"  one commit (BEGIN IMMEDIATE + step + message + event row + COMMIT): "
+        f"  one bare commit ({begin} + step + message + event row + COMMIT): "
         f"{floor.commit_3rows_us:.1f} µs"
     )
-    print(
-        f"  pair floor (2 such commits):                                      "
-        f"{floor.pair_3rows_us:.1f} µs"
-    )
+    print(f"  pair floor (2 such commits): {floor.pair_3rows_us:.1f} µs")
     print(
         f"  pair floor, engine's exact rows (4-row model + 3-row tool commit): "
         f"{floor.pair_exact_us:.1f} µs"
@@ -412,12 +463,33 @@ def print_floor(floor: Floor) -> None:
             f"{floor.head_pair_exact_us:.1f} / {floor.tail_pair_exact_us:.1f} µs "
             f"(growth {_fmt(floor.growth, '.2f', 'x')})"
         )
+    ref = floor.reference
+    if ref:
+        print(
+            f"  reference: bare commit unpipelined (5 round trips) "
+            f"{ref['commit_3rows_unpipelined_us']:.1f} µs; pipelined + writer fence "
+            f"{ref['commit_3rows_fenced_us']:.1f} µs; one round trip (SELECT 1) "
+            f"{ref['round_trip_us']:.1f} µs"
+        )
     sizes = ", ".join(f"{k} {v}" for k, v in floor.body_bytes.items())
     print(f"  JSON body bytes: {sizes}")
 
 
+def _pair_bar(store: StoreKind, floors: dict[StoreKind, Floor]) -> tuple[float | None, str]:
+    """The bar a store's pair cost is held to, and how to say it."""
+    if store == "sqlite":
+        return PAIR_BAR_US, f"≤ {PAIR_BAR_US:.0f} µs"
+    pg = floors.get("postgres")
+    if store == "postgres" and pg is not None:
+        bar = PG_PAIR_FACTOR * 2 * pg.commit_3rows_us
+        return bar, (
+            f"≤ {PG_PAIR_FACTOR} * 2 * {pg.commit_3rows_us:.0f} µs bare commit = {bar:.0f} µs"
+        )
+    return None, "no bar"
+
+
 def verdicts(
-    cases: list[CaseResult], stores: Sequence[StoreKind], floor: Floor | None
+    cases: list[CaseResult], stores: Sequence[StoreKind], floors: dict[StoreKind, Floor]
 ) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for store in stores:
@@ -428,21 +500,22 @@ def verdicts(
         top = [c for c in mine if c.steps == longest]
         pair = {c.tool: c.turn_us_per_pair for c in top}
         growth = {c.tool: c.growth for c in top if c.growth is not None}
-        pair_ok = all(v <= PAIR_BAR_US for v in pair.values()) if store == "sqlite" else None
-        growth_ok = all(v <= GROWTH_BAR for v in growth.values()) if growth else None
+        bar, bar_text = _pair_bar(store, floors)
+        floor = floors.get(store)
         out.append(
             {
                 "store": store,
                 "steps": longest,
                 "pair_us": pair,
-                "pair_bar_us": PAIR_BAR_US if store == "sqlite" else None,
-                "pair_ok": pair_ok,
+                "pair_bar_us": bar,
+                "pair_bar": bar_text,
+                "pair_ok": all(v <= bar for v in pair.values()) if bar is not None else None,
                 "growth": growth,
                 "growth_bar": GROWTH_BAR,
-                "growth_ok": growth_ok,
+                "growth_ok": all(v <= GROWTH_BAR for v in growth.values()) if growth else None,
                 "pair_over_floor": (
                     {t: v - floor.pair_exact_us for t, v in pair.items()}
-                    if floor is not None and store == "sqlite"
+                    if floor is not None
                     else None
                 ),
             }
@@ -454,20 +527,22 @@ def _word(ok: bool | None) -> str:
     return "n/a" if ok is None else ("PASS" if ok else "FAIL")
 
 
+_LABEL = {"memory": "memory", "sqlite": "SQLite", "postgres": "PostgreSQL"}
+
+
 def print_verdicts(rows: list[dict[str, Any]]) -> None:
     for v in rows:
         pair = " / ".join(f"{us:.1f} µs ({tool})" for tool, us in v["pair_us"].items())
         growth = " / ".join(f"{g:.2f}x ({tool})" for tool, g in v["growth"].items()) or "-"
-        bar = f"≤ {v['pair_bar_us']:.0f} µs" if v["pair_bar_us"] is not None else "no bar"
         over = ""
         if v["pair_over_floor"]:
             over = (
-                " [above SQLite floor: "
+                f" [above {_LABEL[v['store']]} floor: "
                 + " / ".join(f"{us:.1f} µs ({tool})" for tool, us in v["pair_over_floor"].items())
                 + "]"
             )
         print(
-            f"VERDICT {v['store']}: pair {pair} vs {bar}: {_word(v['pair_ok'])}{over}; "
+            f"VERDICT {v['store']}: pair {pair} vs {v['pair_bar']}: {_word(v['pair_ok'])}{over}; "
             f"growth {growth} vs ≤ {v['growth_bar']}x: {_word(v['growth_ok'])}"
         )
 
@@ -479,7 +554,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description=(
             "Time turnkit's own cost per model+tool step pair (zero-latency model, no-op "
-            "tool) on MemoryStore and SqliteStore, and the raw SQLite commit floor."
+            "tool) on MemoryStore, SqliteStore and PostgresStore, and the raw commit floors."
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
@@ -498,7 +573,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="pairs per timing window (first W vs last W; last only when steps ≥ 2W)",
     )
     p.add_argument(
-        "--stores", nargs="+", choices=["memory", "sqlite"], default=["memory", "sqlite"]
+        "--stores",
+        nargs="+",
+        choices=_ALL_STORES,
+        default=None,
+        help="stores to time (default: all; postgres is skipped if it cannot be reached)",
+    )
+    p.add_argument(
+        "--dsn",
+        default=os.environ.get("TURNKIT_BENCH_POSTGRES_DSN", _floor.DEFAULT_DSN),
+        help="PostgreSQL to use (env TURNKIT_BENCH_POSTGRES_DSN); each run gets a fresh schema",
     )
     p.add_argument(
         "--tools",
@@ -509,7 +593,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--warmup", type=int, default=1, help="untimed turns per store/tool first")
     p.add_argument("--no-gc", action="store_true", help="disable the cyclic GC while timing")
-    p.add_argument("--no-floor", action="store_true", help="skip the SQLite floor")
+    p.add_argument("--no-floor", action="store_true", help="skip the SQLite and PostgreSQL floors")
     p.add_argument("--json", type=Path, metavar="PATH", help="also write the results here")
     args = p.parse_args(argv)
     if args.runs < 1 or args.window < 1 or min(args.steps) < 1:
@@ -517,44 +601,92 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
-async def run_cases(args: argparse.Namespace, tmp: Path) -> list[CaseResult]:
+def _resolve_stores(args: argparse.Namespace) -> tuple[list[StoreKind], dict[str, Any] | None]:
+    """The stores to run and, with postgres among them, the server's description."""
+    explicit = args.stores is not None
+    stores: list[StoreKind] = list(args.stores) if explicit else list(_ALL_STORES)
+    if "postgres" not in stores:
+        return stores, None
+    try:
+        return stores, _floor.server_info(args.dsn)
+    except Exception as exc:
+        if explicit:
+            raise SystemExit(
+                f"postgres: cannot connect to {_floor.redact(args.dsn)}: {exc}"
+            ) from exc
+        print(
+            f"(postgres skipped: cannot connect to {_floor.redact(args.dsn)}: {exc})",
+            file=sys.stderr,
+        )
+        return [s for s in stores if s != "postgres"], None
+
+
+async def run_cases(
+    args: argparse.Namespace, stores: Sequence[StoreKind], where: Where
+) -> list[CaseResult]:
     cases: list[CaseResult] = []
-    for store in args.stores:
+    for store in stores:
         for tool in args.tools:
             for _ in range(args.warmup):
-                await _run_turn(store, tool, min(100, max(args.steps)), tmp)
+                await _run_turn(store, tool, min(100, max(args.steps)), where)
             for steps in args.steps:
-                cases.append(await _measure_case(store, tool, steps, args.runs, args.window, tmp))
+                cases.append(await _measure_case(store, tool, steps, args.runs, args.window, where))
     return cases
+
+
+def measure_floors(
+    args: argparse.Namespace, stores: Sequence[StoreKind], tmp: Path
+) -> dict[StoreKind, Floor]:
+    floors: dict[StoreKind, Floor] = {}
+    if args.no_floor:
+        return floors
+    pairs = max(args.steps)
+    if "sqlite" in stores:
+        floors["sqlite"] = measure_floor(
+            "sqlite", pairs, args.runs, args.window, _sqlite_timer(tmp)
+        )
+    if "postgres" in stores:
+        floors["postgres"] = measure_pg_floor(args.dsn, pairs, args.runs, args.window)
+    return floors
+
+
+def _config(args: argparse.Namespace) -> dict[str, Any]:
+    out = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    out["dsn"] = _floor.redact(args.dsn)
+    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    stores, pg_info = _resolve_stores(args)
     started = time.perf_counter()
     if args.no_gc:
         gc.disable()
     with tempfile.TemporaryDirectory(prefix="turnkit-bench-") as d:
         tmp = Path(d)
-        cases = asyncio.run(run_cases(args, tmp))
-        floor = (
-            None if args.no_floor else measure_floor(max(args.steps), args.runs, args.window, tmp)
-        )
+        cases = asyncio.run(run_cases(args, stores, Where(tmp=tmp, dsn=args.dsn)))
+        floors = measure_floors(args, stores, tmp)
     if args.no_gc:
         gc.enable()
 
     print(
         f"turnkit step overhead: python {platform.python_version()}, sqlite "
-        f"{sqlite3.sqlite_version}, {platform.machine()}, median of {args.runs} runs, "
-        f"gc {'off' if args.no_gc else 'on'}"
+        f"{sqlite3.sqlite_version}, {platform.machine()}, {os.cpu_count()} CPUs, "
+        f"median of {args.runs} runs, gc {'off' if args.no_gc else 'on'}"
     )
+    if pg_info is not None:
+        print(_floor.describe(pg_info))
     print("(turn µs/pair = whole turn / steps; windows from action.completed timestamps)")
     print()
     print_table(cases, args.window)
-    if floor is not None:
+    for store, floor in floors.items():
         print()
-        print_floor(floor)
+        label = _LABEL[store]
+        if store == "sqlite":
+            label += f" (WAL, synchronous=NORMAL, sqlite {sqlite3.sqlite_version})"
+        print_floor(floor, label)
     print()
-    rows = verdicts(cases, args.stores, floor)
+    rows = verdicts(cases, stores, floors)
     print_verdicts(rows)
     elapsed = time.perf_counter() - started
     print(f"\n(total {elapsed:.1f} s)")
@@ -563,12 +695,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         payload: dict[str, Any] = {
             "python": sys.version,
             "sqlite": sqlite3.sqlite_version,
+            "postgres": pg_info,
             "platform": platform.platform(),
-            "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+            "cpus": os.cpu_count(),
+            "config": _config(args),
+            "stores": stores,
             "cases": [asdict(c) for c in cases],
-            "floor": asdict(floor) if floor is not None else None,
+            "floors": {k: asdict(v) for k, v in floors.items()},
             "verdicts": rows,
-            "bars": {"pair_us_sqlite": PAIR_BAR_US, "growth": GROWTH_BAR},
+            "bars": {
+                "pair_us_sqlite": PAIR_BAR_US,
+                "pair_postgres_factor_of_two_bare_commits": PG_PAIR_FACTOR,
+                "growth": GROWTH_BAR,
+            },
             "elapsed_s": elapsed,
         }
         args.json.write_text(json.dumps(payload, indent=2, ensure_ascii=False) + "\n")
