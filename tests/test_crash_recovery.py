@@ -265,6 +265,8 @@ def test_reference_run(reference: Reference) -> None:
         "status": "completed",
         "text": "Also ordered #4 d.",
         "error": None,
+        "request": None,
+        "reason": None,
     }
 
 

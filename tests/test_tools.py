@@ -205,7 +205,12 @@ async def test_a_def_returning_a_task_fails_and_the_task_is_stopped(
     @tool
     def schedule() -> Any:
         """Returns a task from a plain def."""
-        return asyncio.ensure_future(side_effect())
+        work = side_effect()
+        try:
+            return asyncio.ensure_future(work)
+        except RuntimeError:  # no loop on this thread (PostgreSQL runs def tools off it)
+            work.close()
+            raise
 
     model = ScriptedModel([ScriptedReply(tool_calls=[tool_call("schedule")]), "told"])
     rt = await open_runtime(turnkit.Agent(name="a", model=model, tools=[schedule]))
