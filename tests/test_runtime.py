@@ -365,3 +365,49 @@ async def test_wrong_kinds_of_arguments_are_named(open_runtime: Any) -> None:
     with pytest.raises(TypeError, match="trigger must be a Proactive, got str"):
         session.start("x", trigger="cron")  # type: ignore[arg-type]
     assert await session.status() == "new"
+
+
+async def test_a_later_delivery_reads_only_the_messages_committed_since(
+    open_runtime: Any,
+) -> None:
+    rt = await open_runtime(echo_agent())
+    session = rt.session("a", "s1")
+    await session.turn("one")
+    await session.turn("two")
+    store = session._store
+    asked: list[int] = []
+    real_load = store.load
+
+    async def counting_load(turn_id: str | None = None, *, from_index: int = 0) -> Any:
+        asked.append(from_index)
+        return await real_load(turn_id, from_index=from_index)
+
+    store.load = counting_load  # type: ignore[method-assign]
+    assert await session.turn("three") == "echo: three"
+    assert asked == [4]  # the two earlier turns' four messages were not read again
+    assert [m.role for m in await session.messages()] == ["user", "assistant"] * 3
+    await session.reset()
+    assert await session.turn("four") == "echo: four"
+    assert asked[-1] == 0  # after a reset the kept transcript is dropped
+
+
+async def test_two_runtimes_taking_turns_on_one_session_each_see_the_whole_transcript(
+    make_store: Any,
+) -> None:
+    seen: list[int] = []
+
+    def respond(messages: Any) -> str:
+        seen.append(len(messages))
+        return f"saw {len(messages)}"
+
+    agent = turnkit.Agent(name="a", model=ScriptedModel(respond=respond))
+    async with (
+        turnkit.Runtime(agent, store=make_store()) as one,
+        turnkit.Runtime(agent, store=make_store()) as two,
+    ):
+        for i in range(3):
+            await one.session("a", "s1").turn(f"one {i}")
+            await two.session("a", "s1").turn(f"two {i}")
+        await two.session("a", "s1").reset()
+        await one.session("a", "s1").turn("after the other's reset")
+    assert seen == [1, 3, 5, 7, 9, 11, 1]

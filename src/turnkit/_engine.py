@@ -71,6 +71,21 @@ INTERRUPTED_CALL_ERROR = (
 SUPERSEDED_ERROR = "interrupted: a later turn started before it was recovered"
 
 
+class KnownTranscript:
+    """The transcript a session's last delivery ended with, kept so the next delivery
+    reads only the messages committed since (positions are append-only within a
+    generation, and committed messages never change)."""
+
+    __slots__ = ("generation", "messages")
+
+    def __init__(self) -> None:
+        self.messages: list[Message] | None = None
+        self.generation = 0
+
+    def forget(self) -> None:
+        self.messages = None
+
+
 class TurnRunner:
     """Drives one delivery of one turn to its end. Create one per delivery."""
 
@@ -82,18 +97,21 @@ class TurnRunner:
         sink: EventSink,
         request: TurnRequest,
         runtime: Runtime | None = None,
+        known: KnownTranscript | None = None,
     ) -> None:
         self.agent = agent
         self.store = store
         self.sink = sink
         self.request = request
         self.runtime = runtime
+        self.known = known
         self.turn_id = request.turn_id
         self.session_id = store.session_id
         self.event = request.event
         self.transcript: list[Message] = []
         self.steps: dict[str, Any] = {}
         self.next_seq = 1
+        self.generation = 0
         self._durable_cancel: str | None = None
         self._opened = False
 
@@ -116,13 +134,21 @@ class TurnRunner:
             raise
 
     async def _run(self) -> TurnResult:
-        snap = await self.store.load(self.turn_id)
+        known = self.known
+        prefix = known.messages if known is not None and known.messages is not None else []
+        snap = await self.store.load(self.turn_id, from_index=len(prefix))
+        if prefix and known is not None and snap.generation != known.generation:
+            # Reset elsewhere since we last looked: what we kept is another generation.
+            prefix = []
+            snap = await self.store.load(self.turn_id)
         if snap.agent is not None and snap.agent != self.agent.name:
             raise ConfigurationError(
                 f"session {self.session_id} belongs to agent {snap.agent!r}, "
                 f"not {self.agent.name!r}"
             )
-        self.transcript, self.steps, self.next_seq = snap.messages, snap.steps, snap.next_seq
+        self.transcript = [*prefix, *snap.messages]
+        self.steps, self.next_seq = snap.steps, snap.next_seq
+        self.generation = snap.generation
         record = snap.turn
         if record is not None:
             # A redelivery replays the turn as it was opened, whatever the caller passed.

@@ -19,7 +19,7 @@ from pydantic_core import to_json
 
 from ._agent import Agent
 from ._approvals import Grant, GrantSealer, check_answer, check_answerer
-from ._engine import TurnRunner
+from ._engine import KnownTranscript, TurnRunner
 from ._errors import (
     ConfigurationError,
     InvalidAnswerError,
@@ -55,6 +55,7 @@ class AgentSession:
         self._queue: deque[tuple[TurnRequest | None, asyncio.Future[Any]]] = deque()
         self._current: TurnRequest | None = None
         self._resets_pending = 0
+        self._known = KnownTranscript()
         self._futures: OrderedDict[str, asyncio.Future[TurnResult]] = OrderedDict()
         self._worker: asyncio.Task[None] | None = None
         #: The turn this process saw park, so start() can refuse at once; the store
@@ -271,13 +272,17 @@ class AgentSession:
             sink=self.runtime.sink,
             request=request,
             runtime=self.runtime,
+            known=self._known,
         )
         try:
             result = await runner.run()
+            self._known.messages = runner.transcript
+            self._known.generation = runner.generation
             if result.status == "suspended":
                 self._parked = request.turn_id
             future.set_result(result)
         except Exception as exc:
+            self._known.forget()  # read it all again next time, to be safe
             log.exception("turn %s on session %s crashed", request.turn_id, self.session_id)
             future.set_exception(exc)
         except BaseException as exc:
@@ -286,6 +291,7 @@ class AgentSession:
                 "open in the store: redeliver it or call runtime.recover()"
             )
             interrupted.__cause__ = exc
+            self._known.forget()
             _settle(future, interrupted)
             if isinstance(exc, asyncio.CancelledError | KeyboardInterrupt | SystemExit):
                 raise
@@ -371,6 +377,7 @@ class AgentSession:
             self._resets_pending -= 1
 
     async def _run_reset(self, future: asyncio.Future[Any]) -> None:
+        self._known.forget()
         try:
             async with self._store.writer():
                 generation = (await self._store.load()).generation

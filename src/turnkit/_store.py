@@ -69,6 +69,7 @@ class SessionSnapshot:
 
     ``steps`` holds only the given turn's memoized results, so a replay never reads
     the whole step history; ``next_seq`` is the next event sequence number.
+    ``messages`` starts at transcript position ``from_index`` (what was asked for).
     """
 
     messages: list[Message]
@@ -78,6 +79,7 @@ class SessionSnapshot:
     next_seq: int = 1
     #: How many times the session was reset: its live history is generation ``generation``.
     generation: int = 0
+    from_index: int = 0
 
 
 @runtime_checkable
@@ -155,7 +157,10 @@ class SessionStore(Protocol):
         """
         ...
 
-    async def load(self, turn_id: str | None = None) -> SessionSnapshot: ...
+    async def load(self, turn_id: str | None = None, *, from_index: int = 0) -> SessionSnapshot:
+        """Read what a delivery needs. Only messages at positions ``>= from_index``
+        are returned, so a caller that kept the transcript reads just what is new."""
+        ...
 
     async def commit(self, work: Callable[[Transaction], T]) -> T: ...
 

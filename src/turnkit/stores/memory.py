@@ -166,7 +166,7 @@ class _MemorySession:
     def session_id(self) -> str:
         return self._session_id
 
-    async def load(self, turn_id: str | None = None) -> SessionSnapshot:
+    async def load(self, turn_id: str | None = None, *, from_index: int = 0) -> SessionSnapshot:
         d = self._data
         steps = (
             {k: from_json(r) for k, (t, r) in d.steps.items() if t == turn_id}
@@ -175,12 +175,13 @@ class _MemorySession:
         )
         last_seq = d.events[-1][0] if d.events else 0
         return SessionSnapshot(
-            messages=await self.messages(),
+            messages=[message_from_dict(from_json(m)) for m in d.messages[max(0, from_index) :]],
             steps=steps,
             turn=d.turns.get(turn_id) if turn_id is not None else None,
             agent=d.agent,
             next_seq=last_seq + 1,
             generation=d.generation,
+            from_index=from_index,
         )
 
     async def commit(self, work: Callable[[Any], T]) -> T:

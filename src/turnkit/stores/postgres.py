@@ -387,15 +387,19 @@ class _PgSession:
     def writer(self) -> AbstractAsyncContextManager[None]:
         return self._store._writer(self._sid)
 
-    async def load(self, turn_id: str | None = None) -> SessionSnapshot:
-        return await self._store._read(f"session {self._sid}", self._load_sync, turn_id)
+    async def load(self, turn_id: str | None = None, *, from_index: int = 0) -> SessionSnapshot:
+        return await self._store._read(f"session {self._sid}", self._load_sync, turn_id, from_index)
 
-    def _load_sync(self, conn: psycopg.Connection[Any], turn_id: str | None) -> SessionSnapshot:
+    def _load_sync(
+        self, conn: psycopg.Connection[Any], turn_id: str | None, from_index: int
+    ) -> SessionSnapshot:
         sid = self._sid
         with conn.pipeline():
             conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
             messages = conn.execute(
-                "SELECT body FROM turnkit_messages WHERE session_id = %s ORDER BY idx", (sid,)
+                "SELECT body FROM turnkit_messages WHERE session_id = %s AND idx >= %s "
+                "ORDER BY idx",
+                (sid, from_index),
             )
             steps = conn.execute(
                 "SELECT step_id, result FROM turnkit_steps WHERE session_id = %s AND turn_id = %s",
@@ -420,6 +424,7 @@ class _PgSession:
             agent=agent_row[0] if agent_row else None,
             next_seq=((seq_row[0] if seq_row else None) or 0) + 1,
             generation=agent_row[1] if agent_row else 0,
+            from_index=from_index,
         )
 
     async def commit(self, work: Callable[[Any], T]) -> T:

@@ -231,19 +231,22 @@ class _SqliteSession:
         # In-process only: one runtime per SQLite file is the supported deployment.
         return self._store._locks.hold(self._sid)
 
-    async def load(self, turn_id: str | None = None) -> SessionSnapshot:
+    async def load(self, turn_id: str | None = None, *, from_index: int = 0) -> SessionSnapshot:
         conn = self._store.connection
         with _reading(f"session {self._sid}"):
             # One read transaction, so the snapshot is consistent across the tables.
             conn.execute("BEGIN")
             try:
-                return self._read_snapshot(conn, turn_id)
+                return self._read_snapshot(conn, turn_id, from_index)
             finally:
                 conn.execute("COMMIT")
 
-    def _read_snapshot(self, conn: sqlite3.Connection, turn_id: str | None) -> SessionSnapshot:
+    def _read_snapshot(
+        self, conn: sqlite3.Connection, turn_id: str | None, from_index: int
+    ) -> SessionSnapshot:
         rows = conn.execute(
-            "SELECT body FROM turnkit_messages WHERE session_id = ? ORDER BY idx", (self._sid,)
+            "SELECT body FROM turnkit_messages WHERE session_id = ? AND idx >= ? ORDER BY idx",
+            (self._sid, from_index),
         ).fetchall()
         messages = [message_from_dict(json.loads(r[0])) for r in rows]
         steps: dict[str, Any] = {}
@@ -268,6 +271,7 @@ class _SqliteSession:
             agent=agent_row[0] if agent_row else None,
             next_seq=(seq_row[0] or 0) + 1,
             generation=agent_row[1] if agent_row else 0,
+            from_index=from_index,
         )
 
     async def commit(self, work: Callable[[Any], T]) -> T:

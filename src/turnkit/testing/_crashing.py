@@ -44,8 +44,8 @@ class _CountingSession:
     def writer(self) -> AbstractAsyncContextManager[None]:
         return self._inner.writer()
 
-    async def load(self, turn_id: str | None = None) -> SessionSnapshot:
-        return await self._inner.load(turn_id)
+    async def load(self, turn_id: str | None = None, *, from_index: int = 0) -> SessionSnapshot:
+        return await self._inner.load(turn_id, from_index=from_index)
 
     async def commit(self, work: Callable[[Transaction], T]) -> T:
         number = self._owner.commits + 1

@@ -49,6 +49,7 @@ __all__ = [
     "test_conformance_commit_writes_read_back",
     "test_conformance_data_survives_reopening",
     "test_conformance_events_filter_by_turn_and_sequence",
+    "test_conformance_load_from_an_index_reads_only_the_rest",
     "test_conformance_local_tool_rows_commit_or_roll_back_with_the_step",
     "test_conformance_park_cancel_and_unfinished",
     "test_conformance_reset_archives_a_generation",
@@ -332,6 +333,28 @@ async def test_conformance_sql_handle_or_its_honest_absence(
 
         expected = [("a",)] if conformance_store.rollback else [("a",), ("b",)]
         assert await session.commit(read) == expected
+
+
+@pytest.mark.asyncio
+async def test_conformance_load_from_an_index_reads_only_the_rest(
+    conformance_store: StoreUnderTest,
+) -> None:
+    async with _opened(conformance_store) as store:
+        session = store.session("s1")
+        await _open_turn(session, "t1")
+        replies = [AssistantMessage(text=str(i), turn_id="t1") for i in range(1, 4)]
+
+        def work(tx: Transaction) -> None:
+            for i, reply in enumerate(replies, start=1):
+                tx.append_message(i, reply)
+
+        await session.commit(work)
+        whole = await session.load("t1")
+        rest = await session.load("t1", from_index=2)
+        assert len(whole.messages) == 4 and whole.from_index == 0
+        assert rest.messages == replies[1:] and rest.from_index == 2
+        assert (await session.load("t1", from_index=4)).messages == []
+        assert rest.turn == whole.turn and rest.next_seq == whole.next_seq
 
 
 @pytest.mark.asyncio
