@@ -32,8 +32,6 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, TypeVar, cast
 
-from pydantic_core import to_json
-
 from .._errors import ConfigurationError, FatalToolError, SessionBusyError, StoreError
 from .._events import TurnEvent, event_from_dict
 from .._messages import JsonObject, Message, message_from_dict
@@ -50,6 +48,9 @@ from .._store import (
 from . import _archive_sql as archive_sql
 from ._locks import SessionLocks
 from ._postgres_schema import FENCE_SQLSTATE, MISSING_SQLSTATE, migrate
+from ._sql_rows import TURN_COLUMNS as _TURN_COLUMNS
+from ._sql_rows import dumps as _dumps
+from ._sql_rows import turn_from_row as _turn_from_row
 
 try:
     import psycopg
@@ -79,17 +80,6 @@ _ABORTED = (
     "raised through ctx.store.unwrap()); use ctx.store.execute, which isolates each "
     "statement, or let the error propagate"
 )
-_TURN_COLUMNS = (
-    "session_id, turn_id, agent, status, opening, event, text, error, created_at, finished_at, "
-    "pending, cancel_reason"
-)
-
-
-def _dumps(value: Any) -> str:
-    try:
-        return to_json(value).decode()
-    except Exception as exc:
-        raise StoreError(f"cannot store a value as JSON: {exc}") from exc
 
 
 def qmark_to_pyformat(sql: str) -> str:
@@ -355,24 +345,6 @@ class _PgTransaction:
             for sql, params in self._writes:
                 conn.execute(sql, params)
             conn.execute("COMMIT")
-
-
-def _turn_from_row(row: Sequence[Any]) -> TurnRecord:
-    sid, tid, agent, status, opening, event, text, error, created, finished, pending, why = row
-    return TurnRecord(
-        session_id=sid,
-        turn_id=tid,
-        agent=agent,
-        status=status,
-        opening=json.loads(opening),
-        event=json.loads(event) if event else None,
-        text=text,
-        error=error,
-        created_at=created,
-        finished_at=finished,
-        pending=json.loads(pending) if pending else None,
-        cancel_reason=why,
-    )
 
 
 class _PgSession:

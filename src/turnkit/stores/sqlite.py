@@ -18,8 +18,6 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractAsyncContextManager, contextmanager
 from typing import Any, TypeVar, cast
 
-from pydantic_core import to_json
-
 from .._errors import FatalToolError, StoreError
 from .._events import TurnEvent, event_from_dict
 from .._messages import JsonObject, Message, message_from_dict
@@ -35,6 +33,9 @@ from .._store import (
 )
 from . import _archive_sql as archive_sql
 from ._locks import SessionLocks
+from ._sql_rows import TURN_COLUMNS as _TURN_COLUMNS
+from ._sql_rows import dumps as _dumps
+from ._sql_rows import turn_from_row as _turn_from_row
 from ._sqlite_schema import migrate
 
 T = TypeVar("T")
@@ -46,13 +47,6 @@ CHECKPOINT_EVERY = 256
 CHECKPOINT_BACKSTOP_PAGES = 10_000
 #: Truncate the WAL file back to this many bytes after a checkpoint.
 JOURNAL_SIZE_LIMIT = 64 * 1024 * 1024
-
-
-def _dumps(value: Any) -> str:
-    try:
-        return to_json(value).decode()
-    except Exception as exc:
-        raise StoreError(f"cannot store a value as JSON: {exc}") from exc
 
 
 @contextmanager
@@ -192,30 +186,6 @@ class _SqliteTransaction:
             "UPDATE turnkit_sessions SET status = ?, updated_at = ? WHERE session_id = ?",
             (session_status_after(status), now, self._sid),
         )
-
-
-def _turn_from_row(row: sqlite3.Row | tuple[Any, ...]) -> TurnRecord:
-    sid, tid, agent, status, opening, event, text, error, created, finished, pending, why = row
-    return TurnRecord(
-        session_id=sid,
-        turn_id=tid,
-        agent=agent,
-        status=status,
-        opening=json.loads(opening),
-        event=json.loads(event) if event else None,
-        text=text,
-        error=error,
-        created_at=created,
-        finished_at=finished,
-        pending=json.loads(pending) if pending else None,
-        cancel_reason=why,
-    )
-
-
-_TURN_COLUMNS = (
-    "session_id, turn_id, agent, status, opening, event, text, error, created_at, finished_at, "
-    "pending, cancel_reason"
-)
 
 
 class _SqliteSession:
