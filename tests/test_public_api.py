@@ -32,6 +32,7 @@ CORE = [
     "_tools.py",
     "_inputs.py",
     "_approvals.py",
+    "_policy.py",
 ]
 ALLOWED_EXTERNAL = {
     "__future__",

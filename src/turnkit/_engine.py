@@ -37,6 +37,7 @@ from ._inbound import InboundEvent
 from ._inputs import InputRequest
 from ._messages import AssistantMessage, Message, ModelReply, ToolCall, ToolMessage
 from ._model_call import ask_model
+from ._policy import TurnPolicy, policy_step_id
 from ._position import (
     CallModel,
     Finished,
@@ -114,6 +115,7 @@ class TurnRunner:
         self.generation = 0
         self._durable_cancel: str | None = None
         self._opened = False
+        self.policy = TurnPolicy()
 
     async def run(self) -> TurnResult:
         """Run the delivery. An exception escaping here (a store outage) leaves the turn
@@ -154,6 +156,7 @@ class TurnRunner:
             # A redelivery replays the turn as it was opened, whatever the caller passed.
             self.event = InboundEvent.from_dict(record.event) if record.event else None
             self._durable_cancel = record.cancel_reason
+        self.policy = self._resolve_policy()
         superseded = record is not None and not has_opening_message(self.transcript, self.turn_id)
         if record is not None and record.status == "suspended" and not superseded:
             reason = self._cancel_reason()
@@ -180,6 +183,17 @@ class TurnRunner:
             if not self._opened and record is None:
                 return self._cancelled_unopened(cancelled.reason)
             return await self._cancel(cancelled.reason)
+
+    def _resolve_policy(self) -> TurnPolicy:
+        """The policy stored when the turn opened; else the one its suspend checkpoint
+        carried; else (a new turn) the agent's for the turn's source."""
+        stored = self.steps.get(policy_step_id(self.turn_id))
+        if stored is not None:
+            return TurnPolicy.from_dict(stored)
+        if self.request.policy is not None:
+            return self.request.policy
+        source = self.event.source if self.event is not None else self.request.source
+        return self.agent.policy_for(source)
 
     # -- cancellation ------------------------------------------------------------
 
@@ -338,6 +352,7 @@ class TurnRunner:
             TurnStartedEvent(turn_id=self.turn_id, session_id=sid, text=opening.text, seq=next(seq))
         )
         index = len(self.transcript)
+        policy = self.policy.to_dict()
         self._boundary()  # the last moment a cancellation leaves no trace
 
         def write(tx: Transaction) -> None:
@@ -350,6 +365,7 @@ class TurnRunner:
                 tx.set_turn_status(crashed.turn_id, "failed", error=SUPERSEDED_ERROR)
             tx.append_message(index + len(closing), opening)
             tx.open_turn(record)
+            tx.put_step(policy_step_id(self.turn_id), self.turn_id, policy)
 
         await self._commit(write, events, [m for _, m in closing] + [opening])
         self._opened = True
@@ -404,7 +420,7 @@ class TurnRunner:
             "call_id": call.id,
             "opening_text": str(record.opening.get("text", "")) if record else "",
             "event": self.event.to_dict() if self.event else None,
-            "policy": None,
+            "policy": self.policy.to_dict(),
         }
 
         def write(tx: Transaction) -> None:
@@ -426,6 +442,7 @@ class TurnRunner:
         else:
             reply = await ask_model(
                 self.agent,
+                self.policy,
                 self.transcript,
                 self._text_delta,
                 self._reasoning_delta,
@@ -492,7 +509,8 @@ class TurnRunner:
             # Memoized but its message is missing: record it, never run the tool again.
             await self._commit_tool(step_id, call, cached["result"], cached["error"], memo=True)
             return
-        tool = self.agent.tool(call.name)
+        # A tool the turn's policy denies is as unknown as one the agent never had.
+        tool = self.agent.tool(call.name) if self.policy.allows(call.name) else None
         problem = input_error(call)
         if problem is not None or tool is None:
             text = problem or f"unknown tool: {call.name}"

@@ -64,10 +64,17 @@ class InboundEvent:
 
 @dataclass(frozen=True, kw_only=True)
 class Proactive:
-    """Marks a turn that no person opened; ``by`` names what did (``"cron:daily"``)."""
+    """Marks a turn that no person opened; ``by`` names what did (``"cron:daily"``).
+
+    ``source`` is the channel the turn is for (``receive`` sets it to the delivering
+    channel's), so that source's policy applies as to an inbound turn.
+    """
 
     by: str
+    source: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.by, str) or not self.by:
             raise ValueError(f"Proactive.by must be a non-empty str, got {self.by!r}")
+        if self.source is not None and (not isinstance(self.source, str) or not self.source):
+            raise ValueError(f"Proactive.source must be a non-empty str, got {self.source!r}")

@@ -16,6 +16,7 @@ from ._agent import Agent
 from ._errors import ModelError
 from ._messages import Message, ModelReply, ToolCall
 from ._model import ModelDone, ReasoningDelta, TextDelta
+from ._policy import TurnPolicy
 from ._tool_results import error_text
 from ._turns import TurnCancelled, TurnFailure
 
@@ -55,6 +56,7 @@ class TranscriptView(Sequence[Message]):
 
 async def ask_model(
     agent: Agent,
+    policy: TurnPolicy,
     transcript: list[Message],
     on_text: Callable[[str], None],
     on_reasoning: Callable[[str], None],
@@ -68,7 +70,7 @@ async def ask_model(
     reply: ModelReply | None = None
     try:
         stream = agent.model.stream(
-            TranscriptView(transcript), agent.tool_specs, system=agent.instructions or None
+            TranscriptView(transcript), agent.tool_specs_for(policy), system=policy.system
         )
         try:
             async for delta in stream:

@@ -35,6 +35,7 @@ from ._inbound import InboundEvent, Proactive
 from ._inputs import InputRequest, input_step_id
 from ._messages import Message, OpeningMessage, TriggerMessage, UserMessage, message_from_dict
 from ._observe import event_filter, finished_record, session_events, turn_events
+from ._policy import TurnPolicy
 from ._store import SessionInfo, SessionStatus, SessionStore, Store, Transaction
 from ._turns import ResetResult, TurnRequest, TurnResult, result_from_record
 
@@ -110,7 +111,8 @@ class AgentSession:
             if trigger is not None
             else UserMessage(text=text, turn_id=tid)
         )
-        return self._enqueue(TurnRequest(turn_id=tid, opening=opening, event=event))
+        source = trigger.source if trigger is not None else None
+        return self._enqueue(TurnRequest(turn_id=tid, opening=opening, event=event, source=source))
 
     def _enqueue(self, request: TurnRequest) -> str:
         tid = request.turn_id
@@ -226,7 +228,11 @@ class AgentSession:
         event = InboundEvent.from_dict(record.event) if record.event else None
         if not isinstance(opening, UserMessage | TriggerMessage):
             raise TurnError(f"turn {turn_id} has no opening message to replay")
-        return self._enqueue(TurnRequest(turn_id=turn_id, opening=opening, event=event))
+        saved = record.pending.get("policy")
+        policy = TurnPolicy.from_dict(saved) if saved is not None else None
+        return self._enqueue(
+            TurnRequest(turn_id=turn_id, opening=opening, event=event, policy=policy)
+        )
 
     def _remember(self, turn_id: str, future: asyncio.Future[TurnResult]) -> None:
         self._futures[turn_id] = future

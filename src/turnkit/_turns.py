@@ -8,6 +8,7 @@ from typing import Literal
 from ._inbound import InboundEvent
 from ._inputs import InputRequest
 from ._messages import OpeningMessage
+from ._policy import TurnPolicy
 from ._store import TurnRecord
 
 
@@ -32,6 +33,10 @@ class TurnRequest:
     turn_id: str
     opening: OpeningMessage
     event: InboundEvent | None = None
+    #: Where a turn without an inbound event came from (a proactive turn's channel).
+    source: str | None = None
+    #: The policy a resumed turn's suspend checkpoint carried.
+    policy: TurnPolicy | None = None
     cancel: CancelSignal = field(default_factory=CancelSignal, compare=False)
 
 
