@@ -7,9 +7,11 @@ from its last finished step. The public names are re-exported here.
 
 from ._agent import Agent
 from ._approvals import AnswerCheck, Grant, ResumeRequest, grant_answer
+from ._channels import Channel, ChannelContext, DeliveringChannel, mount_agent, receive
 from ._context import ToolContext
 from ._errors import (
     ConfigurationError,
+    DeliveryError,
     FatalToolError,
     InvalidAnswerError,
     MessageDecodeError,
@@ -35,6 +37,7 @@ from ._events import (
     MessageCompletedEvent,
     MessageDeltaEvent,
     ReasoningDeltaEvent,
+    SubagentEvent,
     TurnCancelledEvent,
     TurnCompletedEvent,
     TurnEvent,
@@ -44,7 +47,7 @@ from ._events import (
 )
 from ._inbound import InboundEvent, Proactive, User
 from ._inputs import Answerer, Answerers, InputRequest
-from ._loader import load_agent
+from ._loader import AgentConfig, load_agent
 from ._messages import (
     AssistantMessage,
     Message,
@@ -57,7 +60,11 @@ from ._messages import (
     message_from_dict,
 )
 from ._model import Model, ModelDelta, ModelDone, ReasoningDelta, TextDelta, ToolSpec
+from ._observe import TurnStream
+from ._policy import SurfacePolicy, TurnPolicy
 from ._runtime import AgentSession, Runtime
+from ._subagent import SubagentError, subagent
+from ._terminal import TerminalChannel
 from ._tools import ActionContext, Tool, define_action, tool
 from ._turns import ResetResult, TurnResult
 
@@ -66,12 +73,17 @@ __all__ = [
     "ActionContext",
     "ActionRequestedEvent",
     "Agent",
+    "AgentConfig",
     "AgentSession",
     "AnswerCheck",
     "Answerer",
     "Answerers",
     "AssistantMessage",
+    "Channel",
+    "ChannelContext",
     "ConfigurationError",
+    "DeliveringChannel",
+    "DeliveryError",
     "EventSink",
     "FatalToolError",
     "Grant",
@@ -101,6 +113,10 @@ __all__ = [
     "SessionSuspendedError",
     "StopReason",
     "StoreError",
+    "SubagentError",
+    "SubagentEvent",
+    "SurfacePolicy",
+    "TerminalChannel",
     "TextDelta",
     "Tool",
     "ToolCall",
@@ -116,8 +132,10 @@ __all__ = [
     "TurnEvent",
     "TurnFailedError",
     "TurnFailedEvent",
+    "TurnPolicy",
     "TurnResult",
     "TurnStartedEvent",
+    "TurnStream",
     "TurnSuspendedError",
     "TurnkitError",
     "User",
@@ -127,5 +145,8 @@ __all__ = [
     "grant_answer",
     "load_agent",
     "message_from_dict",
+    "mount_agent",
+    "receive",
+    "subagent",
     "tool",
 ]

@@ -56,6 +56,8 @@ class ToolContext:
     runtime: Runtime | None
     step_id: str
     tool_name: str = ""
+    #: The source whose policy the turn runs under (its channel's), or ``None``.
+    source: str | None = None
     #: The turn's memoized steps, where a resume stored the answers.
     _steps: Mapping[str, Any] = field(default_factory=dict, repr=False)
     #: True while a plain-``def`` tool runs inside the step's transaction.

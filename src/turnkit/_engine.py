@@ -498,6 +498,7 @@ class TurnRunner:
             runtime=self.runtime,
             step_id=step_id,
             tool_name=call.name,
+            source=self.policy.source,
             _steps=self.steps,
             _local=local,
         )

@@ -15,7 +15,8 @@ TurnkitError
     ├── ModelError            an adapter's failure (SDK error, broken stream)
     ├── StoreError            the store refused or lost a write
     │   └── SessionBusyError  another process holds the session's writer lock
-    └── MessageDecodeError    stored or wire JSON that is not a message
+    ├── MessageDecodeError    stored or wire JSON that is not a message
+    └── DeliveryError         a channel failed to render a turn (the turn still ran)
 """
 
 from __future__ import annotations
@@ -118,3 +119,7 @@ class SessionBusyError(StoreError):
 
 class MessageDecodeError(TurnError, ValueError):
     """A JSON object is not a valid turnkit message, event or reply."""
+
+
+class DeliveryError(TurnError):
+    """A channel failed to render a turn; the turn itself still ran (or runs) to its end."""

@@ -20,7 +20,7 @@ log = logging.getLogger("turnkit.events")
 
 
 _FIELD_NAMES: dict[type, tuple[str, ...]] = {}
-_NESTED = frozenset({"message", "call", "request"})
+_NESTED = frozenset({"message", "call", "request", "event"})
 
 
 class _Event:
@@ -131,6 +131,20 @@ class TurnCancelledEvent(_TurnEventBase):
     type: Literal["turn.cancelled"] = "turn.cancelled"
 
 
+@dataclass(frozen=True, kw_only=True)
+class SubagentEvent(_TurnEventBase):
+    """An event of a child turn, shown to the parent turn's observers (live only).
+
+    ``call_id`` is the parent's tool call that runs the child; ``event`` is the
+    child's own event, with the child's session and turn ids.
+    """
+
+    call_id: str
+    agent: str
+    event: TurnEvent
+    type: Literal["subagent.event"] = "subagent.event"
+
+
 TurnEvent: TypeAlias = (
     TurnStartedEvent
     | MessageDeltaEvent
@@ -142,6 +156,7 @@ TurnEvent: TypeAlias = (
     | TurnCompletedEvent
     | TurnFailedEvent
     | TurnCancelledEvent
+    | SubagentEvent
 )
 
 #: Event types after which a turn has ended for good.
@@ -165,6 +180,7 @@ _EVENT_TYPES: dict[str, type[_Event]] = {
         TurnCompletedEvent,
         TurnFailedEvent,
         TurnCancelledEvent,
+        SubagentEvent,
     )
 }
 
@@ -187,6 +203,8 @@ def event_from_dict(data: object) -> TurnEvent:
         values["call"] = ToolCall.from_dict(values["call"])
     if "request" in values:
         values["request"] = InputRequest.from_dict(values["request"])
+    if "event" in values:
+        values["event"] = event_from_dict(values["event"])
     try:
         event = cls(**values)
     except TypeError as exc:

@@ -1,8 +1,15 @@
-"""Assemble an ``Agent`` from a folder: ``agent.py``, ``instructions.md`` and ``tools/*.py``.
+"""Assemble an ``Agent`` from a folder.
 
-``agent.py`` is optional and may define ``agent = {"name": ...}``, a ``model``
-and a ``demo_model()`` used when no model is configured. Every public module in
-``tools/`` must define at least one ``Tool``; an import failure names its file.
+::
+
+    app/agent/
+      agent.py                # optional: `agent = {...}` or `agent = AgentConfig(...)`
+      instructions.md         # the base system prompt
+      instructions.slack.md   # an overlay for turns whose source is "slack"
+      tools/*.py              # each public module defines at least one Tool
+
+``agent.py`` may also define a ``model`` and a ``demo_model()`` used when no model
+is configured. Every error names the file at fault.
 """
 
 from __future__ import annotations
@@ -10,16 +17,46 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import sys
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 from ._agent import Agent
+from ._approvals import AuthorizeAnswer
 from ._errors import ConfigurationError
 from ._model import Model
+from ._policy import SurfacePolicy
 from ._tools import Tool
+
+
+@dataclass(frozen=True, kw_only=True)
+class AgentConfig:
+    """The settings ``agent.py`` may give, as ``agent = AgentConfig(...)`` or the same
+    keys in a dict. Unset ones take the folder's defaults (its name, no limits)."""
+
+    name: str | None = None
+    surfaces: Mapping[str, SurfacePolicy | Mapping[str, Any]] = field(default_factory=dict)
+    authorize_answer: AuthorizeAnswer | None = None
+    max_steps: int | None = None
+
+    @classmethod
+    def coerce(cls, value: object, where: Path) -> AgentConfig:
+        if isinstance(value, AgentConfig):
+            return value
+        if not isinstance(value, Mapping):
+            raise ConfigurationError(
+                f"{where}: `agent` must be an AgentConfig or a dict of settings, "
+                f"got {type(value).__name__}"
+            )
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(value) - known)
+        if unknown:
+            raise ConfigurationError(
+                f"{where}: unknown agent setting(s) {unknown}; known: {sorted(known)}"
+            )
+        return cls(**value)
 
 
 def _import_file(path: Path) -> ModuleType:
@@ -48,29 +85,27 @@ class AgentFolder:
     tools: tuple[Tool, ...]
     model: Model | None
     demo_model: Callable[[], Model] | None
+    config: AgentConfig = field(default_factory=AgentConfig)
+    #: ``instructions.<source>.md`` overlays, keyed by source.
+    source_instructions: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
     def read(cls, path: str | Path) -> AgentFolder:
         folder = Path(path)
         if not folder.is_dir():
             raise ConfigurationError(f"agent folder {str(folder)!r} does not exist")
-        config: dict[str, Any] = {}
+        config = AgentConfig()
         model = demo = None
         agent_py = folder / "agent.py"
         if agent_py.exists():
             module = _import_file(agent_py)
-            raw = getattr(module, "agent", {})
-            if not isinstance(raw, dict):
-                raise ConfigurationError(f"{agent_py}: `agent` must be a dict of settings")
-            config = raw
+            config = AgentConfig.coerce(getattr(module, "agent", {}), agent_py)
             model = getattr(module, "model", None)
             factory = getattr(module, "demo_model", None)
             demo = factory if callable(factory) else None
         instructions_md = folder / "instructions.md"
-        instructions = (
-            instructions_md.read_text(encoding="utf-8") if instructions_md.exists() else ""
-        )
-        name = config.get("name", folder.resolve().name)
+        instructions = _read_text(instructions_md) if instructions_md.exists() else ""
+        name = config.name if config.name is not None else folder.resolve().name
         if not isinstance(name, str):
             raise ConfigurationError(f"{agent_py}: agent name must be a string")
         return cls(
@@ -80,6 +115,8 @@ class AgentFolder:
             tools=tuple(_read_tools(folder / "tools")),
             model=model,
             demo_model=demo,
+            config=config,
+            source_instructions=_read_overlays(folder),
         )
 
     def agent(self, model: Model | None = None) -> Agent:
@@ -89,7 +126,39 @@ class AgentFolder:
             raise ConfigurationError(
                 f"agent folder {str(self.path)!r} names no model: pass load_agent(..., model=...)"
             )
-        return Agent(name=self.name, model=chosen, instructions=self.instructions, tools=self.tools)
+        try:
+            return Agent(
+                name=self.name,
+                model=chosen,
+                instructions=self.instructions,
+                tools=self.tools,
+                surfaces=dict(self.config.surfaces),  # type: ignore[arg-type]  # coerced
+                source_instructions=self.source_instructions,
+                authorize_answer=self.config.authorize_answer,
+                max_steps=self.config.max_steps,
+            )
+        except ConfigurationError as exc:
+            raise ConfigurationError(f"agent folder {str(self.path)!r}: {exc}") from None
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigurationError(f"{path}: cannot be read as UTF-8 text: {exc}") from None
+
+
+def _read_overlays(folder: Path) -> dict[str, str]:
+    """``instructions.<source>.md`` files, keyed by ``<source>``."""
+    overlays: dict[str, str] = {}
+    for path in sorted(folder.glob("instructions.*.md")):
+        source = path.name[len("instructions.") : -len(".md")]
+        if not source or "." in source:
+            raise ConfigurationError(
+                f"{path}: an overlay is named instructions.<source>.md with one source name"
+            )
+        overlays[source] = _read_text(path).strip()
+    return overlays
 
 
 def _read_tools(tools_dir: Path) -> list[Tool]:

@@ -8,11 +8,11 @@ waiting for an ending that cannot come.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
 from ._errors import TurnError
-from ._events import ENDING_EVENT_TYPES, TERMINAL_EVENT_TYPES, TurnEvent
+from ._events import ENDING_EVENT_TYPES, TERMINAL_EVENT_TYPES, EventSink, TurnEvent
 from ._store import SessionStore, TurnRecord
 from ._turns import TurnResult
 
@@ -24,6 +24,59 @@ def event_filter(session_id: str, turn_id: str | None) -> Callable[[TurnEvent], 
         return event.session_id == session_id and (turn_id is None or event.turn_id == turn_id)
 
     return wanted
+
+
+class TurnStream:
+    """One delivery's events as an async iterator that is listening from the moment it
+    is made, so nothing the turn emits after ``start()`` can be missed.
+
+    It ends after the turn's terminal event or its ``input.requested``. ``turn_id``
+    is known at once. Stop early with ``await stream.aclose()``.
+    """
+
+    def __init__(
+        self,
+        *,
+        sink: EventSink,
+        store: SessionStore,
+        turn_id: str,
+        future: asyncio.Future[TurnResult] | None,
+        replay: bool,
+    ) -> None:
+        self.turn_id = turn_id
+        self.session_id = store.session_id
+        queue: asyncio.Queue[TurnEvent] = asyncio.Queue()
+        wanted = event_filter(store.session_id, turn_id)
+
+        def enqueue(event: TurnEvent) -> None:
+            if wanted(event):
+                queue.put_nowait(event)
+
+        self._unsubscribe: Callable[[], None] | None = sink.subscribe(enqueue)
+        self._events = turn_events(store, queue, turn_id, future, replay=replay)
+
+    def __aiter__(self) -> TurnStream:
+        return self
+
+    async def __anext__(self) -> TurnEvent:
+        try:
+            return await self._events.__anext__()
+        except BaseException:
+            self._stop_listening()
+            raise
+
+    async def aclose(self) -> None:
+        """Stop following the turn (the turn itself keeps running)."""
+        self._stop_listening()
+        await self._events.aclose()
+
+    def _stop_listening(self) -> None:
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
+
+    def __del__(self) -> None:
+        self._stop_listening()
 
 
 async def finished_record(store: SessionStore, turn_id: str) -> TurnRecord:
@@ -61,7 +114,7 @@ async def turn_events(
     future: asyncio.Future[TurnResult] | None,
     *,
     replay: bool,
-) -> AsyncIterator[TurnEvent]:
+) -> AsyncGenerator[TurnEvent, None]:
     """One turn's events; ``future`` is this process's delivery of it, if there is one.
 
     The story of one delivery ends at a terminal event or at ``input.requested``

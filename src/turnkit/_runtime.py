@@ -34,7 +34,7 @@ from ._events import EventSink, LocalEventSink, TurnEvent
 from ._inbound import InboundEvent, Proactive
 from ._inputs import InputRequest, input_step_id
 from ._messages import Message, OpeningMessage, TriggerMessage, UserMessage, message_from_dict
-from ._observe import event_filter, finished_record, session_events, turn_events
+from ._observe import TurnStream, event_filter, finished_record, session_events, turn_events
 from ._policy import TurnPolicy
 from ._store import SessionInfo, SessionStatus, SessionStore, Store, Transaction
 from ._turns import ResetResult, TurnRequest, TurnResult, result_from_record
@@ -432,14 +432,21 @@ class AgentSession:
 
     # -- observing ---------------------------------------------------------------
 
-    async def observe(self, turn_id: str, *, replay: bool = False) -> AsyncIterator[TurnEvent]:
-        """Yield the turn's events as they happen, ending after its terminal event.
+    def observe(self, turn_id: str, *, replay: bool = False) -> TurnStream:
+        """The turn's events as they happen, ending after its terminal event (or its
+        ``input.requested``): ``async for event in session.observe(turn_id)``.
 
-        With ``replay=True`` the events already logged for the turn come first, so a
-        late observer misses nothing structural (live deltas are never replayed).
+        It listens from the moment it is called, before the first iteration. With
+        ``replay=True`` the events already logged for the turn come first, so a late
+        observer misses nothing structural (live deltas are never replayed).
         """
-        async for event in self._stream(turn_id, replay=replay):
-            yield event
+        return TurnStream(
+            sink=self.runtime.sink,
+            store=self._store,
+            turn_id=turn_id,
+            future=self._futures.get(turn_id),
+            replay=replay,
+        )
 
     def subscribe(
         self,

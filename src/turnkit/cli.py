@@ -8,18 +8,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TextIO
 
+from ._channels import mount_agent
 from ._errors import TurnkitError
-from ._events import TurnEvent
 from ._loader import AgentFolder
 from ._model import Model
 from ._runtime import Runtime
+from ._terminal import TerminalChannel
 from .models import demo_model
 from .models._env import configured
 from .stores import SqliteStore
@@ -42,50 +41,25 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-class TerminalRenderer:
-    """Prints a turn's events as they arrive: text inline, tool calls as a timeline."""
-
-    def __init__(self, out: TextIO) -> None:
-        self.out = out
-        self._mid_line = False
-
-    def _line(self, text: str) -> None:
-        if self._mid_line:
-            self.out.write("\n")
-            self._mid_line = False
-        self.out.write(text + "\n")
-
-    def render(self, event: TurnEvent) -> None:
-        if event.type == "message.delta":
-            self.out.write(event.text)
-            self._mid_line = True
-        elif event.type == "action.requested":
-            self._line(f"  → {event.call.name} {json.dumps(event.call.input, ensure_ascii=False)}")
-        elif event.type == "action.completed":
-            mark = "✗" if event.error else "←"
-            shown = event.error if event.error else json.dumps(event.result, ensure_ascii=False)
-            self._line(f"  {mark} {event.name}: {shown}")
-        elif event.type in ("turn.completed", "turn.failed") and self._mid_line:
-            self.out.write("\n")
-            self._mid_line = False
-        self.out.flush()
-
-
 async def _run(args: argparse.Namespace) -> int:
     folder = AgentFolder.read(args.agent_dir)
     agent = folder.agent(_model_for(folder))
     store_path = Path(args.store)
     store_path.parent.mkdir(parents=True, exist_ok=True)
-    renderer = TerminalRenderer(sys.stdout)
+    terminal = TerminalChannel()
     async with Runtime([agent], store=SqliteStore(store_path)) as runtime:
         await runtime.recover()
-        session = runtime.session(agent.name, args.session)
-        turn_id = session.start(args.text)
-        async for event in session.observe(turn_id):
-            renderer.render(event)
-        result = await session.result(turn_id)
+        ctx = mount_agent(agent, runtime, channels=[terminal])
+        result = await terminal.converse(ctx, args.text, session=args.session)
+    if result.status == "suspended":
+        print(
+            f"turnkit: the turn is still waiting for an answer; run again with "
+            f"--session {args.session} to answer it",
+            file=sys.stderr,
+        )
+        return 3
     if result.status != "completed":
-        print(f"turnkit: turn failed: {result.error}", file=sys.stderr)
+        print(f"turnkit: turn {result.status}: {result.error or result.reason}", file=sys.stderr)
         return 1
     return 0
 
@@ -111,6 +85,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except TurnkitError as exc:
         print(f"turnkit: error: {exc}", file=sys.stderr)
         return 2
+    except EOFError:
+        print("turnkit: no answer given; the turn waits for one on the next run", file=sys.stderr)
+        return 3
     except KeyboardInterrupt:
         print("turnkit: interrupted; the turn resumes on the next run", file=sys.stderr)
         return 130
