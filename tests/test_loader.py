@@ -62,3 +62,62 @@ def test_no_model_anywhere_is_a_clear_error(tmp_path: Path) -> None:
     folder = write(tmp_path / "nomodel", {"instructions.md": "x"})
     with pytest.raises(turnkit.ConfigurationError, match="names no model"):
         turnkit.load_agent(folder)
+
+
+FIXTURE = Path(__file__).resolve().parent / "fixtures" / "support"
+
+
+async def test_a_folder_with_overlays_and_surfaces_assembles() -> None:
+    agent = turnkit.load_agent(FIXTURE, model=ScriptedModel([]))
+    assert agent.name == "support" and agent.max_steps == 8
+    assert sorted(t.name for t in agent.tools) == ["issue_refund", "lookup_order"]
+    assert dict(agent.source_instructions) == {
+        "email": "You answer email. Be formal and never promise refunds.",
+        "slack": "Reply in two sentences at most.",
+    }
+    slack = agent.policy_for("slack")
+    assert slack.system == (
+        "You are the support assistant for a small shop.\n\nReply in two sentences at most."
+    )
+    assert slack.deny_tools == {"issue_refund"}
+    email = agent.policy_for("email")
+    assert email.system == "You answer email. Be formal and never promise refunds."
+    assert email.deny_tools == {"issue_refund", "lookup_order"}
+    assert agent.policy_for(None).system == "You are the support assistant for a small shop."
+    assert agent.authorize_answer is not None
+    check = turnkit.AnswerCheck(policy="support-lead", scope=None, by="U-lead")
+    assert await agent.authorize_answer(check) is True
+
+
+def test_a_dict_config_with_an_unknown_setting_names_the_file(tmp_path: Path) -> None:
+    folder = write(tmp_path / "x", {"agent.py": "agent = {'name': 'x', 'surface': {}}\n"})
+    with pytest.raises(turnkit.ConfigurationError, match=r"agent\.py: unknown agent setting"):
+        turnkit.load_agent(folder, model=ScriptedModel([]))
+
+
+def test_replace_mode_without_its_overlay_file_is_an_assembly_error(tmp_path: Path) -> None:
+    folder = write(
+        tmp_path / "x",
+        {
+            "agent.py": "agent = {'surfaces': {'slack': {'mode': 'replace'}}}\n",
+            "instructions.md": "Base.\n",
+        },
+    )
+    with pytest.raises(
+        turnkit.ConfigurationError,
+        match=r"agent folder .*'slack' has mode 'replace' but no instructions.*instructions"
+        r"\.slack\.md",
+    ):
+        turnkit.load_agent(folder, model=ScriptedModel([]))
+    write(folder, {"instructions.slack.md": "Slack only.\n"})
+    assert turnkit.load_agent(folder, model=ScriptedModel([])).policy_for("slack").system == (
+        "Slack only."
+    )
+
+
+def test_an_agent_py_that_fails_to_import_is_named(tmp_path: Path) -> None:
+    folder = write(tmp_path / "x", {"agent.py": "raise ValueError('bad settings')\n"})
+    with pytest.raises(
+        turnkit.ConfigurationError, match=r"agent\.py: failed to import: ValueError: bad settings"
+    ):
+        turnkit.load_agent(folder, model=ScriptedModel([]))
