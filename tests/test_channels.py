@@ -175,7 +175,12 @@ async def test_resume_delivered_renders_the_resumed_turn(open_runtime: Any) -> N
     channel = RecordingChannel()
     ctx = mount_agent(agent, await open_runtime(agent), channels=[channel])
     result = await receive(
-        channel, ctx, seed="deploy", target="#ops", trigger=Proactive(by="cron:nightly"), session="s1"
+        channel,
+        ctx,
+        seed="deploy",
+        target="#ops",
+        trigger=Proactive(by="cron:nightly"),
+        session="s1",
     )
     assert result.status == "suspended"
     assert channel.rendered[-1] == ("#ops", "input.requested")
