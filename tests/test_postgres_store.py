@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import subprocess
 import sys
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -285,6 +286,66 @@ async def test_a_session_waiting_on_postgres_does_not_hold_up_other_sessions(
         await asyncio.gather(run_slow(), *(run_quick(f"quick-{i}") for i in range(3)))
     # Fifteen turns of three other sessions finished while one step slept on the server.
     assert finished[-1] == "sleeper", finished
+
+
+async def test_a_local_tool_runs_exactly_once_on_a_worker_thread(store: PostgresStore) -> None:
+    """Engine-only commits run ``work`` on the event loop; a commit whose ``work`` asks
+    for ``tx.handle`` is stopped there and run on a worker thread instead. The engine
+    asks for the handle before it calls a local tool, so no tool code ever runs on the
+    loop, and none runs twice: each tool body here runs once per call."""
+    loop_thread = threading.get_ident()
+    runs: list[tuple[str, bool]] = []
+
+    def pure(ctx: ToolContext) -> str:
+        """Never touches ctx.store."""
+        runs.append(("pure", threading.get_ident() == loop_thread))
+        return "pure"
+
+    def writes(ctx: ToolContext) -> str:
+        """Writes an app row."""
+        runs.append(("writes", threading.get_ident() == loop_thread))
+        ctx.store.execute("CREATE TABLE IF NOT EXISTS app_rows (k text)")
+        ctx.store.execute("INSERT INTO app_rows VALUES (?)", (ctx.call_id,))
+        return "written"
+
+    tools = [tool(pure), tool(writes)]
+
+    def respond(messages: Any) -> Any:
+        if isinstance(messages[-1], UserMessage):
+            return ScriptedReply(tool_calls=[tool_call("pure"), tool_call("writes")])
+        return "done"
+
+    agent = turnkit.Agent(name="a", model=ScriptedModel(respond=respond), tools=tools)
+    async with turnkit.Runtime(agent, store=store) as rt:
+        session = rt.session("a", "s1")
+        for _ in range(3):
+            assert await session.turn("go") == "done"
+        results = [m.result for m in await session.messages() if isinstance(m, turnkit.ToolMessage)]
+    assert runs == [("pure", False), ("writes", False)] * 3
+    assert results == ["pure", "written"] * 3
+    with connect(store.dsn) as conn:
+        rows = conn.execute(f'SELECT count(*) FROM "{store.schema}".app_rows').fetchone()
+    assert rows == (3,)
+
+
+async def test_a_commit_that_asks_for_the_handle_late_keeps_its_earlier_writes_once(
+    store: PostgresStore,
+) -> None:
+    """Writes buffered before ``tx.handle`` was first asked for are dropped with the
+    stopped first pass and made again by the second: they land exactly once."""
+    session = store.session("s1")
+    passes: list[str] = []
+
+    def work(tx: Any) -> list[tuple[Any, ...]]:
+        passes.append("before the handle")
+        tx.log_event(turnkit.TurnStartedEvent(turn_id="t1", session_id="s1", text="x", seq=1))
+        handle = tx.handle
+        passes.append("after the handle")
+        return handle.execute("SELECT 1")
+
+    assert await session.commit(work) == [(1,)]
+    assert passes == ["before the handle", "before the handle", "after the handle"]
+    assert [e.seq for e in await session.events()] == [1]
 
 
 # -- one writer per session across processes -------------------------------------------

@@ -1,8 +1,13 @@
 """``PostgresStore``: sessions in PostgreSQL, for deployments with many processes and hosts.
 
-Needs ``turnkit[postgres]`` (psycopg 3 and its pool). psycopg's blocking driver
-runs on a private thread pool, so the event loop never waits on the network, and a
-local tool's SQL (which is synchronous) joins the step's transaction on that thread.
+Needs ``turnkit[postgres]`` (psycopg 3 and its pool). Everything that runs no user
+code (reads, the writer lock, and the commits of model steps, remote tools' results
+and events) uses psycopg's asynchronous API on the event loop, which waits on the
+socket and never blocks. A commit runs ``work`` on the loop first, with writes only
+buffered; if ``work`` asks for ``tx.handle`` (the engine does so before it calls a
+local tool, so no tool code has run yet) it is stopped there and run again on a
+private worker thread, where a local tool's synchronous SQL joins the step's
+transaction on a connection of a second, blocking pool.
 
 A step commit is one pipelined round trip: ``BEGIN``, the writer fence, the step's
 rows and ``COMMIT`` travel together; a local tool that touches ``ctx.store`` first
@@ -24,10 +29,9 @@ import os
 import re
 import select
 import socket
-import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, TypeVar, cast
@@ -56,7 +60,7 @@ try:
     import psycopg
     from psycopg import errors as pg_errors
     from psycopg.pq import TransactionStatus
-    from psycopg_pool import ConnectionPool
+    from psycopg_pool import AsyncConnectionPool, ConnectionPool
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError(
         "PostgresStore needs psycopg 3 and psycopg-pool: pip install 'turnkit[postgres]'"
@@ -143,7 +147,7 @@ def _lock_key(schema: str, session_id: str) -> int:
     return int.from_bytes(digest, "big", signed=True)
 
 
-def _connection_lost(conn: psycopg.Connection[Any]) -> bool:
+def _connection_lost(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
     return bool(conn.closed or conn.broken)
 
 
@@ -157,7 +161,7 @@ def _rollback_quietly(conn: psycopg.Connection[Any]) -> None:
 
 
 def _check_idle_connection(conn: psycopg.Connection[Any]) -> None:
-    """The pool's checkout check, free in the common case: an idle connection whose
+    """The sync pool's checkout check, free in the common case: an idle connection whose
     socket is readable has been sent something (a termination notice, EOF), so only
     then is it probed; a dead one is discarded before a step ever uses it."""
     if _connection_lost(conn):
@@ -167,69 +171,44 @@ def _check_idle_connection(conn: psycopg.Connection[Any]) -> None:
         ConnectionPool.check_connection(conn)
 
 
-class _PgHandle:
-    """``ctx.store`` for local tools on PostgreSQL."""
-
-    def __init__(self, tx: _PgTransaction) -> None:
-        self._tx = tx
-
-    def unwrap(self) -> psycopg.Connection[Any]:
-        """The psycopg connection, inside the step's open transaction."""
-        self._tx.begin()
-        return self._tx.conn
-
-    def execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        """Run one statement with ``?`` placeholders in the step's transaction.
-
-        The statement runs under a savepoint: if it fails, only it is undone and the
-        error propagates, just as one failed statement does on SQLite.
-        """
-        if _TRANSACTION_CONTROL.match(sql):
-            raise FatalToolError(f"{_ENDED}: refused {sql.split()[0].upper()}")
-        conn = self._tx.conn
-        self._tx.begin()
-        query = qmark_to_pyformat(sql) if params else sql
-        try:
-            with conn.pipeline():
-                conn.execute("SAVEPOINT turnkit_statement")
-                cur = conn.execute(query, tuple(params) if params else None)
-                conn.execute("RELEASE SAVEPOINT turnkit_statement")
-        except psycopg.Error:
-            if not _connection_lost(conn):
-                conn.execute("ROLLBACK TO SAVEPOINT turnkit_statement")
-                conn.execute("RELEASE SAVEPOINT turnkit_statement")
-            raise
-        rows = cur.fetchall() if cur.description is not None else []
-        self._tx.check_open()
-        return rows
+async def _check_idle_async(conn: psycopg.AsyncConnection[Any]) -> None:
+    """``_check_idle_connection`` for the event loop's pool (the ``select`` never waits)."""
+    if _connection_lost(conn):
+        raise psycopg.OperationalError("connection is closed")
+    readable, _, _ = select.select([conn.fileno()], [], [], 0)
+    if readable:
+        await AsyncConnectionPool.check_connection(conn)
 
 
-class _PgTransaction:
-    """Collects the engine's writes and sends them in one pipeline with the COMMIT."""
+async def _rollback_quietly_async(conn: psycopg.AsyncConnection[Any]) -> None:
+    if _connection_lost(conn) or conn.info.transaction_status == TransactionStatus.IDLE:
+        return
+    try:
+        await conn.execute("ROLLBACK")
+    except psycopg.Error:
+        log.debug("rollback after a failed commit failed too", exc_info=True)
 
-    def __init__(self, conn: psycopg.Connection[Any], session_id: str) -> None:
-        self.conn = conn
+
+class _NeedsConnection(BaseException):
+    """Internal: ``work`` asked for ``tx.handle`` while running on the event loop.
+
+    A ``BaseException``, so no ``except Exception`` in between can swallow it. The
+    engine asks for the handle before a local tool runs, so no tool code has run
+    when this is raised; the commit is then run again on a worker thread."""
+
+
+_Write = tuple[str, tuple[Any, ...]]
+
+
+class _Writes:
+    """The engine's writes of one commit, buffered as SQL to send in one pipeline."""
+
+    def __init__(self, session_id: str) -> None:
         self._sid = session_id
-        self._writes: list[tuple[str, tuple[Any, ...]]] = []
-        self._begun = False
-
-    @property
-    def handle(self) -> StoreHandle:
-        return _PgHandle(self)
-
-    def begin(self) -> None:
-        if not self._begun:
-            self.conn.execute("BEGIN")
-            self._begun = True
-        else:
-            self.check_open()
-
-    def check_open(self) -> None:
-        if self.conn.info.transaction_status == TransactionStatus.IDLE:
-            raise FatalToolError(_ENDED)
+        self.writes: list[_Write] = []
 
     def append_message(self, index: int, message: Message) -> None:
-        self._writes.append(
+        self.writes.append(
             (
                 "INSERT INTO turnkit_messages (session_id, idx, turn_id, body) "
                 "VALUES (%s, %s, %s, %s)",
@@ -238,7 +217,7 @@ class _PgTransaction:
         )
 
     def put_step(self, step_id: str, turn_id: str, result: Any) -> None:
-        self._writes.append(
+        self.writes.append(
             (
                 "INSERT INTO turnkit_steps (session_id, turn_id, step_id, result) "
                 "VALUES (%s, %s, %s, %s)",
@@ -247,7 +226,7 @@ class _PgTransaction:
         )
 
     def log_event(self, event: TurnEvent) -> None:
-        self._writes.append(
+        self.writes.append(
             (
                 "INSERT INTO turnkit_events (session_id, seq, turn_id, body) "
                 "VALUES (%s, %s, %s, %s)",
@@ -256,7 +235,7 @@ class _PgTransaction:
         )
 
     def request_cancel(self, turn_id: str, reason: str) -> None:
-        self._writes.append(
+        self.writes.append(
             (
                 "WITH t AS (" + _pg(archive_sql.REQUEST_CANCEL) + " RETURNING 1) "
                 "SELECT turnkit_expect_one(count(*), %s) FROM t",
@@ -266,11 +245,11 @@ class _PgTransaction:
 
     def archive_generation(self, generation: int, agent: str) -> None:
         for sql, params in archive_sql.reset_statements(self._sid, agent, generation, time.time()):
-            self._writes.append((_pg(sql), params))
+            self.writes.append((_pg(sql), params))
 
     def open_turn(self, record: TurnRecord) -> None:
         now = time.time()
-        self._writes.append(
+        self.writes.append(
             (
                 "INSERT INTO turnkit_turns (session_id, turn_id, agent, status, opening, "
                 "event, created_at) VALUES (%s, %s, %s, 'running', %s, %s, %s)",
@@ -284,7 +263,7 @@ class _PgTransaction:
                 ),
             )
         )
-        self._writes.append(
+        self.writes.append(
             (
                 "INSERT INTO turnkit_sessions (session_id, agent, status, created_at, "
                 "updated_at) VALUES (%s, %s, 'running', %s, %s) ON CONFLICT (session_id) "
@@ -306,7 +285,7 @@ class _PgTransaction:
         now = time.time()
         terminal = status in TERMINAL_TURN_STATUSES
         kept = _dumps(pending) if status == "suspended" and pending is not None else None
-        self._writes.append(
+        self.writes.append(
             (
                 "WITH t AS (UPDATE turnkit_turns SET status = %s, text = %s, error = %s, "
                 "finished_at = %s, pending = %s WHERE session_id = %s AND turn_id = %s "
@@ -330,21 +309,157 @@ class _PgTransaction:
             )
         )
 
+
+class _LoopTransaction(_Writes):
+    """The transaction ``work`` first sees: on the event loop, writes only buffered.
+
+    Engine-only commits (model steps, remote tools' results, events, turn moves)
+    never touch ``handle``, so they run here and their rows go out in one
+    asynchronous pipeline. Asking for ``handle`` stops ``work`` at once."""
+
+    @property
+    def handle(self) -> StoreHandle:
+        raise _NeedsConnection
+
+
+class _PgHandle:
+    """``ctx.store`` for local tools on PostgreSQL."""
+
+    def __init__(self, tx: _PgTransaction) -> None:
+        self._tx = tx
+
+    def unwrap(self) -> psycopg.Connection[Any]:
+        """The psycopg connection, inside the step's open transaction."""
+        self._tx.begin()
+        return self._tx.conn
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        """Run one statement with ``?`` placeholders in the step's transaction.
+
+        The statement runs under a savepoint: if it fails, only it is undone and the
+        error propagates, just as one failed statement does on SQLite.
+        """
+        if _TRANSACTION_CONTROL.match(sql):
+            raise FatalToolError(f"{_ENDED}: refused {sql.split()[0].upper()}")
+        self._tx.begin()
+        conn = self._tx.conn
+        query = qmark_to_pyformat(sql) if params else sql
+        try:
+            with conn.pipeline():
+                conn.execute("SAVEPOINT turnkit_statement")
+                cur = conn.execute(query, tuple(params) if params else None)
+                conn.execute("RELEASE SAVEPOINT turnkit_statement")
+        except psycopg.Error:
+            if not _connection_lost(conn):
+                conn.execute("ROLLBACK TO SAVEPOINT turnkit_statement")
+                conn.execute("RELEASE SAVEPOINT turnkit_statement")
+            raise
+        rows = cur.fetchall() if cur.description is not None else []
+        self._tx.check_open()
+        return rows
+
+
+class _PgTransaction(_Writes):
+    """A commit whose ``work`` uses ``tx.handle``, run on a worker thread.
+
+    A connection is taken from the sync pool, and ``BEGIN`` sent, only when the
+    tool first touches ``ctx.store``; a tool that never does leaves its rows
+    buffered, to be sent from the event loop like any engine-only commit."""
+
+    def __init__(self, store: PostgresStore, session_id: str) -> None:
+        super().__init__(session_id)
+        self._store = store
+        self._conn: psycopg.Connection[Any] | None = None
+        self._begun = False
+        self.checkout_failed: BaseException | None = None
+        self.flushed = False
+
+    @property
+    def handle(self) -> StoreHandle:
+        return _PgHandle(self)
+
+    @property
+    def opened(self) -> psycopg.Connection[Any] | None:
+        return self._conn
+
+    @property
+    def conn(self) -> psycopg.Connection[Any]:
+        if self._conn is None:
+            if self.checkout_failed is not None:
+                raise self._no_connection(self.checkout_failed)
+            try:
+                self._conn = self._store.sync_pool.getconn(timeout=self._store.connect_timeout)
+            except Exception as exc:
+                self.checkout_failed = exc
+                raise self._no_connection(exc) from exc
+        return self._conn
+
+    def _no_connection(self, exc: BaseException) -> StoreError:
+        return StoreError(f"session {self._sid}: no database connection: {exc}")
+
+    def release(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            self._store.sync_pool.putconn(conn)
+
+    def begin(self) -> None:
+        if not self._begun:
+            self.conn.execute("BEGIN")
+            self._begun = True
+        else:
+            self.check_open()
+
+    def check_open(self) -> None:
+        if self.conn.info.transaction_status == TransactionStatus.IDLE:
+            raise FatalToolError(_ENDED)
+
     def flush(self, token: str | None) -> None:
         """Send the fence, the buffered writes and the COMMIT in one round trip."""
         conn = self.conn
-        if self._begun and conn.info.transaction_status == TransactionStatus.INERROR:
+        if conn.info.transaction_status == TransactionStatus.INERROR:
             raise FatalToolError(_ABORTED)
-        if self._begun:
-            self.check_open()
+        self.check_open()
         with conn.pipeline():
-            if not self._begun:
-                conn.execute("BEGIN")
             if token is not None:
                 conn.execute("SELECT turnkit_fence(%s, %s)", (self._sid, token))
-            for sql, params in self._writes:
+            for sql, params in self.writes:
                 conn.execute(sql, params)
             conn.execute("COMMIT")
+        self.flushed = True
+
+
+def _commit_error(sid: str, conn: Any, exc: BaseException) -> BaseException:
+    """What a failed commit raises: the engine's own exceptions unchanged, unless the
+    connection died under them (then it is a store outage, not a tool's failure)."""
+    if _connection_lost(conn):
+        return StoreError(
+            f"session {sid}: lost the database connection during a commit "
+            f"({exc}); nothing of this step was kept: deliver the turn again"
+        )
+    if isinstance(exc, psycopg.Error):
+        state = exc.sqlstate
+        if state == FENCE_SQLSTATE:
+            return SessionBusyError(
+                f"session {sid}: another process took over this session's "
+                "writer lock; this step was not written"
+            )
+        if state == MISSING_SQLSTATE:
+            return StoreError(str(exc.diag.message_primary or exc))
+        if isinstance(exc, pg_errors.UniqueViolation) and "turnkit_generations" in str(
+            exc.diag.table_name or ""
+        ):
+            return StoreError(
+                f"session {sid}: this generation was already archived (another reset came first)"
+            )
+        if isinstance(exc, pg_errors.UniqueViolation):
+            return StoreError(
+                f"session {sid}: commit failed: {exc.diag.message_primary} "
+                "(another writer advanced this session)"
+            )
+        if isinstance(exc, pg_errors.InFailedSqlTransaction):
+            return FatalToolError(_ABORTED)
+        return StoreError(f"session {sid}: commit failed: {exc}")
+    return exc
 
 
 class _PgSession:
@@ -360,38 +475,40 @@ class _PgSession:
         return self._store._writer(self._sid)
 
     async def load(self, turn_id: str | None = None, *, from_index: int = 0) -> SessionSnapshot:
-        return await self._store._read(f"session {self._sid}", self._load_sync, turn_id, from_index)
+        return await self._store._read(f"session {self._sid}", self._load, turn_id, from_index)
 
-    def _load_sync(
-        self, conn: psycopg.Connection[Any], turn_id: str | None, from_index: int
+    async def _load(
+        self, conn: psycopg.AsyncConnection[Any], turn_id: str | None, from_index: int
     ) -> SessionSnapshot:
         sid = self._sid
-        with conn.pipeline():
-            conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-            messages = conn.execute(
+        async with conn.pipeline():
+            await conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            messages = await conn.execute(
                 "SELECT body FROM turnkit_messages WHERE session_id = %s AND idx >= %s "
                 "ORDER BY idx",
                 (sid, from_index),
             )
-            steps = conn.execute(
+            steps = await conn.execute(
                 "SELECT step_id, result FROM turnkit_steps WHERE session_id = %s AND turn_id = %s",
                 (sid, turn_id),
             )
-            turn = conn.execute(
+            turn = await conn.execute(
                 f"SELECT {_TURN_COLUMNS} FROM turnkit_turns WHERE session_id = %s AND turn_id = %s",
                 (sid, turn_id),
             )
-            seq = conn.execute("SELECT max(seq) FROM turnkit_events WHERE session_id = %s", (sid,))
-            agent = conn.execute(
+            seq = await conn.execute(
+                "SELECT max(seq) FROM turnkit_events WHERE session_id = %s", (sid,)
+            )
+            agent = await conn.execute(
                 "SELECT agent, generation FROM turnkit_sessions WHERE session_id = %s", (sid,)
             )
-            conn.execute("COMMIT")
-        turn_row = turn.fetchone()
-        seq_row = seq.fetchone()
-        agent_row = agent.fetchone()
+            await conn.execute("COMMIT")
+        turn_row = await turn.fetchone()
+        seq_row = await seq.fetchone()
+        agent_row = await agent.fetchone()
         return SessionSnapshot(
-            messages=[message_from_dict(json.loads(r[0])) for r in messages.fetchall()],
-            steps={step_id: json.loads(result) for step_id, result in steps.fetchall()},
+            messages=[message_from_dict(json.loads(r[0])) for r in await messages.fetchall()],
+            steps={step_id: json.loads(result) for step_id, result in await steps.fetchall()},
             turn=_turn_from_row(turn_row) if turn_row else None,
             agent=agent_row[0] if agent_row else None,
             next_seq=((seq_row[0] if seq_row else None) or 0) + 1,
@@ -400,143 +517,148 @@ class _PgSession:
         )
 
     async def commit(self, work: Callable[[Any], T]) -> T:
-        return await self._store._call(self._commit_sync, work)
-
-    def _commit_sync(self, work: Callable[[Any], T]) -> T:
         store = self._store
         token = store._tokens.get(self._sid)
+        tx = _LoopTransaction(self._sid)
         try:
-            conn_cm = store.pool.connection(timeout=store.connect_timeout)
-            conn = conn_cm.__enter__()
+            result = work(tx)
+            writes = tx.writes
+        except _NeedsConnection:
+            # A local tool: it runs on a worker thread, where its SQL may block.
+            result, thread_tx = await store._call(self._commit_on_thread, work, token)
+            if thread_tx.flushed:
+                return result
+            writes = thread_tx.writes
+        if writes:
+            await self._flush(writes, token)
+        return result
+
+    def _commit_on_thread(
+        self, work: Callable[[Any], T], token: str | None
+    ) -> tuple[T, _PgTransaction]:
+        tx = _PgTransaction(self._store, self._sid)
+        try:
+            try:
+                result = work(tx)
+                if tx.checkout_failed is not None:  # the tool caught it; the step cannot land
+                    raise tx._no_connection(tx.checkout_failed)
+                if tx.opened is not None:
+                    tx.flush(token)
+            except BaseException as exc:
+                if tx.checkout_failed is not None:
+                    raise tx._no_connection(tx.checkout_failed) from exc
+                conn = tx.opened
+                if conn is None:
+                    raise
+                _rollback_quietly(conn)
+                raise _commit_error(self._sid, conn, exc) from exc
+        finally:
+            tx.release()
+        return result, tx
+
+    async def _flush(self, writes: list[_Write], token: str | None) -> None:
+        """``BEGIN``, the fence, ``writes`` and ``COMMIT`` in one pipeline, from the loop."""
+        pool = self._store.async_pool
+        try:
+            conn = await pool.getconn(timeout=self._store.connect_timeout)
         except Exception as exc:
             raise StoreError(f"session {self._sid}: no database connection: {exc}") from exc
         try:
-            tx = _PgTransaction(conn, self._sid)
-            try:
-                result = work(tx)
-                tx.flush(token)
-            except BaseException as exc:
-                _rollback_quietly(conn)
-                raise self._commit_error(conn, exc) from exc
+            async with conn.pipeline():
+                await conn.execute("BEGIN")
+                if token is not None:
+                    await conn.execute("SELECT turnkit_fence(%s, %s)", (self._sid, token))
+                for sql, params in writes:
+                    await conn.execute(sql, params)
+                await conn.execute("COMMIT")
+        except BaseException as exc:
+            await _rollback_quietly_async(conn)
+            raise _commit_error(self._sid, conn, exc) from exc
         finally:
-            conn_cm.__exit__(None, None, None)
-        return result
-
-    def _commit_error(self, conn: psycopg.Connection[Any], exc: BaseException) -> BaseException:
-        """What a failed commit raises: the engine's own exceptions unchanged, unless the
-        connection died under them (then it is a store outage, not a tool's failure)."""
-        if _connection_lost(conn):
-            return StoreError(
-                f"session {self._sid}: lost the database connection during a commit "
-                f"({exc}); nothing of this step was kept: deliver the turn again"
-            )
-        if isinstance(exc, psycopg.Error):
-            state = exc.sqlstate
-            if state == FENCE_SQLSTATE:
-                return SessionBusyError(
-                    f"session {self._sid}: another process took over this session's "
-                    "writer lock; this step was not written"
-                )
-            if state == MISSING_SQLSTATE:
-                return StoreError(str(exc.diag.message_primary or exc))
-            if isinstance(exc, pg_errors.UniqueViolation) and "turnkit_generations" in str(
-                exc.diag.table_name or ""
-            ):
-                return StoreError(
-                    f"session {self._sid}: this generation was already archived "
-                    "(another reset came first)"
-                )
-            if isinstance(exc, pg_errors.UniqueViolation):
-                return StoreError(
-                    f"session {self._sid}: commit failed: {exc.diag.message_primary} "
-                    "(another writer advanced this session)"
-                )
-            if isinstance(exc, pg_errors.InFailedSqlTransaction):
-                return FatalToolError(_ABORTED)
-            return StoreError(f"session {self._sid}: commit failed: {exc}")
-        return exc
+            await pool.putconn(conn)
 
     async def turn(self, turn_id: str) -> TurnRecord | None:
-        def read(conn: psycopg.Connection[Any]) -> TurnRecord | None:
-            row = conn.execute(
+        async def read(conn: psycopg.AsyncConnection[Any]) -> TurnRecord | None:
+            cur = await conn.execute(
                 f"SELECT {_TURN_COLUMNS} FROM turnkit_turns WHERE session_id = %s AND turn_id = %s",
                 (self._sid, turn_id),
-            ).fetchone()
+            )
+            row = await cur.fetchone()
             return _turn_from_row(row) if row else None
 
         return await self._store._read(f"turn {turn_id}", read)
 
     async def messages(self) -> list[Message]:
-        def read(conn: psycopg.Connection[Any]) -> list[Message]:
-            rows = conn.execute(
+        async def read(conn: psycopg.AsyncConnection[Any]) -> list[Message]:
+            cur = await conn.execute(
                 "SELECT body FROM turnkit_messages WHERE session_id = %s ORDER BY idx",
                 (self._sid,),
-            ).fetchall()
-            return [message_from_dict(json.loads(r[0])) for r in rows]
+            )
+            return [message_from_dict(json.loads(r[0])) for r in await cur.fetchall()]
 
         return await self._store._read(f"session {self._sid}", read)
 
     async def events(self, *, turn_id: str | None = None, after: int = 0) -> list[TurnEvent]:
-        def read(conn: psycopg.Connection[Any]) -> list[TurnEvent]:
+        async def read(conn: psycopg.AsyncConnection[Any]) -> list[TurnEvent]:
             if turn_id is None:
-                cur = conn.execute(
+                cur = await conn.execute(
                     "SELECT body FROM turnkit_events WHERE session_id = %s AND seq > %s "
                     "ORDER BY seq",
                     (self._sid, after),
                 )
             else:
-                cur = conn.execute(
+                cur = await conn.execute(
                     "SELECT body FROM turnkit_events WHERE session_id = %s AND turn_id = %s "
                     "AND seq > %s ORDER BY seq",
                     (self._sid, turn_id, after),
                 )
-            return [event_from_dict(json.loads(r[0])) for r in cur.fetchall()]
+            return [event_from_dict(json.loads(r[0])) for r in await cur.fetchall()]
 
         return await self._store._read(f"events of session {self._sid}", read)
 
     async def generations(self) -> list[int]:
-        def read(conn: psycopg.Connection[Any]) -> list[int]:
-            rows = conn.execute(_pg(archive_sql.GENERATIONS), (self._sid,)).fetchall()
-            return [int(r[0]) for r in rows]
+        async def read(conn: psycopg.AsyncConnection[Any]) -> list[int]:
+            cur = await conn.execute(_pg(archive_sql.GENERATIONS), (self._sid,))
+            return [int(r[0]) for r in await cur.fetchall()]
 
         return await self._store._read(f"generations of session {self._sid}", read)
 
     async def archived_messages(self, generation: int) -> list[Message]:
-        def read(conn: psycopg.Connection[Any]) -> list[Message]:
-            rows = conn.execute(
-                _pg(archive_sql.ARCHIVED_MESSAGES), (self._sid, generation)
-            ).fetchall()
-            return [message_from_dict(json.loads(r[0])) for r in rows]
+        async def read(conn: psycopg.AsyncConnection[Any]) -> list[Message]:
+            cur = await conn.execute(_pg(archive_sql.ARCHIVED_MESSAGES), (self._sid, generation))
+            return [message_from_dict(json.loads(r[0])) for r in await cur.fetchall()]
 
         return await self._store._read(f"session {self._sid} generation {generation}", read)
 
     async def unfinished(self) -> list[TurnRecord]:
-        def read(conn: psycopg.Connection[Any]) -> list[TurnRecord]:
-            rows = conn.execute(
+        async def read(conn: psycopg.AsyncConnection[Any]) -> list[TurnRecord]:
+            cur = await conn.execute(
                 f"SELECT {_TURN_COLUMNS} FROM turnkit_turns WHERE session_id = %s "
                 "AND status IN ('running', 'suspended') ORDER BY created_at",
                 (self._sid,),
-            ).fetchall()
-            return [_turn_from_row(r) for r in rows]
+            )
+            return [_turn_from_row(r) for r in await cur.fetchall()]
 
         return await self._store._read(f"session {self._sid}", read)
 
     async def parked(self) -> TurnRecord | None:
-        def read(conn: psycopg.Connection[Any]) -> TurnRecord | None:
-            row = conn.execute(
+        async def read(conn: psycopg.AsyncConnection[Any]) -> TurnRecord | None:
+            cur = await conn.execute(
                 f"SELECT {_TURN_COLUMNS} FROM turnkit_turns WHERE session_id = %s "
                 "AND status = 'suspended' ORDER BY created_at DESC LIMIT 1",
                 (self._sid,),
-            ).fetchone()
+            )
+            row = await cur.fetchone()
             return _turn_from_row(row) if row else None
 
         return await self._store._read(f"session {self._sid}", read)
 
     async def status(self) -> SessionStatus:
-        def read(conn: psycopg.Connection[Any]) -> SessionStatus:
-            row = conn.execute(
+        async def read(conn: psycopg.AsyncConnection[Any]) -> SessionStatus:
+            cur = await conn.execute(
                 "SELECT status FROM turnkit_sessions WHERE session_id = %s", (self._sid,)
-            ).fetchone()
+            )
+            row = await cur.fetchone()
             return cast(SessionStatus, row[0]) if row else "new"
 
         return await self._store._read(f"session {self._sid}", read)
@@ -546,9 +668,11 @@ class PostgresStore:
     """Sessions in a PostgreSQL database (``dsn`` is a libpq connection string or URL).
 
     ``schema`` holds turnkit's tables (created if missing); local tools' statements
-    resolve names in it first, then in ``public``. ``max_size`` bounds the pool and
-    the worker threads. ``busy_timeout`` is how long, in seconds, a delivery waits
-    for a session another process is running before raising ``SessionBusyError``.
+    resolve names in it first, then in ``public``. ``max_size`` bounds the event
+    loop's connection pool, and also the second pool (opened lazily) and the worker
+    threads that local tools using ``ctx.store`` run on. ``busy_timeout`` is how
+    long, in seconds, a delivery waits for a session another process is running
+    before raising ``SessionBusyError``.
     """
 
     def __init__(
@@ -577,10 +701,11 @@ class PostgresStore:
         self.busy_timeout = busy_timeout
         self.connect_timeout = connect_timeout
         self.holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self._apool: AsyncConnectionPool[Any] | None = None
         self._pool: ConnectionPool[Any] | None = None
         self._executor: ThreadPoolExecutor | None = None
-        self._lock_conn: psycopg.Connection[Any] | None = None
-        self._lock_mutex = threading.Lock()
+        self._lock_conn: psycopg.AsyncConnection[Any] | None = None
+        self._lock_mutex = asyncio.Lock()
         self._locks = SessionLocks()
         self._tokens: dict[str, str] = {}
 
@@ -595,42 +720,70 @@ class PostgresStore:
             "connect_timeout": max(1, int(self.connect_timeout)),
         }
 
+    def _not_open(self) -> StoreError:
+        return StoreError(
+            "PostgresStore is not open: use it through `async with Runtime(...)` "
+            "or await store.open() first"
+        )
+
     @property
-    def pool(self) -> ConnectionPool[Any]:
+    def async_pool(self) -> AsyncConnectionPool[Any]:
+        if self._apool is None:
+            raise self._not_open()
+        return self._apool
+
+    @property
+    def sync_pool(self) -> ConnectionPool[Any]:
         if self._pool is None:
-            raise StoreError(
-                "PostgresStore is not open: use it through `async with Runtime(...)` "
-                "or await store.open() first"
-            )
+            raise self._not_open()
         return self._pool
 
     async def open(self) -> None:
-        if self._pool is not None:
+        if self._apool is not None:
             return
         self._executor = ThreadPoolExecutor(
             max_workers=self.max_size + 1, thread_name_prefix="turnkit-pg"
         )
+        apool: AsyncConnectionPool[Any] | None = None
         try:
             await self._call(self._open_sync)
+            apool = AsyncConnectionPool(
+                self.dsn,
+                min_size=self.min_size,
+                max_size=self.max_size,
+                kwargs=self._connect_kwargs(),
+                check=_check_idle_async,
+                open=False,
+                name=f"turnkit-{self.schema}-async",
+            )
+            try:
+                await apool.open(wait=True, timeout=self.connect_timeout)
+            except psycopg.Error as exc:
+                raise StoreError(f"PostgresStore: cannot open the database: {exc}") from exc
+            except Exception as exc:  # the pool's own timeout, for one
+                raise StoreError(f"PostgresStore: cannot connect: {exc}") from exc
         except BaseException:
-            self._executor.shutdown(wait=False)
-            self._executor = None
+            if apool is not None:
+                await apool.close()
+            await self._shut()
             raise
+        self._apool = apool
 
     def _open_sync(self) -> None:
         try:
             with psycopg.connect(self.dsn, **self._connect_kwargs()) as conn:
                 migrate(conn, self.schema)
+            # Only local tools that use ctx.store take these connections: opened on demand.
             pool: ConnectionPool[Any] = ConnectionPool(
                 self.dsn,
-                min_size=self.min_size,
+                min_size=0,
                 max_size=self.max_size,
                 kwargs=self._connect_kwargs(),
                 check=_check_idle_connection,
                 open=False,
                 name=f"turnkit-{self.schema}",
             )
-            pool.open(wait=True, timeout=self.connect_timeout)
+            pool.open(wait=False)
         except psycopg.Error as exc:
             raise StoreError(f"PostgresStore: cannot open the database: {exc}") from exc
         except Exception as exc:  # the pool's own timeout, for one
@@ -638,19 +791,21 @@ class PostgresStore:
         self._pool = pool
 
     async def close(self) -> None:
+        apool, self._apool = self._apool, None
+        lock_conn, self._lock_conn = self._lock_conn, None
+        if lock_conn is not None:
+            await lock_conn.close()
+        if apool is not None:
+            await apool.close()
+        await self._shut()
+
+    async def _shut(self) -> None:
         pool, self._pool = self._pool, None
         executor, self._executor = self._executor, None
-        lock_conn, self._lock_conn = self._lock_conn, None
         if executor is None:
             return
-
-        def shut() -> None:
-            if lock_conn is not None:
-                lock_conn.close()
-            if pool is not None:
-                pool.close()
-
-        await asyncio.get_running_loop().run_in_executor(executor, shut)
+        if pool is not None:
+            await asyncio.get_running_loop().run_in_executor(executor, pool.close)
         executor.shutdown(wait=False)
 
     # -- plumbing ----------------------------------------------------------------
@@ -663,25 +818,30 @@ class PostgresStore:
         call = functools.partial(context.run, fn, *args)
         return await asyncio.get_running_loop().run_in_executor(self._executor, call)
 
-    async def _read(self, what: str, fn: Callable[..., T], *args: Any) -> T:
-        def run() -> T:
-            try:
-                with self.pool.connection(timeout=self.connect_timeout) as conn:
-                    try:
-                        return fn(conn, *args)
-                    except BaseException:
-                        _rollback_quietly(conn)
-                        raise
-            except psycopg.Error as exc:
-                raise StoreError(f"cannot read {what}: {exc}") from exc
-            except ValueError as exc:
-                raise StoreError(f"{what} holds data that is not valid JSON: {exc}") from exc
-            except StoreError:
-                raise
-            except Exception as exc:  # the pool's timeout
-                raise StoreError(f"cannot read {what}: {exc}") from exc
-
-        return await self._call(run)
+    async def _read(
+        self,
+        what: str,
+        fn: Callable[..., Awaitable[T]],
+        *args: Any,
+    ) -> T:
+        """Run ``fn(conn, *args)`` on a connection of the event loop's pool."""
+        pool = self.async_pool
+        try:
+            conn = await pool.getconn(timeout=self.connect_timeout)
+        except Exception as exc:  # the pool's timeout, a failed reconnection
+            raise StoreError(f"cannot read {what}: {exc}") from exc
+        try:
+            return await fn(conn, *args)
+        except psycopg.Error as exc:
+            await _rollback_quietly_async(conn)
+            raise StoreError(f"cannot read {what}: {exc}") from exc
+        except ValueError as exc:
+            raise StoreError(f"{what} holds data that is not valid JSON: {exc}") from exc
+        except BaseException:
+            await _rollback_quietly_async(conn)
+            raise
+        finally:
+            await pool.putconn(conn)
 
     # -- the single writer -------------------------------------------------------
 
@@ -695,7 +855,7 @@ class PostgresStore:
             finally:
                 del self._tokens[session_id]
                 try:
-                    await self._call(self._release_sync, session_id)
+                    await self._release(session_id)
                 except Exception as exc:
                     # The lock dies with its connection anyway; the next holder's token
                     # fences this process off.
@@ -706,7 +866,7 @@ class PostgresStore:
         deadline = loop.time() + self.busy_timeout
         delay = 0.005
         while True:
-            token = await self._call(self._try_acquire_sync, session_id)
+            token = await self._try_acquire(session_id)
             if token is not None:
                 return token
             if loop.time() >= deadline:
@@ -717,50 +877,55 @@ class PostgresStore:
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.2)
 
-    def _lock_connection(self) -> psycopg.Connection[Any]:
+    async def _lock_connection(self) -> psycopg.AsyncConnection[Any]:
         conn = self._lock_conn
         if conn is None or _connection_lost(conn):
-            conn = psycopg.connect(self.dsn, **self._connect_kwargs())
+            if self._apool is None:
+                raise self._not_open()
+            conn = await psycopg.AsyncConnection.connect(self.dsn, **self._connect_kwargs())
             # Losing this write in a server crash is harmless: a holder whose token
             # did not survive has committed nothing after it, and is fenced off.
-            conn.execute("SET synchronous_commit = off")
+            await conn.execute("SET synchronous_commit = off")
             self._lock_conn = conn
         return conn
 
-    def _try_acquire_sync(self, session_id: str) -> str | None:
+    async def _try_acquire(self, session_id: str) -> str | None:
         token = uuid.uuid4().hex
         key = _lock_key(self.schema, session_id)
-        with self._lock_mutex:
+        async with self._lock_mutex:
             try:
-                conn = self._lock_connection()
-                row = conn.execute(
+                conn = await self._lock_connection()
+                cur = await conn.execute(
                     "WITH l AS (SELECT pg_try_advisory_lock(%s) AS ok) "
                     "INSERT INTO turnkit_writers (session_id, token, holder, since) "
                     "SELECT %s, %s, %s, %s FROM l WHERE l.ok "
                     "ON CONFLICT (session_id) DO UPDATE SET token = excluded.token, "
                     "holder = excluded.holder, since = excluded.since RETURNING 1",
                     (key, session_id, token, self.holder, time.time()),
-                ).fetchone()
+                )
+                row = await cur.fetchone()
             except psycopg.Error as exc:
-                self._unlock_quietly(key)
+                await self._unlock_quietly(key)
                 raise StoreError(
                     f"session {session_id}: cannot take the writer lock: {exc}"
                 ) from exc
         return token if row else None
 
-    def _release_sync(self, session_id: str) -> None:
-        with self._lock_mutex:
+    async def _release(self, session_id: str) -> None:
+        async with self._lock_mutex:
             conn = self._lock_conn
             if conn is None or _connection_lost(conn):
                 return  # the lock went with the connection
-            conn.execute("SELECT pg_advisory_unlock(%s)", (_lock_key(self.schema, session_id),))
+            await conn.execute(
+                "SELECT pg_advisory_unlock(%s)", (_lock_key(self.schema, session_id),)
+            )
 
-    def _unlock_quietly(self, key: int) -> None:
+    async def _unlock_quietly(self, key: int) -> None:
         conn = self._lock_conn
         if conn is None or _connection_lost(conn):
             return
         try:
-            conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
+            await conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
         except psycopg.Error:
             log.debug("unlock after a failed acquisition failed", exc_info=True)
 
@@ -770,23 +935,24 @@ class PostgresStore:
         return _PgSession(self, session_id)
 
     async def sessions(self) -> list[SessionInfo]:
-        def read(conn: psycopg.Connection[Any]) -> list[SessionInfo]:
-            rows = conn.execute(
+        async def read(conn: psycopg.AsyncConnection[Any]) -> list[SessionInfo]:
+            cur = await conn.execute(
                 "SELECT session_id, agent, status, updated_at FROM turnkit_sessions "
                 "ORDER BY session_id"
-            ).fetchall()
+            )
             return [
-                SessionInfo(session_id=r[0], agent=r[1], status=r[2], updated_at=r[3]) for r in rows
+                SessionInfo(session_id=r[0], agent=r[1], status=r[2], updated_at=r[3])
+                for r in await cur.fetchall()
             ]
 
         return await self._read("the session list", read)
 
     async def unfinished_turns(self) -> list[TurnRecord]:
-        def read(conn: psycopg.Connection[Any]) -> list[TurnRecord]:
-            rows = conn.execute(
+        async def read(conn: psycopg.AsyncConnection[Any]) -> list[TurnRecord]:
+            cur = await conn.execute(
                 f"SELECT {_TURN_COLUMNS} FROM turnkit_turns WHERE status = 'running' "
                 "ORDER BY created_at"
-            ).fetchall()
-            return [_turn_from_row(r) for r in rows]
+            )
+            return [_turn_from_row(r) for r in await cur.fetchall()]
 
         return await self._read("unfinished turns", read)
