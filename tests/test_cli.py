@@ -60,3 +60,79 @@ def test_errors_are_one_line_without_a_traceback(tmp_path: Path) -> None:
 def test_help_lists_the_run_command(tmp_path: Path) -> None:
     done = turnkit("run", "--help", cwd=tmp_path)
     assert done.returncode == 0 and "--session" in done.stdout and "--store" in done.stdout
+
+
+PARKING_AGENT = {
+    "agent.py": """
+from turnkit import ToolMessage, UserMessage
+from turnkit.testing import ScriptedModel, ScriptedReply, tool_call
+
+agent = {"name": "deployer"}
+
+
+def _reply(messages):
+    last = messages[-1]
+    if isinstance(last, UserMessage):
+        return ScriptedReply(tool_calls=[tool_call("deploy", {"service": last.text})])
+    if isinstance(last, ToolMessage):
+        return f"finished: {last.result}"
+    return "?"
+
+
+def demo_model():
+    return ScriptedModel(respond=_reply)
+""",
+    "tools/deploy.py": '''
+from turnkit import ToolContext, tool
+
+
+@tool
+async def deploy(service: str, ctx: ToolContext) -> dict:
+    """Deploy a service after approval."""
+    ok = await ctx.request_input("approve", f"Deploy {service}?", schema={"type": "boolean"})
+    return {"deployed": ok}
+''',
+}
+
+
+def write_agent(folder: Path) -> Path:
+    for name, text in PARKING_AGENT.items():
+        path = folder / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return folder
+
+
+def turnkit_with_input(*args: str, cwd: Path, stdin: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "turnkit.cli", *args],
+        cwd=cwd,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**OFFLINE_ENV, "PYTHONUNBUFFERED": "1"},
+    )
+
+
+def test_a_parked_turn_asks_at_the_prompt(tmp_path: Path) -> None:
+    agent = write_agent(tmp_path / "deployer")
+    done = turnkit_with_input("run", str(agent), "api", cwd=tmp_path, stdin="maybe\ny\n")
+    assert done.returncode == 0, done.stderr
+    assert "? Deploy api?" in done.stdout
+    assert "! answer yes or no" in done.stdout
+    assert '← deploy: {"deployed": true}' in done.stdout
+    assert "finished: {'deployed': True}" in done.stdout
+
+
+def test_an_unanswered_park_waits_for_the_next_run(tmp_path: Path) -> None:
+    agent = write_agent(tmp_path / "deployer")
+    first = turnkit_with_input("run", str(agent), "api", cwd=tmp_path, stdin="")
+    assert first.returncode == 3
+    assert "the turn waits for one on the next run" in first.stderr
+    second = turnkit_with_input("run", str(agent), "web", cwd=tmp_path, stdin="n\ny\n")
+    assert second.returncode == 0, second.stderr
+    out = second.stdout
+    assert "waiting on turn" in out
+    assert out.index("finished: {'deployed': False}") < out.index("Deploy web?")
+    assert "finished: {'deployed': True}" in out
