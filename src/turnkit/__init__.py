@@ -63,6 +63,7 @@ from ._model import Model, ModelDelta, ModelDone, ReasoningDelta, TextDelta, Too
 from ._observe import TurnStream
 from ._policy import SurfacePolicy, TurnPolicy
 from ._runtime import AgentSession, Runtime
+from ._schedule import ScheduledTurn, SlotRule, schedule
 from ._subagent import SubagentError, subagent
 from ._terminal import TerminalChannel
 from ._tools import ActionContext, Tool, define_action, tool
@@ -109,8 +110,10 @@ __all__ = [
     "ResumeConflictError",
     "ResumeRequest",
     "Runtime",
+    "ScheduledTurn",
     "SessionBusyError",
     "SessionSuspendedError",
+    "SlotRule",
     "StopReason",
     "StoreError",
     "SubagentError",
@@ -147,6 +150,7 @@ __all__ = [
     "message_from_dict",
     "mount_agent",
     "receive",
+    "schedule",
     "subagent",
     "tool",
 ]
