@@ -121,9 +121,10 @@ async def test_run_stream_ends_on_input_requested_and_resume_stream_finishes_it(
     assert events[-1].type == "input.requested"
     request = await ctx.pending(session="s1")
     assert request is not None and request.prompt == "Deploy api?"
-    resumed = ctx.resume_stream(
+    resumed = await ctx.resume_stream(
         session="s1", turn_id=stream.turn_id, input_id="approve", value=True, by="U1"
     )
+    assert resumed.turn_id == stream.turn_id
     types = [e.type async for e in resumed]
     assert types[-1] == "turn.completed"
     assert "action.completed" in types
@@ -143,25 +144,26 @@ async def test_resume_stream_carries_the_principal_to_authorize_answer(open_runt
     stream = ctx.run_stream("deploy api", session="s1")
     assert [e async for e in stream][-1].type == "input.requested"
     with pytest.raises(turnkit.ResumeAuthorizationError):
-        async for _ in ctx.resume_stream(
+        await ctx.resume_stream(
             session="s1",
             turn_id=stream.turn_id,
             input_id="approve",
             value=True,
             by="U2",
             principal={"role": "intern"},
-        ):
-            pass
+        )
     assert asked == [] and await ctx.pending(session="s1") is not None
-    async for _ in ctx.resume_stream(
+    unread = await ctx.resume_stream(
         session="s1",
         turn_id=stream.turn_id,
         input_id="approve",
         value=True,
         by="U3",
         principal={"role": "release-manager"},
-    ):
-        pass
+    )
+    # Applied although nobody reads the stream: the turn runs on by itself.
+    assert (await ctx.result(unread.turn_id, session="s1")).status == "completed"
+    await unread.aclose()
     assert asked == [True]
     assert [(c.by, c.principal["role"]) for c in checks] == [
         ("U2", "intern"),
@@ -283,6 +285,7 @@ async def test_mount_checks_the_agent_and_warns_once_per_unused_policy(
         mount_agent(agent, runtime, channels=[object()])  # type: ignore[list-item]
     with caplog.at_level(logging.WARNING, logger="turnkit.channels"):
         mount_agent(agent, runtime, channels=[RecordingChannel()])
+        mount_agent(agent, runtime, channels=[RecordingChannel()])  # a host mounting again
     warnings = [r.getMessage() for r in caplog.records]
     assert len(warnings) == 1
     assert "policy for source 'slack', but no mounted channel emits it" in warnings[0]
@@ -333,3 +336,42 @@ async def test_the_terminal_answers_a_question_left_by_an_earlier_run(open_runti
     assert result.status == "completed"
     assert asked == [False, False]  # the earlier turn answered, then the new one
     assert "waiting on turn" in out.getvalue()
+
+
+async def test_receive_applies_the_channels_source_policy(open_runtime: Any) -> None:
+    ran: list[str] = []
+
+    @tool
+    def post_everywhere() -> str:
+        """Post to every channel."""
+        ran.append("posted")
+        return "posted"
+
+    def respond(messages: Any) -> Any:
+        if isinstance(messages[-1], TriggerMessage):
+            return ScriptedReply(tool_calls=[tool_call("post_everywhere", {})])
+        return f"then: {messages[-1].result}"
+
+    model = ScriptedModel(respond=respond)
+    agent = Agent(
+        name="ops",
+        model=model,
+        tools=[post_everywhere],
+        surfaces={"slack": SurfacePolicy(deny_tools=("post_everywhere",))},
+    )
+    channel = RecordingChannel(source="slack")
+    ctx = mount_agent(agent, await open_runtime(agent), channels=[channel])
+    result = await receive(
+        channel, ctx, seed="go", target="#ops", trigger=Proactive(by="cron:x"), session="s1"
+    )
+    assert result.text == "then: {'error': 'unknown tool: post_everywhere'}"
+    assert ran == [] and model.calls[0].tools == ()
+    with pytest.raises(ConfigurationError, match="names source 'cli', but the turn is delivered"):
+        await receive(
+            channel,
+            ctx,
+            seed="go",
+            target="#ops",
+            trigger=Proactive(by="cron:x", source="cli"),
+            session="s2",
+        )

@@ -136,3 +136,34 @@ def test_an_unanswered_park_waits_for_the_next_run(tmp_path: Path) -> None:
     assert "waiting on turn" in out
     assert out.index("finished: {'deployed': False}") < out.index("Deploy web?")
     assert "finished: {'deployed': True}" in out
+
+
+def test_ctrl_c_at_the_prompt_exits_at_once_and_keeps_the_park(tmp_path: Path) -> None:
+    import signal
+
+    agent = write_agent(tmp_path / "deployer")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "turnkit.cli", "run", str(agent), "api"],
+        cwd=tmp_path,
+        stdin=subprocess.PIPE,  # left open: the prompt blocks in input()
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**OFFLINE_ENV, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        assert proc.stdout is not None
+        seen = ""
+        while "? Deploy api?" not in seen:
+            line = proc.stdout.readline()
+            assert line, "the run ended before asking"
+            seen += line
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)  # a hang here is the bug
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert "interrupted" in err
+    again = turnkit_with_input("run", str(agent), "web", cwd=tmp_path, stdin="y\nn\n")
+    assert "waiting on turn" in again.stdout

@@ -121,3 +121,57 @@ def test_an_agent_py_that_fails_to_import_is_named(tmp_path: Path) -> None:
         turnkit.ConfigurationError, match=r"agent\.py: failed to import: ValueError: bad settings"
     ):
         turnkit.load_agent(folder, model=ScriptedModel([]))
+
+
+TOOL_SRC = (
+    'from turnkit import tool\n\n@tool\ndef {name}(x: str) -> str:\n    """Echo."""\n    return x\n'
+)
+
+
+def test_an_alias_or_a_sibling_import_counts_once(tmp_path: Path) -> None:
+    folder = write(
+        tmp_path / "x",
+        {
+            "tools/lookup.py": TOOL_SRC.format(name="lookup") + "find = lookup\n",
+            "tools/more.py": (
+                "import sys\nfrom pathlib import Path\n\n"
+                "_sibling = Path(__file__).with_name('lookup.py')\n"
+                "lookup = next(m.lookup for m in list(sys.modules.values())\n"
+                "              if getattr(m, '__file__', None) == str(_sibling))\n"
+            )
+            + TOOL_SRC.format(name="other"),
+        },
+    )
+    agent = turnkit.load_agent(folder, model=ScriptedModel([]))
+    assert sorted(t.name for t in agent.tools) == ["lookup", "other"]
+
+
+def test_two_tools_with_one_name_name_both_files(tmp_path: Path) -> None:
+    folder = write(
+        tmp_path / "x",
+        {"tools/a.py": TOOL_SRC.format(name="echo"), "tools/b.py": TOOL_SRC.format(name="echo")},
+    )
+    with pytest.raises(
+        turnkit.ConfigurationError,
+        match=r"two tools are named 'echo': one in .*a\.py, one in .*b\.py",
+    ):
+        turnkit.load_agent(folder, model=ScriptedModel([]))
+
+
+def test_a_module_all_limits_what_it_exports(tmp_path: Path) -> None:
+    folder = write(
+        tmp_path / "x",
+        {
+            "tools/a.py": TOOL_SRC.format(name="echo")
+            + TOOL_SRC.format(name="hidden")
+            + "__all__ = ['echo']\n"
+        },
+    )
+    agent = turnkit.load_agent(folder, model=ScriptedModel([]))
+    assert [t.name for t in agent.tools] == ["echo"]
+
+
+def test_malformed_settings_name_agent_py(tmp_path: Path) -> None:
+    folder = write(tmp_path / "x", {"agent.py": "agent = {'surfaces': ['slack']}\n"})
+    with pytest.raises(turnkit.ConfigurationError, match=r"agent\.py: surfaces must be a dict"):
+        turnkit.load_agent(folder, model=ScriptedModel([]))

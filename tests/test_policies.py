@@ -248,3 +248,57 @@ async def test_a_proactive_turn_runs_under_its_channels_source(open_runtime: Any
     await session.turn("Summarize the day.", trigger=trigger)
     assert model.calls[0].system == "You are the ops assistant.\n\nKeep replies short."
     assert [t.name for t in model.calls[0].tools] == ["lookup"]
+
+
+async def test_a_crash_replay_runs_under_the_policy_the_turn_opened_with(
+    make_store: Any, sink: Any
+) -> None:
+    """The delivery dies before its tool step; the turn is redelivered by a runtime
+    whose agent no longer denies the tool, with another event passed in: the stored
+    event and policy win."""
+    from turnkit.testing import CrashingStore
+
+    ran: list[str] = []
+
+    def respond(messages: Any) -> Any:
+        last = messages[-1]
+        if isinstance(last, UserMessage):
+            return ScriptedReply(tool_calls=[tool_call("issue_refund", {"order_id": "o-3"})])
+        return f"ended: {getattr(last, 'result', None)}"
+
+    class Outage(Exception):
+        pass
+
+    def fail() -> None:
+        raise Outage("power cut")
+
+    strict = agent(ScriptedModel(respond=respond), ran)
+    store = CrashingStore(make_store(), crash_at=3, when="before", on_crash=fail)
+    async with turnkit.Runtime(strict, store=store, sink=sink) as runtime:
+        with pytest.raises(Outage):
+            await runtime.session("a", "s1").turn("refund o-3", event=SLACK, turn_id="t1")
+
+    relaxed_model = ScriptedModel(respond=respond)
+    relaxed = agent(relaxed_model, ran, surfaces={}, source_instructions={})
+    async with turnkit.Runtime(relaxed, store=make_store(), sink=sink) as runtime:
+        other = InboundEvent(source="email", text="refund o-3")
+        text = await runtime.session("a", "s1").turn("x", event=other, turn_id="t1")
+    assert ran == []
+    assert text == "ended: {'error': 'unknown tool: issue_refund'}"
+    assert {c.system for c in relaxed_model.calls} == {
+        "You are the ops assistant.\n\nKeep replies short."
+    }
+
+
+def test_an_inbound_event_must_name_its_source() -> None:
+    with pytest.raises(ValueError, match="source must be a non-empty str"):
+        InboundEvent(source="", text="hi")
+    with pytest.raises(turnkit.MessageDecodeError, match="inbound event"):
+        InboundEvent.from_dict({"source": None, "text": "hi"})
+
+
+def test_deny_tools_given_as_a_string_is_refused_as_such() -> None:
+    with pytest.raises(
+        ConfigurationError, match="deny_tools must be a list of tool names, got str"
+    ):
+        agent(ScriptedModel([]), [], surfaces={"slack": {"deny_tools": "issue_refund"}})

@@ -274,3 +274,68 @@ def test_the_crash_test_counts_every_commit_of_a_run(tmp_path: Path) -> None:
         return store.commits
 
     assert asyncio.run(run()) == COMMITS
+
+
+async def test_a_child_cannot_use_a_tool_its_parent_turn_was_denied(open_runtime: Any) -> None:
+    """The child agent has the tool and no policy of its own: the parent turn's
+    denial still holds, so the task cannot be laundered through a subagent."""
+    refunded: list[str] = []
+
+    @tool
+    def issue_refund(order_id: str) -> str:
+        """Refund an order."""
+        refunded.append(order_id)
+        return "refunded"
+
+    def boss_reply(messages: Any) -> Any:
+        last = messages[-1]
+        if isinstance(last, UserMessage):
+            return ScriptedReply(tool_calls=[tool_call("billing", {"task": "refund o-1"})])
+        return f"boss: {last.result}"
+
+    def billing_reply(messages: Any) -> Any:
+        last = messages[-1]
+        if isinstance(last, TriggerMessage):
+            return ScriptedReply(tool_calls=[tool_call("issue_refund", {"order_id": "o-1"})])
+        return f"billing: {last.result}"
+
+    boss_agent = Agent(
+        name="boss",
+        model=ScriptedModel(respond=boss_reply),
+        tools=[issue_refund, subagent("billing", description="Handles billing.")],
+        surfaces={"slack": SurfacePolicy(deny_tools=("issue_refund",))},
+    )
+    billing_model = ScriptedModel(respond=billing_reply)
+    billing = Agent(name="billing", model=billing_model, tools=[issue_refund])
+    runtime = await open_runtime(boss_agent, billing)
+    slack = turnkit.InboundEvent(
+        source="slack", text="refund", user=turnkit.User(id="U1", attested=True)
+    )
+    text = await runtime.session("boss", "s1").turn("ask billing to refund o-1", event=slack)
+    assert refunded == []
+    assert "unknown tool: issue_refund" in text
+    assert billing_model.calls[0].tools == ()
+    # Without the parent's denial (a turn from elsewhere) the same chain may refund.
+    await runtime.session("boss", "s2").turn("ask billing to refund o-1")
+    assert refunded == ["o-1"]
+
+
+async def test_a_replayed_parent_does_not_rerun_a_child_that_failed(make_store: Any) -> None:
+    child_model = ScriptedModel([RuntimeError("model down"), "a second answer"])
+
+    class Outage(Exception):
+        pass
+
+    def fail() -> None:
+        raise Outage("store went away")
+
+    # Commits: parent open, parent model, child open, child failure, parent tool step.
+    store = CrashingStore(make_store(), crash_at=5, when="before", on_crash=fail)
+    async with turnkit.Runtime([boss(), researcher(child_model)], store=store) as runtime:
+        parent = runtime.session("boss", "s1")
+        with pytest.raises(Outage):
+            await parent.result(parent.start("go", turn_id="p1"))
+        store.crash_at = None
+        result = await parent.result(parent.start("go", turn_id="p1"))
+    assert len(child_model.calls) == 1
+    assert (result.text or "").startswith("boss: {'error': 'SubagentError: researcher failed:")

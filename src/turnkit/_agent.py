@@ -35,6 +35,8 @@ class Agent:
     authorize_answer: AuthorizeAnswer | None = None
     _by_name: dict[str, Tool] = field(init=False, repr=False, compare=False)
     _specs: tuple[ToolSpec, ...] = field(init=False, repr=False, compare=False)
+    #: Sources whose unused policy ``mount_agent`` has warned about (once each).
+    _warned_sources: set[str] = field(init=False, repr=False, compare=False, default_factory=set)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():

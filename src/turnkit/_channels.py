@@ -116,17 +116,18 @@ class ChannelContext:
         by: str | None = None,
         principal: Any = None,
         granted: Grant | None = None,
-    ) -> AsyncIterator[TurnEvent]:
-        """Answer the parked turn and yield the resumed turn's events.
+    ) -> TurnStream:
+        """Answer the parked turn and return the resumed turn's events:
+        ``async for event in await ctx.resume_stream(...)``.
 
-        ``by`` and ``principal`` are the answerer as the channel verified them. When
-        the request names a policy answerer and no grant is passed, the agent's
-        ``authorize_answer`` is asked here (with ``principal``). The resume errors of
-        ``AgentSession.resume`` are raised before anything is stored.
+        The answer is checked and stored before this returns, whether or not the
+        stream is read. ``by`` and ``principal`` are the answerer as the channel
+        verified them. When the request names a policy answerer and no grant is
+        passed, the agent's ``authorize_answer`` is asked here (with ``principal``).
+        The resume errors of ``AgentSession.resume`` are raised before anything
+        is stored.
         """
-        stream = await self._resume(session, turn_id, input_id, value, by, principal, granted)
-        async for event in stream:
-            yield event
+        return await self._resume(session, turn_id, input_id, value, by, principal, granted)
 
     async def _resume(
         self,
@@ -210,6 +211,7 @@ def mount_agent(
             f"({sorted(runtime.agents)}); pass it to Runtime([...]) first"
         )
     listed = list(channels)
+    warned = agent._warned_sources
     sources: set[str] = set()
     for channel in listed:
         source = getattr(channel, "source", None)
@@ -218,7 +220,8 @@ def mount_agent(
         sources.add(source)
     if listed:
         for source in sorted(set(agent.surfaces) | set(agent.source_instructions)):
-            if source not in sources:
+            if source not in sources and source not in warned:
+                warned.add(source)
                 log.warning(
                     "agent %r has a policy for source %r, but no mounted channel emits it "
                     "(mounted: %s); it will not apply",
@@ -261,6 +264,11 @@ async def receive(
         raise ConfigurationError("receive: seed must be a non-empty str")
     if trigger.source is None:
         trigger = dataclasses.replace(trigger, source=channel.source)
+    elif trigger.source != channel.source:
+        raise ConfigurationError(
+            f"receive: the trigger names source {trigger.source!r}, but the turn is "
+            f"delivered by the {channel.source!r} channel; its policy is the one that applies"
+        )
     stream: TurnStream = run_stream(
         seed, session=session, trigger=trigger, replace=replace, turn_id=turn_id
     )

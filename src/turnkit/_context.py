@@ -58,6 +58,8 @@ class ToolContext:
     tool_name: str = ""
     #: The source whose policy the turn runs under (its channel's), or ``None``.
     source: str | None = None
+    #: The tools the turn's policy denies (a subagent passes them on to its child).
+    denied_tools: frozenset[str] = frozenset()
     #: The turn's memoized steps, where a resume stored the answers.
     _steps: Mapping[str, Any] = field(default_factory=dict, repr=False)
     #: True while a plain-``def`` tool runs inside the step's transaction.

@@ -193,7 +193,10 @@ class TurnRunner:
         if self.request.policy is not None:
             return self.request.policy
         source = self.event.source if self.event is not None else self.request.source
-        return self.agent.policy_for(source)
+        policy = self.agent.policy_for(source)
+        if self.request.inherited_deny:
+            policy = replace(policy, deny_tools=policy.deny_tools | self.request.inherited_deny)
+        return policy
 
     # -- cancellation ------------------------------------------------------------
 
@@ -499,6 +502,7 @@ class TurnRunner:
             step_id=step_id,
             tool_name=call.name,
             source=self.policy.source,
+            denied_tools=self.policy.deny_tools,
             _steps=self.steps,
             _local=local,
         )

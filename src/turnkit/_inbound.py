@@ -33,6 +33,15 @@ class InboundEvent:
     kind: str = "message"
     raw: Any = field(default=None, compare=False)
 
+    def __post_init__(self) -> None:
+        # The source picks the turn's policy, so it must name a channel.
+        if not isinstance(self.source, str) or not self.source:
+            raise ValueError(f"InboundEvent.source must be a non-empty str, got {self.source!r}")
+        if not isinstance(self.text, str):
+            raise ValueError(f"InboundEvent.text must be a str, got {type(self.text).__name__}")
+        if self.user is not None and not isinstance(self.user, User):
+            raise ValueError(f"InboundEvent.user must be a User, got {type(self.user).__name__}")
+
     def to_dict(self) -> JsonObject:
         """The stored form: everything but ``raw``."""
         return {
@@ -51,14 +60,14 @@ class InboundEvent:
         try:
             user = data.get("user")
             return cls(
-                source=str(data["source"]),
-                text=str(data["text"]),
+                source=data["source"],
+                text=data["text"],
                 user=User(id=str(user["id"]), attested=bool(user["attested"])) if user else None,
                 channel_id=data.get("channel_id"),
                 thread_id=data.get("thread_id"),
                 kind=str(data.get("kind", "message")),
             )
-        except (KeyError, TypeError) as exc:
+        except (KeyError, TypeError, ValueError) as exc:
             raise MessageDecodeError(f"inbound event: missing or malformed field {exc}") from None
 
 

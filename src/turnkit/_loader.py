@@ -41,6 +41,19 @@ class AgentConfig:
     authorize_answer: AuthorizeAnswer | None = None
     max_steps: int | None = None
 
+    def __post_init__(self) -> None:
+        if self.name is not None and (not isinstance(self.name, str) or not self.name.strip()):
+            raise ConfigurationError(f"agent name must be a non-empty string, got {self.name!r}")
+        if not isinstance(self.surfaces, Mapping):
+            raise ConfigurationError(
+                "surfaces must be a dict keyed by source, like "
+                f"{{'slack': {{'deny_tools': [...]}}}}, got {type(self.surfaces).__name__}"
+            )
+        if self.authorize_answer is not None and not callable(self.authorize_answer):
+            raise ConfigurationError(
+                f"authorize_answer must be an async function, got {self.authorize_answer!r}"
+            )
+
     @classmethod
     def coerce(cls, value: object, where: Path) -> AgentConfig:
         if isinstance(value, AgentConfig):
@@ -56,7 +69,10 @@ class AgentConfig:
             raise ConfigurationError(
                 f"{where}: unknown agent setting(s) {unknown}; known: {sorted(known)}"
             )
-        return cls(**value)
+        try:
+            return cls(**value)
+        except ConfigurationError as exc:
+            raise ConfigurationError(f"{where}: {exc}") from None
 
 
 def _import_file(path: Path) -> ModuleType:
@@ -99,7 +115,12 @@ class AgentFolder:
         agent_py = folder / "agent.py"
         if agent_py.exists():
             module = _import_file(agent_py)
-            config = AgentConfig.coerce(getattr(module, "agent", {}), agent_py)
+            try:
+                config = AgentConfig.coerce(getattr(module, "agent", {}), agent_py)
+            except ConfigurationError as exc:
+                if str(exc).startswith(str(agent_py)):
+                    raise
+                raise ConfigurationError(f"{agent_py}: {exc}") from None
             model = getattr(module, "model", None)
             factory = getattr(module, "demo_model", None)
             demo = factory if callable(factory) else None
@@ -162,18 +183,31 @@ def _read_overlays(folder: Path) -> dict[str, str]:
 
 
 def _read_tools(tools_dir: Path) -> list[Tool]:
+    """Every module's tools: those named in its ``__all__`` if it has one, else every
+    ``Tool`` it holds. The same object seen twice (an alias, an import from a sibling
+    module) counts once; two different tools with one name are an error naming both files.
+    """
     if not tools_dir.is_dir():
         return []
-    found: list[Tool] = []
+    found: dict[str, tuple[Tool, Path]] = {}
     for path in sorted(tools_dir.glob("*.py")):
         if path.name.startswith("_"):
             continue
         module = _import_file(path)
-        tools = [v for v in vars(module).values() if isinstance(v, Tool)]
+        exported = getattr(module, "__all__", None)
+        names = list(exported) if exported is not None else list(vars(module))
+        tools = [v for n in names if isinstance(v := getattr(module, n, None), Tool)]
         if not tools:
             raise ConfigurationError(f"{path}: defines no Tool (decorate a function with @tool)")
-        found.extend(tools)
-    return found
+        for t in tools:
+            seen = found.get(t.name)
+            if seen is None:
+                found[t.name] = (t, path)
+            elif seen[0] is not t:
+                raise ConfigurationError(
+                    f"two tools are named {t.name!r}: one in {seen[1]}, one in {path}"
+                )
+    return [t for t, _ in found.values()]
 
 
 def load_agent(path: str | Path, *, model: Model | None = None) -> Agent:

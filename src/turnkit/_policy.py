@@ -61,9 +61,7 @@ class SurfacePolicy:
                     "a surface takes 'mode' and 'deny_tools'"
                 )
             try:
-                return cls(
-                    mode=value.get("mode", "append"), deny_tools=tuple(value.get("deny_tools", ()))
-                )
+                return cls(mode=value.get("mode", "append"), deny_tools=value.get("deny_tools", ()))
             except ConfigurationError as exc:
                 raise ConfigurationError(f"surface {source!r}: {exc}") from None
             except TypeError:

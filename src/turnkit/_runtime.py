@@ -96,6 +96,19 @@ class AgentSession:
             raise ConfigurationError("a turn has either an inbound event or a trigger, not both")
         if turn_id is not None and (not isinstance(turn_id, str) or not turn_id):
             raise ConfigurationError("turn_id must be a non-empty string")
+        return self._start(text, event, trigger, replace, turn_id, frozenset())
+
+    def _start(
+        self,
+        text: str,
+        event: InboundEvent | None,
+        trigger: Proactive | None,
+        replace: bool,
+        turn_id: str | None,
+        deny: frozenset[str],
+    ) -> str:
+        """``start`` after its checks; ``deny`` adds tools a new turn may not use (a
+        subagent's child inherits its parent's denials)."""
         if self._parked is not None and turn_id != self._parked:
             raise SessionSuspendedError(
                 f"session {self.session_id} is waiting for input on turn {self._parked}; "
@@ -112,7 +125,11 @@ class AgentSession:
             else UserMessage(text=text, turn_id=tid)
         )
         source = trigger.source if trigger is not None else None
-        return self._enqueue(TurnRequest(turn_id=tid, opening=opening, event=event, source=source))
+        return self._enqueue(
+            TurnRequest(
+                turn_id=tid, opening=opening, event=event, source=source, inherited_deny=deny
+            )
+        )
 
     def _enqueue(self, request: TurnRequest) -> str:
         tid = request.turn_id

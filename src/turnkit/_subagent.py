@@ -2,10 +2,12 @@
 
 The child's session and turn ids derive from the parent's tool call (its
 idempotency key), so a replay of the parent never opens a second child turn: it
-finds the same child turn and waits for it, or reads how it ended. The child runs
-under the parent turn's source, so a source's ``deny_tools`` cannot be sidestepped
-by handing the task to another agent. A child that parks parks the parent with the
-same question; the parent's answer is passed on to the child when it resumes.
+finds the same child turn and waits for it, or reads how it ended (a child that
+failed is not run again). The child runs under the parent turn's source and can
+use none of the tools the parent turn was denied, so a source's ``deny_tools``
+cannot be sidestepped by handing the task to another agent. A child that parks
+parks the parent with the same question; the parent's answer is passed on to the
+child when it resumes.
 The child's events reach the parent's observers wrapped in ``SubagentEvent``.
 """
 
@@ -21,8 +23,9 @@ from ._inbound import Proactive
 from ._inputs import InputRequest, input_step_id
 from ._model import ToolSpec
 from ._runtime import AgentSession, Runtime
+from ._store import TERMINAL_TURN_STATUSES
 from ._tools import Tool, check_tool_name
-from ._turns import TurnResult
+from ._turns import TurnResult, result_from_record
 
 
 class SubagentError(Exception):
@@ -95,11 +98,16 @@ async def run_child(
             )
         )
 
+    record = await child._store.turn(turn_id)
+    if record is not None and record.status in TERMINAL_TURN_STATUSES:
+        # Ended already (a replay of the parent): read it, never run it again.
+        return _answer(agent_name, session_id, result_from_record(record))
     unsubscribe = child.subscribe(forward, turn_id=turn_id)
     try:
         trigger = Proactive(by=f"agent:{ctx.agent.name}", source=ctx.source)
-        # An existing turn id redelivers: a replay of the parent finds the same child.
-        child.start(task, trigger=trigger, turn_id=turn_id)
+        # An existing turn id redelivers (a running child continues, a parked one
+        # re-announces its question); a new one opens with the parent's denials.
+        child._start(task, None, trigger, False, turn_id, ctx.denied_tools)
         result = await child.result(turn_id)
         while result.status == "suspended" and result.request is not None:
             await _pass_on_answer(runtime, ctx, child, result.request)
@@ -123,6 +131,9 @@ async def _pass_on_answer(
     )
     stored = ctx._steps.get(input_step_id(ctx.turn_id, parent_input)) or {}
     by = stored.get("by")
+    waiting = await child.pending()
+    if waiting is None or waiting.turn_id != request.turn_id or waiting.id != request.id:
+        return  # answered some other way meanwhile: just read how the child goes on
     # The parent's resume was checked against the same answerers; vouch for it.
     granted = next(
         (

@@ -9,9 +9,11 @@ system's logged-in user, so their identity counts as attested.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import getpass
 import json
 import sys
+import threading
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TextIO
 
@@ -125,6 +127,31 @@ class TerminalChannel:
             last = event
         return last
 
+    async def _prompt(self, text: str) -> str:
+        """Ask on a daemon thread: a blocked ``input()`` must not keep Ctrl-C (or the
+        end of the program) waiting, as a thread of asyncio's executor would."""
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[str] = loop.create_future()
+
+        def settle(value: str | None, exc: BaseException | None) -> None:
+            if answer.done():
+                return
+            if exc is not None:
+                answer.set_exception(exc)
+            else:
+                answer.set_result(value or "")
+
+        def read() -> None:
+            try:
+                value, exc = self._ask(text), None
+            except BaseException as error:  # EOFError, KeyboardInterrupt: the caller's
+                value, exc = None, error
+            with contextlib.suppress(RuntimeError):  # the loop closed while we waited
+                loop.call_soon_threadsafe(settle, value, exc)
+
+        threading.Thread(target=read, name="turnkit-prompt", daemon=True).start()
+        return await answer
+
     async def converse(self, ctx: ChannelContext, text: str, *, session: str) -> TurnResult:
         """Run one turn to its end, answering each park at the prompt.
 
@@ -148,10 +175,10 @@ class TerminalChannel:
             if result.status != "suspended" or result.request is None:
                 return result
             request = result.request
-            raw = await asyncio.to_thread(self._ask, f"{request.prompt} > ")
+            raw = await self._prompt(f"{request.prompt} > ")
             try:
                 value = parse_answer(request, raw)
-                resumed = ctx.resume_stream(
+                resumed = await ctx.resume_stream(
                     session=session,
                     turn_id=turn_id,
                     input_id=request.id,

@@ -37,6 +37,9 @@ class TurnRequest:
     source: str | None = None
     #: The policy a resumed turn's suspend checkpoint carried.
     policy: TurnPolicy | None = None
+    #: Tools a new turn may not use whatever its agent allows (a child turn gets
+    #: its parent turn's denials).
+    inherited_deny: frozenset[str] = frozenset()
     cancel: CancelSignal = field(default_factory=CancelSignal, compare=False)
 
 
