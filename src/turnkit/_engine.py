@@ -77,14 +77,18 @@ class KnownTranscript:
     reads only the messages committed since (positions are append-only within a
     generation, and committed messages never change)."""
 
-    __slots__ = ("generation", "messages")
+    __slots__ = ("finished", "generation", "messages")
 
     def __init__(self) -> None:
         self.messages: list[Message] | None = None
         self.generation = 0
+        #: The turn that delivery ran, if it ended for good (completed or cancelled:
+        #: states no redelivery can change), so the next opening need not look it up.
+        self.finished: str | None = None
 
     def forget(self) -> None:
         self.messages = None
+        self.finished = None
 
 
 class TurnRunner:
@@ -116,6 +120,7 @@ class TurnRunner:
         self._durable_cancel: str | None = None
         self._opened = False
         self.policy = TurnPolicy()
+        self._known_finished: str | None = None
 
     async def run(self) -> TurnResult:
         """Run the delivery. An exception escaping here (a store outage) leaves the turn
@@ -149,6 +154,10 @@ class TurnRunner:
                 f"not {self.agent.name!r}"
             )
         self.transcript = [*prefix, *snap.messages]
+        # Nothing was committed since our last delivery: its outcome is still current.
+        self._known_finished = (
+            known.finished if known is not None and prefix and not snap.messages else None
+        )
         self.steps, self.next_seq = snap.steps, snap.next_seq
         self.generation = snap.generation
         record = snap.turn
@@ -314,7 +323,10 @@ class TurnRunner:
         opening = self.request.opening
         # The turn before ours, if a crash left it open, ends here: ours supersedes it.
         previous = self.transcript[-1].turn_id if self.transcript else None
-        stale = await self.store.turn(previous) if previous else None
+        if previous is None or previous == self._known_finished:
+            stale = None  # none, or the turn our last delivery ended for good
+        else:
+            stale = await self.store.turn(previous)
         if stale is not None and stale.status == "suspended":
             raise SessionSuspendedError(
                 f"session {self.session_id} is waiting for input on turn {stale.turn_id}; "

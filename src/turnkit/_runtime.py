@@ -301,6 +301,8 @@ class AgentSession:
             result = await runner.run()
             self._known.messages = runner.transcript
             self._known.generation = runner.generation
+            final = result.status in ("completed", "cancelled")
+            self._known.finished = request.turn_id if final else None
             if result.status == "suspended":
                 self._parked = request.turn_id
             future.set_result(result)
