@@ -121,6 +121,7 @@ class TurnRunner:
         self._opened = False
         self.policy = TurnPolicy()
         self._known_finished: str | None = None
+        self._record: TurnRecord | None = None
 
     async def run(self) -> TurnResult:
         """Run the delivery. An exception escaping here (a store outage) leaves the turn
@@ -160,7 +161,7 @@ class TurnRunner:
         )
         self.steps, self.next_seq = snap.steps, snap.next_seq
         self.generation = snap.generation
-        record = snap.turn
+        record = self._record = snap.turn
         if record is not None:
             # A redelivery replays the turn as it was opened, whatever the caller passed.
             self.event = InboundEvent.from_dict(record.event) if record.event else None
@@ -429,11 +430,12 @@ class TurnRunner:
     async def _park(self, call: ToolCall, request: InputRequest) -> TurnResult:
         """Write the one suspend checkpoint: the request and what a resume in another
         process needs to replay the turn as it was opened."""
-        record = await self.store.turn(self.turn_id)
+        # The stored opening (a redelivery may have been started with other text).
+        opening = self._record.opening if self._record else self.request.opening.to_dict()
         checkpoint = {
             "request": request.to_dict(),
             "call_id": call.id,
-            "opening_text": str(record.opening.get("text", "")) if record else "",
+            "opening_text": str(opening.get("text", "")),
             "event": self.event.to_dict() if self.event else None,
             "policy": self.policy.to_dict(),
         }
