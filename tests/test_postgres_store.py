@@ -348,6 +348,69 @@ async def test_a_commit_that_asks_for_the_handle_late_keeps_its_earlier_writes_o
     assert [e.seq for e in await session.events()] == [1]
 
 
+async def test_concurrent_commits_are_grouped_yet_fail_only_where_they_fail(
+    pg_dsn: str, pg_schema: str
+) -> None:
+    """With one sender, commits of many sessions that arrive together go out as one
+    transaction; a commit that is refused (a taken position, a lost writer token)
+    fails alone, and every other one in its group still lands, once."""
+    store = PostgresStore(pg_dsn, schema=pg_schema, max_size=2)  # one sender: groups form
+    await store.open()
+    try:
+        sessions = [store.session(f"s{i}") for i in range(30)]
+        record = {"agent": "a", "status": "running", "opening": {"role": "user", "text": "x"}}
+
+        def opening(sid: str) -> Any:
+            def work(tx: Any) -> None:
+                tx.append_message(0, UserMessage(text="x", turn_id="t"))
+                tx.open_turn(turnkit.stores.TurnRecord(session_id=sid, turn_id="t", **record))
+
+            return work
+
+        await asyncio.gather(*(s.commit(opening(s.session_id)) for s in sessions))
+        store._tokens["s7"] = "not-the-writer"  # as if another process took s7 over
+
+        def second(tx: Any) -> None:
+            tx.append_message(1, UserMessage(text="y", turn_id="t"))
+
+        def taken(tx: Any) -> None:
+            tx.append_message(0, UserMessage(text="again", turn_id="t"))
+
+        works = [taken if i == 3 else second for i in range(30)]
+        groups: list[int] = []
+        send_group = store._committer._send_group
+
+        async def counted(group: list[Any]) -> None:
+            groups.append(len(group))
+            await send_group(group)
+
+        store._committer._send_group = counted  # type: ignore[method-assign]
+        outcomes = await asyncio.gather(
+            *(s.commit(w) for s, w in zip(sessions, works, strict=True)),
+            return_exceptions=True,
+        )
+        assert isinstance(outcomes[3], turnkit.StoreError)
+        assert isinstance(outcomes[7], turnkit.SessionBusyError)
+        assert [o for i, o in enumerate(outcomes) if i not in (3, 7)] == [None] * 28
+        lengths = [len(await s.messages()) for s in sessions]
+        assert lengths == [1 if i in (3, 7) else 2 for i in range(30)]
+        assert max(groups) > 2, groups  # commits did go out in groups
+    finally:
+        await store.close()
+
+
+async def test_text_the_server_cannot_hold_fails_the_commit_cleanly(store: PostgresStore) -> None:
+    session = store.session("s1")
+
+    def nul(tx: Any) -> None:
+        tx.append_message(0, UserMessage(text="x", turn_id="t"))
+        tx.request_cancel("t", "a reason with a \x00 in it")
+
+    with pytest.raises(turnkit.StoreError, match="NUL"):
+        await session.commit(nul)
+    assert await session.messages() == []
+
+
 # -- one writer per session across processes -------------------------------------------
 
 

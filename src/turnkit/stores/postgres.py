@@ -25,6 +25,7 @@ import functools
 import hashlib
 import json
 import logging
+import math
 import os
 import re
 import select
@@ -59,7 +60,9 @@ from ._sql_rows import turn_from_row as _turn_from_row
 try:
     import psycopg
     from psycopg import errors as pg_errors
-    from psycopg.pq import TransactionStatus
+    from psycopg import generators as pg_generators
+    from psycopg.pq import ExecStatus, TransactionStatus
+    from psycopg.pq.abc import PGresult
     from psycopg_pool import AsyncConnectionPool, ConnectionPool
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError(
@@ -187,6 +190,107 @@ async def _rollback_quietly_async(conn: psycopg.AsyncConnection[Any]) -> None:
         await conn.execute("ROLLBACK")
     except psycopg.Error:
         log.debug("rollback after a failed commit failed too", exc_info=True)
+
+
+# -- the event loop's queries ---------------------------------------------------------
+#
+# The hot path (a delivery's load, the writer lock, every engine-only commit) sends
+# each request as one simple-protocol query, its values quoted by libpq, and reads
+# the raw results: psycopg's cursor layer costs several times the CPU of the round
+# trip itself, and with many sessions in one process that CPU is what bounds the
+# turns per second. Values are only ever str, int, float or None.
+
+
+@functools.cache
+def _template(sql: str) -> tuple[bytes, ...]:
+    """``sql`` cut at its ``%s`` placeholders (``%%`` read as ``%``), as bytes."""
+    out = [b""]
+    for part in re.split(r"(%s|%%)", sql):
+        if part == "%s":
+            out.append(b"")
+        elif part == "%%":
+            out[-1] += b"%"
+        else:
+            out[-1] += part.encode()
+    return tuple(out)
+
+
+def _literal(value: Any) -> bytes:
+    """``value`` as a SQL literal. Strings use the ``E''`` form, whose escaping (quotes
+    and backslashes doubled) means the same whatever ``standard_conforming_strings``
+    says; the query is sent as UTF-8, the connections' client encoding."""
+    if value is None:
+        return b"NULL"
+    if isinstance(value, str):
+        if "\0" in value:
+            raise psycopg.DataError("PostgreSQL text fields cannot contain NUL (0x00) bytes")
+        return b"E'" + value.replace("\\", "\\\\").replace("'", "''").encode() + b"'"
+    if isinstance(value, bool):
+        return b"true" if value else b"false"
+    if isinstance(value, int):
+        return str(value).encode()
+    if isinstance(value, float):
+        text = repr(value)
+        return text.encode() if math.isfinite(value) else f"'{text}'::float8".encode()
+    raise TypeError(f"PostgresStore cannot send a {type(value).__name__} as a literal")
+
+
+def _render(sql: str, params: Sequence[Any]) -> bytes:
+    """One statement with its values inlined as SQL literals."""
+    parts = _template(sql)
+    if len(parts) != len(params) + 1:
+        raise ValueError(f"{len(params)} values for {len(parts) - 1} placeholders: {sql}")
+    out = [parts[0]]
+    for value, part in zip(params, parts[1:], strict=True):
+        out.append(_literal(value))
+        out.append(part)
+    return b"".join(out)
+
+
+async def _query(conn: psycopg.AsyncConnection[Any], query: bytes) -> list[PGresult]:
+    """Send ``query`` (one or more statements) and return its results; the first error
+    is raised as psycopg would raise it. The caller owns ``conn`` for the duration."""
+    pgconn = conn.pgconn
+    pgconn.send_query(query)
+    results: list[PGresult] = await conn.wait(pg_generators.execute(pgconn))
+    for res in results:
+        if res.status == ExecStatus.FATAL_ERROR:
+            raise pg_errors.error_from_result(res, encoding=conn.info.encoding)
+    return results
+
+
+def _text(value: bytes | None) -> str | None:
+    return None if value is None else value.decode()
+
+
+def _float(value: bytes | None) -> float | None:
+    return None if value is None else float(value)
+
+
+def _turn_row(res: PGresult, row: int, first: int = 0) -> TurnRecord:
+    """A ``TurnRecord`` from ``_TURN_COLUMNS`` at column ``first`` on."""
+    v = [res.get_value(row, first + c) for c in range(12)]
+    return _turn_from_row(
+        [*(_text(x) for x in v[:8]), _float(v[8]), _float(v[9]), _text(v[10]), _text(v[11])]
+    )
+
+
+_TURN_COLUMNS_T = ", ".join(f"t.{c.strip()}" for c in _TURN_COLUMNS.split(","))
+
+# A delivery's whole read in one statement, so in one snapshot: the session, the
+# next event number, the transcript from an index (as one JSON array's items), the
+# turn's memoized steps (as one JSON object's members) and the turn's record.
+_LOAD_SQL = (
+    "SELECT s.agent, s.generation, "
+    "(SELECT max(seq) FROM turnkit_events WHERE session_id = %s), "
+    "(SELECT string_agg(body, ',' ORDER BY idx) FROM turnkit_messages "
+    "WHERE session_id = %s AND idx >= %s), "
+    "(SELECT string_agg(to_json(step_id)::text || ':' || result, ',') FROM turnkit_steps "
+    "WHERE session_id = %s AND turn_id = %s), "
+    f"{_TURN_COLUMNS_T} FROM (SELECT) AS one "
+    "LEFT JOIN turnkit_sessions s ON s.session_id = %s "
+    "LEFT JOIN turnkit_turns t ON t.session_id = %s AND t.turn_id = %s"
+)
 
 
 class _NeedsConnection(BaseException):
@@ -428,10 +532,12 @@ class _PgTransaction(_Writes):
         self.flushed = True
 
 
-def _commit_error(sid: str, conn: Any, exc: BaseException) -> BaseException:
+def _commit_error(sid: str, lost: bool, exc: BaseException) -> BaseException:
     """What a failed commit raises: the engine's own exceptions unchanged, unless the
-    connection died under them (then it is a store outage, not a tool's failure)."""
-    if _connection_lost(conn):
+    connection died under them (``lost``: a store outage, not a tool's failure)."""
+    if isinstance(exc, _NoConnection):
+        return StoreError(f"session {sid}: no database connection: {exc.__cause__}")
+    if lost:
         return StoreError(
             f"session {sid}: lost the database connection during a commit "
             f"({exc}); nothing of this step was kept: deliver the turn again"
@@ -462,6 +568,116 @@ def _commit_error(sid: str, conn: Any, exc: BaseException) -> BaseException:
     return exc
 
 
+class _NoConnection(Exception):
+    """Internal: the pool had no connection to give (its cause says why)."""
+
+
+class _GroupCommitter:
+    """Sends engine-only commits from the event loop, with at most ``senders`` in flight.
+
+    A commit that finds a sender free goes out at once, alone. Commits that arrive
+    while every sender is busy queue up, and the next free sender takes all of them
+    in ONE transaction: one round trip and one WAL flush for many sessions' steps,
+    which is what lets many concurrent sessions in one process outrun one (the
+    server's per-commit cost is what bounds them). Each commit carries its own
+    writer fence. If such a group fails on the server, nothing of it landed, and
+    each of its commits is sent again alone, so one session's error (a fence, a
+    taken position) is raised to that session only. A connection lost under a group
+    fails all of its commits, each as a ``StoreError``, as it would have alone."""
+
+    def __init__(self, store: PostgresStore, senders: int) -> None:
+        self._store = store
+        self._senders = senders
+        self._busy = 0
+        self._queue: list[tuple[str, bytes, asyncio.Future[None]]] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def commit(self, sid: str, query: bytes) -> None:
+        if self._busy < self._senders and not self._queue:
+            self._busy += 1
+            try:
+                failed = await self._run(query)
+            finally:
+                self._busy -= 1
+                self._kick()
+            if failed is not None:
+                exc, lost = failed
+                raise _commit_error(sid, lost, exc) from exc
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._queue.append((sid, query, future))
+        self._kick()
+        await future
+
+    async def drain(self) -> None:
+        while self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def _kick(self) -> None:
+        while self._queue and self._busy < self._senders:
+            self._busy += 1
+            group, self._queue = self._queue, []
+            task = asyncio.get_running_loop().create_task(self._send_group(group))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _send_group(self, group: list[tuple[str, bytes, asyncio.Future[None]]]) -> None:
+        try:
+            query = group[0][1] if len(group) == 1 else b";\n".join(q for _, q, _ in group)
+            failed = await self._run(query)
+            if failed is None:
+                for _, _, future in group:
+                    if not future.done():
+                        future.set_result(None)
+                return
+            exc, lost = failed
+            if len(group) == 1 or lost or isinstance(exc, _NoConnection):
+                for sid, _, future in group:
+                    if not future.done():
+                        future.set_exception(_commit_error(sid, lost, exc))
+                return
+            for sid, query, future in group:  # find whose it was: each alone
+                alone = await self._run(query)
+                if future.done():
+                    continue
+                if alone is None:
+                    future.set_result(None)
+                else:
+                    future.set_exception(_commit_error(sid, alone[1], alone[0]))
+        except BaseException as exc:  # cancelled with the loop, say
+            for _, _, future in group:
+                if not future.done():
+                    future.set_exception(
+                        exc
+                        if isinstance(exc, Exception)
+                        else StoreError(f"commit not sent: {exc!r}")
+                    )
+            raise
+        finally:
+            self._busy -= 1
+            self._kick()
+
+    async def _run(self, query: bytes) -> tuple[BaseException, bool] | None:
+        """Send ``query`` on a connection of the loop's pool; the error and whether the
+        connection was lost, or ``None`` if it committed."""
+        try:
+            pool = self._store.async_pool
+            conn = await pool.getconn(timeout=self._store.connect_timeout)
+        except Exception as exc:
+            failure = _NoConnection(str(exc))
+            failure.__cause__ = exc
+            return failure, False
+        try:
+            await _query(conn, query)
+        except Exception as exc:
+            lost = _connection_lost(conn)
+            await _rollback_quietly_async(conn)
+            return exc, lost
+        finally:
+            await pool.putconn(conn)
+        return None
+
+
 class _PgSession:
     def __init__(self, store: PostgresStore, session_id: str) -> None:
         self._store = store
@@ -481,38 +697,18 @@ class _PgSession:
         self, conn: psycopg.AsyncConnection[Any], turn_id: str | None, from_index: int
     ) -> SessionSnapshot:
         sid = self._sid
-        async with conn.pipeline():
-            await conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-            messages = await conn.execute(
-                "SELECT body FROM turnkit_messages WHERE session_id = %s AND idx >= %s "
-                "ORDER BY idx",
-                (sid, from_index),
-            )
-            steps = await conn.execute(
-                "SELECT step_id, result FROM turnkit_steps WHERE session_id = %s AND turn_id = %s",
-                (sid, turn_id),
-            )
-            turn = await conn.execute(
-                f"SELECT {_TURN_COLUMNS} FROM turnkit_turns WHERE session_id = %s AND turn_id = %s",
-                (sid, turn_id),
-            )
-            seq = await conn.execute(
-                "SELECT max(seq) FROM turnkit_events WHERE session_id = %s", (sid,)
-            )
-            agent = await conn.execute(
-                "SELECT agent, generation FROM turnkit_sessions WHERE session_id = %s", (sid,)
-            )
-            await conn.execute("COMMIT")
-        turn_row = await turn.fetchone()
-        seq_row = await seq.fetchone()
-        agent_row = await agent.fetchone()
+        params = (sid, sid, from_index, sid, turn_id, sid, sid, turn_id)
+        (res,) = await _query(conn, _render(_LOAD_SQL, params))
+        agent, generation, seq, messages, steps = (res.get_value(0, c) for c in range(5))
         return SessionSnapshot(
-            messages=[message_from_dict(json.loads(r[0])) for r in await messages.fetchall()],
-            steps={step_id: json.loads(result) for step_id, result in await steps.fetchall()},
-            turn=_turn_from_row(turn_row) if turn_row else None,
-            agent=agent_row[0] if agent_row else None,
-            next_seq=((seq_row[0] if seq_row else None) or 0) + 1,
-            generation=agent_row[1] if agent_row else 0,
+            messages=[message_from_dict(m) for m in json.loads(b"[" + messages + b"]")]
+            if messages
+            else [],
+            steps=json.loads(b"{" + steps + b"}") if steps else {},
+            turn=_turn_row(res, 0, 5) if res.get_value(0, 6) is not None else None,
+            agent=_text(agent),
+            next_seq=(int(seq) if seq is not None else 0) + 1,
+            generation=int(generation) if generation is not None else 0,
             from_index=from_index,
         )
 
@@ -551,40 +747,31 @@ class _PgSession:
                 if conn is None:
                     raise
                 _rollback_quietly(conn)
-                raise _commit_error(self._sid, conn, exc) from exc
+                raise _commit_error(self._sid, _connection_lost(conn), exc) from exc
         finally:
             tx.release()
         return result, tx
 
     async def _flush(self, writes: list[_Write], token: str | None) -> None:
-        """``BEGIN``, the fence, ``writes`` and ``COMMIT`` in one pipeline, from the loop."""
-        pool = self._store.async_pool
+        """The fence and ``writes`` as one multi-statement query (one implicit
+        transaction: any failing statement undoes them all), sent by the store's
+        group committer."""
         try:
-            conn = await pool.getconn(timeout=self._store.connect_timeout)
-        except Exception as exc:
-            raise StoreError(f"session {self._sid}: no database connection: {exc}") from exc
-        try:
-            async with conn.pipeline():
-                await conn.execute("BEGIN")
-                if token is not None:
-                    await conn.execute("SELECT turnkit_fence(%s, %s)", (self._sid, token))
-                for sql, params in writes:
-                    await conn.execute(sql, params)
-                await conn.execute("COMMIT")
-        except BaseException as exc:
-            await _rollback_quietly_async(conn)
-            raise _commit_error(self._sid, conn, exc) from exc
-        finally:
-            await pool.putconn(conn)
+            parts = [_render(sql, params) for sql, params in writes]
+        except (psycopg.Error, UnicodeError) as exc:
+            raise StoreError(f"session {self._sid}: commit failed: {exc}") from exc
+        if token is not None:
+            parts.insert(0, _render("SELECT turnkit_fence(%s, %s)", (self._sid, token)))
+        await self._store._committer.commit(self._sid, b";\n".join(parts))
 
     async def turn(self, turn_id: str) -> TurnRecord | None:
         async def read(conn: psycopg.AsyncConnection[Any]) -> TurnRecord | None:
-            cur = await conn.execute(
-                f"SELECT {_TURN_COLUMNS} FROM turnkit_turns WHERE session_id = %s AND turn_id = %s",
-                (self._sid, turn_id),
+            sql = (
+                f"SELECT {_TURN_COLUMNS} FROM turnkit_turns WHERE session_id = %s AND turn_id = %s"
             )
-            row = await cur.fetchone()
-            return _turn_from_row(row) if row else None
+            query = _render(sql, (self._sid, turn_id))
+            (res,) = await _query(conn, query)
+            return _turn_row(res, 0) if res.ntuples else None
 
         return await self._store._read(f"turn {turn_id}", read)
 
@@ -655,11 +842,9 @@ class _PgSession:
 
     async def status(self) -> SessionStatus:
         async def read(conn: psycopg.AsyncConnection[Any]) -> SessionStatus:
-            cur = await conn.execute(
-                "SELECT status FROM turnkit_sessions WHERE session_id = %s", (self._sid,)
-            )
-            row = await cur.fetchone()
-            return cast(SessionStatus, row[0]) if row else "new"
+            sql = "SELECT status FROM turnkit_sessions WHERE session_id = %s"
+            (res,) = await _query(conn, _render(sql, (self._sid,)))
+            return cast(SessionStatus, _text(res.get_value(0, 0))) if res.ntuples else "new"
 
         return await self._store._read(f"session {self._sid}", read)
 
@@ -708,6 +893,7 @@ class PostgresStore:
         self._lock_mutex = asyncio.Lock()
         self._locks = SessionLocks()
         self._tokens: dict[str, str] = {}
+        self._committer = _GroupCommitter(self, senders=max(1, max_size // 2))
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -715,6 +901,7 @@ class PostgresStore:
         path = f"{self.schema},public" if self.schema != "public" else "public"
         return {
             "autocommit": True,
+            "client_encoding": "utf8",
             "options": f"-c search_path={path}",
             "application_name": f"turnkit-{self.schema}"[:63],
             "connect_timeout": max(1, int(self.connect_timeout)),
@@ -791,6 +978,7 @@ class PostgresStore:
         self._pool = pool
 
     async def close(self) -> None:
+        await self._committer.drain()
         apool, self._apool = self._apool, None
         lock_conn, self._lock_conn = self._lock_conn, None
         if lock_conn is not None:
@@ -895,37 +1083,36 @@ class PostgresStore:
         async with self._lock_mutex:
             try:
                 conn = await self._lock_connection()
-                cur = await conn.execute(
+                sql = (
                     "WITH l AS (SELECT pg_try_advisory_lock(%s) AS ok) "
                     "INSERT INTO turnkit_writers (session_id, token, holder, since) "
                     "SELECT %s, %s, %s, %s FROM l WHERE l.ok "
                     "ON CONFLICT (session_id) DO UPDATE SET token = excluded.token, "
-                    "holder = excluded.holder, since = excluded.since RETURNING 1",
-                    (key, session_id, token, self.holder, time.time()),
+                    "holder = excluded.holder, since = excluded.since RETURNING 1"
                 )
-                row = await cur.fetchone()
+                params = (key, session_id, token, self.holder, time.time())
+                (res,) = await _query(conn, _render(sql, params))
             except psycopg.Error as exc:
                 await self._unlock_quietly(key)
                 raise StoreError(
                     f"session {session_id}: cannot take the writer lock: {exc}"
                 ) from exc
-        return token if row else None
+        return token if res.ntuples else None
 
     async def _release(self, session_id: str) -> None:
         async with self._lock_mutex:
             conn = self._lock_conn
             if conn is None or _connection_lost(conn):
                 return  # the lock went with the connection
-            await conn.execute(
-                "SELECT pg_advisory_unlock(%s)", (_lock_key(self.schema, session_id),)
-            )
+            key = _lock_key(self.schema, session_id)
+            await _query(conn, b"SELECT pg_advisory_unlock(%d)" % key)
 
     async def _unlock_quietly(self, key: int) -> None:
         conn = self._lock_conn
         if conn is None or _connection_lost(conn):
             return
         try:
-            await conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
+            await _query(conn, b"SELECT pg_advisory_unlock(%d)" % key)
         except psycopg.Error:
             log.debug("unlock after a failed acquisition failed", exc_info=True)
 
