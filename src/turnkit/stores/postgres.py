@@ -32,6 +32,7 @@ import select
 import socket
 import time
 import uuid
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -250,13 +251,60 @@ def _render(sql: str, params: Sequence[Any]) -> bytes:
 async def _query(conn: psycopg.AsyncConnection[Any], query: bytes) -> list[PGresult]:
     """Send ``query`` (one or more statements) and return its results; the first error
     is raised as psycopg would raise it. The caller owns ``conn`` for the duration."""
-    pgconn = conn.pgconn
-    pgconn.send_query(query)
-    results: list[PGresult] = await conn.wait(pg_generators.execute(pgconn))
+    conn.pgconn.send_query(query)
+    return await _results(conn)
+
+
+async def _results(conn: psycopg.AsyncConnection[Any]) -> list[PGresult]:
+    results: list[PGresult] = await conn.wait(pg_generators.execute(conn.pgconn))
     for res in results:
         if res.status == ExecStatus.FATAL_ERROR:
             raise pg_errors.error_from_result(res, encoding=conn.info.encoding)
     return results
+
+
+@functools.cache
+def _numbered(sql: str) -> bytes:
+    """``sql`` with ``$1``, ``$2``, ... for its ``%s`` placeholders."""
+    parts = _template(sql)
+    return parts[0] + b"".join(b"$%d" % i + part for i, part in enumerate(parts[1:], 1))
+
+
+def _param(value: Any) -> bytes | None:
+    """``value`` as a text-format parameter."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        if "\0" in value:
+            raise psycopg.DataError("PostgreSQL text fields cannot contain NUL (0x00) bytes")
+        return value.encode()
+    if isinstance(value, bool):
+        return b"true" if value else b"false"
+    if isinstance(value, int | float):
+        return repr(value).encode()
+    raise TypeError(f"PostgresStore cannot send a {type(value).__name__} as a parameter")
+
+
+# The statements each connection has prepared (they die with it).
+_prepared_on: weakref.WeakKeyDictionary[Any, set[bytes]] = weakref.WeakKeyDictionary()
+
+
+async def _run_prepared(
+    conn: psycopg.AsyncConnection[Any], name: bytes, sql: str, params: Sequence[Any]
+) -> PGresult:
+    """Run one statement as a server-side prepared statement, preparing it the first
+    time this connection sees it: a read that is planned once per connection rather
+    than once per delivery (a delivery's load costs several times more to plan than
+    to run)."""
+    values = [_param(p) for p in params]
+    names = _prepared_on.setdefault(conn, set())
+    if name not in names:
+        conn.pgconn.send_prepare(name, _numbered(sql))
+        await _results(conn)
+        names.add(name)
+    conn.pgconn.send_query_prepared(name, values)
+    (res,) = await _results(conn)
+    return res
 
 
 def _text(value: bytes | None) -> str | None:
@@ -276,6 +324,16 @@ def _turn_row(res: PGresult, row: int, first: int = 0) -> TurnRecord:
 
 
 _TURN_COLUMNS_T = ", ".join(f"t.{c.strip()}" for c in _TURN_COLUMNS.split(","))
+
+_TURN_SQL = f"SELECT {_TURN_COLUMNS} FROM turnkit_turns WHERE session_id = %s AND turn_id = %s"
+_STATUS_SQL = "SELECT status FROM turnkit_sessions WHERE session_id = %s"
+_ACQUIRE_SQL = (
+    "WITH l AS (SELECT pg_try_advisory_lock(%s::bigint) AS ok) "
+    "INSERT INTO turnkit_writers (session_id, token, holder, since) "
+    "SELECT %s::text, %s::text, %s::text, %s::float8 FROM l WHERE l.ok "
+    "ON CONFLICT (session_id) DO UPDATE SET token = excluded.token, "
+    "holder = excluded.holder, since = excluded.since RETURNING 1"
+)
 
 # A delivery's whole read in one statement, so in one snapshot: the session, the
 # next event number, the transcript from an index (as one JSON array's items), the
@@ -698,7 +756,7 @@ class _PgSession:
     ) -> SessionSnapshot:
         sid = self._sid
         params = (sid, sid, from_index, sid, turn_id, sid, sid, turn_id)
-        (res,) = await _query(conn, _render(_LOAD_SQL, params))
+        res = await _run_prepared(conn, b"turnkit_load", _LOAD_SQL, params)
         agent, generation, seq, messages, steps = (res.get_value(0, c) for c in range(5))
         return SessionSnapshot(
             messages=[message_from_dict(m) for m in json.loads(b"[" + messages + b"]")]
@@ -766,11 +824,7 @@ class _PgSession:
 
     async def turn(self, turn_id: str) -> TurnRecord | None:
         async def read(conn: psycopg.AsyncConnection[Any]) -> TurnRecord | None:
-            sql = (
-                f"SELECT {_TURN_COLUMNS} FROM turnkit_turns WHERE session_id = %s AND turn_id = %s"
-            )
-            query = _render(sql, (self._sid, turn_id))
-            (res,) = await _query(conn, query)
+            res = await _run_prepared(conn, b"turnkit_turn", _TURN_SQL, (self._sid, turn_id))
             return _turn_row(res, 0) if res.ntuples else None
 
         return await self._store._read(f"turn {turn_id}", read)
@@ -842,8 +896,7 @@ class _PgSession:
 
     async def status(self) -> SessionStatus:
         async def read(conn: psycopg.AsyncConnection[Any]) -> SessionStatus:
-            sql = "SELECT status FROM turnkit_sessions WHERE session_id = %s"
-            (res,) = await _query(conn, _render(sql, (self._sid,)))
+            res = await _run_prepared(conn, b"turnkit_status", _STATUS_SQL, (self._sid,))
             return cast(SessionStatus, _text(res.get_value(0, 0))) if res.ntuples else "new"
 
         return await self._store._read(f"session {self._sid}", read)
@@ -1083,15 +1136,8 @@ class PostgresStore:
         async with self._lock_mutex:
             try:
                 conn = await self._lock_connection()
-                sql = (
-                    "WITH l AS (SELECT pg_try_advisory_lock(%s) AS ok) "
-                    "INSERT INTO turnkit_writers (session_id, token, holder, since) "
-                    "SELECT %s, %s, %s, %s FROM l WHERE l.ok "
-                    "ON CONFLICT (session_id) DO UPDATE SET token = excluded.token, "
-                    "holder = excluded.holder, since = excluded.since RETURNING 1"
-                )
                 params = (key, session_id, token, self.holder, time.time())
-                (res,) = await _query(conn, _render(sql, params))
+                res = await _run_prepared(conn, b"turnkit_acquire", _ACQUIRE_SQL, params)
             except psycopg.Error as exc:
                 await self._unlock_quietly(key)
                 raise StoreError(
