@@ -140,6 +140,8 @@ async def test_clear_errors_for_bad_configuration(pg_dsn: str) -> None:
         PostgresStore(pg_dsn, schema="bad-name; drop")
     with pytest.raises(turnkit.ConfigurationError, match="min_size <= max_size"):
         PostgresStore(pg_dsn, min_size=5, max_size=2)
+    with pytest.raises(turnkit.ConfigurationError, match="commit_senders"):
+        PostgresStore(pg_dsn, commit_senders=0)
     with pytest.raises(turnkit.StoreError, match="cannot open the database"):
         await PostgresStore(
             "postgresql://127.0.0.1:5432/no_such_database_here", connect_timeout=3
@@ -354,7 +356,7 @@ async def test_concurrent_commits_are_grouped_yet_fail_only_where_they_fail(
     """With one sender, commits of many sessions that arrive together go out as one
     transaction; a commit that is refused (a taken position, a lost writer token)
     fails alone, and every other one in its group still lands, once."""
-    store = PostgresStore(pg_dsn, schema=pg_schema, max_size=2)  # one sender: groups form
+    store = PostgresStore(pg_dsn, schema=pg_schema, commit_senders=1)  # groups form
     await store.open()
     try:
         sessions = [store.session(f"s{i}") for i in range(30)]

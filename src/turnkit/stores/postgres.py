@@ -910,7 +910,12 @@ class PostgresStore:
     loop's connection pool, and also the second pool (opened lazily) and the worker
     threads that local tools using ``ctx.store`` run on. ``busy_timeout`` is how
     long, in seconds, a delivery waits for a session another process is running
-    before raising ``SessionBusyError``.
+    before raising ``SessionBusyError``. ``commit_senders`` is how many step
+    commits are in flight at once (at most ``max_size``): commits that arrive while
+    all are busy go out together, in one transaction, as soon as one is free (see
+    ``_GroupCommitter``). Few senders make big groups; on the two-core machine of
+    the benchmarks two beat ten by 1.5-2x at 100 sessions. A server with many cores
+    may want more.
     """
 
     def __init__(
@@ -922,11 +927,16 @@ class PostgresStore:
         max_size: int = 10,
         busy_timeout: float = 30.0,
         connect_timeout: float = 10.0,
+        commit_senders: int = 2,
     ) -> None:
         if not _SCHEMA_NAME.match(schema):
             raise ConfigurationError(
                 f"PostgresStore schema {schema!r} must be a plain identifier "
                 "(letters, digits and _, not starting with a digit)"
+            )
+        if commit_senders < 1:
+            raise ConfigurationError(
+                f"PostgresStore needs commit_senders >= 1, got {commit_senders}"
             )
         if not 1 <= min_size <= max_size:
             raise ConfigurationError(
@@ -946,7 +956,8 @@ class PostgresStore:
         self._lock_mutex = asyncio.Lock()
         self._locks = SessionLocks()
         self._tokens: dict[str, str] = {}
-        self._committer = _GroupCommitter(self, senders=max(1, max_size // 2))
+        self.commit_senders = commit_senders
+        self._committer = _GroupCommitter(self, senders=min(commit_senders, max_size))
 
     # -- lifecycle ---------------------------------------------------------------
 
