@@ -217,12 +217,29 @@ async def test_a_def_returning_a_task_fails_and_the_task_is_stopped(
     session = rt.session("a", "s1")
     result = await session.result(session.start("go"))
     await asyncio.sleep(0.05)
-    if store_kind == "postgres":
-        # There a def tool runs on a worker thread: with no loop, no task can even start,
-        # and the model reads the error.
-        told = (await session.messages())[2]
-        assert isinstance(told, turnkit.ToolMessage) and told.is_error
-        assert "no current event loop" in str(told.result) or "no running" in str(told.result)
-    else:
-        assert result.status == "failed" and "async def" in (result.error or "")
+    # A def tool without a context runs where the commit runs, on every store.
+    assert result.status == "failed" and "async def" in (result.error or "")
     assert happened == []
+
+
+def test_only_a_tool_that_can_see_the_context_asks_for_the_store_handle() -> None:
+    @tool
+    def plain(a: int) -> int:
+        """No context."""
+        return a
+
+    @tool
+    def writer(a: int, ctx: turnkit.ToolContext) -> int:
+        """Writes through ctx.store."""
+        return a
+
+    action = turnkit.define_action(
+        name="act", description="d", input_schema={"type": "object"}, run=lambda d, a: d
+    )
+    raw = Tool(ToolSpec(name="raw", description="d", input_schema={}), lambda d, c: d)
+    assert (plain.needs_store, writer.needs_store, action.needs_store, raw.needs_store) == (
+        False,
+        True,
+        False,
+        True,
+    )

@@ -64,6 +64,7 @@ _REMOTE_HANDLE = NoHandle(
     "this tool is async (remote) and runs outside the step transaction; "
     "declare it with plain `def` to write through the store"
 )
+_NO_CONTEXT_HANDLE = NoHandle("this tool takes no context, so it has no store handle")
 STALE_CALL_ERROR = "not run: the turn that asked for this call failed before it ran"
 INTERRUPTED_CALL_ERROR = (
     "interrupted: the process running this call stopped before its result was saved; "
@@ -549,7 +550,9 @@ class TurnRunner:
         index, seq = len(self.transcript), self.next_seq
 
         def work(tx: Transaction) -> tuple[ToolMessage, ActionCompletedEvent]:
-            ctx = self._context(tx.handle, call, step_id, local=True)
+            # Only a tool that can see ctx.store is handed the transaction's handle.
+            handle = tx.handle if tool.needs_store else _NO_CONTEXT_HANDLE
+            ctx = self._context(handle, call, step_id, local=True)
             value = run_local(tool, copy_input(call.input), ctx)
             return self._write_tool(tx, _ToolRow(index, seq, step_id, call, value, None, False))
 

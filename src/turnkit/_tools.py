@@ -68,6 +68,10 @@ class Tool:
 
     spec: ToolSpec
     run: RunFn
+    #: False when ``run`` can never reach ``ctx.store`` (a ``@tool`` function without
+    #: a context parameter, a ``define_action``), so a local step need not hand it
+    #: the transaction's handle, which some stores open only on demand.
+    needs_store: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.spec, ToolSpec):
@@ -166,7 +170,8 @@ def _from_function(fn: Callable[..., Any], name: str | None, description: str | 
         )
     adapter = _FunctionTool(fn, tool_name)
     run: RunFn = adapter.run_async if adapter.is_async else adapter.run_sync
-    return Tool(ToolSpec(name=tool_name, description=doc, input_schema=adapter.schema), run)
+    spec = ToolSpec(name=tool_name, description=doc, input_schema=adapter.schema)
+    return Tool(spec, run, needs_store=adapter.ctx_param is not None)
 
 
 @overload
@@ -225,9 +230,9 @@ def define_action(
         async def run_remote(data: Any, ctx: ToolContext) -> Any:
             return await cast(Any, run)(data, action_ctx(ctx))
 
-        return Tool(spec, run_remote)
+        return Tool(spec, run_remote, needs_store=False)
 
     def run_local(data: Any, ctx: ToolContext) -> Any:
         return run(data, action_ctx(ctx))
 
-    return Tool(spec, run_local)
+    return Tool(spec, run_local, needs_store=False)
