@@ -27,6 +27,14 @@ from turnkit import (
 from turnkit.testing import CrashingStore, RecordingSink, ScriptedModel, ScriptedReply, tool_call
 
 
+class _Outage(Exception):
+    """The store failing under a delivery (in-process, unlike a SIGKILL)."""
+
+
+def _outage() -> None:
+    raise _Outage("store went away")
+
+
 def boss(task: str = "find prices") -> Agent:
     def respond(messages: Any) -> Any:
         last = messages[-1]
@@ -90,17 +98,11 @@ async def test_a_replayed_parent_reads_the_same_child_turn(make_store: Any) -> N
     parent's tool step commits; redelivered, it reads the child's answer again."""
     child_model = ScriptedModel(["widgets cost 3"])
 
-    class Outage(Exception):
-        pass
-
-    def fail() -> None:
-        raise Outage("store went away")
-
     # Commits: parent open, parent model step, child open, child answer, parent tool step.
-    store = CrashingStore(make_store(), crash_at=5, when="before", on_crash=fail)
+    store = CrashingStore(make_store(), crash_at=5, when="before", on_crash=_outage)
     async with turnkit.Runtime([boss(), researcher(child_model)], store=store) as runtime:
         parent = runtime.session("boss", "s1")
-        with pytest.raises(Outage):
+        with pytest.raises(_Outage):
             await parent.result(parent.start("go", turn_id="p1"))
         store.crash_at = None
         result = await parent.result(parent.start("go", turn_id="p1"))
@@ -323,17 +325,11 @@ async def test_a_child_cannot_use_a_tool_its_parent_turn_was_denied(open_runtime
 async def test_a_replayed_parent_does_not_rerun_a_child_that_failed(make_store: Any) -> None:
     child_model = ScriptedModel([RuntimeError("model down"), "a second answer"])
 
-    class Outage(Exception):
-        pass
-
-    def fail() -> None:
-        raise Outage("store went away")
-
     # Commits: parent open, parent model, child open, child failure, parent tool step.
-    store = CrashingStore(make_store(), crash_at=5, when="before", on_crash=fail)
+    store = CrashingStore(make_store(), crash_at=5, when="before", on_crash=_outage)
     async with turnkit.Runtime([boss(), researcher(child_model)], store=store) as runtime:
         parent = runtime.session("boss", "s1")
-        with pytest.raises(Outage):
+        with pytest.raises(_Outage):
             await parent.result(parent.start("go", turn_id="p1"))
         store.crash_at = None
         result = await parent.result(parent.start("go", turn_id="p1"))
