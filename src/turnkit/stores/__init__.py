@@ -18,6 +18,7 @@ from .._store import (
     TurnRecord,
     TurnStatus,
 )
+from ._open import is_postgres_dsn, open_store
 from .memory import MemoryStore
 from .sqlite import SqliteStore
 
@@ -46,4 +47,6 @@ __all__ = [
     "Transaction",
     "TurnRecord",
     "TurnStatus",
+    "is_postgres_dsn",
+    "open_store",
 ]
