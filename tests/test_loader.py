@@ -23,7 +23,7 @@ def write(folder: Path, files: dict[str, str]) -> Path:
 def test_the_example_folder_assembles() -> None:
     agent = turnkit.load_agent(EXAMPLE)
     assert agent.name == "ops"
-    assert [t.name for t in agent.tools] == ["create_order", "lookup_order"]
+    assert [t.name for t in agent.tools] == ["create_order", "lookup_order", "refund_order"]
     assert agent.tool("create_order").local and not agent.tool("lookup_order").local  # type: ignore[union-attr]
     assert "ops assistant" in agent.instructions
 

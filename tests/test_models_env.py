@@ -135,7 +135,11 @@ def test_the_cli_runs_the_example_on_the_environments_model(tmp_path: Path) -> N
     assert "→ create_order" in done.stdout and "→ lookup_order" in done.stdout
     assert "Order #1 is packed." in done.stdout
     first = server.requests[0].body
-    assert [t["function"]["name"] for t in first["tools"]] == ["create_order", "lookup_order"]
+    assert [t["function"]["name"] for t in first["tools"]] == [
+        "create_order",
+        "lookup_order",
+        "refund_order",
+    ]
     assert first["messages"][-1] == {"role": "user", "content": "order"}
 
 
