@@ -1,19 +1,35 @@
-"""The ``turnkit`` command line: run an agent's turn in the terminal.
+"""The ``turnkit`` command line: run an agent's turn, list sessions, show one.
 
-Errors print as one line (``turnkit: error: …``) with a non-zero exit, never a
-traceback; ``--help`` on each command says what it takes.
+Each subcommand is one ``_add_<name>`` function that declares its arguments and
+one ``_<name>`` coroutine that does the work, so a new command is two functions
+and a line in ``_parser``. Errors print as one line (``turnkit: error: …``) with a
+non-zero exit, never a traceback; ``--help`` on each command says what it takes.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
+import shlex
 import sys
-from collections.abc import Sequence
-from pathlib import Path
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
 
 from ._channels import mount_agent
+from ._cli_progress import Progress
+from ._cli_render import render_archive, render_session, render_sessions
+from ._cli_show import (
+    archive_json,
+    list_sessions,
+    read_archive,
+    read_session,
+    session_json,
+    sessions_json,
+    split_target,
+)
+from ._cli_store import DEFAULT_STORE, CliError, describe_store, one_line, reading_store
 from ._errors import TurnkitError
 from ._loader import AgentFolder
 from ._model import Model
@@ -21,33 +37,95 @@ from ._runtime import Runtime
 from ._terminal import TerminalChannel
 from .models import demo_model
 from .models._env import configured
-from .stores import SqliteStore
+from .stores import open_store
 
-DEFAULT_STORE = os.path.join(".turnkit", "sessions.db")
+__all__ = ["DEFAULT_STORE", "main"]
+
+Handler = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
+STORE_HELP = (
+    "a SQLite file path or a PostgreSQL DSN (postgresql://…; pick a schema with "
+    f"options=-csearch_path=NAME); default: {DEFAULT_STORE}"
+)
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="turnkit", description="Durable agent turns.")
+    parser = argparse.ArgumentParser(
+        prog="turnkit",
+        description="Durable agent turns: run an agent, and inspect what its store holds.",
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    run = commands.add_parser("run", help="run one turn of an agent, streamed to the terminal")
+    _add_run(commands)
+    _add_sessions(commands)
+    _add_show(commands)
+    return parser
+
+
+def _add_store_option(command: argparse.ArgumentParser) -> None:
+    command.add_argument("--store", default=DEFAULT_STORE, metavar="STORE", help=STORE_HELP)
+
+
+def _add_run(commands: Any) -> None:
+    run = commands.add_parser(
+        "run",
+        help="run one turn of an agent, streamed to the terminal",
+        description="Run one turn of an agent, streamed to the terminal. If the turn "
+        "parks on a question, it is asked at the prompt.",
+    )
     run.add_argument("agent_dir", help="the agent folder (agent.py, instructions.md, tools/)")
     run.add_argument("text", help="what to say to the agent")
     run.add_argument("--session", default="cli", help="session id (default: cli)")
-    run.add_argument(
-        "--store",
-        default=DEFAULT_STORE,
-        help=f"SQLite file for sessions (default: {DEFAULT_STORE})",
+    _add_store_option(run)
+    run.set_defaults(handler=_run)
+
+
+def _add_sessions(commands: Any) -> None:
+    sessions = commands.add_parser(
+        "sessions",
+        help="list the sessions in a store, newest first",
+        description="List the sessions in a store (id, agent, status, last update in "
+        "UTC), most recently updated first.",
     )
-    return parser
+    _add_store_option(sessions)
+    sessions.add_argument("--agent", help="only the sessions of this agent")
+    sessions.add_argument(
+        "--limit", type=_positive_int, metavar="N", help="at most N sessions (the newest)"
+    )
+    sessions.add_argument("--json", action="store_true", help="print a JSON array instead")
+    sessions.set_defaults(handler=_sessions)
+
+
+def _add_show(commands: Any) -> None:
+    show = commands.add_parser(
+        "show",
+        help="show a session: status, transcript, turns and steps, parked input",
+        description="Show a session: its status, live transcript, each turn's status "
+        "and memoized steps, the input it is parked on, and its archived generations. "
+        "SESSION#gN shows the transcript of archived generation N instead.",
+    )
+    show.add_argument("session", metavar="SESSION", help="a session id, or SESSION#gN")
+    _add_store_option(show)
+    show.add_argument("--json", action="store_true", help="print one JSON object instead")
+    show.set_defaults(handler=_show)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected at least 1, got {value}")
+    return value
+
+
+# -- run ---------------------------------------------------------------------------
 
 
 async def _run(args: argparse.Namespace) -> int:
     folder = AgentFolder.read(args.agent_dir)
     agent = folder.agent(_model_for(folder))
-    store_path = Path(args.store)
-    store_path.parent.mkdir(parents=True, exist_ok=True)
     terminal = TerminalChannel()
-    async with Runtime([agent], store=SqliteStore(store_path)) as runtime:
+    async with Runtime([agent], store=open_store(args.store)) as runtime:
         await runtime.recover()
         ctx = mount_agent(agent, runtime, channels=[terminal])
         result = await terminal.converse(ctx, args.text, session=args.session)
@@ -78,19 +156,96 @@ def _model_for(folder: AgentFolder) -> Model | None:
     return None if folder.demo_model is not None else demo_model()
 
 
+# -- sessions and show -------------------------------------------------------------
+
+
+async def _sessions(args: argparse.Namespace) -> int:
+    progress = Progress()
+    async with reading_store(args.store) as store:
+        found = await list_sessions(store, agent=args.agent, limit=args.limit, progress=progress)
+    progress.done()
+    if args.json:
+        _print_json(sessions_json(found))
+    else:
+        print(render_sessions(found))
+    return 0
+
+
+async def _show(args: argparse.Namespace) -> int:
+    session_id, generation = split_target(args.session)
+    where = describe_store(args.store)
+    progress = Progress()
+    async with reading_store(args.store) as store:
+        if generation is not None:
+            archive = await read_archive(store, session_id, generation, progress, where=where)
+        else:
+            view = await read_session(store, session_id, progress, where=where)
+    progress.done()
+    if generation is not None:
+        output = archive_json(archive, where) if args.json else None
+        text = None if args.json else render_archive(archive, store=where)
+    else:
+        output = session_json(view, where) if args.json else None
+        text = None if args.json else render_session(view, store=where, store_flag=_flag(args))
+    if output is not None:
+        _print_json(output)
+    else:
+        print(text)
+    return 0
+
+
+def _flag(args: argparse.Namespace) -> str:
+    """The ``--store`` to repeat in the commands ``show`` suggests (none if default)."""
+    if args.store == DEFAULT_STORE:
+        return ""
+    return f" --store {shlex.quote(describe_store(args.store))}"
+
+
+def _print_json(value: object) -> None:
+    print(json.dumps(value, ensure_ascii=False, indent=2))
+
+
+# -- entry point -------------------------------------------------------------------
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    handler: Handler = args.handler
+    progress_line = Progress()
     try:
-        return asyncio.run(_run(args))
-    except TurnkitError as exc:
-        print(f"turnkit: error: {exc}", file=sys.stderr)
-        return 2
+        return asyncio.run(handler(args))
+    except (CliError, TurnkitError) as exc:
+        return _fail(progress_line, one_line(str(exc)), 2)
+    except OSError as exc:
+        if isinstance(exc, BrokenPipeError):
+            return _stdout_closed()
+        return _fail(progress_line, one_line(str(exc)), 2)
     except EOFError:
         print("turnkit: no answer given; the turn waits for one on the next run", file=sys.stderr)
         return 3
     except KeyboardInterrupt:
+        progress_line.done()
         print("turnkit: interrupted; the turn resumes on the next run", file=sys.stderr)
         return 130
+    except Exception as exc:
+        if os.environ.get("TURNKIT_DEBUG"):
+            raise
+        what = one_line(f"{type(exc).__name__}: {exc}")
+        return _fail(progress_line, f"{what} (set TURNKIT_DEBUG=1 for the traceback)", 1)
+
+
+def _fail(progress: Progress, message: str, status: int) -> int:
+    progress.done()
+    print(f"turnkit: error: {message}", file=sys.stderr)
+    return status
+
+
+def _stdout_closed() -> int:
+    """``turnkit show … | head``: the reader left; exit quietly, not with a traceback
+    when Python flushes stdout at exit."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return 1
 
 
 if __name__ == "__main__":
