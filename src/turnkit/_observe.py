@@ -120,6 +120,16 @@ async def turn_events(
     The story of one delivery ends at a terminal event or at ``input.requested``
     (the turn parked; a resume starts a new delivery).
     """
+    heard_seq = 0
+    if future is not None and future.done() and not replay:
+        # The delivery ran to its end before the first read, but the stream was
+        # already listening: tell what it heard, as it would have live.
+        while not queue.empty():
+            heard = queue.get_nowait()
+            heard_seq = heard.seq or heard_seq
+            yield heard
+            if heard.type in ENDING_EVENT_TYPES:
+                return
     if future is None or future.done():
         # Not running here: the log holds everything there is to see.
         logged = fold_attempts(await store.events(turn_id=turn_id))
@@ -129,7 +139,8 @@ async def turn_events(
                 raise TurnError(f"turn {turn_id} delivery failed") from future.exception()
             await finished_record(store, turn_id)
         for event in logged if replay else logged[-1:]:
-            yield event
+            if (event.seq or 0) > heard_seq:
+                yield event
         return
     last_seq, started = 0, False
     if replay:

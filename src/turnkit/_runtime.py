@@ -67,6 +67,11 @@ class AgentSession:
     def session_id(self) -> str:
         return self._store.session_id
 
+    def delivering(self, turn_id: str) -> bool:
+        """Whether this process has the turn queued or running right now."""
+        future = self._futures.get(turn_id)
+        return future is not None and not future.done()
+
     # -- starting turns ----------------------------------------------------------
 
     def start(

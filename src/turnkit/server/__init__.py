@@ -1,0 +1,26 @@
+"""The HTTP surface: a ``Runtime`` as a Starlette ASGI app (``turnkit[server]``).
+
+``create_app(runtime, authenticate=…)`` serves turns as server-sent events, resumes,
+resets, transcripts and a reconnectable event feed; see docs/server.md.
+"""
+
+try:
+    import starlette  # noqa: F401
+except ImportError as exc:  # pragma: no cover - exercised without the extra
+    raise ImportError(
+        "turnkit.server needs Starlette and uvicorn: pip install 'turnkit[server]'"
+    ) from exc
+
+from ._app import ServerLimits, create_app
+from ._principal import Authenticate, Principal, loopback_only
+from ._sse import event_frame, frame
+
+__all__ = [
+    "Authenticate",
+    "Principal",
+    "ServerLimits",
+    "create_app",
+    "event_frame",
+    "frame",
+    "loopback_only",
+]

@@ -1,0 +1,359 @@
+"""``create_app``: a ``Runtime`` behind HTTP, as a Starlette ASGI app.
+
+Each request is authenticated first, its input checked next, and only then does
+it reach the runtime, so a refused request changes nothing. Turns stream back as
+server-sent events; ``…/events`` lets a dropped client catch up.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import FileResponse, JSONResponse, Response
+from starlette.routing import BaseRoute, Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from .._channels import ChannelContext, mount_agent
+from .._errors import (
+    ConfigurationError,
+    InvalidAnswerError,
+    ResumeAuthorizationError,
+    ResumeConflictError,
+    SessionBusyError,
+    SessionSuspendedError,
+)
+from .._inbound import InboundEvent, User
+from .._runtime import Runtime
+from ._bodies import (
+    HttpError,
+    empty_body,
+    identifier,
+    non_negative_int,
+    read_object,
+    resume_body,
+    turn_body,
+)
+from ._feed import EventFeed
+from ._principal import Authenticate, Principal, authenticated
+from ._sessions_page import page_of_sessions
+from ._streams import event_stream, feed_stream
+
+log = logging.getLogger("turnkit.server")
+
+Handler = Callable[[Request, Principal], Awaitable[Response]]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServerLimits:
+    """How much the app accepts and how it keeps streams alive."""
+
+    #: Largest request body, in bytes; a larger one is refused with 413.
+    max_body_bytes: int = 64 * 1024
+    #: Seconds of quiet on a stream before a keep-alive comment is sent.
+    keepalive_seconds: float = 15.0
+    #: Most sessions one page of ``GET /agents/{agent}/sessions`` may hold.
+    page_size_max: int = 200
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_body_bytes, int) or self.max_body_bytes < 1:
+            raise ConfigurationError(
+                f"max_body_bytes must be a positive int, got {self.max_body_bytes!r}"
+            )
+        if not isinstance(self.keepalive_seconds, int | float) or not self.keepalive_seconds > 0:
+            raise ConfigurationError(
+                f"keepalive_seconds must be a positive number, got {self.keepalive_seconds!r}"
+            )
+        if not isinstance(self.page_size_max, int) or self.page_size_max < 1:
+            raise ConfigurationError(
+                f"page_size_max must be a positive int, got {self.page_size_max!r}"
+            )
+
+
+def create_app(
+    runtime: Runtime,
+    *,
+    authenticate: Authenticate,
+    limits: ServerLimits | None = None,
+    chat_page: bool = False,
+    notice: str | None = None,
+    source: str = "http",
+) -> Starlette:
+    """The HTTP surface of ``runtime`` (see docs/server.md).
+
+    ``authenticate(request) -> Principal | None`` is required and runs before
+    anything else. ``chat_page`` serves the chat page at ``/``; ``notice`` is a line
+    the page shows (``turnkit dev`` says which model runs). Turns opened here carry
+    an inbound event from ``source``, which picks the agent's per-source policy.
+    """
+    if not isinstance(runtime, Runtime):
+        raise ConfigurationError(
+            f"create_app needs a turnkit.Runtime, got {type(runtime).__name__}"
+        )
+    if not callable(authenticate):
+        raise ConfigurationError(
+            "create_app needs authenticate=: a function from the request to a Principal or None"
+        )
+    if not isinstance(source, str) or not source:
+        raise ConfigurationError(f"source must be a non-empty str, got {source!r}")
+    api = _Api(runtime, limits or ServerLimits(), source, notice)
+    guard = _Guard(authenticate)
+    session = "/agents/{agent}/sessions/{session}"
+    routes: list[BaseRoute] = [
+        Route("/agents", guard(api.agents), methods=["GET"]),
+        Route("/agents/{agent}/sessions", guard(api.sessions), methods=["GET"]),
+        Route(f"{session}/turns", guard(api.turns), methods=["POST"]),
+        Route(f"{session}/chat", guard(api.chat), methods=["POST"]),
+        Route(f"{session}/resume", guard(api.resume), methods=["POST"]),
+        Route(f"{session}/reset", guard(api.reset), methods=["POST"]),
+        Route(f"{session}/pending", guard(api.pending), methods=["GET"]),
+        Route(f"{session}/transcript", guard(api.transcript), methods=["GET"]),
+        Route(f"{session}/events", guard(api.events), methods=["GET"]),
+    ]
+    if chat_page:
+        static = resources.files("turnkit.server") / "static"
+        routes.append(Route("/", _page(str(static / "index.html")), methods=["GET"]))
+        routes.append(Mount("/static", StaticFiles(directory=str(static)), name="static"))
+    return Starlette(
+        routes=routes,
+        exception_handlers={HTTPException: _http_exception, Exception: _unexpected},
+    )
+
+
+class _Guard:
+    """Wraps a handler: authenticate, then run it, turning refusals into JSON errors."""
+
+    def __init__(self, authenticate: Authenticate) -> None:
+        self._authenticate = authenticate
+
+    def __call__(self, handler: Handler) -> Callable[[Request], Awaitable[Response]]:
+        async def endpoint(request: Request) -> Response:
+            principal = await authenticated(self._authenticate, request)
+            if principal is None:
+                return error_response(401, "unauthenticated", "authentication required")
+            try:
+                return await handler(request, principal)
+            except HttpError as exc:
+                return error_response(exc.status, exc.code, exc.message)
+
+        return endpoint
+
+
+class _Api:
+    """The endpoints, each a method taking the request and its principal."""
+
+    def __init__(
+        self, runtime: Runtime, limits: ServerLimits, source: str, notice: str | None
+    ) -> None:
+        self.runtime = runtime
+        self.limits = limits
+        self.source = source
+        self.notice = notice
+        self._contexts: dict[str, ChannelContext] = {}
+
+    # -- reading ---------------------------------------------------------------
+
+    async def agents(self, request: Request, principal: Principal) -> Response:
+        names = sorted(self.runtime.agents)
+        return JSONResponse({"agents": [{"name": n} for n in names], "notice": self.notice})
+
+    async def sessions(self, request: Request, principal: Principal) -> Response:
+        agent = self._agent_name(request)
+        limit = non_negative_int(request.query_params.get("limit"), "limit", default=50)
+        if not 1 <= limit <= self.limits.page_size_max:
+            raise HttpError(
+                400,
+                "invalid_parameter",
+                f"limit must be between 1 and {self.limits.page_size_max}, got {limit}",
+            )
+        infos = [i for i in await self.runtime.sessions() if i.agent == agent]
+        rows, cursor = page_of_sessions(infos, limit, request.query_params.get("cursor"))
+        return JSONResponse({"sessions": rows, "next": cursor})
+
+    async def pending(self, request: Request, principal: Principal) -> Response:
+        request_ = await self._context(request).pending(session=self._session_id(request))
+        return JSONResponse({"request": None if request_ is None else request_.to_dict()})
+
+    async def transcript(self, request: Request, principal: Principal) -> Response:
+        session = self._context(request).session(self._session_id(request))
+        messages = await session.messages()
+        return JSONResponse(
+            {"status": await session.status(), "messages": [m.to_dict() for m in messages]}
+        )
+
+    async def events(self, request: Request, principal: Principal) -> Response:
+        session = self._context(request).session(self._session_id(request))
+        header = request.headers.get("last-event-id")
+        if header is not None:
+            after = non_negative_int(header.strip(), "Last-Event-ID", default=0)
+        else:
+            after = non_negative_int(request.query_params.get("after"), "after", default=0)
+        turn_id = request.query_params.get("turn_id")
+        if turn_id is not None:
+            turn_id = identifier(turn_id, "turn_id")
+            known = await self.runtime.store.session(session.session_id).turn(turn_id)
+            if known is None and not session.delivering(turn_id):
+                raise HttpError(
+                    404, "unknown_turn", f"session {session.session_id!r} has no turn {turn_id!r}"
+                )
+        feed = EventFeed(
+            self.runtime.store.session(session.session_id),
+            self.runtime.sink,
+            after=after,
+            turn_id=turn_id,
+        )
+        return feed_stream(feed, self.limits.keepalive_seconds)
+
+    # -- turns -----------------------------------------------------------------
+
+    async def turns(self, request: Request, principal: Principal) -> Response:
+        ctx, session_id = self._context(request), self._session_id(request)
+        body = turn_body(await read_object(request, self.limits.max_body_bytes))
+        try:
+            stream = ctx.run_stream(
+                body.text,
+                session=session_id,
+                event=self._inbound(body.text, principal),
+                replace=body.replace,
+                turn_id=body.turn_id,
+            )
+        except SessionSuspendedError as exc:
+            raise HttpError(409, "session_suspended", str(exc)) from None
+        except ConfigurationError as exc:
+            raise HttpError(400, "invalid_body", str(exc)) from None
+        return event_stream(stream, self.limits.keepalive_seconds)
+
+    async def chat(self, request: Request, principal: Principal) -> Response:
+        if "text/event-stream" in request.headers.get("accept", ""):
+            return await self.turns(request, principal)
+        ctx, session_id = self._context(request), self._session_id(request)
+        body = turn_body(await read_object(request, self.limits.max_body_bytes))
+        session = ctx.session(session_id)
+        try:
+            turn_id = session.start(
+                body.text,
+                event=self._inbound(body.text, principal),
+                replace=body.replace,
+                turn_id=body.turn_id,
+            )
+        except SessionSuspendedError as exc:
+            raise HttpError(409, "session_suspended", str(exc)) from None
+        except ConfigurationError as exc:
+            raise HttpError(400, "invalid_body", str(exc)) from None
+        result = await session.result(turn_id)
+        answer: dict[str, Any] = {"status": result.status, "turn_id": turn_id}
+        if result.status == "completed":
+            answer["text"] = result.text
+        elif result.status == "suspended":
+            answer["request"] = None if result.request is None else result.request.to_dict()
+        elif result.status == "failed":
+            answer["error"] = result.error
+        else:
+            answer["reason"] = result.reason
+        return JSONResponse(answer)
+
+    async def resume(self, request: Request, principal: Principal) -> Response:
+        ctx, session_id = self._context(request), self._session_id(request)
+        body = resume_body(await read_object(request, self.limits.max_body_bytes))
+        try:
+            stream = await ctx.resume_stream(
+                session=session_id,
+                turn_id=body.turn_id,
+                input_id=body.input_id,
+                value=body.value,
+                by=principal.id,
+                principal=principal,
+            )
+        except ResumeAuthorizationError as exc:
+            raise HttpError(403, "not_an_answerer", str(exc)) from None
+        except ResumeConflictError as exc:
+            raise HttpError(409, "resume_conflict", str(exc)) from None
+        except InvalidAnswerError as exc:
+            raise HttpError(422, "invalid_answer", str(exc)) from None
+        except SessionBusyError as exc:
+            raise HttpError(503, "session_busy", str(exc)) from None
+        except Exception as exc:
+            # authorize_answer failing (a database outage, say): nothing was applied.
+            log.exception("resuming turn %s of %s failed", body.turn_id, session_id)
+            raise HttpError(
+                500,
+                "resume_failed",
+                f"the answer was not applied ({type(exc).__name__}: {exc}); send it again",
+            ) from None
+        return event_stream(stream, self.limits.keepalive_seconds)
+
+    async def reset(self, request: Request, principal: Principal) -> Response:
+        ctx, session_id = self._context(request), self._session_id(request)
+        data = await read_object(request, self.limits.max_body_bytes, optional=True)
+        empty_body(data, "reset")
+        done = await ctx.reset_session(session=session_id)
+        return JSONResponse(
+            {"previous_session": done.previous_session, "generation": done.generation}
+        )
+
+    # -- helpers ---------------------------------------------------------------
+
+    def _agent_name(self, request: Request) -> str:
+        name = request.path_params["agent"]
+        if name not in self.runtime.agents:
+            raise HttpError(
+                404,
+                "unknown_agent",
+                f"no agent named {name!r}; this server has {sorted(self.runtime.agents)}",
+            )
+        return str(name)
+
+    def _context(self, request: Request) -> ChannelContext:
+        name = self._agent_name(request)
+        ctx = self._contexts.get(name)
+        if ctx is None:
+            ctx = self._contexts[name] = mount_agent(self.runtime.agents[name], self.runtime)
+        session_id = self._session_id(request)
+        try:
+            ctx.session(session_id)
+        except ConfigurationError as exc:
+            raise HttpError(409, "session_of_another_agent", str(exc)) from None
+        return ctx
+
+    @staticmethod
+    def _session_id(request: Request) -> str:
+        return identifier(request.path_params["session"], "session")
+
+    def _inbound(self, text: str, principal: Principal) -> InboundEvent:
+        return InboundEvent(
+            source=self.source,
+            text=text,
+            user=User(id=principal.id, attested=principal.attested),
+        )
+
+
+def error_response(status: int, code: str, message: str) -> JSONResponse:
+    return JSONResponse({"error": message, "code": code}, status_code=status)
+
+
+def _page(path: str) -> Callable[[Request], Awaitable[Response]]:
+    async def page(request: Request) -> Response:
+        return FileResponse(path, media_type="text/html", headers={"Cache-Control": "no-cache"})
+
+    return page
+
+
+async def _http_exception(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    codes = {404: "not_found", 405: "method_not_allowed"}
+    return error_response(
+        exc.status_code,
+        codes.get(exc.status_code, "http_error"),
+        f"{request.method} {request.url.path}: {exc.detail}",
+    )
+
+
+async def _unexpected(request: Request, exc: Exception) -> Response:
+    log.exception("%s %s failed", request.method, request.url.path, exc_info=exc)
+    return error_response(500, "internal_error", f"{type(exc).__name__}: {exc}")

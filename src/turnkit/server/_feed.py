@@ -1,0 +1,124 @@
+"""A session's event feed: the logged events after a sequence number, then the live ones.
+
+This is what lets a client that dropped mid-turn reconnect and see the rest: the
+feed subscribes to the sink before it reads the store's event log, then joins the
+two without a gap or a duplicate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator, AsyncIterator
+
+from .._events import ENDING_EVENT_TYPES, EventSink, TurnEvent
+from .._observe import event_filter
+from .._store import TERMINAL_TURN_STATUSES, SessionStore
+
+
+class EventFeed:
+    """Follows one session (or one turn of it) from the event numbered ``after``.
+
+    Made before anything is awaited, so it is already listening. Iterate
+    ``feed.events(idle=…)``: it yields ``None`` after ``idle`` seconds of quiet (the
+    caller's cue for a keep-alive), and for a single turn it ends after that
+    turn's terminal event or its ``input.requested``.
+    """
+
+    def __init__(
+        self, store: SessionStore, sink: EventSink, *, after: int, turn_id: str | None = None
+    ) -> None:
+        self._store = store
+        self._after = after
+        self._turn_id = turn_id
+        self._queue: asyncio.Queue[TurnEvent] = asyncio.Queue()
+        wanted = event_filter(store.session_id, turn_id)
+
+        def enqueue(event: TurnEvent) -> None:
+            if wanted(event):
+                self._queue.put_nowait(event)
+
+        self._unsubscribe = sink.subscribe(enqueue)
+
+    def close(self) -> None:
+        """Stop listening (idempotent)."""
+        self._unsubscribe()
+
+    async def events(self, *, idle: float) -> AsyncGenerator[TurnEvent | None, None]:
+        try:
+            every, logged = await self._logged()
+            # Everything queued so far arrived before the log was read: such a live
+            # event may already be in ``logged``.
+            read_mark = self._queue.qsize()
+            last = self._after
+            for event in logged:
+                yield event
+                last = event.seq or last
+            if self._turn_id is not None:
+                if every and every[-1].type in ENDING_EVENT_TYPES:
+                    return
+                if await self._turn_ended():
+                    # It ended while the log was read, or with an ending the store
+                    # could not log: send what was logged since, and stop.
+                    for event in await self._store.events(turn_id=self._turn_id, after=last):
+                        yield event
+                    return
+            async for item in self._live(read_mark, last, idle):
+                yield item
+                if item is not None and self._ends_turn(item):
+                    return
+        finally:
+            self.close()
+
+    async def _logged(self) -> tuple[list[TurnEvent], list[TurnEvent]]:
+        """The followed turn's whole log (empty when following the session) and the
+        logged events to send."""
+        if self._turn_id is None:
+            return [], await self._store.events(after=self._after)
+        every = await self._store.events(turn_id=self._turn_id)
+        return every, [e for e in every if (e.seq or 0) > self._after]
+
+    async def _turn_ended(self) -> bool:
+        assert self._turn_id is not None
+        record = await self._store.turn(self._turn_id)
+        return record is not None and record.status in TERMINAL_TURN_STATUSES
+
+    async def _live(
+        self, read_mark: int, last: int, idle: float
+    ) -> AsyncIterator[TurnEvent | None]:
+        """Live events, less those the log already held.
+
+        A delta that arrived before the log was read is held until the next event
+        says whether its message was logged (then it is dropped) or is still being
+        written (then it is sent). ``turn.started`` numbered 1 after a higher number
+        means the session was reset and numbering began again.
+        """
+        held: list[TurnEvent] = []
+        taken = 0
+        while True:
+            try:
+                event = await asyncio.wait_for(self._queue.get(), timeout=idle)
+            except TimeoutError:
+                yield None
+                continue
+            taken += 1
+            if event.seq is None:
+                if taken <= read_mark:
+                    held.append(event)
+                    continue
+                for early in held:
+                    yield early
+                held.clear()
+                yield event
+                continue
+            restarted = event.type == "turn.started" and event.seq == 1 and last >= 1
+            if event.seq <= last and not (restarted and taken > read_mark):
+                held.clear()  # the log held this event, and the deltas before it
+                continue
+            for early in held:
+                yield early
+            held.clear()
+            last = event.seq
+            yield event
+
+    def _ends_turn(self, event: TurnEvent) -> bool:
+        return self._turn_id is not None and event.type in ENDING_EVENT_TYPES

@@ -1,0 +1,70 @@
+"""Who is calling: ``Principal`` and the authentication hook's shape.
+
+``authenticate(request)`` is the app's own check; the principal it returns is the
+turn's speaker and the resumer's ``by``, and is handed whole to ``authorize_answer``.
+"""
+
+from __future__ import annotations
+
+import getpass
+import inspect
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from ipaddress import ip_address
+from typing import Any
+
+from starlette.requests import Request
+
+Authenticate = Callable[[Request], "Principal | Awaitable[Principal | None] | None"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Principal:
+    """An authenticated caller. ``attested`` says the identity was verified (a
+    signed token, a session cookie), which lets a turn it opens default its
+    approvals to it; ``claims`` carries whatever else the app wants
+    ``authorize_answer`` to see (roles, tenant)."""
+
+    id: str
+    attested: bool = True
+    claims: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.id, str) or not self.id:
+            raise ValueError(f"Principal.id must be a non-empty str, got {self.id!r}")
+
+
+async def authenticated(authenticate: Authenticate, request: Request) -> Principal | None:
+    """Run the hook, plain or async, and insist on its return type."""
+    found = authenticate(request)
+    if inspect.isawaitable(found):
+        found = await found
+    if found is not None and not isinstance(found, Principal):
+        raise TypeError(
+            f"authenticate must return a turnkit.server.Principal or None, "
+            f"got {type(found).__name__}"
+        )
+    return found
+
+
+def loopback_only(request: Request) -> Principal | None:
+    """The development default: any client on this machine is you, nobody else is.
+
+    The principal is ``dev:<login>``, counted as attested, so a turn you start may
+    park for your own approval.
+    """
+    client = request.client
+    if client is None:
+        return None
+    try:
+        loopback = ip_address(client.host).is_loopback
+    except ValueError:
+        return None
+    return Principal(id=f"dev:{_login()}") if loopback else None
+
+
+def _login() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return "local"

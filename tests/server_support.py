@@ -1,0 +1,92 @@
+"""A real server for the HTTP tests: uvicorn on a loopback port, in the test's loop.
+
+Requests go over TCP through httpx; identity comes from an ``X-User`` header, which
+is what the tests' ``authenticate`` trusts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import uvicorn
+from starlette.requests import Request
+
+import turnkit
+from turnkit.server import Principal, ServerLimits, create_app
+
+
+def by_header(request: Request) -> Principal | None:
+    user = request.headers.get("x-user")
+    return Principal(id=user) if user else None
+
+
+@dataclass
+class Served:
+    url: str
+    runtime: turnkit.Runtime
+    client: httpx.AsyncClient
+
+    def path(self, agent: str, session: str, verb: str) -> str:
+        return f"/agents/{agent}/sessions/{session}/{verb}"
+
+
+@asynccontextmanager
+async def serving(
+    runtime: turnkit.Runtime,
+    *,
+    authenticate: Callable[[Request], Principal | Awaitable[Principal | None] | None] = by_header,
+    limits: ServerLimits | None = None,
+) -> AsyncIterator[Served]:
+    app = create_app(runtime, authenticate=authenticate, limits=limits)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(64)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    while not server.started:
+        if task.done():
+            task.result()
+        await asyncio.sleep(0.01)
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    try:
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+            yield Served(url=url, runtime=runtime, client=client)
+    finally:
+        server.should_exit = True
+        await task
+        sock.close()
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One SSE event as it crossed the wire."""
+
+    event: str
+    data: dict[str, Any]
+    id: str | None
+
+
+async def snapshot(runtime: turnkit.Runtime) -> dict[str, Any]:
+    """Everything the store holds for every session, to compare before and after."""
+    state: dict[str, Any] = {}
+    for info in await runtime.sessions():
+        store = runtime.store.session(info.session_id)
+        state[info.session_id] = {
+            "status": await store.status(),
+            "messages": [m.to_dict() for m in await store.messages()],
+            "events": [e.to_dict() for e in await store.events()],
+            "parked": None if (p := await store.parked()) is None else p.pending,
+        }
+    return state
+
+
+def decode(frames: list[Any]) -> list[Frame]:
+    """httpx-sse's ``ServerSentEvent``s as ``Frame``s."""
+    return [Frame(event=f.event, data=json.loads(f.data), id=f.id or None) for f in frames]

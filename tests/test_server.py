@@ -1,0 +1,572 @@
+"""The HTTP surface over a real connection: uvicorn on 127.0.0.1, httpx and a standard
+SSE client (httpx-sse), on every store."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import httpx
+import pytest
+from httpx_sse import aconnect_sse
+from server_support import Served, decode, serving, snapshot
+
+import turnkit
+from turnkit import AnswerCheck, Answerers, ToolContext, tool
+from turnkit.server import ServerLimits
+from turnkit.testing import ScriptedModel, ScriptedReply, tool_call
+
+ALICE = {"X-User": "alice"}
+BOOLEAN = {"type": "boolean"}
+
+
+def calc_agent() -> turnkit.Agent:
+    @tool
+    def add(a: int, b: int) -> int:
+        """Add two integers."""
+        return a + b
+
+    model = ScriptedModel(
+        respond=lambda transcript: (
+            ScriptedReply(text="Let me add that.", tool_calls=[tool_call("add", {"a": 2, "b": 3})])
+            if isinstance(transcript[-1], turnkit.UserMessage)
+            else ScriptedReply(text="2 + 3 = 5, as the tool says.", chunks=4)
+        )
+    )
+    return turnkit.Agent(name="calc", model=model, instructions="Be brief.", tools=[add])
+
+
+def refund_agent(*, authorize: Any = None, policy: bool = False) -> turnkit.Agent:
+    @tool
+    async def refund(order_id: str, ctx: ToolContext) -> str:
+        """Refund an order once a person approves."""
+        answerers = Answerers.policy("refunds") if policy else None
+        ok = await ctx.request_input(
+            "approve", f"Refund {order_id}?", schema=BOOLEAN, answerers=answerers
+        )
+        return "refunded" if ok else "declined"
+
+    def respond(transcript: list[turnkit.Message]) -> ScriptedReply:
+        last = transcript[-1]
+        if isinstance(last, turnkit.UserMessage):
+            return ScriptedReply(tool_calls=[tool_call("refund", {"order_id": "A1"})])
+        assert isinstance(last, turnkit.ToolMessage)
+        return ScriptedReply(text=f"The refund was {last.result}.")
+
+    return turnkit.Agent(
+        name="shop",
+        model=ScriptedModel(respond=respond),
+        instructions="Refund when asked.",
+        tools=[refund],
+        authorize_answer=authorize,
+    )
+
+
+async def sse(served: Served, method: str, url: str, **kwargs: Any) -> list[Any]:
+    kwargs["headers"] = dict(kwargs.get("headers", {}))  # aconnect_sse adds Accept to it
+    async with aconnect_sse(served.client, method, url, **kwargs) as source:
+        assert source.response.status_code == 200, await source.response.aread()
+        assert source.response.headers["content-type"].startswith("text/event-stream")
+        return decode([frame async for frame in source.aiter_sse()])
+
+
+async def test_a_turn_streams_as_server_sent_events(open_runtime: Any) -> None:
+    runtime = await open_runtime(calc_agent())
+    async with serving(runtime) as served:
+        frames = await sse(
+            served, "POST", served.path("calc", "s1", "turns"), json={"text": "2+3?"}, headers=ALICE
+        )
+    types = [f.event for f in frames]
+    assert types[0] == "turn.started" and types[-1] == "turn.completed"
+    assert "action.requested" in types and "action.completed" in types
+    assert types.count("message.delta") >= 4  # the final answer came in pieces
+    for f in frames:
+        assert f.data["type"] == f.event
+        # A structural event sets the client's last event id to its sequence number;
+        # a delta (no id line) leaves it at the structural event before it.
+        assert f.id == str(f.data["seq"]) or (f.event.endswith(".delta") and f.data["seq"] is None)
+    logged = await runtime.session("calc", "s1").events()
+    assert [f.data for f in frames if f.data["seq"]] == [e.to_dict() for e in logged]
+    assert frames[-1].data["text"] == "2 + 3 = 5, as the tool says."
+
+
+async def test_chat_answers_json_or_streams(open_runtime: Any) -> None:
+    runtime = await open_runtime(calc_agent(), refund_agent())
+    async with serving(runtime) as served:
+        reply = await served.client.post(
+            served.path("calc", "s1", "chat"), json={"text": "2+3?"}, headers=ALICE
+        )
+        assert reply.status_code == 200, reply.text
+        assert reply.headers["content-type"] == "application/json", reply.text
+        body = reply.json()
+        assert body["status"] == "completed" and body["text"] == "2 + 3 = 5, as the tool says."
+        frames = await sse(
+            served,
+            "POST",
+            served.path("calc", "s1", "chat"),
+            json={"text": "again"},
+            headers={**ALICE, "Accept": "text/event-stream"},
+        )
+        assert frames[-1].event == "turn.completed"
+        parked = await served.client.post(
+            served.path("shop", "s2", "chat"), json={"text": "refund A1"}, headers=ALICE
+        )
+        assert parked.json()["status"] == "suspended"
+        assert parked.json()["request"]["prompt"] == "Refund A1?"
+
+
+async def test_resume_refusals_change_nothing_and_the_answerer_completes(
+    open_runtime: Any,
+) -> None:
+    runtime = await open_runtime(refund_agent(), calc_agent())
+    async with serving(runtime) as served:
+        frames = await sse(
+            served,
+            "POST",
+            served.path("shop", "s1", "turns"),
+            json={"text": "refund"},
+            headers=ALICE,
+        )
+        assert frames[-1].event == "input.requested"
+        turn_id = frames[-1].data["turn_id"]
+        pending = (
+            await served.client.get(served.path("shop", "s1", "pending"), headers=ALICE)
+        ).json()
+        assert pending["request"]["id"] == "approve" and pending["request"]["turn_id"] == turn_id
+        before = await snapshot(runtime)
+        url = served.path("shop", "s1", "resume")
+        cases = [
+            ({"X-User": "bob"}, {"turn_id": turn_id, "input_id": "approve", "value": True}, 403),
+            (ALICE, {"turn_id": "other", "input_id": "approve", "value": True}, 409),
+            (ALICE, {"turn_id": turn_id, "input_id": "nope", "value": True}, 409),
+            (ALICE, {"turn_id": turn_id, "input_id": "approve", "value": "yes"}, 422),
+            ({}, {"turn_id": turn_id, "input_id": "approve", "value": True}, 401),
+        ]
+        for headers, body, status in cases:
+            refused = await served.client.post(url, json=body, headers=headers)
+            assert refused.status_code == status, (body, refused.text)
+            assert refused.json()["error"], refused.text
+            assert await snapshot(runtime) == before
+        # A session that is not parked refuses a resume with 409 too.
+        idle = await served.client.post(
+            served.path("calc", "s9", "resume"),
+            json={"turn_id": turn_id, "input_id": "approve", "value": True},
+            headers=ALICE,
+        )
+        assert idle.status_code == 409 and "not waiting" in idle.json()["error"]
+        done = await sse(
+            served,
+            "POST",
+            url,
+            json={"turn_id": turn_id, "input_id": "approve", "value": True},
+            headers=ALICE,
+        )
+        assert done[-1].event == "turn.completed"
+        assert done[-1].data["text"] == "The refund was refunded."
+
+
+async def test_authorize_answer_failing_is_a_500_and_the_answer_can_be_sent_again(
+    open_runtime: Any,
+) -> None:
+    seen: list[AnswerCheck] = []
+    outage = {"on": True}
+
+    async def authorize(check: AnswerCheck) -> bool:
+        seen.append(check)
+        if outage["on"]:
+            raise ConnectionError("the directory is down")
+        return check.principal.claims.get("role") == "refunds"
+
+    runtime = await open_runtime(refund_agent(authorize=authorize, policy=True))
+
+    def roles(request: Any) -> Any:
+        from turnkit.server import Principal
+
+        user = request.headers.get("x-user")
+        return (
+            Principal(id=user, claims={"role": request.headers.get("x-role", "")}) if user else None
+        )
+
+    async with serving(runtime, authenticate=roles) as served:
+        frames = await sse(
+            served,
+            "POST",
+            served.path("shop", "s1", "turns"),
+            json={"text": "refund"},
+            headers=ALICE,
+        )
+        turn_id = frames[-1].data["turn_id"]
+        body = {"turn_id": turn_id, "input_id": "approve", "value": True}
+        url = served.path("shop", "s1", "resume")
+        before = await snapshot(runtime)
+        failed = await served.client.post(
+            url, json=body, headers={"X-User": "carol", "X-Role": "refunds"}
+        )
+        assert failed.status_code == 500 and "the directory is down" in failed.json()["error"]
+        assert await snapshot(runtime) == before
+        outage["on"] = False
+        denied = await served.client.post(
+            url, json=body, headers={"X-User": "dave", "X-Role": "sales"}
+        )
+        assert denied.status_code == 403
+        assert await snapshot(runtime) == before
+        done = await sse(
+            served, "POST", url, json=body, headers={"X-User": "carol", "X-Role": "refunds"}
+        )
+        assert done[-1].event == "turn.completed"
+    assert seen[-1].by == "carol" and seen[-1].policy == "refunds"
+
+
+async def test_unauthenticated_requests_get_401_and_touch_nothing(open_runtime: Any) -> None:
+    runtime = await open_runtime(calc_agent())
+    async with serving(runtime) as served:
+        for method, url in [
+            ("GET", "/agents"),
+            ("GET", "/agents/calc/sessions"),
+            ("POST", served.path("calc", "s1", "turns")),
+            ("POST", served.path("calc", "s1", "chat")),
+            ("POST", served.path("calc", "s1", "resume")),
+            ("POST", served.path("calc", "s1", "reset")),
+            ("GET", served.path("calc", "s1", "pending")),
+            ("GET", served.path("calc", "s1", "transcript")),
+            ("GET", served.path("calc", "s1", "events")),
+        ]:
+            reply = await served.client.request(method, url, json={"text": "hi"})
+            assert reply.status_code == 401, (method, url)
+            assert reply.json() == {"error": "authentication required", "code": "unauthenticated"}
+    assert await runtime.sessions() == []
+
+
+async def test_reset_transcript_pending_and_the_paged_session_list(open_runtime: Any) -> None:
+    runtime = await open_runtime(calc_agent())
+    async with serving(runtime) as served:
+        for n in range(5):
+            reply = await served.client.post(
+                served.path("calc", f"s{n}", "chat"), json={"text": "2+3?"}, headers=ALICE
+            )
+            assert reply.status_code == 200
+        transcript = (
+            await served.client.get(served.path("calc", "s0", "transcript"), headers=ALICE)
+        ).json()
+        assert transcript["status"] == "idle"
+        assert [m["role"] for m in transcript["messages"]] == [
+            "user",
+            "assistant",
+            "tool",
+            "assistant",
+        ]
+        assert (
+            await served.client.get(served.path("calc", "s0", "pending"), headers=ALICE)
+        ).json() == {"request": None}
+        reset = await served.client.post(served.path("calc", "s0", "reset"), headers=ALICE)
+        assert reset.json() == {"previous_session": "s0#g0", "generation": 0}
+        after = (
+            await served.client.get(served.path("calc", "s0", "transcript"), headers=ALICE)
+        ).json()
+        assert after == {"status": "new", "messages": []}
+        seen: list[str] = []
+        cursor: str | None = None
+        while True:
+            params = {"limit": "2", **({"cursor": cursor} if cursor else {})}
+            page = (
+                await served.client.get("/agents/calc/sessions", params=params, headers=ALICE)
+            ).json()
+            assert len(page["sessions"]) <= 2
+            seen += [row["session_id"] for row in page["sessions"]]
+            cursor = page["next"]
+            if cursor is None:
+                break
+        assert sorted(seen) == [f"s{n}" for n in range(5)] and len(set(seen)) == 5
+        for bad in ({"limit": "0"}, {"limit": "x"}, {"cursor": "!!"}, {"limit": "201"}):
+            reply = await served.client.get("/agents/calc/sessions", params=bad, headers=ALICE)
+            assert reply.status_code == 400, bad
+        agents = (await served.client.get("/agents", headers=ALICE)).json()
+        assert agents == {"agents": [{"name": "calc"}], "notice": None}
+
+
+async def test_events_after_a_number_and_for_one_turn(open_runtime: Any) -> None:
+    runtime = await open_runtime(calc_agent())
+    async with serving(runtime) as served:
+        first = await served.client.post(
+            served.path("calc", "s1", "chat"), json={"text": "a"}, headers=ALICE
+        )
+        turn_id = first.json()["turn_id"]
+        await served.client.post(
+            served.path("calc", "s1", "chat"), json={"text": "b"}, headers=ALICE
+        )
+        logged = [e.to_dict() for e in await runtime.session("calc", "s1").events()]
+        one_turn = [e for e in logged if e["turn_id"] == turn_id]
+        url = served.path("calc", "s1", "events")
+        frames = await sse(
+            served, "GET", url, params={"after": "3", "turn_id": turn_id}, headers=ALICE
+        )
+        assert [f.data for f in frames] == [e for e in one_turn if e["seq"] > 3]
+        # Last-Event-ID wins over ?after=.
+        frames = await sse(
+            served,
+            "GET",
+            url,
+            params={"after": "0", "turn_id": turn_id},
+            headers={**ALICE, "Last-Event-ID": "5"},
+        )
+        assert [f.data["seq"] for f in frames] == [e["seq"] for e in one_turn if e["seq"] > 5]
+        # After the turn's ending there is nothing more: the stream ends at once.
+        assert (
+            await sse(
+                served,
+                "GET",
+                url,
+                params={"after": str(one_turn[-1]["seq"]), "turn_id": turn_id},
+                headers=ALICE,
+            )
+            == []
+        )
+        # The whole session's feed stays open: read what is logged, then hang up.
+        async with aconnect_sse(
+            served.client, "GET", url, params={"after": "2"}, headers={**ALICE}
+        ) as source:
+            got = []
+            async for frame in source.aiter_sse():
+                got.append(json.loads(frame.data))
+                if len(got) == len(logged) - 2:
+                    break
+        assert got == logged[2:]
+        for bad in ({"after": "-1"}, {"after": "x"}, {"turn_id": ""}):
+            assert (await served.client.get(url, params=bad, headers=ALICE)).status_code == 400, bad
+        unknown = await served.client.get(url, params={"turn_id": "nope"}, headers=ALICE)
+        assert unknown.status_code == 404
+
+
+async def test_a_client_that_drops_mid_turn_reconnects_to_exactly_the_missing_events(
+    open_runtime: Any,
+) -> None:
+    gate = asyncio.Event()
+
+    @tool
+    async def slow(x: int) -> int:
+        """Waits for the test."""
+        await gate.wait()
+        return x * 2
+
+    def respond(transcript: list[turnkit.Message]) -> ScriptedReply:
+        if isinstance(transcript[-1], turnkit.UserMessage):
+            return ScriptedReply(text="Working.", tool_calls=[tool_call("slow", {"x": 21})])
+        return ScriptedReply(text="It is 42.", chunks=3)
+
+    agent = turnkit.Agent(
+        name="w", model=ScriptedModel(respond=respond), instructions=".", tools=[slow]
+    )
+    runtime = await open_runtime(agent)
+    async with serving(runtime) as served:
+        before_drop = []
+        async with aconnect_sse(
+            served.client,
+            "POST",
+            served.path("w", "s1", "turns"),
+            json={"text": "go"},
+            headers={**ALICE},
+        ) as source:
+            async for frame in source.aiter_sse():
+                before_drop.append(frame)
+                if frame.event == "action.requested":
+                    break  # the client drops here, mid-turn
+        last_id = [f.id for f in before_drop if f.id][-1]
+        turn_id = json.loads(before_drop[0].data)["turn_id"]
+        gate.set()  # the turn goes on while nobody listens
+        await runtime.session("w", "s1").result(turn_id)
+        rest = await sse(
+            served,
+            "GET",
+            served.path("w", "s1", "events"),
+            params={"turn_id": turn_id},
+            headers={**ALICE, "Last-Event-ID": last_id},
+        )
+    logged = [e.to_dict() for e in await runtime.session("w", "s1").events(turn_id=turn_id)]
+    seen = [d for f in before_drop if (d := json.loads(f.data))["seq"]] + [f.data for f in rest]
+    assert seen == logged  # every structural event once, in order
+    assert rest[-1].event == "turn.completed"
+
+
+async def test_a_feed_opened_mid_turn_joins_the_log_and_the_live_events(open_runtime: Any) -> None:
+    gate = asyncio.Event()
+
+    @tool
+    async def slow(x: int) -> int:
+        """Waits for the test."""
+        await gate.wait()
+        return x
+
+    def respond(transcript: list[turnkit.Message]) -> ScriptedReply:
+        if isinstance(transcript[-1], turnkit.UserMessage):
+            return ScriptedReply(text="One moment.", tool_calls=[tool_call("slow", {"x": 1})])
+        return ScriptedReply(text="All done now, thanks for waiting.", chunks=5)
+
+    agent = turnkit.Agent(
+        name="w", model=ScriptedModel(respond=respond), instructions=".", tools=[slow]
+    )
+    runtime = await open_runtime(agent)
+    session = runtime.session("w", "s1")
+    async with serving(runtime) as served:
+        turn_id = session.start("go")
+        while not any(e.type == "action.requested" for e in await session.events()):
+            await asyncio.sleep(0.01)
+        async with aconnect_sse(
+            served.client,
+            "GET",
+            served.path("w", "s1", "events"),
+            params={"turn_id": turn_id},
+            headers={**ALICE},
+        ) as source:
+            frames = []
+            async for frame in source.aiter_sse():
+                frames.append(frame)
+                if frame.event == "action.requested":
+                    gate.set()
+        got = decode(frames)
+    logged = [e.to_dict() for e in await session.events(turn_id=turn_id)]
+    assert [f.data for f in got if f.data["seq"]] == logged
+    deltas = "".join(f.data["text"] for f in got if f.event == "message.delta")
+    assert deltas == "All done now, thanks for waiting."  # live text, once
+
+
+async def test_bad_input_is_a_4xx_naming_the_problem_and_stores_nothing(open_runtime: Any) -> None:
+    runtime = await open_runtime(calc_agent())
+    async with serving(runtime, limits=ServerLimits(max_body_bytes=1024)) as served:
+        turns = served.path("calc", "s1", "turns")
+        json_headers = {**ALICE, "Content-Type": "application/json"}
+        cases: list[tuple[str, str, dict[str, str], bytes, int, str]] = [
+            ("POST", turns, json_headers, b"{not json", 400, "not JSON"),
+            ("POST", turns, json_headers, b"[1, 2]", 400, "JSON object"),
+            ("POST", turns, json_headers, b"{}", 400, "text is missing"),
+            ("POST", turns, json_headers, b'{"text": 5}', 400, "text must be a string"),
+            ("POST", turns, json_headers, b'{"text": "  "}', 400, "must not be empty"),
+            ("POST", turns, json_headers, b'{"text": "hi", "extra": 1}', 400, "unknown field"),
+            (
+                "POST",
+                turns,
+                json_headers,
+                b'{"text": "hi", "replace": "yes"}',
+                400,
+                "replace must be a boolean",
+            ),
+            (
+                "POST",
+                turns,
+                json_headers,
+                b'{"text": "hi", "turn_id": ""}',
+                400,
+                "turn_id must not be empty",
+            ),
+            ("POST", turns, json_headers, b'{"text": "a\\u0000b"}', 400, "NUL"),
+            ("POST", turns, json_headers, b'{"text": "\\ud800"}', 400, "surrogate"),
+            ("POST", turns, json_headers, b'{"text": NaN}', 400, "not JSON"),
+            (
+                "POST",
+                turns,
+                json_headers,
+                b'{"text": "' + b"x" * 2000 + b'"}',
+                413,
+                "larger than the limit",
+            ),
+            (
+                "POST",
+                turns,
+                {**ALICE, "Content-Type": "text/plain"},
+                b'{"text": "hi"}',
+                415,
+                "application/json",
+            ),
+            (
+                "POST",
+                "/agents/nobody/sessions/s1/turns",
+                json_headers,
+                b'{"text": "hi"}',
+                404,
+                "no agent named",
+            ),
+            (
+                "POST",
+                served.path("calc", "s1", "reset"),
+                json_headers,
+                b'{"x": 1}',
+                400,
+                "takes no fields",
+            ),
+            (
+                "POST",
+                served.path("calc", "s1", "resume"),
+                json_headers,
+                b'{"turn_id": "t"}',
+                400,
+                "input_id is missing",
+            ),
+            (
+                "POST",
+                served.path("calc", "s1", "resume"),
+                json_headers,
+                b'{"turn_id": "t", "input_id": "i"}',
+                400,
+                "value is missing",
+            ),
+            ("GET", "/nowhere", ALICE, b"", 404, "Not Found"),
+            ("DELETE", turns, ALICE, b"", 405, "Method Not Allowed"),
+        ]
+        for method, url, headers, body, status, words in cases:
+            reply = await served.client.request(method, url, headers=headers, content=body)
+            assert reply.status_code == status, (body, reply.text)
+            assert words in reply.json()["error"], (body, reply.json())
+            assert reply.json()["code"]
+    assert await runtime.sessions() == []
+
+
+async def test_a_turn_on_a_parked_session_is_a_409(open_runtime: Any) -> None:
+    runtime = await open_runtime(refund_agent())
+    async with serving(runtime) as served:
+        await served.client.post(
+            served.path("shop", "s1", "chat"), json={"text": "refund"}, headers=ALICE
+        )
+        before = await snapshot(runtime)
+        again = await served.client.post(
+            served.path("shop", "s1", "turns"), json={"text": "hi"}, headers=ALICE
+        )
+        assert again.status_code == 409 and "waiting for input" in again.json()["error"]
+        assert await snapshot(runtime) == before
+
+
+def test_create_app_refuses_a_missing_authenticate() -> None:
+    runtime = turnkit.Runtime([calc_agent()], store=turnkit.stores.MemoryStore())
+    from turnkit.server import create_app
+
+    with pytest.raises(turnkit.ConfigurationError, match="authenticate"):
+        create_app(runtime, authenticate=None)  # type: ignore[arg-type]
+    with pytest.raises(turnkit.ConfigurationError, match="max_body_bytes"):
+        ServerLimits(max_body_bytes=0)
+
+
+async def test_a_client_that_hangs_up_leaves_the_turn_running(open_runtime: Any) -> None:
+    runtime = await open_runtime(calc_agent())
+    async with serving(runtime) as served:
+        async with aconnect_sse(
+            served.client,
+            "POST",
+            served.path("calc", "s1", "turns"),
+            json={"text": "x"},
+            headers={**ALICE},
+        ) as source:
+            async for _ in source.aiter_sse():
+                break
+        result = None
+        for _ in range(200):
+            turns = [
+                e
+                for e in await runtime.session("calc", "s1").events()
+                if e.type == "turn.completed"
+            ]
+            if turns:
+                result = turns[0]
+                break
+            await asyncio.sleep(0.02)
+        assert result is not None
+    with pytest.raises(httpx.ConnectError):
+        await httpx.AsyncClient().get(served.url + "/agents")
