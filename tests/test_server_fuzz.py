@@ -130,10 +130,7 @@ def test_no_request_gets_a_500_or_changes_the_store_when_refused(
     headers = {"X-User": "u"}
     if content_type:
         headers["Content-Type"] = content_type
-    if kind == "json":
-        content = json.dumps(payload).encode()
-    else:
-        content = payload
+    content = json.dumps(payload).encode() if kind == "json" else payload
     method = "GET" if verb in {"pending", "transcript", "events"} else "POST"
     url = f"/agents/{quote(agent, safe='')}/sessions/{quote(session, safe='')}/{verb}"
     params = {"after": "999999", "turn_id": "none"} if verb == "events" else None
