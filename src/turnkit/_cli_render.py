@@ -132,7 +132,8 @@ def _turn_lines(turn: TurnView) -> Iterator[str]:
     if record is None:
         yield f"  {turn.turn_id}  (no turn record)"
     else:
-        ended = f" → {utc(record.finished_at)}" if record.finished_at else ""
+        finished = record.finished_at
+        ended = f" → {_end_time(record.created_at, finished)}" if finished else ""
         yield f"  {turn.turn_id}  {record.status}  {utc(record.created_at)}{ended}"
         if record.error:
             yield f"    ✗ error: {compact(record.error)}"
@@ -146,6 +147,12 @@ def _turn_lines(turn: TurnView) -> Iterator[str]:
     yield f"    steps ({len(turn.steps)})"
     rows = [(f"      {step_id}", _step_summary(step_id, v)) for step_id, v in _ordered(turn.steps)]
     yield table(("", ""), rows).split("\n", 1)[1]
+
+
+def _end_time(start: float, end: float) -> str:
+    """The end of a turn, without the date when it is the start's."""
+    full = utc(end)
+    return full[len("YYYY-MM-DD ") :] if full[:10] == utc(start)[:10] else full
 
 
 def _ordered(steps: dict[str, Any]) -> list[tuple[str, Any]]:
@@ -166,11 +173,8 @@ def _step_summary(step_id: str, value: Any) -> str:
     if kind == "model" and isinstance(value, dict):
         calls = [c.get("name", "?") for c in value.get("tool_calls") or []]
         said = compact(value.get("text") or "", 80)
-        return (
-            "reply "
-            + (f"{said!r}" if said else "(no text)")
-            + (f" → {', '.join(calls)}" if calls else "")
-        )
+        shown = f'"{said}"' if said else "(no text)"
+        return f"reply {shown}" + (f" → {', '.join(calls)}" if calls else "")
     if kind == "tool" and isinstance(value, dict):
         if value.get("error"):
             return f"✗ {compact(value['error'])}"

@@ -8,6 +8,7 @@ becomes a ``CliError``: one line, any password in a DSN redacted.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 from collections.abc import AsyncIterator
@@ -16,7 +17,7 @@ from contextlib import asynccontextmanager
 from ._errors import TurnkitError
 from ._store import Store
 from .stores import is_postgres_dsn, open_store
-from .stores._open import redact_dsn
+from .stores._open import dsn_schema, redact_dsn
 
 DEFAULT_STORE = os.path.join(".turnkit", "sessions.db")
 
@@ -46,6 +47,8 @@ async def reading_store(spec: str) -> AsyncIterator[Store]:
     if not is_postgres_dsn(spec):
         _check_sqlite_file(spec)
     store = _store_for(spec)
+    if is_postgres_dsn(spec):
+        await asyncio.to_thread(_check_postgres_tables, spec)
     try:
         await store.open()
     except TurnkitError as exc:
@@ -54,6 +57,18 @@ async def reading_store(spec: str) -> AsyncIterator[Store]:
         yield store
     finally:
         await store.close()
+
+
+async def writable_store(spec: str) -> Store:
+    """The store ``turnkit run`` runs on, already open (a SQLite file is created), so
+    a store that cannot be opened is reported before anything else happens. The
+    runtime's own ``open()`` is then a no-op, and its exit closes the store."""
+    store = _store_for(spec)
+    try:
+        await store.open()
+    except TurnkitError as exc:
+        raise _cannot_open(spec, exc) from None
+    return store
 
 
 def _store_for(spec: str) -> Store:
@@ -68,6 +83,29 @@ def _check_sqlite_file(path: str) -> None:
         raise CliError(f"store {path!r} does not exist (no sessions were ever stored there)")
     if not os.path.isfile(path):
         raise CliError(f"store {path!r} is not a file")
+
+
+def _check_postgres_tables(dsn: str) -> None:
+    """Refuse a database (or schema) holding no turnkit tables: opening the store would
+    create them, and a mistyped DSN would look like a store with no sessions. Also
+    the place a DSN that cannot connect is reported, in one line."""
+    import psycopg
+
+    schema = dsn_schema(dsn)
+    try:
+        with psycopg.connect(dsn, connect_timeout=10, autocommit=True) as conn:
+            row = conn.execute(
+                "SELECT to_regclass(%s)", (f'"{schema}".turnkit_sessions',)
+            ).fetchone()
+    except psycopg.Error as exc:
+        raise CliError(
+            f"cannot connect to PostgreSQL at {redact_dsn(dsn)!r}: {one_line(str(exc))}"
+        ) from None
+    if row is None or row[0] is None:
+        raise CliError(
+            f"no turnkit tables in schema {schema!r} of {redact_dsn(dsn)!r} "
+            "(no sessions were ever stored there)"
+        )
 
 
 def _cannot_open(spec: str, exc: BaseException) -> CliError:

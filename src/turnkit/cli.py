@@ -29,7 +29,14 @@ from ._cli_show import (
     sessions_json,
     split_target,
 )
-from ._cli_store import DEFAULT_STORE, CliError, describe_store, one_line, reading_store
+from ._cli_store import (
+    DEFAULT_STORE,
+    CliError,
+    describe_store,
+    one_line,
+    reading_store,
+    writable_store,
+)
 from ._errors import TurnkitError
 from ._loader import AgentFolder
 from ._model import Model
@@ -37,7 +44,6 @@ from ._runtime import Runtime
 from ._terminal import TerminalChannel
 from .models import demo_model
 from .models._env import configured
-from .stores import open_store
 
 __all__ = ["DEFAULT_STORE", "main"]
 
@@ -123,9 +129,14 @@ def _positive_int(text: str) -> int:
 
 async def _run(args: argparse.Namespace) -> int:
     folder = AgentFolder.read(args.agent_dir)
-    agent = folder.agent(_model_for(folder))
+    store = await writable_store(args.store)
+    try:
+        agent = folder.agent(_model_for(folder))
+    except BaseException:
+        await store.close()
+        raise
     terminal = TerminalChannel()
-    async with Runtime([agent], store=open_store(args.store)) as runtime:
+    async with Runtime([agent], store=store) as runtime:
         await runtime.recover()
         ctx = mount_agent(agent, runtime, channels=[terminal])
         result = await terminal.converse(ctx, args.text, session=args.session)

@@ -1,0 +1,364 @@
+"""``turnkit sessions`` and ``turnkit show``, run as a user runs them: real subprocesses
+on stores built by ``turnkit run`` itself (plus a reset done through the Python API),
+on SQLite files and, when a server is configured, on PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import pty
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_cli import EXAMPLE, OFFLINE_ENV, turnkit, turnkit_with_input, write_agent
+
+import turnkit as tk
+from turnkit.stores import Store, is_postgres_dsn, open_store
+from turnkit.testing import ScriptedModel
+
+UTC_TIME = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC"
+
+
+async def _reset_a_session(store: Store) -> None:
+    """A session with archived generation 0 and a live generation 1."""
+    agent = tk.Agent(name="echo", model=ScriptedModel(respond=lambda m: f"{len(m)} seen"))
+    async with tk.Runtime(agent, store=store) as runtime:
+        session = runtime.session("echo", "r")
+        await session.turn("hello")
+        await session.reset()
+        await session.turn("hello again")
+
+
+def build_sessions(cwd: Path, spec: str) -> None:
+    """The sessions every test reads: completed (``shop``, SQLite only: the example's
+    orders table is SQLite's), a tool error (``bad``), parked (``p``), reset (``r``)."""
+    store = ("--store", spec)
+    if not is_postgres_dsn(spec):
+        done = turnkit(
+            "run", str(EXAMPLE), "order 2 blue widgets", "--session", "shop", *store, cwd=cwd
+        )
+        assert done.returncode == 0, done.stderr
+    bad = turnkit("run", str(EXAMPLE), "order 0 ghosts", "--session", "bad", *store, cwd=cwd)
+    assert bad.returncode == 0, bad.stderr
+    agent = write_agent(cwd / "deployer")
+    parked = turnkit_with_input(
+        "run", str(agent), "api", "--session", "p", *store, cwd=cwd, stdin=""
+    )
+    assert parked.returncode == 3, parked.stderr
+    path = spec if is_postgres_dsn(spec) else str(cwd / spec)
+    asyncio.run(_reset_a_session(open_store(path)))
+
+
+@pytest.fixture(scope="module")
+def shop(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder whose ``shop.db`` holds the sessions of ``build_sessions``."""
+    folder = tmp_path_factory.mktemp("shop")
+    build_sessions(folder, "shop.db")
+    return folder
+
+
+def show(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return turnkit("show", *args, "--store", "shop.db", cwd=folder)
+
+
+def sessions(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return turnkit("sessions", *args, "--store", "shop.db", cwd=folder)
+
+
+def one_error(done: subprocess.CompletedProcess[str]) -> str:
+    """The single ``turnkit: error:`` line of a failed command (and no traceback)."""
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert lines[0].startswith("turnkit: error: ")
+    return lines[0]
+
+
+# -- sessions ----------------------------------------------------------------------
+
+
+def test_sessions_is_a_table_newest_first(shop: Path) -> None:
+    done = sessions(shop)
+    assert done.returncode == 0 and done.stderr == ""
+    header, *rows = done.stdout.splitlines()
+    assert header.split() == ["SESSION", "AGENT", "STATUS", "UPDATED"]
+    assert [r.split()[0] for r in rows] == ["r", "p", "bad", "shop"]
+    assert rows[1].split()[1:3] == ["deployer", "suspended"]
+    assert rows[0].split()[1:3] == ["echo", "idle"]
+    assert all(re.search(UTC_TIME + "$", r) for r in rows)
+    columns = {r.index(r.split()[1]) for r in [header, *rows]}
+    assert len(columns) == 1, "the AGENT column is aligned"
+
+
+def test_sessions_filters_by_agent_limits_and_prints_json(shop: Path) -> None:
+    ops = sessions(shop, "--agent", "ops").stdout.splitlines()[1:]
+    assert [line.split()[0] for line in ops] == ["bad", "shop"]
+    assert [line.split()[0] for line in sessions(shop, "--limit", "1").stdout.splitlines()] == [
+        "SESSION",
+        "r",
+    ]
+    listed = json.loads(sessions(shop, "--json").stdout)
+    assert [s["session_id"] for s in listed] == ["r", "p", "bad", "shop"]
+    assert listed[1] == {
+        "session_id": "p",
+        "agent": "deployer",
+        "status": "suspended",
+        "updated_at": listed[1]["updated_at"],
+    }
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", listed[1]["updated_at"])
+    assert sessions(shop, "--agent", "nobody").stdout.strip() == "no sessions"
+    assert json.loads(sessions(shop, "--agent", "nobody", "--json").stdout) == []
+
+
+# -- show --------------------------------------------------------------------------
+
+
+def test_show_prints_the_transcript_turns_and_steps(shop: Path) -> None:
+    done = show(shop, "shop")
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    out = done.stdout
+    turn_id = json.loads(show(shop, "shop", "--json").stdout)["turns"][0]["turn_id"]
+    assert re.search(r"^session +shop$", out, re.M) and re.search(r"^status +idle$", out, re.M)
+    assert re.search(r"^agent +ops$", out, re.M) and re.search(r"^store +shop\.db$", out, re.M)
+    assert f"── turn {turn_id} (completed)" in out
+    assert "[0] user       order 2 blue widgets" in out
+    assert '→ create_order {"item": "blue widgets", "quantity": 2}  (call call_1)' in out
+    assert '← create_order: {"order_id": 1, "item": "blue widgets", "quantity": 2}' in out
+    assert "[5] assistant  Done: order #1 (2 x blue widgets) is packed." in out
+    assert re.search(rf"^  {turn_id}  completed  {UTC_TIME} → \d\d:\d\d:\d\d UTC$", out, re.M)
+    assert "    answer: Done: order #1 (2 x blue widgets) is packed." in out
+    assert re.search(
+        r"model:1 +reply \"Placing an order for 2 x blue widgets.\" → create_order", out
+    )
+    assert re.search(r"tool:1:call_1 +result \{\"order_id\": 1", out)
+    assert re.search(rf"policy:{turn_id} +source cli, tools denied: none", out)
+    assert "parked input" not in out and "archived generations" not in out
+
+
+def test_show_marks_tool_errors(shop: Path) -> None:
+    out = show(shop, "bad").stdout
+    assert '✗ create_order: {"error": "ValueError: quantity must be at least 1"}' in out
+    assert re.search(r"tool:1:call_1 +✗ ValueError: quantity must be at least 1", out)
+    messages = json.loads(show(shop, "bad", "--json").stdout)["messages"]
+    assert [m["is_error"] for m in messages if m["role"] == "tool"] == [True]
+
+
+def test_show_a_parked_session_says_what_it_waits_for_and_how_to_answer(shop: Path) -> None:
+    out = show(shop, "p").stdout
+    assert re.search(r"^status +suspended$", out, re.M)
+    parked = out[out.index("parked input") :]
+    assert re.search(r"asks +Deploy api\?", parked)
+    assert re.search(r"schema +\{\"type\": \"boolean\"\}", parked)
+    assert re.search(r"answerers +user cli:\S+", parked)
+    assert re.search(r"input id +approve", parked) and "deploy (call call_1)" in parked
+    assert '"<next message>" --session p --store shop.db  (asks this first)' in parked
+    assert ".resume(" in parked
+    data = json.loads(show(shop, "p", "--json").stdout)
+    assert data["status"] == "suspended"
+    assert data["parked"]["prompt"] == "Deploy api?"
+    assert data["parked"]["schema"] == {"type": "boolean"}
+    assert data["turns"][0]["status"] == "suspended"
+    assert data["parked"]["turn_id"] == data["turns"][0]["turn_id"]
+
+
+def test_show_a_reset_session_and_its_archived_generation(shop: Path) -> None:
+    out = show(shop, "r").stdout
+    assert re.search(r"^generation +1$", out, re.M)
+    assert "[0] user       hello again" in out and "hello\n" not in out
+    assert "archived generations (1)\n  g0  turnkit show 'r#g0' --store shop.db" in out
+    archived = show(shop, "r#g0")
+    assert archived.returncode == 0, archived.stderr
+    assert re.search(r"^generation +0 \(archived\)$", archived.stdout, re.M)
+    assert "[0] user       hello\n" in archived.stdout
+    assert "[1] assistant  1 seen" in archived.stdout
+    data = json.loads(show(shop, "r#g0", "--json").stdout)
+    assert data["generation"] == 0 and data["archived"] is True
+    assert [m["text"] for m in data["messages"]] == ["hello", "1 seen"]
+    assert json.loads(show(shop, "r", "--json").stdout)["generations"] == [0]
+
+
+def test_show_json_holds_every_message_turn_and_step(shop: Path) -> None:
+    data = json.loads(show(shop, "shop", "--json").stdout)
+    assert data["session_id"] == "shop" and data["agent"] == "ops" and data["parked"] is None
+    assert [m["role"] for m in data["messages"]] == [
+        "user",
+        "assistant",
+        "tool",
+        "assistant",
+        "tool",
+        "assistant",
+    ]
+    assert [m["index"] for m in data["messages"]] == list(range(6))
+    (turn,) = data["turns"]
+    assert {m["turn_id"] for m in data["messages"]} == {turn["turn_id"]}
+    assert turn["status"] == "completed" and turn["text"].startswith("Done: order #1")
+    assert sorted(turn["steps"]) == sorted(
+        [
+            "model:1",
+            "tool:1:call_1",
+            "model:3",
+            "tool:3:call_1",
+            "model:5",
+            f"policy:{turn['turn_id']}",
+        ]
+    )
+    assert turn["steps"]["tool:1:call_1"]["result"]["order_id"] == 1
+    assert turn["steps"]["model:5"]["text"] == "Done: order #1 (2 x blue widgets) is packed."
+
+
+# -- errors ------------------------------------------------------------------------
+
+
+def test_a_missing_session_or_generation_is_one_line(shop: Path) -> None:
+    assert one_error(show(shop, "nope")) == (
+        "turnkit: error: session 'nope' does not exist in shop.db"
+    )
+    assert one_error(show(shop, "nope#g0")) == (
+        "turnkit: error: session 'nope' does not exist in shop.db"
+    )
+    assert one_error(show(shop, "r#g3")) == (
+        "turnkit: error: session 'r' has no archived generation 3 (archived generations: g0)"
+    )
+    assert one_error(show(shop, "shop#g0")).endswith(
+        "'shop' has no archived generation 0 (archived generations: none)"
+    )
+
+
+def test_a_missing_store_file_is_named_and_not_created(tmp_path: Path) -> None:
+    for command in ("sessions", "show x"):
+        done = turnkit(*command.split(), "--store", "typo.db", cwd=tmp_path)
+        assert one_error(done) == (
+            "turnkit: error: store 'typo.db' does not exist (no sessions were ever stored there)"
+        )
+    default = turnkit("sessions", cwd=tmp_path)
+    assert "'.turnkit/sessions.db' does not exist" in one_error(default)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_corrupt_store_file_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "bad.db").write_bytes(b"not a database " * 300)
+    for command in ("sessions", "show x"):
+        done = turnkit(*command.split(), "--store", "bad.db", cwd=tmp_path)
+        assert one_error(done) == (
+            "turnkit: error: cannot open the SQLite file 'bad.db': file is not a database"
+        )
+    run = turnkit("run", str(EXAMPLE), "hi", "--store", "bad.db", cwd=tmp_path)
+    assert "file is not a database" in one_error(run)
+
+
+def test_a_dsn_that_cannot_connect_is_one_line_without_its_password(tmp_path: Path) -> None:
+    dsn = "postgresql://ann:s3cret@127.0.0.1:1/turnkit"
+    for command in ("sessions", "show x"):
+        line = one_error(turnkit(*command.split(), "--store", dsn, cwd=tmp_path))
+        redacted = "'postgresql://ann:***@127.0.0.1:1/turnkit'"
+        assert line.startswith(f"turnkit: error: cannot connect to PostgreSQL at {redacted}: ")
+        assert "s3cret" not in line
+    run = turnkit("run", str(EXAMPLE), "hi", "--store", dsn, cwd=tmp_path)
+    assert "s3cret" not in one_error(run) and "ann:***@" in run.stderr
+    keywords = "host=127.0.0.1 port=1 dbname=x password=s3cret"
+    assert "s3cret" not in one_error(turnkit("sessions", "--store", keywords, cwd=tmp_path))
+    bad = one_error(turnkit("sessions", "--store", "postgresql://ann:s3cret@[::1", cwd=tmp_path))
+    assert bad == "turnkit: error: --store 'postgresql://ann:***@[::1' is not a valid DSN"
+
+
+def test_bad_arguments_are_usage_errors(tmp_path: Path) -> None:
+    done = turnkit("sessions", "--limit", "0", cwd=tmp_path)
+    assert done.returncode == 2 and "--limit: expected at least 1, got 0" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("command", [(), ("run",), ("sessions",), ("show",)])
+def test_every_command_has_help(command: tuple[str, ...], tmp_path: Path) -> None:
+    done = turnkit(*command, "--help", cwd=tmp_path)
+    assert done.returncode == 0 and done.stdout.startswith("usage: turnkit")
+    if command:
+        assert "--store" in done.stdout and "PostgreSQL DSN" in done.stdout
+    else:
+        assert all(name in done.stdout for name in ("run", "sessions", "show"))
+    if command == ("show",):
+        assert "SESSION#gN" in done.stdout and "--json" in done.stdout
+
+
+# -- progress ----------------------------------------------------------------------
+
+
+def _stderr_on_a_terminal(*args: str, cwd: Path) -> tuple[int, str, str]:
+    """Run ``turnkit`` with stderr on a pseudo-terminal; its exit, stdout, stderr."""
+    leader, follower = pty.openpty()
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "turnkit.cli", *args],
+            cwd=cwd,
+            stdout=subprocess.PIPE,
+            stderr=follower,
+            text=True,
+            env={**OFFLINE_ENV, "PYTHONUNBUFFERED": "1"},
+        )
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        os.close(follower)
+    return proc.returncode, out, _drain(leader)
+
+
+def _drain(fd: int) -> str:
+    chunks: list[bytes] = []
+    try:
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+    except OSError:  # EIO: the terminal's other end is closed
+        pass
+    finally:
+        os.close(fd)
+    return b"".join(chunks).decode()
+
+
+def test_progress_shows_on_a_terminal_and_is_erased(shop: Path) -> None:
+    status, out, err = _stderr_on_a_terminal("show", "shop", "--store", "shop.db", cwd=shop)
+    assert status == 0 and "transcript (6 messages)" in out
+    assert "reading session shop…" in err
+    assert err.endswith("\r\x1b[K"), "the progress line is erased before the output"
+    status, _, err = _stderr_on_a_terminal("show", "nope", "--store", "shop.db", cwd=shop)
+    assert status == 2 and err.endswith(
+        "turnkit: error: session 'nope' does not exist in shop.db\r\n"
+    )
+
+
+def test_no_progress_when_stderr_is_not_a_terminal(shop: Path) -> None:
+    assert show(shop, "shop").stderr == "" and sessions(shop).stderr == ""
+
+
+# -- PostgreSQL --------------------------------------------------------------------
+
+
+@pytest.fixture
+def pg_spec(pg_dsn: str, pg_schema: str) -> Iterator[str]:
+    """The test server's DSN, naming the test's schema the way a user would."""
+    joiner = "&" if "?" in pg_dsn else "?"
+    yield f"{pg_dsn}{joiner}options=-csearch_path%3D{pg_schema}"
+
+
+def test_sessions_and_show_on_postgres(pg_spec: str, pg_schema: str, tmp_path: Path) -> None:
+    build_sessions(tmp_path, pg_spec)
+    listed = turnkit("sessions", "--store", pg_spec, "--json", cwd=tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    assert [s["session_id"] for s in json.loads(listed.stdout)] == ["r", "p", "bad"]
+    out = turnkit("show", "p", "--store", pg_spec, cwd=tmp_path).stdout
+    assert re.search(r"asks +Deploy api\?", out) and re.search(r"^status +suspended$", out, re.M)
+    bad = turnkit("show", "bad", "--store", pg_spec, cwd=tmp_path).stdout
+    assert '✗ create_order: {"error": "ValueError: quantity must be at least 1"}' in bad
+    archived: dict[str, Any] = json.loads(
+        turnkit("show", "r#g0", "--store", pg_spec, "--json", cwd=tmp_path).stdout
+    )
+    assert [m["text"] for m in archived["messages"]] == ["hello", "1 seen"]
+    missing = turnkit("show", "nope", "--store", pg_spec, cwd=tmp_path)
+    assert one_error(missing).startswith("turnkit: error: session 'nope' does not exist in ")
+    other = pg_spec.replace(pg_schema, f"{pg_schema}_none")
+    assert "no turnkit tables in schema" in one_error(
+        turnkit("sessions", "--store", other, cwd=tmp_path)
+    )
