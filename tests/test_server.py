@@ -570,3 +570,19 @@ async def test_a_client_that_hangs_up_leaves_the_turn_running(open_runtime: Any)
         assert result is not None
     with pytest.raises(httpx.ConnectError):
         await httpx.AsyncClient().get(served.url + "/agents")
+
+
+async def test_quiet_streams_send_keep_alive_comments(open_runtime: Any) -> None:
+    runtime = await open_runtime(calc_agent())
+    async with serving(runtime, limits=ServerLimits(keepalive_seconds=0.05)) as served:
+        raw = b""
+        async with served.client.stream(
+            "GET", served.path("calc", "s1", "events"), headers=ALICE
+        ) as reply:
+            assert reply.status_code == 200
+            assert reply.headers["cache-control"] == "no-cache"
+            async for chunk in reply.aiter_bytes():
+                raw += chunk
+                if raw.count(b": keep-alive\n\n") >= 2:
+                    break
+    assert raw.startswith(b": keep-alive\n\n")
