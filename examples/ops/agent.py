@@ -65,7 +65,10 @@ def _reply(transcript: Sequence[Message]) -> ScriptedReply:
         if last.result["refunded"]:
             return _say(f"Refunded order #{order_id}.")
         return _say(f"Refund of order #{order_id} declined; nothing was changed.")
-    return _say(f"Something went wrong: {getattr(last, 'result', '')}")
+    result = getattr(last, "result", "")
+    if isinstance(result, dict) and "error" in result:
+        result = result["error"]
+    return _say(f"Something went wrong: {result}")
 
 
 class _PacedModel(ScriptedModel):

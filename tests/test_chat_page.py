@@ -1,0 +1,353 @@
+"""The chat page of ``turnkit dev``, driven in a real browser (Debian's headless chromium).
+
+Each test starts the real ``turnkit dev`` as a subprocess on a SQLite file, opens its
+page with Playwright and clicks and types as a person would.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO
+
+import pytest
+
+CHROMIUM = Path("/usr/bin/chromium")
+if not CHROMIUM.exists() and not os.environ.get("CI"):
+    pytest.skip(
+        f"the chat page tests need Debian's chromium at {CHROMIUM} "
+        "(apt-get install chromium); in CI (CI set) they always run",
+        allow_module_level=True,
+    )
+
+from playwright.sync_api import Browser, Page, expect, sync_playwright  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "ops"
+SLOW_AGENT = ROOT / "tests" / "fixtures" / "slow_agent"
+CHROMIUM_ARGS = [
+    "--headless=new",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+#: Without the model settings, so a developer's API key never sends these tests online.
+OFFLINE_ENV = {
+    k: v
+    for k, v in os.environ.items()
+    if k not in {"TURNKIT_MODEL", "ANTHROPIC_API_KEY", "OPENAI_API_KEY", "OPENAI_BASE_URL"}
+}
+URL = re.compile(r"http://127\.0\.0\.1:(\d+)/")
+TIMEOUT_MS = 20_000
+DEV_COMMAND = [sys.executable, "-m", "turnkit.cli", "dev"]
+
+
+class DevServer:
+    """``turnkit dev`` in a subprocess; ``start()`` returns its URL once it serves."""
+
+    def __init__(
+        self, agent: Path, store: Path, *, port: int = 0, env: dict[str, str] | None = None
+    ) -> None:
+        self.agent, self.store, self.port = agent, store, port
+        self.env = {**OFFLINE_ENV, "PYTHONUNBUFFERED": "1", **(env or {})}
+        self.proc: subprocess.Popen[str] | None = None
+        self.log = store.parent / f"dev-{time.monotonic_ns()}.err"
+
+    def start(self) -> str:
+        with self.log.open("w") as stderr:
+            self.proc = subprocess.Popen(
+                [
+                    *DEV_COMMAND,
+                    str(self.agent),
+                    "--port",
+                    str(self.port),
+                    "--store",
+                    str(self.store),
+                ],
+                cwd=self.store.parent,
+                env=self.env,
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                text=True,
+            )
+        lines: queue.Queue[str] = queue.Queue()
+        assert self.proc.stdout is not None
+        threading.Thread(target=_pump, args=(self.proc.stdout, lines), daemon=True).start()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                line = lines.get(timeout=0.2)
+            except queue.Empty:
+                if self.proc.poll() is not None:
+                    break
+                continue
+            found = URL.search(line)
+            if found:
+                self.port = int(found.group(1))
+                return found.group(0)
+        self.stop()
+        raise AssertionError(f"turnkit dev did not print its URL; stderr:\n{self.log.read_text()}")
+
+    def kill(self) -> None:
+        """SIGKILL: no clean-up, no goodbye, as a crash or an OOM kill."""
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+
+def _pump(stream: IO[str], lines: queue.Queue[str]) -> None:
+    for line in stream:
+        lines.put(line)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield launched
+        launched.close()
+
+
+@pytest.fixture
+def page(browser: Browser, request: pytest.FixtureRequest) -> Iterator[Page]:
+    context = browser.new_context(viewport={"width": 1200, "height": 800})
+    page = context.new_page()
+    page.set_default_timeout(TIMEOUT_MS)
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    yield page
+    context.close()
+    assert errors == [], f"the page raised: {errors}"
+
+
+@pytest.fixture
+def servers(tmp_path: Path) -> Iterator[list[DevServer]]:
+    started: list[DevServer] = []
+    yield started
+    for server in started:
+        server.stop()
+
+
+def serve(
+    servers: list[DevServer],
+    tmp_path: Path,
+    agent: Path = EXAMPLE,
+    *,
+    port: int = 0,
+    env: dict[str, str] | None = None,
+) -> tuple[DevServer, str]:
+    server = DevServer(agent, tmp_path / "s.db", port=port, env=env)
+    servers.append(server)
+    return server, server.start()
+
+
+def say(page: Page, text: str) -> None:
+    page.get_by_test_id("message-input").fill(text)
+    page.get_by_test_id("send").click()
+
+
+def wait_for_turns(page: Page, status: str, count: int) -> None:
+    expect(page.locator(f'[data-testid="turn"][data-status="{status}"]')).to_have_count(count)
+
+
+def log_text(page: Page) -> str:
+    return page.get_by_test_id("log").inner_text()
+
+
+# The texts a streaming assistant message showed before its message completed.
+WATCH_DRAFTS = """
+window.__drafts = [];
+new MutationObserver(() => {
+  const drafts = '[data-testid="assistant-message"][data-state="streaming"]';
+  for (const el of document.querySelectorAll(drafts)) {
+    const text = el.textContent;
+    if (window.__drafts[window.__drafts.length - 1] !== text) window.__drafts.push(text);
+  }
+}).observe(document, { subtree: true, childList: true, characterData: true });
+"""
+
+
+def test_a_reply_streams_in_pieces(servers: list[DevServer], tmp_path: Path, page: Page) -> None:
+    _, url = serve(servers, tmp_path)
+    page.add_init_script(WATCH_DRAFTS)
+    page.goto(url)
+    expect(page.get_by_test_id("notice")).to_contain_text("offline demo model")
+    say(page, "hello")
+    wait_for_turns(page, "completed", 1)
+    final = (
+        "(offline demo) I place, track and refund orders. "
+        "Try: order 2 blue widgets, or: refund order 1"
+    )
+    reply = page.get_by_test_id("assistant-message")
+    expect(reply).to_have_text(final)
+    expect(reply).to_have_attribute("data-state", "done")
+    deltas = int(reply.get_attribute("data-deltas") or 0)
+    assert deltas > 1, f"the reply arrived in {deltas} delta(s)"
+    assert page.evaluate("window.turnkitChat.frames['message.delta']") == deltas
+    drafts: list[str] = page.evaluate("window.__drafts")
+    partial = [d for d in drafts if d and d != final]
+    assert len(partial) > 1 and all(final.startswith(d) for d in partial), drafts
+    assert log_text(page).count(final) == 1
+    page.screenshot(path="/tmp/turnkit-chat-streamed.png")
+
+
+def test_tool_calls_show_as_a_timeline_with_errors_marked(
+    servers: list[DevServer], tmp_path: Path, page: Page
+) -> None:
+    _, url = serve(servers, tmp_path)
+    page.goto(url)
+    say(page, "order 2 blue widgets")
+    wait_for_turns(page, "completed", 1)
+    calls = page.get_by_test_id("tool-call")
+    expect(calls).to_have_count(2)
+    expect(calls.nth(0)).to_have_attribute("data-tool", "create_order")
+    expect(calls.nth(0)).to_have_attribute("data-status", "ok")
+    expect(calls.nth(0).get_by_test_id("tool-result")).to_contain_text('"order_id":1')
+    expect(calls.nth(1)).to_have_attribute("data-tool", "lookup_order")
+    expect(calls.nth(1)).to_have_attribute("data-status", "ok")
+    expect(calls.nth(1).get_by_test_id("tool-result")).to_contain_text('"status":"packed"')
+    done = "Done: order #1 (2 x blue widgets) is packed."
+    expect(page.get_by_test_id("assistant-message").last).to_have_text(done)
+
+    say(page, "order 0 ghosts")
+    wait_for_turns(page, "completed", 2)
+    failed = calls.nth(2)
+    expect(failed).to_have_attribute("data-tool", "create_order")
+    expect(failed).to_have_attribute("data-status", "error")
+    expect(failed.get_by_test_id("tool-result")).to_have_text(
+        "✗ ValueError: quantity must be at least 1"
+    )
+    page.screenshot(path="/tmp/turnkit-chat-timeline.png")
+
+    # Opened again, the session's transcript shows the same timeline.
+    page.reload()
+    expect(calls).to_have_count(3)
+    expect(page.locator('[data-testid="tool-call"][data-status="error"]')).to_have_count(1)
+    expect(failed.get_by_test_id("tool-result")).to_contain_text("quantity must be at least 1")
+    assert log_text(page).count(done) == 1
+
+
+def test_an_approval_is_clicked_through(
+    servers: list[DevServer], tmp_path: Path, page: Page
+) -> None:
+    _, url = serve(servers, tmp_path)
+    page.goto(url)
+    say(page, "refund order 1")
+    card = page.get_by_test_id("approval")
+    expect(card.get_by_test_id("approval-prompt")).to_have_text("Refund order #1 in full?")
+    expect(page.get_by_test_id("send")).to_be_disabled()
+    page.screenshot(path="/tmp/turnkit-chat-approval.png")
+    card.get_by_test_id("approve").click()
+    wait_for_turns(page, "completed", 1)
+    expect(card).to_have_attribute("data-state", "answered")
+    expect(card.get_by_test_id("approval-outcome")).to_have_text("Approved")
+    call = page.get_by_test_id("tool-call")
+    expect(call).to_have_attribute("data-status", "ok")
+    expect(call.get_by_test_id("tool-result")).to_contain_text('"refunded":true')
+    expect(page.get_by_test_id("assistant-message").last).to_have_text("Refunded order #1.")
+    assert log_text(page).count("Refunded order #1.") == 1
+    expect(page.get_by_test_id("send")).to_be_enabled()
+
+
+def test_a_parked_question_survives_a_reload_and_can_be_denied(
+    servers: list[DevServer], tmp_path: Path, page: Page
+) -> None:
+    _, url = serve(servers, tmp_path)
+    page.goto(url)
+    say(page, "refund order 7")
+    expect(page.get_by_test_id("approve")).to_be_visible()
+    page.reload()  # the question comes back from …/pending
+    card = page.get_by_test_id("approval")
+    expect(card).to_have_count(1)
+    expect(card.get_by_test_id("approval-prompt")).to_have_text("Refund order #7 in full?")
+    card.get_by_test_id("deny").click()
+    declined = "Refund of order #7 declined; nothing was changed."
+    expect(page.get_by_test_id("assistant-message").last).to_have_text(declined)
+    expect(card.get_by_test_id("approval-outcome")).to_have_text("Denied")
+    expect(page.get_by_test_id("tool-result")).to_contain_text('"refunded":false')
+    assert log_text(page).count(declined) == 1
+    assert log_text(page).count("Asking for approval to refund order #7.") == 1
+
+
+def test_sessions_are_listed_opened_and_reset(
+    servers: list[DevServer], tmp_path: Path, page: Page
+) -> None:
+    _, url = serve(servers, tmp_path)
+    page.goto(url)
+    say(page, "order 3 pens")
+    wait_for_turns(page, "completed", 1)
+    first = page.get_by_test_id("session-title").inner_text().split(" / ")[1]
+
+    page.get_by_test_id("new-session").click()
+    expect(page.get_by_test_id("empty")).to_be_visible()
+    say(page, "order 1 lamp")
+    wait_for_turns(page, "completed", 1)
+    items = page.get_by_test_id("session-item")
+    expect(items).to_have_count(2)
+
+    page.locator(f'[data-testid="session-item"][data-session-id="{first}"]').click()
+    expect(page.get_by_test_id("user-message")).to_have_text("order 3 pens")
+    expect(page.get_by_test_id("assistant-message").last).to_contain_text("3 x pens")
+
+    page.get_by_test_id("reset").click()
+    expect(page.get_by_test_id("note")).to_contain_text("Session reset")
+    expect(page.get_by_test_id("turn")).to_have_count(0)
+    page.reload()
+    expect(page.get_by_test_id("empty")).to_be_visible()
+    expect(page.get_by_test_id("turn")).to_have_count(0)
+
+
+@pytest.mark.slow
+def test_the_page_reconnects_after_a_server_restart_mid_turn(
+    servers: list[DevServer], tmp_path: Path, page: Page
+) -> None:
+    release = tmp_path / "release"
+    env = {"TURNKIT_TEST_RELEASE": str(release)}
+    first, url = serve(servers, tmp_path, SLOW_AGENT, env=env)
+    page.goto(url)
+    say(page, "job-7")
+    call = page.get_by_test_id("tool-call")
+    expect(call).to_have_attribute("data-status", "running")
+    expect(page.get_by_test_id("assistant-message")).to_have_text("Starting the slow job now.")
+
+    first.kill()
+    status = page.get_by_test_id("connection-status")
+    expect(status).to_have_text("reconnecting…")
+    page.screenshot(path="/tmp/turnkit-chat-reconnecting.png")
+    serve(servers, tmp_path, SLOW_AGENT, port=first.port, env=env)
+    release.touch()
+
+    wait_for_turns(page, "completed", 1)
+    expect(status).not_to_have_text("reconnecting…")
+    expect(call).to_have_count(1)
+    expect(call).to_have_attribute("data-status", "ok")
+    expect(page.get_by_test_id("tool-result")).to_have_count(1)
+    expect(page.get_by_test_id("tool-result")).to_contain_text('"released":true')
+    replies = page.get_by_test_id("assistant-message")
+    expect(replies).to_have_text(["Starting the slow job now.", "The slow job job-7 finished."])
+    text = log_text(page)
+    for once in ("Starting the slow job now.", "The slow job job-7 finished.", '"released":true'):
+        assert text.count(once) == 1, text
+    expect(page.get_by_test_id("user-message")).to_have_count(1)
+    page.screenshot(path="/tmp/turnkit-chat-reconnected.png")
