@@ -8,7 +8,8 @@ server-sent events; ``…/events`` lets a dropped client catch up.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -84,6 +85,7 @@ def create_app(
     chat_page: bool = False,
     notice: str | None = None,
     source: str = "http",
+    own_runtime: bool = False,
 ) -> Starlette:
     """The HTTP surface of ``runtime`` (see docs/server.md).
 
@@ -91,6 +93,10 @@ def create_app(
     anything else. ``chat_page`` serves the chat page at ``/``; ``notice`` is a line
     the page shows (``turnkit dev`` says which model runs). Turns opened here carry
     an inbound event from ``source``, which picks the agent's per-source policy.
+
+    With ``own_runtime`` the app opens the runtime when the server starts (and
+    recovers the turns a previous process left open, in the background) and closes
+    it when the server stops: what ``uvicorn module:app`` needs.
     """
     if not isinstance(runtime, Runtime):
         raise ConfigurationError(
@@ -123,7 +129,30 @@ def create_app(
     return Starlette(
         routes=routes,
         exception_handlers={HTTPException: _http_exception, Exception: _unexpected},
+        lifespan=_owning(runtime) if own_runtime else None,
     )
+
+
+def _owning(runtime: Runtime) -> Callable[[Starlette], AbstractAsyncContextManager[None]]:
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async with runtime:
+            recovering = runtime.spawn(recover_quietly(runtime))
+            yield
+            recovering.cancel()
+
+    return lifespan
+
+
+async def recover_quietly(runtime: Runtime) -> None:
+    """Finish what a previous process left open; a failure is logged, never fatal."""
+    try:
+        results = await runtime.recover()
+    except Exception:
+        log.exception("recovering unfinished turns failed")
+        return
+    if results:
+        log.info("recovered %d unfinished turn(s)", len(results))
 
 
 class _Guard:

@@ -22,7 +22,7 @@ from .._runtime import Runtime
 from ..models import demo_model
 from ..models._env import configured
 from ..stores import open_store
-from ._app import create_app
+from ._app import create_app, recover_quietly
 from ._principal import loopback_only
 
 log = logging.getLogger("turnkit.dev")
@@ -79,16 +79,10 @@ async def _serve(options: DevOptions) -> None:
             )
             if notice:
                 print(f"turnkit dev: {notice}", file=sys.stderr, flush=True)
-            recovering = runtime.spawn(_recover(runtime))
+            recovering = runtime.spawn(recover_quietly(runtime))
         await serving
         if server.started:
             recovering.cancel()
-
-
-async def _recover(runtime: Runtime) -> None:
-    results = await runtime.recover()
-    if results:
-        log.warning("recovered %d turn(s) a previous run left open", len(results))
 
 
 def pick_model(folder: AgentFolder) -> tuple[Model | None, str | None]:
