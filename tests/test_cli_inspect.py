@@ -11,7 +11,7 @@ import pty
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -63,8 +63,33 @@ def shop(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
+def turnkit_all(*commands: Sequence[str], cwd: Path) -> list[subprocess.CompletedProcess[str]]:
+    """Run several read-only ``turnkit`` commands at once (the suite stays fast)."""
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "turnkit.cli", *command],
+            cwd=cwd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**OFFLINE_ENV, "PYTHONUNBUFFERED": "1"},
+        )
+        for command in commands
+    ]
+    done = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=120)
+        done.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    return done
+
+
 def show(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return turnkit("show", *args, "--store", "shop.db", cwd=folder)
+
+
+def shows(folder: Path, *targets: str) -> list[subprocess.CompletedProcess[str]]:
+    """``turnkit show`` of each target (``"p --json"`` splits into arguments), at once."""
+    return turnkit_all(*(("show", *t.split(), "--store", "shop.db") for t in targets), cwd=folder)
 
 
 def sessions(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -97,33 +122,42 @@ def test_sessions_is_a_table_newest_first(shop: Path) -> None:
 
 
 def test_sessions_filters_by_agent_limits_and_prints_json(shop: Path) -> None:
-    ops = sessions(shop, "--agent", "ops").stdout.splitlines()[1:]
-    assert [line.split()[0] for line in ops] == ["bad", "shop"]
-    assert [line.split()[0] for line in sessions(shop, "--limit", "1").stdout.splitlines()] == [
-        "SESSION",
-        "r",
-    ]
-    listed = json.loads(sessions(shop, "--json").stdout)
-    assert [s["session_id"] for s in listed] == ["r", "p", "bad", "shop"]
-    assert listed[1] == {
+    ops, newest, listed, nobody, nobody_json = turnkit_all(
+        *(
+            ("sessions", *args, "--store", "shop.db")
+            for args in (
+                ("--agent", "ops"),
+                ("--limit", "1"),
+                ("--json",),
+                ("--agent", "nobody"),
+                ("--agent", "nobody", "--json"),
+            )
+        ),
+        cwd=shop,
+    )
+    assert [line.split()[0] for line in ops.stdout.splitlines()] == ["SESSION", "bad", "shop"]
+    assert [line.split()[0] for line in newest.stdout.splitlines()] == ["SESSION", "r"]
+    rows = json.loads(listed.stdout)
+    assert [s["session_id"] for s in rows] == ["r", "p", "bad", "shop"]
+    assert rows[1] == {
         "session_id": "p",
         "agent": "deployer",
         "status": "suspended",
-        "updated_at": listed[1]["updated_at"],
+        "updated_at": rows[1]["updated_at"],
     }
-    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", listed[1]["updated_at"])
-    assert sessions(shop, "--agent", "nobody").stdout.strip() == "no sessions"
-    assert json.loads(sessions(shop, "--agent", "nobody", "--json").stdout) == []
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", rows[1]["updated_at"])
+    assert nobody.stdout.strip() == "no sessions"
+    assert json.loads(nobody_json.stdout) == []
 
 
 # -- show --------------------------------------------------------------------------
 
 
 def test_show_prints_the_transcript_turns_and_steps(shop: Path) -> None:
-    done = show(shop, "shop")
+    done, as_json = shows(shop, "shop", "shop --json")
     assert done.returncode == 0 and done.stderr == "", done.stderr
     out = done.stdout
-    turn_id = json.loads(show(shop, "shop", "--json").stdout)["turns"][0]["turn_id"]
+    turn_id = json.loads(as_json.stdout)["turns"][0]["turn_id"]
     assert re.search(r"^session +shop$", out, re.M) and re.search(r"^status +idle$", out, re.M)
     assert re.search(r"^agent +ops$", out, re.M) and re.search(r"^store +shop\.db$", out, re.M)
     assert f"── turn {turn_id} (completed)" in out
@@ -142,15 +176,17 @@ def test_show_prints_the_transcript_turns_and_steps(shop: Path) -> None:
 
 
 def test_show_marks_tool_errors(shop: Path) -> None:
-    out = show(shop, "bad").stdout
+    text, as_json = shows(shop, "bad", "bad --json")
+    out = text.stdout
     assert '✗ create_order: {"error": "ValueError: quantity must be at least 1"}' in out
     assert re.search(r"tool:1:call_1 +✗ ValueError: quantity must be at least 1", out)
-    messages = json.loads(show(shop, "bad", "--json").stdout)["messages"]
+    messages = json.loads(as_json.stdout)["messages"]
     assert [m["is_error"] for m in messages if m["role"] == "tool"] == [True]
 
 
 def test_show_a_parked_session_says_what_it_waits_for_and_how_to_answer(shop: Path) -> None:
-    out = show(shop, "p").stdout
+    text, as_json = shows(shop, "p", "p --json")
+    out = text.stdout
     assert re.search(r"^status +suspended$", out, re.M)
     parked = out[out.index("parked input") :]
     assert re.search(r"asks +Deploy api\?", parked)
@@ -159,7 +195,7 @@ def test_show_a_parked_session_says_what_it_waits_for_and_how_to_answer(shop: Pa
     assert re.search(r"input id +approve", parked) and "deploy (call call_1)" in parked
     assert '"<next message>" --session p --store shop.db  (asks this first)' in parked
     assert ".resume(" in parked
-    data = json.loads(show(shop, "p", "--json").stdout)
+    data = json.loads(as_json.stdout)
     assert data["status"] == "suspended"
     assert data["parked"]["prompt"] == "Deploy api?"
     assert data["parked"]["schema"] == {"type": "boolean"}
@@ -168,19 +204,19 @@ def test_show_a_parked_session_says_what_it_waits_for_and_how_to_answer(shop: Pa
 
 
 def test_show_a_reset_session_and_its_archived_generation(shop: Path) -> None:
-    out = show(shop, "r").stdout
+    live, archived, archived_json, live_json = shows(shop, "r", "r#g0", "r#g0 --json", "r --json")
+    out = live.stdout
     assert re.search(r"^generation +1$", out, re.M)
     assert "[0] user       hello again" in out and "hello\n" not in out
     assert "archived generations (1)\n  g0  turnkit show 'r#g0' --store shop.db" in out
-    archived = show(shop, "r#g0")
     assert archived.returncode == 0, archived.stderr
     assert re.search(r"^generation +0 \(archived\)$", archived.stdout, re.M)
     assert "[0] user       hello\n" in archived.stdout
     assert "[1] assistant  1 seen" in archived.stdout
-    data = json.loads(show(shop, "r#g0", "--json").stdout)
+    data = json.loads(archived_json.stdout)
     assert data["generation"] == 0 and data["archived"] is True
     assert [m["text"] for m in data["messages"]] == ["hello", "1 seen"]
-    assert json.loads(show(shop, "r", "--json").stdout)["generations"] == [0]
+    assert json.loads(live_json.stdout)["generations"] == [0]
 
 
 def test_show_json_holds_every_message_turn_and_step(shop: Path) -> None:
@@ -216,55 +252,66 @@ def test_show_json_holds_every_message_turn_and_step(shop: Path) -> None:
 
 
 def test_a_missing_session_or_generation_is_one_line(shop: Path) -> None:
-    assert one_error(show(shop, "nope")) == (
-        "turnkit: error: session 'nope' does not exist in shop.db"
-    )
-    assert one_error(show(shop, "nope#g0")) == (
-        "turnkit: error: session 'nope' does not exist in shop.db"
-    )
-    assert one_error(show(shop, "r#g3")) == (
-        "turnkit: error: session 'r' has no archived generation 3 (archived generations: g0)"
-    )
-    assert one_error(show(shop, "shop#g0")).endswith(
-        "'shop' has no archived generation 0 (archived generations: none)"
-    )
+    lines = [one_error(d) for d in shows(shop, "nope", "nope#g0", "r#g3", "shop#g0")]
+    assert lines == [
+        "turnkit: error: session 'nope' does not exist in shop.db",
+        "turnkit: error: session 'nope' does not exist in shop.db",
+        "turnkit: error: session 'r' has no archived generation 3 (archived generations: g0)",
+        "turnkit: error: session 'shop' has no archived generation 0 (archived generations: none)",
+    ]
 
 
 def test_a_missing_store_file_is_named_and_not_created(tmp_path: Path) -> None:
-    for command in ("sessions", "show x"):
-        done = turnkit(*command.split(), "--store", "typo.db", cwd=tmp_path)
-        assert one_error(done) == (
-            "turnkit: error: store 'typo.db' does not exist (no sessions were ever stored there)"
-        )
-    default = turnkit("sessions", cwd=tmp_path)
+    typo, show_typo, default = turnkit_all(
+        ("sessions", "--store", "typo.db"),
+        ("show", "x", "--store", "typo.db"),
+        ("sessions",),
+        cwd=tmp_path,
+    )
+    expected = "turnkit: error: store 'typo.db' does not exist (no sessions were ever stored there)"
+    assert one_error(typo) == one_error(show_typo) == expected
     assert "'.turnkit/sessions.db' does not exist" in one_error(default)
     assert list(tmp_path.iterdir()) == []
 
 
 def test_a_corrupt_store_file_is_one_line(tmp_path: Path) -> None:
     (tmp_path / "bad.db").write_bytes(b"not a database " * 300)
-    for command in ("sessions", "show x"):
-        done = turnkit(*command.split(), "--store", "bad.db", cwd=tmp_path)
-        assert one_error(done) == (
-            "turnkit: error: cannot open the SQLite file 'bad.db': file is not a database"
-        )
-    run = turnkit("run", str(EXAMPLE), "hi", "--store", "bad.db", cwd=tmp_path)
-    assert "file is not a database" in one_error(run)
+    listed, shown, run = turnkit_all(
+        ("sessions", "--store", "bad.db"),
+        ("show", "x", "--store", "bad.db"),
+        ("run", str(EXAMPLE), "hi", "--store", "bad.db"),
+        cwd=tmp_path,
+    )
+    expected = "turnkit: error: cannot open the SQLite file 'bad.db': file is not a database"
+    assert one_error(listed) == one_error(shown) == one_error(run) == expected
 
 
 def test_a_dsn_that_cannot_connect_is_one_line_without_its_password(tmp_path: Path) -> None:
     dsn = "postgresql://ann:s3cret@127.0.0.1:1/turnkit"
-    for command in ("sessions", "show x"):
-        line = one_error(turnkit(*command.split(), "--store", dsn, cwd=tmp_path))
-        redacted = "'postgresql://ann:***@127.0.0.1:1/turnkit'"
-        assert line.startswith(f"turnkit: error: cannot connect to PostgreSQL at {redacted}: ")
-        assert "s3cret" not in line
-    run = turnkit("run", str(EXAMPLE), "hi", "--store", dsn, cwd=tmp_path)
-    assert "s3cret" not in one_error(run) and "ann:***@" in run.stderr
     keywords = "host=127.0.0.1 port=1 dbname=x password=s3cret"
-    assert "s3cret" not in one_error(turnkit("sessions", "--store", keywords, cwd=tmp_path))
-    bad = one_error(turnkit("sessions", "--store", "postgresql://ann:s3cret@[::1", cwd=tmp_path))
-    assert bad == "turnkit: error: --store 'postgresql://ann:***@[::1' is not a valid DSN"
+    listed, shown, run, by_keywords, invalid = turnkit_all(
+        ("sessions", "--store", dsn),
+        ("show", "x", "--store", dsn),
+        ("run", str(EXAMPLE), "hi", "--store", dsn),
+        ("sessions", "--store", keywords),
+        ("sessions", "--store", "postgresql://ann:s3cret@[::1"),
+        cwd=tmp_path,
+    )
+    redacted = "'postgresql://ann:***@127.0.0.1:1/turnkit'"
+    for done in (listed, shown):
+        assert one_error(done).startswith(
+            f"turnkit: error: cannot connect to PostgreSQL at {redacted}: "
+        )
+    assert one_error(run).startswith(
+        f"turnkit: error: cannot open the PostgreSQL database {redacted}: "
+    )
+    assert "password=***" in one_error(by_keywords)
+    assert one_error(invalid) == (
+        "turnkit: error: --store 'postgresql://ann:***@[::1' is not a valid DSN"
+    )
+    assert not any(
+        "s3cret" in d.stderr + d.stdout for d in (listed, shown, run, by_keywords, invalid)
+    )
 
 
 def test_bad_arguments_are_usage_errors(tmp_path: Path) -> None:
@@ -273,16 +320,18 @@ def test_bad_arguments_are_usage_errors(tmp_path: Path) -> None:
     assert "Traceback" not in done.stderr
 
 
-@pytest.mark.parametrize("command", [(), ("run",), ("sessions",), ("show",)])
-def test_every_command_has_help(command: tuple[str, ...], tmp_path: Path) -> None:
-    done = turnkit(*command, "--help", cwd=tmp_path)
-    assert done.returncode == 0 and done.stdout.startswith("usage: turnkit")
-    if command:
+def test_every_command_has_help(tmp_path: Path) -> None:
+    top, run, listed, shown = turnkit_all(
+        ("--help",), ("run", "--help"), ("sessions", "--help"), ("show", "--help"), cwd=tmp_path
+    )
+    assert all(name in top.stdout for name in ("run", "sessions", "show"))
+    for done in (top, run, listed, shown):
+        assert done.returncode == 0 and done.stdout.startswith("usage: turnkit")
+    for done in (run, listed, shown):
         assert "--store" in done.stdout and "PostgreSQL DSN" in done.stdout
-    else:
-        assert all(name in done.stdout for name in ("run", "sessions", "show"))
-    if command == ("show",):
-        assert "SESSION#gN" in done.stdout and "--json" in done.stdout
+    assert "--session" in run.stdout
+    assert "--agent" in listed.stdout and "--limit" in listed.stdout and "--json" in listed.stdout
+    assert "SESSION#gN" in shown.stdout and "--json" in shown.stdout
 
 
 # -- progress ----------------------------------------------------------------------
@@ -330,7 +379,10 @@ def test_progress_shows_on_a_terminal_and_is_erased(shop: Path) -> None:
 
 
 def test_no_progress_when_stderr_is_not_a_terminal(shop: Path) -> None:
-    assert show(shop, "shop").stderr == "" and sessions(shop).stderr == ""
+    shown, listed = turnkit_all(
+        ("show", "shop", "--store", "shop.db"), ("sessions", "--store", "shop.db"), cwd=shop
+    )
+    assert shown.stderr == "" and listed.stderr == "" and shown.stdout and listed.stdout
 
 
 # -- PostgreSQL --------------------------------------------------------------------
@@ -345,20 +397,25 @@ def pg_spec(pg_dsn: str, pg_schema: str) -> Iterator[str]:
 
 def test_sessions_and_show_on_postgres(pg_spec: str, pg_schema: str, tmp_path: Path) -> None:
     build_sessions(tmp_path, pg_spec)
-    listed = turnkit("sessions", "--store", pg_spec, "--json", cwd=tmp_path)
+    other = pg_spec.replace(pg_schema, f"{pg_schema}_none")
+    listed, parked, bad, archived, missing, no_tables = turnkit_all(
+        ("sessions", "--store", pg_spec, "--json"),
+        ("show", "p", "--store", pg_spec),
+        ("show", "bad", "--store", pg_spec),
+        ("show", "r#g0", "--store", pg_spec, "--json"),
+        ("show", "nope", "--store", pg_spec),
+        ("sessions", "--store", other),
+        cwd=tmp_path,
+    )
     assert listed.returncode == 0, listed.stderr
     assert [s["session_id"] for s in json.loads(listed.stdout)] == ["r", "p", "bad"]
-    out = turnkit("show", "p", "--store", pg_spec, cwd=tmp_path).stdout
+    out = parked.stdout
     assert re.search(r"asks +Deploy api\?", out) and re.search(r"^status +suspended$", out, re.M)
-    bad = turnkit("show", "bad", "--store", pg_spec, cwd=tmp_path).stdout
-    assert '✗ create_order: {"error": "ValueError: quantity must be at least 1"}' in bad
-    archived: dict[str, Any] = json.loads(
-        turnkit("show", "r#g0", "--store", pg_spec, "--json", cwd=tmp_path).stdout
-    )
-    assert [m["text"] for m in archived["messages"]] == ["hello", "1 seen"]
-    missing = turnkit("show", "nope", "--store", pg_spec, cwd=tmp_path)
+    assert '✗ create_order: {"error": "ValueError: quantity must be at least 1"}' in bad.stdout
+    generation: dict[str, Any] = json.loads(archived.stdout)
+    assert [m["text"] for m in generation["messages"]] == ["hello", "1 seen"]
     assert one_error(missing).startswith("turnkit: error: session 'nope' does not exist in ")
-    other = pg_spec.replace(pg_schema, f"{pg_schema}_none")
-    assert "no turnkit tables in schema" in one_error(
-        turnkit("sessions", "--store", other, cwd=tmp_path)
+    assert "s3cret" not in missing.stderr
+    assert one_error(no_tables).startswith(
+        f"turnkit: error: no turnkit tables in schema '{pg_schema}_none' of "
     )
