@@ -586,3 +586,53 @@ async def test_quiet_streams_send_keep_alive_comments(open_runtime: Any) -> None
                 if raw.count(b": keep-alive\n\n") >= 2:
                     break
     assert raw.startswith(b": keep-alive\n\n")
+
+
+async def test_a_feed_follows_a_turn_running_in_another_process_through_the_log(
+    store_kind: str, make_store: Any, open_runtime: Any
+) -> None:
+    if store_kind == "memory":
+        pytest.skip("two runtimes on one in-memory store share no log across processes")
+    gate = asyncio.Event()
+
+    @tool
+    async def slow(x: int) -> int:
+        """Waits for the test."""
+        await gate.wait()
+        return x
+
+    def respond(transcript: list[turnkit.Message]) -> ScriptedReply:
+        if isinstance(transcript[-1], turnkit.UserMessage):
+            return ScriptedReply(text="One moment.", tool_calls=[tool_call("slow", {"x": 1})])
+        return ScriptedReply(text="Done.")
+
+    def agent() -> turnkit.Agent:
+        return turnkit.Agent(
+            name="w", model=ScriptedModel(respond=respond), instructions=".", tools=[slow]
+        )
+
+    # The worker runs the turn; the server is another runtime with its own sink.
+    worker = await open_runtime(agent(), store=make_store())
+    front = await open_runtime(agent(), store=make_store())
+    front.sink = turnkit.LocalEventSink()
+    session = worker.session("w", "s1")
+    turn_id = session.start("go")
+    while not any(e.type == "action.requested" for e in await session.events()):
+        await asyncio.sleep(0.01)
+    limits = ServerLimits(feed_poll_seconds=0.05)
+    async with serving(front, limits=limits) as served:
+        async with aconnect_sse(
+            served.client,
+            "GET",
+            served.path("w", "s1", "events"),
+            params={"turn_id": turn_id, "after": "1"},
+            headers={**ALICE},
+        ) as source:
+            frames = []
+            async for frame in source.aiter_sse():
+                frames.append(json.loads(frame.data))
+                if frame.event == "action.requested":
+                    gate.set()
+    logged = [e.to_dict() for e in await session.events(turn_id=turn_id)]
+    assert frames == logged[1:]
+    assert frames[-1]["type"] == "turn.completed"

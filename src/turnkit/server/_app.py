@@ -61,6 +61,10 @@ class ServerLimits:
     keepalive_seconds: float = 15.0
     #: Most sessions one page of ``GET /agents/{agent}/sessions`` may hold.
     page_size_max: int = 200
+    #: While a feed hears nothing live, how often it asks the store for newer logged
+    #: events (a turn running in another process is seen only that way); ``None``
+    #: never asks.
+    feed_poll_seconds: float | None = 1.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_body_bytes, int) or self.max_body_bytes < 1:
@@ -70,6 +74,11 @@ class ServerLimits:
         if not isinstance(self.keepalive_seconds, int | float) or not self.keepalive_seconds > 0:
             raise ConfigurationError(
                 f"keepalive_seconds must be a positive number, got {self.keepalive_seconds!r}"
+            )
+        poll = self.feed_poll_seconds
+        if poll is not None and (not isinstance(poll, int | float) or not poll > 0):
+            raise ConfigurationError(
+                f"feed_poll_seconds must be a positive number or None, got {poll!r}"
             )
         if not isinstance(self.page_size_max, int) or self.page_size_max < 1:
             raise ConfigurationError(
@@ -237,7 +246,7 @@ class _Api:
             after=after,
             turn_id=turn_id,
         )
-        return feed_stream(feed, self.limits.keepalive_seconds)
+        return feed_stream(feed, self.limits.keepalive_seconds, self.limits.feed_poll_seconds)
 
     # -- turns -----------------------------------------------------------------
 

@@ -43,7 +43,9 @@ class EventFeed:
         """Stop listening (idempotent)."""
         self._unsubscribe()
 
-    async def events(self, *, idle: float) -> AsyncGenerator[TurnEvent | None, None]:
+    async def events(
+        self, *, idle: float, poll: float | None = None
+    ) -> AsyncGenerator[TurnEvent | None, None]:
         try:
             every, logged = await self._logged()
             # Everything queued so far arrived before the log was read: such a live
@@ -62,7 +64,7 @@ class EventFeed:
                     for event in await self._store.events(turn_id=self._turn_id, after=last):
                         yield event
                     return
-            async for item in self._live(read_mark, last, idle):
+            async for item in self._live(read_mark, last, idle, poll):
                 yield item
                 if item is not None and self._ends_turn(item):
                     return
@@ -83,23 +85,40 @@ class EventFeed:
         return record is not None and record.status in TERMINAL_TURN_STATUSES
 
     async def _live(
-        self, read_mark: int, last: int, idle: float
+        self, read_mark: int, last: int, idle: float, poll: float | None
     ) -> AsyncIterator[TurnEvent | None]:
         """Live events, less those the log already held.
 
         A delta that arrived before the log was read is held until the next event
         says whether its message was logged (then it is dropped) or is still being
         written (then it is sent). ``turn.started`` numbered 1 after a higher number
-        means the session was reset and numbering began again.
+        means the session was reset and numbering began again. While the sink is
+        quiet for ``poll`` seconds the store is asked for newer logged events: a turn
+        running in another process reaches this one only through its log.
         """
         held: list[TurnEvent] = []
         taken = 0
+        quiet = 0.0
+        wait = min(idle, poll) if poll is not None else idle
         while True:
             try:
-                event = await asyncio.wait_for(self._queue.get(), timeout=idle)
+                event = await asyncio.wait_for(self._queue.get(), timeout=wait)
             except TimeoutError:
-                yield None
+                quiet += wait
+                if poll is not None:
+                    fresh = await self._store.events(turn_id=self._turn_id, after=last)
+                    if fresh:
+                        held.clear()
+                        quiet = 0.0
+                        for event in fresh:
+                            last = event.seq or last
+                            yield event
+                        continue
+                if quiet >= idle:
+                    quiet = 0.0
+                    yield None
                 continue
+            quiet = 0.0
             taken += 1
             if event.seq is None:
                 if taken <= read_mark:

@@ -27,15 +27,15 @@ def event_stream(stream: TurnStream, idle: float) -> StreamingResponse:
     )
 
 
-def feed_stream(feed: EventFeed, idle: float) -> StreamingResponse:
+def feed_stream(feed: EventFeed, idle: float, poll: float | None) -> StreamingResponse:
     """A session's (or one turn's) logged events after a point, then the live ones."""
     return StreamingResponse(
-        _feed_frames(feed, idle), media_type="text/event-stream", headers=HEADERS
+        _feed_frames(feed, idle, poll), media_type="text/event-stream", headers=HEADERS
     )
 
 
-async def _feed_frames(feed: EventFeed, idle: float) -> AsyncIterator[bytes]:
-    events = feed.events(idle=idle)
+async def _feed_frames(feed: EventFeed, idle: float, poll: float | None) -> AsyncIterator[bytes]:
+    events = feed.events(idle=idle, poll=poll)
     try:
         async for event in events:
             yield KEEPALIVE if event is None else event_frame(event)
