@@ -107,14 +107,14 @@ def _message_lines(index: int, message: Message, width: int) -> Iterator[str]:
     text = message.text
     if isinstance(message, TriggerMessage):
         text = f"(by {message.by}) {text}"
-    body = text.splitlines() or [""]
-    yield prefix + body[0]
-    yield from (pad + line for line in body[1:])
+    body = text.splitlines()
     if isinstance(message, AssistantMessage):
-        for call in message.tool_calls:
-            yield f"{pad}→ {call.name} {compact(call.input)}  (call {call.id})"
+        body += [f"→ {c.name} {compact(c.input)}  (call {c.id})" for c in message.tool_calls]
         if message.stop is not None and message.stop.abnormal:
-            yield f"{pad}✗ stopped: {message.stop.kind}"
+            body.append(f"✗ stopped: {message.stop.kind}")
+    body = body or ["(empty)"]
+    yield (prefix + body[0]).rstrip()
+    yield from ((pad + line).rstrip() for line in body[1:])
 
 
 def _turns(turns: Sequence[TurnView]) -> str:
@@ -183,7 +183,8 @@ def _step_summary(step_id: str, value: Any) -> str:
         return f"answer {compact(value.get('value'))} by {value.get('by')}"
     if kind == "policy" and isinstance(value, dict):
         denied = ", ".join(value.get("deny_tools") or []) or "none"
-        return f"source {value.get('source')}, tools denied: {denied}"
+        source = value.get("source") or "none (started from code)"
+        return f"source {source}, tools denied: {denied}"
     return compact(value)
 
 
@@ -198,7 +199,7 @@ def _parked(request: InputRequest, view: SessionView, store_flag: str) -> str:
         ("answerers", _answerers(request.answerers)),
     ]
     hints = _how_to_answer(request, view.session_id, view.agent or "AGENT", store_flag)
-    rows += [("answer" if n == 0 else "", hint) for n, hint in enumerate(hints)]
+    rows += [("to answer" if n == 0 else "", hint) for n, hint in enumerate(hints)]
     body = table(("", ""), [(f"  {k}", v) for k, v in rows]).split("\n", 1)[1]
     return f"parked input (the session waits for an answer)\n{body}"
 
