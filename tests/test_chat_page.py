@@ -28,7 +28,7 @@ if not CHROMIUM.exists() and not os.environ.get("CI"):
         allow_module_level=True,
     )
 
-from playwright.sync_api import Browser, Page, expect, sync_playwright  # noqa: E402
+from playwright.sync_api import Browser, Page, Route, expect, sync_playwright  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "ops"
@@ -351,3 +351,64 @@ def test_the_page_reconnects_after_a_server_restart_mid_turn(
         assert text.count(once) == 1, text
     expect(page.get_by_test_id("user-message")).to_have_count(1)
     page.screenshot(path="/tmp/turnkit-chat-reconnected.png")
+
+
+def test_a_reopened_page_follows_a_running_turn_to_its_end(
+    servers: list[DevServer], tmp_path: Path, page: Page
+) -> None:
+    release = tmp_path / "release"
+    _, url = serve(servers, tmp_path, SLOW_AGENT, env={"TURNKIT_TEST_RELEASE": str(release)})
+    page.goto(url)
+    say(page, "job-9")
+    expect(page.get_by_test_id("tool-call")).to_have_attribute("data-status", "running")
+    page.reload()  # the session is running: the page shows it from its event feed
+    call = page.get_by_test_id("tool-call")
+    expect(call).to_have_attribute("data-status", "running")
+    expect(page.get_by_test_id("send")).to_be_disabled()
+    release.touch()
+    wait_for_turns(page, "completed", 1)
+    expect(call).to_have_count(1)
+    expect(page.get_by_test_id("user-message")).to_have_text("job-9")
+    expect(page.get_by_test_id("assistant-message")).to_have_text(
+        ["Starting the slow job now.", "The slow job job-9 finished."]
+    )
+    expect(page.get_by_test_id("send")).to_be_enabled()
+
+
+def test_a_dropped_stream_carries_on_from_the_last_event_id(
+    servers: list[DevServer], tmp_path: Path, page: Page
+) -> None:
+    """The turn's stream stops mid-turn, inside a half-sent frame (a dropped connection):
+    the page reconnects to the event feed and shows the rest once."""
+    _, url = serve(servers, tmp_path)
+    cut: list[str] = []
+
+    def drop_after_the_first_result(route: Route) -> None:
+        frames = route.fetch().text().split("\n\n")
+        first_result = next(i for i, f in enumerate(frames) if "event: action.completed" in f)
+        kept = frames[: first_result + 3]  # the result and two deltas of the next reply
+        cut.extend(kept)
+        body = "\n\n".join(kept) + '\n\nevent: message.delta\ndata: {"type": "message.de'
+        route.fulfill(status=200, headers={"Content-Type": "text/event-stream"}, body=body)
+
+    page.route("**/turns", drop_after_the_first_result, times=1)
+    feeds: list[str] = []
+    page.on("request", lambda r: feeds.append(r.url) if "/events?" in r.url else None)
+    page.goto(url)
+    say(page, "order 2 blue widgets")
+    wait_for_turns(page, "completed", 1)
+    assert "event: message.delta" in cut[-1] and "turn.completed" not in "".join(cut)
+    last_id = max(int(m) for m in re.findall(r"^id: (\d+)$", "\n".join(cut), re.MULTILINE))
+    assert len(feeds) == 1 and f"after={last_id}&turn_id=" in feeds[0], feeds
+    calls = page.get_by_test_id("tool-call")
+    expect(calls).to_have_count(2)
+    expect(calls.nth(1)).to_have_attribute("data-status", "ok")
+    expect(page.get_by_test_id("assistant-message")).to_have_text(
+        [
+            "Placing an order for 2 x blue widgets.",
+            "Checking its status.",
+            "Done: order #1 (2 x blue widgets) is packed.",
+        ]
+    )
+    text = log_text(page)
+    assert text.count("Checking its status.") == 1 and text.count('"status":"packed"') == 1, text
