@@ -9,6 +9,7 @@ import json
 import os
 import pty
 import re
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Iterator, Sequence
@@ -262,15 +263,17 @@ def test_a_missing_session_or_generation_is_one_line(shop: Path) -> None:
 
 
 def test_a_missing_store_file_is_named_and_not_created(tmp_path: Path) -> None:
-    typo, show_typo, default = turnkit_all(
+    typo, show_typo, default, nested = turnkit_all(
         ("sessions", "--store", "typo.db"),
         ("show", "x", "--store", "typo.db"),
         ("sessions",),
+        ("show", "x", "--store", "no/such/folder.db"),
         cwd=tmp_path,
     )
     expected = "turnkit: error: store 'typo.db' does not exist (no sessions were ever stored there)"
     assert one_error(typo) == one_error(show_typo) == expected
     assert "'.turnkit/sessions.db' does not exist" in one_error(default)
+    assert "'no/such/folder.db' does not exist" in one_error(nested)
     assert list(tmp_path.iterdir()) == []
 
 
@@ -284,6 +287,23 @@ def test_a_corrupt_store_file_is_one_line(tmp_path: Path) -> None:
     )
     expected = "turnkit: error: cannot open the SQLite file 'bad.db': file is not a database"
     assert one_error(listed) == one_error(shown) == one_error(run) == expected
+
+
+def test_a_sqlite_file_without_turnkit_tables_is_refused_and_left_alone(tmp_path: Path) -> None:
+    (tmp_path / "empty.db").write_bytes(b"")
+    with sqlite3.connect(tmp_path / "app.db") as conn:
+        conn.execute("CREATE TABLE accounts (id INTEGER)")
+    empty, app = turnkit_all(
+        ("sessions", "--store", "empty.db"), ("show", "x", "--store", "app.db"), cwd=tmp_path
+    )
+    assert one_error(empty) == (
+        "turnkit: error: 'empty.db' is not a turnkit store (it has no turnkit tables)"
+    )
+    assert "'app.db' is not a turnkit store" in one_error(app)
+    assert (tmp_path / "empty.db").read_bytes() == b""
+    with sqlite3.connect(tmp_path / "app.db") as conn:
+        tables = conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()
+    assert tables == [("accounts",)]
 
 
 def test_a_dsn_that_cannot_connect_is_one_line_without_its_password(tmp_path: Path) -> None:

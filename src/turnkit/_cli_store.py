@@ -11,8 +11,10 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import sqlite3
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from ._errors import TurnkitError
 from ._store import Store
@@ -44,11 +46,12 @@ def one_line(text: str) -> str:
 @asynccontextmanager
 async def reading_store(spec: str) -> AsyncIterator[Store]:
     """The store ``spec`` names, open for reading, closed afterwards."""
-    if not is_postgres_dsn(spec):
-        _check_sqlite_file(spec)
-    store = _store_for(spec)
     if is_postgres_dsn(spec):
+        store = _store_for(spec)  # first: it says so if psycopg is not installed
         await asyncio.to_thread(_check_postgres_tables, spec)
+    else:
+        await asyncio.to_thread(_check_sqlite_file, spec)  # before open_store makes folders
+        store = _store_for(spec)
     try:
         await store.open()
     except TurnkitError as exc:
@@ -79,10 +82,24 @@ def _store_for(spec: str) -> Store:
 
 
 def _check_sqlite_file(path: str) -> None:
+    """Refuse a path that is no turnkit store before the store opens it: opening
+    creates a missing file, and adds turnkit's tables to any other SQLite file."""
     if not os.path.exists(path):
         raise CliError(f"store {path!r} does not exist (no sessions were ever stored there)")
     if not os.path.isfile(path):
         raise CliError(f"store {path!r} is not a file")
+    try:
+        conn = sqlite3.connect(f"{Path(path).resolve().as_uri()}?mode=ro", uri=True)
+        try:
+            found = conn.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'turnkit_sessions'"
+            ).fetchone()
+        finally:
+            conn.close()
+    except sqlite3.Error as exc:
+        raise CliError(f"cannot open the SQLite file {path!r}: {one_line(str(exc))}") from None
+    if found is None:
+        raise CliError(f"{path!r} is not a turnkit store (it has no turnkit tables)")
 
 
 def _check_postgres_tables(dsn: str) -> None:
