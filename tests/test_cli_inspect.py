@@ -5,6 +5,7 @@ on SQLite files and, when a server is configured, on PostgreSQL."""
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import os
 import pty
@@ -20,8 +21,12 @@ import pytest
 from test_cli import EXAMPLE, OFFLINE_ENV, turnkit, turnkit_with_input, write_agent
 
 import turnkit as tk
-from turnkit.stores import Store, is_postgres_dsn, open_store
-from turnkit.testing import ScriptedModel
+from turnkit import Proactive
+from turnkit._cli_progress import Progress
+from turnkit._cli_render import render_session
+from turnkit._cli_show import read_session, session_json
+from turnkit.stores import MemoryStore, Store, is_postgres_dsn, open_store
+from turnkit.testing import ScriptedModel, ScriptedReply, tool_call
 
 UTC_TIME = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC"
 
@@ -439,3 +444,67 @@ def test_sessions_and_show_on_postgres(pg_spec: str, pg_schema: str, tmp_path: P
     assert one_error(no_tables).startswith(
         f"turnkit: error: no turnkit tables in schema '{pg_schema}_none' of "
     )
+
+
+# -- rendering, in process ---------------------------------------------------------
+
+
+async def test_show_renders_triggers_failures_cancellations_and_long_values() -> None:
+    """What the subprocess tests do not reach: a proactive opening, multi-line text, a
+    long result cut to one line, a failed turn and a cancelled one."""
+    started = asyncio.Event()
+
+    @tk.tool
+    def fetch(n: int) -> str:
+        """Return a long text."""
+        return "x" * 1000
+
+    @tk.tool
+    def explode() -> str:
+        """Fail the turn."""
+        raise tk.FatalToolError("disk on fire")
+
+    @tk.tool
+    async def crawl(site: str) -> str:
+        """Wait to be cancelled."""
+        started.set()
+        await asyncio.sleep(0.05)
+        return site
+
+    script = [
+        ScriptedReply(text="line one\nline two", tool_calls=[tool_call("fetch", {"n": 1})]),
+        "done",
+        ScriptedReply(tool_calls=[tool_call("explode", {})]),
+        ScriptedReply(
+            tool_calls=[tool_call("crawl", {"site": "a"}), tool_call("crawl", {"site": "b"})]
+        ),
+    ]
+    agent = tk.Agent(name="a", model=ScriptedModel(script), tools=[fetch, explode, crawl])
+    store = MemoryStore()
+    async with tk.Runtime(agent, store=store) as runtime:
+        session = runtime.session("a", "s1")
+        await session.turn("nightly", trigger=Proactive(by="cron:daily"))
+        with pytest.raises(tk.TurnFailedError):
+            await session.turn("boom")
+        turn_id = session.start("crawl")
+        await started.wait()
+        await session.cancel()
+        await session.result(turn_id)
+        view = await read_session(store, "s1", Progress(io.StringIO()), where="memory")
+    out = render_session(view, store="memory", store_flag="")
+    assert "[ 0] trigger    (by cron:daily) nightly" in out
+    pad = " " * len("  [ 1] assistant  ")
+    assert f"[ 1] assistant  line one\n{pad}line two\n{pad}→ fetch" in out
+    assert "← fetch: " + "x" * 199 + "…" in out and "x" * 200 not in out
+    failed, cancelled = view.turns[1], view.turns[2]
+    assert failed.record is not None and failed.record.status == "failed"
+    assert f"  {failed.turn_id}  failed  " in out
+    assert "    ✗ error: tool 'explode' failed the turn: FatalToolError: disk on fire" in out
+    assert '[ 6] tool       ✗ explode: {"error": "not run: ' in out
+    assert cancelled.record is not None and cancelled.record.status == "cancelled"
+    assert f"── turn {cancelled.turn_id} (cancelled)" in out
+    assert "    cancel reason: requested" in out
+    assert '✗ crawl: {"cancelled": true, "reason": "requested"}' in out
+    data = session_json(view, "memory")
+    assert [t["status"] for t in data["turns"]] == ["completed", "failed", "cancelled"]
+    assert json.loads(json.dumps(data)) == data

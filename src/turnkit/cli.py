@@ -236,7 +236,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 3
     except KeyboardInterrupt:
         progress_line.done()
-        print("turnkit: interrupted; the turn resumes on the next run", file=sys.stderr)
+        after = "; the turn resumes on the next run" if args.command == "run" else ""
+        print(f"turnkit: interrupted{after}", file=sys.stderr)
         return 130
     except Exception as exc:
         if os.environ.get("TURNKIT_DEBUG"):
