@@ -398,6 +398,7 @@ def test_progress_shows_on_a_terminal_and_is_erased(shop: Path) -> None:
     assert "reading session shop…" in err
     assert err.endswith("\r\x1b[K"), "the progress line is erased before the output"
     status, _, err = _stderr_on_a_terminal("show", "nope", "--store", "shop.db", cwd=shop)
+    assert "…\r\x1b[Kturnkit: error: " in err, "the progress line is erased before the error"
     assert status == 2 and err.endswith(
         "turnkit: error: session 'nope' does not exist in shop.db\r\n"
     )

@@ -1,8 +1,8 @@
 """The ``turnkit`` command line: run an agent's turn, list sessions, show one.
 
 Each subcommand is one ``_add_<name>`` function that declares its arguments and
-one ``_<name>`` coroutine that does the work, so a new command is two functions
-and a line in ``_parser``. Errors print as one line (``turnkit: error: …``) with a
+one ``_<name>(args, progress)`` coroutine that does the work (returning the exit
+status), so a new command is two functions and a line in ``_parser``. Errors print as one line (``turnkit: error: …``) with a
 non-zero exit, never a traceback; ``--help`` on each command says what it takes.
 """
 
@@ -47,7 +47,7 @@ from .models._env import configured
 
 __all__ = ["DEFAULT_STORE", "main"]
 
-Handler = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
+Handler = Callable[[argparse.Namespace, Progress], Coroutine[Any, Any, int]]
 STORE_HELP = (
     "a SQLite file path or a PostgreSQL DSN (postgresql://…; pick a schema with "
     f"options=-csearch_path=NAME); default: {DEFAULT_STORE}"
@@ -127,7 +127,8 @@ def _positive_int(text: str) -> int:
 # -- run ---------------------------------------------------------------------------
 
 
-async def _run(args: argparse.Namespace) -> int:
+async def _run(args: argparse.Namespace, progress: Progress) -> int:
+    del progress  # the turn streams to the terminal: that is its progress
     folder = AgentFolder.read(args.agent_dir)
     store = await writable_store(args.store)
     try:
@@ -170,8 +171,7 @@ def _model_for(folder: AgentFolder) -> Model | None:
 # -- sessions and show -------------------------------------------------------------
 
 
-async def _sessions(args: argparse.Namespace) -> int:
-    progress = Progress()
+async def _sessions(args: argparse.Namespace, progress: Progress) -> int:
     async with reading_store(args.store) as store:
         found = await list_sessions(store, agent=args.agent, limit=args.limit, progress=progress)
     progress.done()
@@ -182,10 +182,9 @@ async def _sessions(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _show(args: argparse.Namespace) -> int:
+async def _show(args: argparse.Namespace, progress: Progress) -> int:
     session_id, generation = split_target(args.session)
     where = describe_store(args.store)
-    progress = Progress()
     async with reading_store(args.store) as store:
         if generation is not None:
             archive = await read_archive(store, session_id, generation, progress, where=where)
@@ -222,9 +221,9 @@ def _print_json(value: object) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     handler: Handler = args.handler
-    progress_line = Progress()
+    progress_line = Progress()  # erased before any error is printed
     try:
-        return asyncio.run(handler(args))
+        return asyncio.run(handler(args, progress_line))
     except (CliError, TurnkitError) as exc:
         return _fail(progress_line, one_line(str(exc)), 2)
     except OSError as exc:
