@@ -2,8 +2,9 @@
 
 Each subcommand is one ``_add_<name>`` function that declares its arguments and
 one ``_<name>(args, progress)`` coroutine that does the work (returning the exit
-status), so a new command is two functions and a line in ``_parser``. Errors print as one line (``turnkit: error: …``) with a
-non-zero exit, never a traceback; ``--help`` on each command says what it takes.
+status), so a new command is two functions and a line in ``_parser``. Errors
+print as one line (``turnkit: error: …``) with a non-zero exit, never a
+traceback; ``--help`` on each command says what it takes.
 """
 
 from __future__ import annotations
@@ -175,10 +176,7 @@ async def _sessions(args: argparse.Namespace, progress: Progress) -> int:
     async with reading_store(args.store) as store:
         found = await list_sessions(store, agent=args.agent, limit=args.limit, progress=progress)
     progress.done()
-    if args.json:
-        _print_json(sessions_json(found))
-    else:
-        print(render_sessions(found))
+    print(_json(sessions_json(found)) if args.json else render_sessions(found))
     return 0
 
 
@@ -186,21 +184,23 @@ async def _show(args: argparse.Namespace, progress: Progress) -> int:
     session_id, generation = split_target(args.session)
     where = describe_store(args.store)
     async with reading_store(args.store) as store:
-        if generation is not None:
-            archive = await read_archive(store, session_id, generation, progress, where=where)
-        else:
+        if generation is None:
             view = await read_session(store, session_id, progress, where=where)
+            flag = _flag(args)
+            output = (
+                _json(session_json(view, where))
+                if args.json
+                else render_session(view, store=where, store_flag=flag)
+            )
+        else:
+            archive = await read_archive(store, session_id, generation, progress, where=where)
+            output = (
+                _json(archive_json(archive, where))
+                if args.json
+                else render_archive(archive, store=where)
+            )
     progress.done()
-    if generation is not None:
-        output = archive_json(archive, where) if args.json else None
-        text = None if args.json else render_archive(archive, store=where)
-    else:
-        output = session_json(view, where) if args.json else None
-        text = None if args.json else render_session(view, store=where, store_flag=_flag(args))
-    if output is not None:
-        _print_json(output)
-    else:
-        print(text)
+    print(output)
     return 0
 
 
@@ -211,8 +211,8 @@ def _flag(args: argparse.Namespace) -> str:
     return f" --store {shlex.quote(describe_store(args.store))}"
 
 
-def _print_json(value: object) -> None:
-    print(json.dumps(value, ensure_ascii=False, indent=2))
+def _json(value: object) -> str:
+    return json.dumps(value, ensure_ascii=False, indent=2)
 
 
 # -- entry point -------------------------------------------------------------------
