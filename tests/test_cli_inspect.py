@@ -26,6 +26,7 @@ from turnkit._cli_progress import Progress
 from turnkit._cli_render import render_session
 from turnkit._cli_show import read_session, session_json
 from turnkit.stores import MemoryStore, Store, is_postgres_dsn, open_store
+from turnkit.stores._open import dsn_schema, redact_dsn
 from turnkit.testing import ScriptedModel, ScriptedReply, tool_call
 
 UTC_TIME = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC"
@@ -509,3 +510,28 @@ async def test_show_renders_triggers_failures_cancellations_and_long_values() ->
     data = session_json(view, "memory")
     assert [t["status"] for t in data["turns"]] == ["completed", "failed", "cancelled"]
     assert json.loads(json.dumps(data)) == data
+
+
+@pytest.mark.parametrize(
+    ("dsn", "schema"),
+    [
+        ("postgresql://db/prod", "public"),
+        ("postgresql://db/prod?options=-csearch_path%3Dsupport", "support"),
+        ("postgresql://db/prod?options=-c%20search_path%3Dsupport,public", "support"),
+        ("host=db dbname=prod options='-c search_path=support'", "support"),
+        ("host=db dbname=prod options='-c statement_timeout=5s'", "public"),
+    ],
+)
+def test_a_dsn_names_its_schema_through_search_path(dsn: str, schema: str) -> None:
+    assert dsn_schema(dsn) == schema
+    store = open_store(dsn)
+    assert getattr(store, "schema", None) == schema
+
+
+def test_redact_dsn_hides_passwords_in_every_form() -> None:
+    assert redact_dsn("postgresql://ann:s3cret@db/x") == "postgresql://ann:***@db/x"
+    assert redact_dsn("postgresql://db/x?user=ann&password=s3cret") == (
+        "postgresql://db/x?user=ann&password=***"
+    )
+    assert redact_dsn("host=db password=s3cret dbname=x") == "host=db password=*** dbname=x"
+    assert redact_dsn("host=db password='s 3cret' dbname=x") == "host=db password=*** dbname=x"
