@@ -100,11 +100,12 @@ class DevServer:
         self.stop()
         raise AssertionError(f"turnkit dev did not print its URL; stderr:\n{self.log.read_text()}")
 
-    def kill(self) -> None:
-        """SIGKILL: no clean-up, no goodbye, as a crash or an OOM kill."""
+    def kill(self, how: signal.Signals = signal.SIGKILL) -> None:
+        """SIGKILL: no clean-up, no goodbye, as a crash or an OOM kill; SIGTERM: a
+        graceful stop, as a deploy does."""
         assert self.proc is not None
-        os.kill(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(timeout=10)
+        os.kill(self.proc.pid, how)
+        self.proc.wait(timeout=20)
 
     def stop(self) -> None:
         if self.proc is None or self.proc.poll() is not None:
@@ -319,8 +320,9 @@ def test_sessions_are_listed_opened_and_reset(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM], ids=["killed", "stopped"])
 def test_the_page_reconnects_after_a_server_restart_mid_turn(
-    servers: list[DevServer], tmp_path: Path, page: Page
+    servers: list[DevServer], tmp_path: Path, page: Page, how: signal.Signals
 ) -> None:
     release = tmp_path / "release"
     env = {"TURNKIT_TEST_RELEASE": str(release)}
@@ -331,11 +333,15 @@ def test_the_page_reconnects_after_a_server_restart_mid_turn(
     expect(call).to_have_attribute("data-status", "running")
     expect(page.get_by_test_id("assistant-message")).to_have_text("Starting the slow job now.")
 
-    first.kill()
+    first.kill(how)
     status = page.get_by_test_id("connection-status")
     expect(status).to_have_text("reconnecting…")
-    page.screenshot(path="/tmp/turnkit-chat-reconnecting.png")
+    page.screenshot(path=f"/tmp/turnkit-chat-reconnecting-{how.name}.png")
     serve(servers, tmp_path, SLOW_AGENT, port=first.port, env=env)
+    # Reconnected to the feed while the recovered tool still waits; the rest of the
+    # turn then arrives live, deltas included.
+    expect(status).to_have_text("streaming…")
+    deltas_before = page.evaluate("window.turnkitChat.frames['message.delta']")
     release.touch()
 
     wait_for_turns(page, "completed", 1)
@@ -350,7 +356,8 @@ def test_the_page_reconnects_after_a_server_restart_mid_turn(
     for once in ("Starting the slow job now.", "The slow job job-7 finished.", '"released":true'):
         assert text.count(once) == 1, text
     expect(page.get_by_test_id("user-message")).to_have_count(1)
-    page.screenshot(path="/tmp/turnkit-chat-reconnected.png")
+    assert page.evaluate("window.turnkitChat.frames['message.delta']") > deltas_before
+    page.screenshot(path=f"/tmp/turnkit-chat-reconnected-{how.name}.png")
 
 
 def test_a_reopened_page_follows_a_running_turn_to_its_end(
