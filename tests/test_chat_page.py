@@ -33,6 +33,7 @@ from playwright.sync_api import Browser, Page, Route, expect, sync_playwright  #
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "ops"
 SLOW_AGENT = ROOT / "tests" / "fixtures" / "slow_agent"
+FORM_AGENT = ROOT / "tests" / "fixtures" / "form_agent"
 CHROMIUM_ARGS = [
     "--headless=new",
     "--no-sandbox",
@@ -419,3 +420,38 @@ def test_a_dropped_stream_carries_on_from_the_last_event_id(
     )
     text = log_text(page)
     assert text.count("Checking its status.") == 1 and text.count('"status":"packed"') == 1, text
+
+
+def test_other_answers_are_given_in_a_form(
+    servers: list[DevServer], tmp_path: Path, page: Page
+) -> None:
+    _, url = serve(servers, tmp_path, FORM_AGENT)
+    page.goto(url)
+    say(page, "name please")
+    card = page.get_by_test_id("approval")
+    expect(card).to_have_attribute("data-kind", "string")
+    expect(card.get_by_test_id("approval-prompt")).to_have_text("Whose order is it?")
+    card.get_by_test_id("answer-text").fill("Ann")
+    card.get_by_test_id("answer-submit").click()
+    expect(page.get_by_test_id("assistant-message")).to_have_text('Got "Ann".')
+    expect(card.get_by_test_id("approval-outcome")).to_have_text("Answered: Ann")
+
+    say(page, "a note please")
+    card = page.get_by_test_id("approval").nth(1)
+    expect(card).to_have_attribute("data-kind", "json")
+    field, send = card.get_by_test_id("answer-json"), card.get_by_test_id("answer-submit")
+    field.fill("{not json")
+    send.click()
+    expect(card.get_by_test_id("approval-error")).to_contain_text("Not valid JSON")
+    field.fill('{"approved": "yes"}')  # breaks the schema: the server refuses it (422)
+    send.click()
+    expect(card.get_by_test_id("approval-error")).to_contain_text("422")
+    expect(card).to_have_attribute("data-state", "open")
+    page.screenshot(path="/tmp/turnkit-chat-form.png")
+    field.fill('{"approved": true, "note": "fine"}')
+    send.click()
+    wait_for_turns(page, "completed", 2)
+    expect(page.get_by_test_id("assistant-message").last).to_have_text(
+        'Got {"approved": true, "note": "fine"}.'
+    )
+    expect(card.get_by_test_id("approval-error")).to_be_hidden()
