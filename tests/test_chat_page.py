@@ -455,3 +455,22 @@ def test_other_answers_are_given_in_a_form(
         'Got {"approved": true, "note": "fine"}.'
     )
     expect(card.get_by_test_id("approval-error")).to_be_hidden()
+
+
+def test_a_message_sent_while_the_server_is_down_is_reported(
+    servers: list[DevServer], tmp_path: Path, page: Page
+) -> None:
+    server, url = serve(servers, tmp_path)
+    page.goto(url)
+    expect(page.get_by_test_id("notice")).to_be_visible()
+    server.kill()
+    say(page, "order 1 lamp")
+    expect(page.get_by_test_id("connection-status")).to_have_text("reconnecting…")
+    serve(servers, tmp_path, port=server.port)
+    expect(page.get_by_test_id("error")).to_have_text(
+        "The message did not reach the server; send it again."
+    )
+    expect(page.get_by_test_id("turn")).to_have_attribute("data-status", "unsent")
+    say(page, "order 1 lamp")
+    wait_for_turns(page, "completed", 1)
+    expect(page.get_by_test_id("assistant-message").last).to_contain_text("1 x lamp")
