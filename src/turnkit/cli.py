@@ -1,4 +1,4 @@
-"""The ``turnkit`` command line: run an agent's turn, list sessions, show one.
+"""The ``turnkit`` command line: run an agent's turn, list sessions, show one, serve one.
 
 Each subcommand is one ``_add_<name>`` function that declares its arguments and
 one ``_<name>(args, progress)`` coroutine that does the work (returning the exit
@@ -39,12 +39,11 @@ from ._cli_store import (
     writable_store,
 )
 from ._errors import TurnkitError
+from ._folder_model import choose_model
 from ._loader import AgentFolder
 from ._model import Model
 from ._runtime import Runtime
 from ._terminal import TerminalChannel
-from .models import demo_model
-from .models._env import configured
 
 __all__ = ["DEFAULT_STORE", "main"]
 
@@ -64,6 +63,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_run(commands)
     _add_sessions(commands)
     _add_show(commands)
+    _add_dev(commands)
     return parser
 
 
@@ -156,17 +156,59 @@ async def _run(args: argparse.Namespace, progress: Progress) -> int:
 
 
 def _model_for(folder: AgentFolder) -> Model | None:
-    """The model to run when the folder names none: the environment's (``from_env``'s
-    rule), else the folder's ``demo_model()``, else the generic offline demo."""
-    if folder.model is not None:
-        return None
-    found = configured()
-    if found is not None:
-        model, choice = found
-        print(f"turnkit: using {choice.label} ({choice.because})", file=sys.stderr)
-        return model
-    print("turnkit: no model configured; using the offline demo model", file=sys.stderr)
-    return None if folder.demo_model is not None else demo_model()
+    """The model to run (see ``choose_model``), saying on stderr which it is."""
+    chosen = choose_model(folder)
+    if chosen.note:
+        print(f"turnkit: {chosen.note}", file=sys.stderr)
+    return chosen.model
+
+
+# -- dev ---------------------------------------------------------------------------
+
+
+def _add_dev(commands: Any) -> None:
+    dev = commands.add_parser(
+        "dev",
+        help="serve an agent's chat page and HTTP API on this machine",
+        description="Serve an agent's chat page and HTTP API on 127.0.0.1, answering "
+        "only clients on this machine. With no folder, the bundled example agent. "
+        "With no model configured, the agent's offline demo model (the page says so). "
+        "Turns a previous run left open are finished at start-up.",
+    )
+    dev.add_argument("agent_dir", nargs="?", help="the agent folder (default: the bundled example)")
+    _add_store_option(dev)
+    dev.add_argument("--host", default="127.0.0.1", help="a loopback address (default: 127.0.0.1)")
+    dev.add_argument(
+        "--port", type=_port, default=8000, help="the port (default: 8000; 0 picks a free one)"
+    )
+    dev.set_defaults(handler=_dev)
+
+
+async def _dev(args: argparse.Namespace, progress: Progress) -> int:
+    del progress  # the server prints its URL when it is ready
+    try:
+        from .server._dev import DevOptions, bundled_example, serve_dev
+    except ImportError as exc:
+        raise CliError(
+            f"turnkit dev needs the server extra: pip install 'turnkit[server]' ({exc})"
+        ) from None
+    folder = AgentFolder.read(args.agent_dir or bundled_example())
+    chosen = choose_model(folder)
+    agent = folder.agent(chosen.model)
+    store = await writable_store(args.store)
+    options = DevOptions(host=args.host, port=args.port, store_label=describe_store(args.store))
+    note = chosen.note and chosen.note[0].upper() + chosen.note[1:] + "."
+    return await serve_dev(agent, store, options, notice=note)
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port from 0 to 65535, got {value}")
+    return value
 
 
 # -- sessions and show -------------------------------------------------------------

@@ -7,7 +7,6 @@ turns a previous run left open, so a page that reconnects sees them finish.
 from __future__ import annotations
 
 import asyncio
-import logging
 import socket
 import sys
 from dataclasses import dataclass
@@ -15,53 +14,45 @@ from pathlib import Path
 
 import uvicorn
 
+from .._agent import Agent
 from .._errors import ConfigurationError
-from .._loader import AgentFolder
-from .._model import Model
 from .._runtime import Runtime
-from ..models import demo_model
-from ..models._env import configured
-from ..stores import open_store
+from .._store import Store
 from ._app import create_app, recover_quietly
 from ._principal import loopback_only
 
-log = logging.getLogger("turnkit.dev")
-
 #: The example agent of a source checkout, served when no folder is named.
 BUNDLED_EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "ops"
-DEMO_NOTICE = (
-    "No model is configured (set ANTHROPIC_API_KEY, OPENAI_API_KEY, OPENAI_BASE_URL or "
-    "TURNKIT_MODEL): this is the agent's offline demo model."
-)
 
 
 @dataclass(frozen=True, kw_only=True)
 class DevOptions:
-    """What ``turnkit dev`` was asked for."""
+    """Where ``turnkit dev`` listens, and how it names its store to people."""
 
-    agent_dir: str | None = None
-    store: str = ".turnkit/sessions.db"
     host: str = "127.0.0.1"
     port: int = 8000
+    store_label: str = ""
 
 
-def serve_dev(options: DevOptions) -> int:
-    """Serve until interrupted; returns the exit code."""
+async def serve_dev(agent: Agent, store: Store, options: DevOptions, *, notice: str | None) -> int:
+    """Serve ``agent`` on ``store`` until interrupted; returns the exit status.
+
+    Prints one line with the URL once the server accepts connections (``port=0``
+    picks a free port, and the line gives the real one).
+    """
     if not _is_loopback(options.host):
+        await store.close()
         raise ConfigurationError(
-            f"turnkit dev serves loopback addresses only (127.0.0.1, ::1), not {options.host!r}; "
-            "put create_app behind your own server with real authentication instead"
+            f"turnkit dev serves loopback addresses only (127.0.0.1, ::1), not "
+            f"{options.host!r}; put create_app behind your own server with real "
+            "authentication instead"
         )
-    asyncio.run(_serve(options))
-    return 0
-
-
-async def _serve(options: DevOptions) -> None:
-    folder = AgentFolder.read(_agent_dir(options.agent_dir))
-    model, notice = pick_model(folder)
-    agent = folder.agent(model)
-    listener = _listen(options.host, options.port)
-    async with Runtime([agent], store=open_store(options.store)) as runtime:
+    try:
+        listener = _listen(options.host, options.port)
+    except ConfigurationError:
+        await store.close()
+        raise
+    async with Runtime([agent], store=store) as runtime:
         app = create_app(runtime, authenticate=loopback_only, chat_page=True, notice=notice)
         config = uvicorn.Config(
             app, log_level="warning", lifespan="off", timeout_graceful_shutdown=2
@@ -74,32 +65,20 @@ async def _serve(options: DevOptions) -> None:
             host, port = listener.getsockname()[:2]
             shown = f"[{host}]" if ":" in host else host
             print(
-                f"turnkit dev: http://{shown}:{port}/ (agent {agent.name}, store {options.store})",
+                f"turnkit dev: http://{shown}:{port}/ (agent {agent.name}, "
+                f"store {options.store_label})",
                 flush=True,
             )
             if notice:
                 print(f"turnkit dev: {notice}", file=sys.stderr, flush=True)
-            recovering = runtime.spawn(recover_quietly(runtime))
+            runtime.spawn(recover_quietly(runtime))
         await serving
-        if server.started:
-            recovering.cancel()
+    listener.close()
+    return 0
 
 
-def pick_model(folder: AgentFolder) -> tuple[Model | None, str | None]:
-    """The model to run and a notice for people: the folder's own model, else the
-    environment's, else the folder's (or the generic) offline demo model."""
-    if folder.model is not None:
-        return None, None
-    found = configured()
-    if found is not None:
-        model, choice = found
-        return model, f"Model: {choice.label} ({choice.because})."
-    return (None if folder.demo_model is not None else demo_model()), DEMO_NOTICE
-
-
-def _agent_dir(given: str | None) -> Path:
-    if given is not None:
-        return Path(given)
+def bundled_example() -> Path:
+    """The example agent served when no folder is named."""
     if not BUNDLED_EXAMPLE.is_dir():
         raise ConfigurationError(
             "this installation has no bundled example agent; name an agent folder: "

@@ -1,0 +1,160 @@
+"""``turnkit dev`` as a person runs it: a real subprocess serving the example agent."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from starlette.requests import Request
+
+from turnkit.server import loopback_only
+
+ROOT = Path(__file__).resolve().parents[1]
+OFFLINE_ENV = {
+    k: v
+    for k, v in os.environ.items()
+    if k not in {"TURNKIT_MODEL", "ANTHROPIC_API_KEY", "OPENAI_API_KEY", "OPENAI_BASE_URL"}
+}
+
+
+def start_dev(
+    *args: str, cwd: Path, env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen[str], str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "turnkit.cli", "dev", "--port", "0", *args],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**OFFLINE_ENV, "PYTHONUNBUFFERED": "1", **(env or {})},
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    found = re.search(r"http://127\.0\.0\.1:\d+/", line)
+    if found is None:
+        proc.kill()
+        raise AssertionError(f"no URL in {line!r}; stderr: {proc.communicate()[1]}")
+    return proc, found.group(0)
+
+
+@pytest.fixture
+def dev(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    proc, url = start_dev(cwd=tmp_path)
+    yield proc, url
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(10)
+
+
+def test_dev_serves_the_bundled_example_with_its_page_and_says_which_model(
+    dev: tuple[subprocess.Popen[str], str], tmp_path: Path
+) -> None:
+    proc, url = dev
+    with httpx.Client(base_url=url, timeout=30) as client:
+        agents = client.get("/agents").json()
+        assert agents["agents"] == [{"name": "ops"}]
+        assert "offline demo model" in agents["notice"]
+        page = client.get("/")
+        assert page.status_code == 200 and "<html" in page.text
+        reply = client.post("/agents/ops/sessions/s1/chat", json={"text": "order 2 blue widgets"})
+        assert reply.json()["text"] == "Done: order #1 (2 x blue widgets) is packed."
+    assert (tmp_path / ".turnkit" / "sessions.db").exists()
+    proc.send_signal(signal.SIGINT)  # Ctrl-C: a clean stop, as for any command
+    assert proc.wait(15) == 130
+    _, err = proc.communicate()
+    assert err.strip().splitlines()[-1] == "turnkit: interrupted"
+    assert "Traceback" not in err
+
+
+def test_dev_finishes_a_turn_a_killed_run_left_open(tmp_path: Path) -> None:
+    fixture = str(ROOT / "tests" / "fixtures" / "slow_agent")
+    release = tmp_path / "release"
+    env = {"TURNKIT_TEST_RELEASE": str(release)}
+    proc, url = start_dev(fixture, "--store", "s.db", cwd=tmp_path, env=env)
+    with httpx.Client(base_url=url, timeout=30) as client:
+        name = client.get("/agents").json()["agents"][0]["name"]
+        turns = f"/agents/{name}/sessions/s1/turns"
+        with client.stream("POST", turns, json={"text": "go slowly"}) as stream:
+            lines = []
+            for line in stream.iter_lines():
+                lines.append(line)
+                if line == "event: action.requested":
+                    break
+        turn_id = json.loads(lines[2].removeprefix("data: "))["turn_id"]
+    proc.kill()  # mid-turn: the tool is waiting for the release file
+    proc.wait(10)
+    release.write_text("go")
+    proc, url = start_dev(fixture, "--store", "s.db", cwd=tmp_path, env=env)
+    try:
+        with httpx.Client(base_url=url, timeout=30) as client:
+            events = f"/agents/{name}/sessions/s1/events"
+            params = {"turn_id": turn_id}
+            with client.stream(
+                "GET", events, params=params, headers={"Last-Event-ID": "1"}
+            ) as feed:
+                seen = [line for line in feed.iter_lines() if line.startswith("event: ")]
+            transcript = client.get(f"/agents/{name}/sessions/s1/transcript").json()
+    finally:
+        proc.kill()
+        proc.wait(10)
+    assert seen[-1] == "event: turn.completed"
+    assert transcript["status"] == "idle"
+    assert [m["role"] for m in transcript["messages"]][-2:] == ["tool", "assistant"]
+
+
+def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "turnkit.cli", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=OFFLINE_ENV,
+    )
+
+
+def test_dev_refuses_a_non_loopback_address_and_a_busy_port(tmp_path: Path) -> None:
+    refused = run_cli("dev", "--host", "0.0.0.0", "--port", "0", cwd=tmp_path)
+    assert refused.returncode == 2
+    assert refused.stderr.strip().splitlines() == [
+        "turnkit: error: turnkit dev serves loopback addresses only (127.0.0.1, ::1), not "
+        "'0.0.0.0'; put create_app behind your own server with real authentication instead"
+    ]
+    proc, url = start_dev(cwd=tmp_path)
+    try:
+        port = url.rsplit(":", 1)[1].strip("/")
+        busy = run_cli("dev", "--port", port, "--store", "other.db", cwd=tmp_path)
+        assert busy.returncode == 2
+        assert (
+            busy.stderr.strip()
+            .splitlines()[-1]
+            .startswith(f"turnkit: error: cannot listen on 127.0.0.1:{port}:")
+        )
+    finally:
+        proc.kill()
+        proc.wait(10)
+    bad_port = run_cli("dev", "--port", "70000", cwd=tmp_path)
+    assert bad_port.returncode == 2 and "expected a port from 0 to 65535" in bad_port.stderr
+    helped = run_cli("dev", "--help", cwd=tmp_path)
+    assert helped.returncode == 0 and "loopback" in helped.stdout
+
+
+def _request(host: str) -> Request:
+    return Request({"type": "http", "client": (host, 5000), "headers": [], "method": "GET"})
+
+
+def test_loopback_only_admits_this_machine_and_nobody_else() -> None:
+    for host in ("127.0.0.1", "127.8.9.10", "::1"):
+        principal = loopback_only(_request(host))
+        assert principal is not None and principal.id.startswith("dev:") and principal.attested
+    for host in ("10.0.0.5", "192.168.1.2", "8.8.8.8", "not-an-address"):
+        assert loopback_only(_request(host)) is None
+    assert loopback_only(Request({"type": "http", "headers": [], "method": "GET"})) is None
