@@ -431,3 +431,33 @@ async def test_a_cancel_recorded_before_a_kill_is_honoured_after_it(
         "cancelled": True,
         "reason": "requested",
     }
+
+
+async def test_a_turn_started_while_a_reset_records_its_cancellation_runs_after_it(
+    open_runtime: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gates = Gates()
+    rt = await open_runtime(gated_agent(gates))
+    session = rt.session("a", "s1")
+    t1 = session.start("one")
+    await gates.reached.wait()
+    # A slow store: the reset is still recording its cancellation when t3 starts.
+    store = rt.store.session("s1")
+    recording = asyncio.Event()
+    unfinished = store.unfinished
+
+    async def slow_unfinished() -> Any:
+        recording.set()
+        await asyncio.sleep(0.05)
+        return await unfinished()
+
+    monkeypatch.setattr(session._store, "unfinished", slow_unfinished)
+    resetting = asyncio.ensure_future(session.reset())
+    await recording.wait()
+    t3 = session.start("three")
+    gates.release.set()
+    assert (await resetting).generation == 0
+    assert (await session.result(t1)).reason == "reset"
+    assert (await session.result(t3)).status == "completed"
+    assert {m.turn_id for m in await session.messages()} == {t3}
+    assert {m.turn_id for m in await session.archived_messages(0)} == {t1}

@@ -62,6 +62,9 @@ class AgentSession:
         #: The turn this process saw park, so start() can refuse at once; the store
         #: stays the authority (another process may have parked or resumed it).
         self._parked: str | None = None
+        #: Deliveries (and later resets) waiting to be queued behind a reset that is
+        #: still recording its cancellation; ``None`` when no reset is.
+        self._behind_reset: list[tuple[TurnRequest | None, asyncio.Future[Any]]] | None = None
 
     @property
     def session_id(self) -> str:
@@ -136,7 +139,10 @@ class AgentSession:
             )
         )
 
-    def _enqueue(self, request: TurnRequest) -> str:
+    def _enqueue(self, request: TurnRequest, *, ahead: bool = False) -> str:
+        """Queue a delivery. While a reset is recording its cancellation, new turns
+        wait to be queued behind it; ``ahead`` (a cancelled park being closed) goes
+        straight in, before the reset."""
         tid = request.turn_id
         pending = self._futures.get(tid)
         if pending is not None and not pending.done():
@@ -145,10 +151,17 @@ class AgentSession:
         future: asyncio.Future[TurnResult] = loop.create_future()
         future.add_done_callback(_mark_exception_seen)
         self._remember(tid, future)
-        self._queue.append((request, future))
-        if self._worker is None:
-            self._worker = loop.create_task(self._drain(), name=f"turnkit:{self.session_id}")
+        if self._behind_reset is not None and not ahead:
+            self._behind_reset.append((request, future))  # queued once the reset is
+        else:
+            self._queue.append((request, future))
+            self._ensure_worker()
         return tid
+
+    def _ensure_worker(self) -> None:
+        if self._worker is None:
+            loop = self.runtime._require_loop()
+            self._worker = loop.create_task(self._drain(), name=f"turnkit:{self.session_id}")
 
     async def turn(
         self,
@@ -356,7 +369,7 @@ class AgentSession:
                 if isinstance(opening, UserMessage | TriggerMessage):
                     request = TurnRequest(turn_id=record.turn_id, opening=opening)
                     request.cancel.cancel(reason)
-                    self._enqueue(request)
+                    self._enqueue(request, ahead=True)
         return recorded
 
     async def _record_cancel_quietly(self, reason: str, only: set[str]) -> None:
@@ -394,14 +407,27 @@ class AgentSession:
         is done.
         """
         self._resets_pending += 1
+        # Turns started from now on queue behind this reset, even those started
+        # while its cancellation is still being recorded.
+        first = self._behind_reset is None
+        if first:
+            self._behind_reset = []
         try:
-            self._parked = None  # a stale park is archived with everything else
-            await self.cancel("reset")
-            loop = self.runtime._require_loop()
-            future: asyncio.Future[ResetResult] = loop.create_future()
-            self._queue.append((None, future))
-            if self._worker is None:
-                self._worker = loop.create_task(self._drain(), name=f"turnkit:{self.session_id}")
+            try:
+                self._parked = None  # a stale park is archived with everything else
+                await self.cancel("reset")
+                future: asyncio.Future[ResetResult] = self.runtime._require_loop().create_future()
+                if first:
+                    self._queue.append((None, future))
+                else:
+                    assert self._behind_reset is not None
+                    self._behind_reset.append((None, future))  # behind the earlier reset
+            finally:
+                if first:
+                    held, self._behind_reset = self._behind_reset or [], None
+                    self._queue.extend(held)
+                    if self._queue:
+                        self._ensure_worker()
             return await future
         finally:
             self._resets_pending -= 1
