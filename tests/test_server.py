@@ -249,7 +249,9 @@ async def test_reset_transcript_pending_and_the_paged_session_list(open_runtime:
         transcript = (
             await served.client.get(served.path("calc", "s0", "transcript"), headers=ALICE)
         ).json()
-        assert transcript["status"] == "idle"
+        assert transcript["status"] == "idle" and transcript["generation"] == 0
+        logged = await runtime.session("calc", "s0").events()
+        assert transcript["last_seq"] == logged[-1].seq
         assert [m["role"] for m in transcript["messages"]] == [
             "user",
             "assistant",
@@ -264,7 +266,7 @@ async def test_reset_transcript_pending_and_the_paged_session_list(open_runtime:
         after = (
             await served.client.get(served.path("calc", "s0", "transcript"), headers=ALICE)
         ).json()
-        assert after == {"status": "new", "messages": []}
+        assert after == {"status": "new", "generation": 1, "last_seq": 0, "messages": []}
         seen: list[str] = []
         cursor: str | None = None
         while True:
@@ -621,6 +623,7 @@ async def test_a_feed_follows_a_turn_running_in_another_process_through_the_log(
         await asyncio.sleep(0.01)
     limits = ServerLimits(feed_poll_seconds=0.05)
     async with serving(front, limits=limits) as served:
+        frames = []
         async with aconnect_sse(
             served.client,
             "GET",
@@ -628,7 +631,6 @@ async def test_a_feed_follows_a_turn_running_in_another_process_through_the_log(
             params={"turn_id": turn_id, "after": "1"},
             headers={**ALICE},
         ) as source:
-            frames = []
             async for frame in source.aiter_sse():
                 frames.append(json.loads(frame.data))
                 if frame.event == "action.requested":

@@ -219,10 +219,18 @@ class _Api:
         return JSONResponse({"request": None if request_ is None else request_.to_dict()})
 
     async def transcript(self, request: Request, principal: Principal) -> Response:
-        session = self._context(request).session(self._session_id(request))
-        messages = await session.messages()
+        session_id = self._session_id(request)
+        self._context(request)
+        store = self.runtime.store.session(session_id)
+        snapshot = await store.load()
         return JSONResponse(
-            {"status": await session.status(), "messages": [m.to_dict() for m in messages]}
+            {
+                "status": await store.status(),
+                "generation": snapshot.generation,
+                # The last logged event: where a client's feed picks up from.
+                "last_seq": snapshot.next_seq - 1,
+                "messages": [m.to_dict() for m in snapshot.messages],
+            }
         )
 
     async def events(self, request: Request, principal: Principal) -> Response:
