@@ -535,3 +535,11 @@ def test_redact_dsn_hides_passwords_in_every_form() -> None:
     )
     assert redact_dsn("host=db password=s3cret dbname=x") == "host=db password=*** dbname=x"
     assert redact_dsn("host=db password='s 3cret' dbname=x") == "host=db password=*** dbname=x"
+
+
+def test_the_example_agent_runs_on_postgres(pg_spec: str, tmp_path: Path) -> None:
+    done = turnkit("run", str(EXAMPLE), "order 2 blue widgets", "--store", pg_spec, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "Done: order #1 (2 x blue widgets) is packed." in done.stdout
+    again = turnkit("run", str(EXAMPLE), "order 1 red pen", "--store", pg_spec, cwd=tmp_path)
+    assert "order #2 (1 x red pen)" in again.stdout
