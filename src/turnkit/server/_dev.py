@@ -21,8 +21,8 @@ from .._store import Store
 from ._app import create_app, recover_quietly
 from ._principal import loopback_only
 
-#: The example agent of a source checkout, served when no folder is named.
-BUNDLED_EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "ops"
+#: The example agent shipped inside the package, served when no folder is named.
+BUNDLED_EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "ops"
 
 
 @dataclass(frozen=True, kw_only=True)
