@@ -49,6 +49,8 @@ class _SessionData:
     generation: int = 0
     #: Retired generations: their transcripts (encoded, as live ones are kept).
     archive: dict[int, list[bytes]] = field(default_factory=dict)
+    #: The last event number of the retired generations: numbering carries on after it.
+    archived_seq: int = 0
 
 
 def _encode(value: Any, what: str) -> bytes:
@@ -106,6 +108,7 @@ class _MemoryTransaction:
                 f"({d.generation}); another reset came first"
             )
         d.archive[generation] = d.messages
+        d.archived_seq = d.events[-1][0] if d.events else d.archived_seq
         d.messages, d.steps, d.events, d.turns = [], {}, [], {}
         d.generation = generation + 1
         d.agent = agent
@@ -173,7 +176,7 @@ class _MemorySession:
             if turn_id is not None
             else {}
         )
-        last_seq = d.events[-1][0] if d.events else 0
+        last_seq = d.events[-1][0] if d.events else d.archived_seq
         return SessionSnapshot(
             messages=[message_from_dict(from_json(m)) for m in d.messages[max(0, from_index) :]],
             steps=steps,

@@ -340,7 +340,10 @@ _ACQUIRE_SQL = (
 # turn's memoized steps (as one JSON object's members) and the turn's record.
 _LOAD_SQL = (
     "SELECT s.agent, s.generation, "
-    "(SELECT max(seq) FROM turnkit_events WHERE session_id = %s), "
+    # Event numbers carry on across resets: with no live event, the archive's last.
+    "coalesce((SELECT max(seq) FROM turnkit_events WHERE session_id = %s), "
+    "(SELECT seq FROM turnkit_archived_events WHERE session_id = %s "
+    "ORDER BY generation DESC, seq DESC LIMIT 1)), "
     "(SELECT string_agg(body, ',' ORDER BY idx) FROM turnkit_messages "
     "WHERE session_id = %s AND idx >= %s), "
     "(SELECT string_agg(to_json(step_id)::text || ':' || result, ',') FROM turnkit_steps "
@@ -755,7 +758,7 @@ class _PgSession:
         self, conn: psycopg.AsyncConnection[Any], turn_id: str | None, from_index: int
     ) -> SessionSnapshot:
         sid = self._sid
-        params = (sid, sid, from_index, sid, turn_id, sid, sid, turn_id)
+        params = (sid, sid, sid, from_index, sid, turn_id, sid, sid, turn_id)
         res = await _run_prepared(conn, b"turnkit_load", _LOAD_SQL, params)
         agent, generation, seq, messages, steps = (res.get_value(0, c) for c in range(5))
         return SessionSnapshot(

@@ -228,8 +228,13 @@ class _SqliteSession:
             ):
                 steps[step_id] = json.loads(result)
             turn = self._read_turn(conn, turn_id)
+        # Numbering carries on across resets, so an event id a client kept from an
+        # earlier generation never names a newer event.
         seq_row = conn.execute(
-            "SELECT max(seq) FROM turnkit_events WHERE session_id = ?", (self._sid,)
+            "SELECT coalesce((SELECT max(seq) FROM turnkit_events WHERE session_id = ?), "
+            "(SELECT seq FROM turnkit_archived_events WHERE session_id = ? "
+            "ORDER BY generation DESC, seq DESC LIMIT 1))",
+            (self._sid, self._sid),
         ).fetchone()
         agent_row = conn.execute(
             "SELECT agent, generation FROM turnkit_sessions WHERE session_id = ?", (self._sid,)

@@ -399,7 +399,9 @@ async def test_conformance_reset_archives_a_generation(conformance_store: StoreU
         await session.commit(lambda tx: tx.archive_generation(0, "a"))
         snap = await session.load("t1")
         assert snap.messages == [] and snap.steps == {} and snap.turn is None
-        assert snap.generation == 1 and snap.next_seq == 1
+        # Event numbers carry on across a reset: an id a client kept from generation
+        # 0 never names an event of generation 1.
+        assert snap.generation == 1 and snap.next_seq == 2
         assert await session.events() == [] and await session.status() == "new"
         assert await session.generations() == [0]
         assert await session.archived_messages(0) == [UserMessage(text="open t1", turn_id="t1")]
@@ -409,6 +411,17 @@ async def test_conformance_reset_archives_a_generation(conformance_store: StoreU
         assert len(await other.messages()) == 1  # other sessions are untouched
         await _open_turn(session, "t2")  # the same address lives on
         assert [m.turn_id for m in await session.messages()] == ["t2"]
+        await session.commit(lambda tx: tx.archive_generation(1, "a"))  # logged nothing
+        assert (await session.load()).next_seq == 2
+        await _open_turn(session, "t3")
+        await session.commit(
+            lambda tx: tx.log_event(
+                TurnStartedEvent(turn_id="t3", session_id="s1", text="open t3", seq=2)
+            )
+        )
+        assert [e.seq for e in await session.events()] == [2]
+        await session.commit(lambda tx: tx.archive_generation(2, "a"))
+        assert (await session.load()).next_seq == 3
 
 
 # -- the engine on the store ---------------------------------------------------------
