@@ -633,6 +633,126 @@ class _NoConnection(Exception):
     """Internal: the pool had no connection to give (its cause says why)."""
 
 
+_WAIT_W = 2  # psycopg's Wait.W bit
+_READY_R = 1  # psycopg's Ready.R
+
+
+class _Sender:
+    """A connection of the group committer's own, outside the pool, that sends step
+    commits from the event loop.
+
+    Its socket stays registered with the loop for as long as it lives, so a commit
+    pays no pool checkout and no reader registration: the reader wakes the commit
+    waiting on it. A socket that turns readable while no commit is in flight means
+    the server is closing the connection (a terminated backend, a restart); the
+    sender is then discarded before any commit uses it, as the pool's checkout
+    check does for the reads."""
+
+    __slots__ = ("_busy", "_fd", "_loop", "_waiter", "conn", "suspect")
+
+    def __init__(self, conn: psycopg.AsyncConnection[Any], loop: asyncio.AbstractEventLoop) -> None:
+        self.conn = conn
+        self._loop = loop
+        self._fd = conn.pgconn.socket
+        self._waiter: asyncio.Future[None] | None = None
+        self._busy = False
+        self.suspect = False
+        loop.add_reader(self._fd, self._readable)
+
+    def _readable(self) -> None:
+        waiter = self._waiter
+        if waiter is None:
+            if not self._busy:
+                self.suspect = True  # idle, yet the server spoke: it is hanging up
+                self._unwatch()
+            return
+        # Read what came; wake the commit only once a whole result is in. This also
+        # skips a stale call, queued by the loop's poll before the query was sent.
+        pgconn = self.conn.pgconn
+        try:
+            pgconn.consume_input()
+            if pgconn.is_busy():
+                return
+        except psycopg.Error:
+            pass  # the commit's own read raises it
+        self._waiter = None
+        if not waiter.done():
+            waiter.set_result(None)
+
+    def _unwatch(self) -> None:
+        if self._fd >= 0:
+            fd, self._fd = self._fd, -1
+            if not self._loop.is_closed():
+                self._loop.remove_reader(fd)
+
+    def usable(self, loop: asyncio.AbstractEventLoop) -> bool:
+        """Fit to send a commit: alive, on this loop, and not being hung up on (the
+        ``select`` never waits; it catches what the loop has not polled yet)."""
+        if self.suspect or loop is not self._loop or _connection_lost(self.conn):
+            return False
+        readable, _, _ = select.select([self._fd], [], [], 0)
+        return not readable
+
+    async def query(self, query: bytes) -> list[PGresult]:
+        """``_query`` on this connection, waited on through the standing reader."""
+        pgconn = self.conn.pgconn
+        self._busy = True
+        try:
+            pgconn.send_query(query)
+            results = await self._drive(pg_generators.execute(pgconn))
+        except psycopg.Error:
+            raise
+        except BaseException:
+            self.suspect = True  # cancelled mid-query, say: its state is unknown
+            raise
+        finally:
+            self._busy = False
+            self._waiter = None
+        for res in results:
+            if res.status == ExecStatus.FATAL_ERROR:
+                raise pg_errors.error_from_result(res, encoding=self.conn.info.encoding)
+        return results
+
+    async def _drive(self, gen: Any) -> list[PGresult]:
+        try:
+            state = next(gen)
+            while True:
+                if state & _WAIT_W:
+                    # The query did not fit the socket's buffer: rare, so waited on
+                    # the plain way.
+                    ready = await _wait_writable(self._loop, self._fd, state)
+                else:
+                    waiter = self._waiter = self._loop.create_future()
+                    await waiter
+                    ready = _READY_R
+                state = gen.send(ready)
+        except StopIteration as done:
+            return cast(list[PGresult], done.value)
+
+    async def close(self) -> None:
+        self._unwatch()
+        await self.conn.close()
+
+
+async def _wait_writable(loop: asyncio.AbstractEventLoop, fd: int, state: int) -> int:
+    """Wait until ``fd`` can take more of a query; the ``Ready`` bits to send on."""
+    readable, writable, _ = select.select([fd] if state & 1 else [], [fd], [], 0)
+    if readable or writable:
+        return (1 if readable else 0) | (2 if writable else 0)
+    future: asyncio.Future[None] = loop.create_future()
+
+    def wake() -> None:
+        if not future.done():
+            future.set_result(None)
+
+    loop.add_writer(fd, wake)
+    try:
+        await future
+    finally:
+        loop.remove_writer(fd)
+    return 2
+
+
 class _GroupCommitter:
     """Sends engine-only commits from the event loop, with at most ``senders`` in flight.
 
@@ -652,8 +772,27 @@ class _GroupCommitter:
         self._busy = 0
         self._queue: list[tuple[str, bytes, asyncio.Future[None]]] = []
         self._tasks: set[asyncio.Task[None]] = set()
+        self._idle: list[_Sender] = []
+        self._inflight: dict[asyncio.Future[None], str] = {}
+
+    async def settled(self, sid: str | None) -> None:
+        """Wait for the commits in flight now: of session ``sid``, or of all if ``None``."""
+        if not self._inflight:
+            return
+        waits = [f for f, s in self._inflight.items() if sid is None or s == sid]
+        if waits:
+            await asyncio.wait(waits)
 
     async def commit(self, sid: str, query: bytes) -> None:
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._inflight[done] = sid
+        try:
+            await self._commit(sid, query)
+        finally:
+            del self._inflight[done]
+            done.set_result(None)
+
+    async def _commit(self, sid: str, query: bytes) -> None:
         if self._busy < self._senders and not self._queue:
             self._busy += 1
             try:
@@ -673,6 +812,12 @@ class _GroupCommitter:
     async def drain(self) -> None:
         while self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def close(self) -> None:
+        await self.drain()
+        idle, self._idle = self._idle, []
+        for sender in idle:
+            await _close_quietly(sender)
 
     def _kick(self) -> None:
         while self._queue and self._busy < self._senders:
@@ -718,25 +863,51 @@ class _GroupCommitter:
             self._busy -= 1
             self._kick()
 
+    async def _sender(self) -> _Sender:
+        """An idle sender fit for use, or a new one (never more than ``senders``)."""
+        loop = asyncio.get_running_loop()
+        while self._idle:
+            sender = self._idle.pop()
+            if sender.usable(loop):
+                return sender
+            await _close_quietly(sender)
+        store = self._store
+        if store._apool is None:
+            raise store._not_open()
+        conn = await psycopg.AsyncConnection.connect(store.dsn, **store._connect_kwargs())
+        return _Sender(conn, loop)
+
     async def _run(self, query: bytes) -> tuple[BaseException, bool] | None:
-        """Send ``query`` on a connection of the loop's pool; the error and whether the
-        connection was lost, or ``None`` if it committed."""
+        """Send ``query`` on one of the committer's connections; the error and whether
+        the connection was lost, or ``None`` if it committed."""
         try:
-            pool = self._store.async_pool
-            conn = await pool.getconn(timeout=self._store.connect_timeout)
+            sender = await self._sender()
         except Exception as exc:
             failure = _NoConnection(str(exc))
             failure.__cause__ = exc
             return failure, False
         try:
-            await _query(conn, query)
+            await sender.query(query)
         except Exception as exc:
+            conn = sender.conn
             lost = _connection_lost(conn)
             await _rollback_quietly_async(conn)
+            if lost:
+                sender.suspect = True
             return exc, lost
         finally:
-            await pool.putconn(conn)
+            if sender.suspect:
+                await _close_quietly(sender)
+            else:
+                self._idle.append(sender)
         return None
+
+
+async def _close_quietly(sender: _Sender) -> None:
+    try:
+        await sender.close()
+    except Exception:
+        log.debug("closing a commit connection failed", exc_info=True)
 
 
 class _PgSession:
@@ -752,7 +923,9 @@ class _PgSession:
         return self._store._writer(self._sid)
 
     async def load(self, turn_id: str | None = None, *, from_index: int = 0) -> SessionSnapshot:
-        return await self._store._read(f"session {self._sid}", self._load, turn_id, from_index)
+        return await self._store._read(
+            f"session {self._sid}", self._load, turn_id, from_index, of=self._sid
+        )
 
     async def _load(
         self, conn: psycopg.AsyncConnection[Any], turn_id: str | None, from_index: int
@@ -830,7 +1003,7 @@ class _PgSession:
             res = await _run_prepared(conn, b"turnkit_turn", _TURN_SQL, (self._sid, turn_id))
             return _turn_row(res, 0) if res.ntuples else None
 
-        return await self._store._read(f"turn {turn_id}", read)
+        return await self._store._read(f"turn {turn_id}", read, of=self._sid)
 
     async def messages(self) -> list[Message]:
         async def read(conn: psycopg.AsyncConnection[Any]) -> list[Message]:
@@ -840,7 +1013,7 @@ class _PgSession:
             )
             return [message_from_dict(json.loads(r[0])) for r in await cur.fetchall()]
 
-        return await self._store._read(f"session {self._sid}", read)
+        return await self._store._read(f"session {self._sid}", read, of=self._sid)
 
     async def events(self, *, turn_id: str | None = None, after: int = 0) -> list[TurnEvent]:
         async def read(conn: psycopg.AsyncConnection[Any]) -> list[TurnEvent]:
@@ -858,21 +1031,23 @@ class _PgSession:
                 )
             return [event_from_dict(json.loads(r[0])) for r in await cur.fetchall()]
 
-        return await self._store._read(f"events of session {self._sid}", read)
+        return await self._store._read(f"events of session {self._sid}", read, of=self._sid)
 
     async def generations(self) -> list[int]:
         async def read(conn: psycopg.AsyncConnection[Any]) -> list[int]:
             cur = await conn.execute(_pg(archive_sql.GENERATIONS), (self._sid,))
             return [int(r[0]) for r in await cur.fetchall()]
 
-        return await self._store._read(f"generations of session {self._sid}", read)
+        return await self._store._read(f"generations of session {self._sid}", read, of=self._sid)
 
     async def archived_messages(self, generation: int) -> list[Message]:
         async def read(conn: psycopg.AsyncConnection[Any]) -> list[Message]:
             cur = await conn.execute(_pg(archive_sql.ARCHIVED_MESSAGES), (self._sid, generation))
             return [message_from_dict(json.loads(r[0])) for r in await cur.fetchall()]
 
-        return await self._store._read(f"session {self._sid} generation {generation}", read)
+        return await self._store._read(
+            f"session {self._sid} generation {generation}", read, of=self._sid
+        )
 
     async def unfinished(self) -> list[TurnRecord]:
         async def read(conn: psycopg.AsyncConnection[Any]) -> list[TurnRecord]:
@@ -883,7 +1058,7 @@ class _PgSession:
             )
             return [_turn_from_row(r) for r in await cur.fetchall()]
 
-        return await self._store._read(f"session {self._sid}", read)
+        return await self._store._read(f"session {self._sid}", read, of=self._sid)
 
     async def parked(self) -> TurnRecord | None:
         async def read(conn: psycopg.AsyncConnection[Any]) -> TurnRecord | None:
@@ -895,14 +1070,14 @@ class _PgSession:
             row = await cur.fetchone()
             return _turn_from_row(row) if row else None
 
-        return await self._store._read(f"session {self._sid}", read)
+        return await self._store._read(f"session {self._sid}", read, of=self._sid)
 
     async def status(self) -> SessionStatus:
         async def read(conn: psycopg.AsyncConnection[Any]) -> SessionStatus:
             res = await _run_prepared(conn, b"turnkit_status", _STATUS_SQL, (self._sid,))
             return cast(SessionStatus, _text(res.get_value(0, 0))) if res.ntuples else "new"
 
-        return await self._store._read(f"session {self._sid}", read)
+        return await self._store._read(f"session {self._sid}", read, of=self._sid)
 
 
 class PostgresStore:
@@ -1045,7 +1220,7 @@ class PostgresStore:
         self._pool = pool
 
     async def close(self) -> None:
-        await self._committer.drain()
+        await self._committer.close()
         apool, self._apool = self._apool, None
         lock_conn, self._lock_conn = self._lock_conn, None
         if lock_conn is not None:
@@ -1078,8 +1253,12 @@ class PostgresStore:
         what: str,
         fn: Callable[..., Awaitable[T]],
         *args: Any,
+        of: str | None = None,
     ) -> T:
-        """Run ``fn(conn, *args)`` on a connection of the event loop's pool."""
+        """Run ``fn(conn, *args)`` on a connection of the event loop's pool, once the
+        step commits in flight of session ``of`` (of every session if ``None``) have
+        ended: a read never misses a commit this process sent before it."""
+        await self._committer.settled(of)
         pool = self.async_pool
         try:
             conn = await pool.getconn(timeout=self.connect_timeout)
