@@ -644,3 +644,39 @@ async def test_a_feed_follows_a_turn_running_in_another_process_through_the_log(
     logged = [e.to_dict() for e in await session.events(turn_id=turn_id)]
     assert frames == logged[1:]
     assert frames[-1]["type"] == "turn.completed"
+
+
+async def test_text_with_unicode_line_separators_stays_on_one_data_line(open_runtime: Any) -> None:
+    # JSON leaves U+2028, U+2029 and U+0085 raw; httpx's line reader (and Python's
+    # splitlines) breaks lines on them, which would cut the event's JSON in two.
+    tricky = "one\u2028two\u2029three\x85four\r\nfive"
+    agent = turnkit.Agent(
+        name="echo",
+        model=ScriptedModel(respond=lambda _: ScriptedReply(text=tricky, chunks=2)),
+        instructions=".",
+    )
+    runtime = await open_runtime(agent)
+    async with serving(runtime) as served:
+        frames = await sse(
+            served, "POST", served.path("echo", "s1", "turns"), json={"text": "hi"}, headers=ALICE
+        )
+        # A client reading the stream line by line with httpx's own line reader.
+        async with served.client.stream(
+            "POST", served.path("echo", "s2", "turns"), json={"text": "hi"}, headers=ALICE
+        ) as reply:
+            data = [
+                json.loads(line.removeprefix("data: "))
+                async for line in reply.aiter_lines()
+                if line.startswith("data: ")
+            ]
+    assert data[-1]["type"] == "turn.completed" and data[-1]["text"] == tricky
+    assert frames[-1].event == "turn.completed" and frames[-1].data["text"] == tricky
+    assert "".join(f.data["text"] for f in frames if f.event == "message.delta") == tricky
+
+
+def test_frame_splits_data_on_every_sse_line_break() -> None:
+    from turnkit.server import frame
+
+    assert frame("a\rb\r\nc\nd", event="x") == b"event: x\ndata: a\ndata: b\ndata: c\ndata: d\n\n"
+    with pytest.raises(ValueError, match="line break"):
+        frame("x", event="a\rb")

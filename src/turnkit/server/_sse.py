@@ -7,16 +7,26 @@ one line, and ``id:`` its sequence number when the store logged it.
 from __future__ import annotations
 
 import json
+import re
+from typing import Any
 
 from .._events import TurnEvent
 
 #: A comment line: keeps an idle connection open and lets the server notice a gone client.
 KEEPALIVE = b": keep-alive\n\n"
 
+#: What ends a line in an SSE stream: CRLF, LF or CR.
+_LINE_BREAK = re.compile(r"\r\n|\r|\n")
+
+#: Characters JSON leaves raw that some clients still take for line breaks (Python's
+#: ``str.splitlines``, which httpx's line reader follows, splits on them): escaped,
+#: so one event's JSON stays on one ``data:`` line for every client.
+_SPLITLINES_ONLY = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
+
 
 def frame(data: str, *, event: str | None = None, id: str | None = None) -> bytes:
-    """One SSE event. Multi-line ``data`` becomes several ``data:`` lines, as the
-    format requires; ``event`` and ``id`` may not contain line breaks."""
+    """One SSE event. Multi-line ``data`` (CRLF, LF or CR) becomes several ``data:``
+    lines, as the format requires; ``event`` and ``id`` may not contain line breaks."""
     lines: list[str] = []
     if id is not None:
         _single_line("id", id)
@@ -26,15 +36,20 @@ def frame(data: str, *, event: str | None = None, id: str | None = None) -> byte
     if event is not None:
         _single_line("event", event)
         lines.append(f"event: {event}")
-    lines.extend(f"data: {line}" for line in data.split("\n"))
+    lines.extend(f"data: {line}" for line in _LINE_BREAK.split(data))
     return ("\n".join(lines) + "\n\n").encode("utf-8")
+
+
+def json_line(value: Any) -> str:
+    """``value`` as JSON on one line that every SSE client reads as one line."""
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    return text.translate(_SPLITLINES_ONLY)
 
 
 def event_frame(event: TurnEvent) -> bytes:
     """The SSE event for a ``TurnEvent``; deltas (no ``seq``) carry no ``id:``."""
-    data = json.dumps(event.to_dict(), ensure_ascii=False, separators=(",", ":"))
     seq = event.seq
-    return frame(data, event=event.type, id=None if seq is None else str(seq))
+    return frame(json_line(event.to_dict()), event=event.type, id=None if seq is None else str(seq))
 
 
 def _single_line(field: str, value: str) -> None:

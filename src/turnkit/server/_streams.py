@@ -7,7 +7,6 @@ never stop the turn) when the client goes away.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator
 
 from starlette.responses import StreamingResponse
@@ -15,7 +14,7 @@ from starlette.responses import StreamingResponse
 from .._errors import TurnError
 from .._observe import TurnStream
 from ._feed import EventFeed
-from ._sse import KEEPALIVE, event_frame, frame
+from ._sse import KEEPALIVE, event_frame, frame, json_line
 
 HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
@@ -71,7 +70,7 @@ async def _turn_frames(stream: TurnStream, idle: float) -> AsyncIterator[bytes]:
             if item is _END:
                 return
             if isinstance(item, TurnError):
-                yield frame(json.dumps({"error": str(item)}), event="error")
+                yield frame(json_line({"error": str(item)}), event="error")
                 continue
             yield event_frame(item)  # type: ignore[arg-type]
     finally:
