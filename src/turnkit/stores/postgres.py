@@ -203,40 +203,43 @@ async def _rollback_quietly_async(conn: psycopg.AsyncConnection[Any]) -> None:
 
 
 @functools.cache
-def _template(sql: str) -> tuple[bytes, ...]:
-    """``sql`` cut at its ``%s`` placeholders (``%%`` read as ``%``), as bytes."""
-    out = [b""]
+def _template(sql: str) -> tuple[str, ...]:
+    """``sql`` cut at its ``%s`` placeholders (``%%`` read as ``%``)."""
+    out = [""]
     for part in re.split(r"(%s|%%)", sql):
         if part == "%s":
-            out.append(b"")
+            out.append("")
         elif part == "%%":
-            out[-1] += b"%"
+            out[-1] += "%"
         else:
-            out[-1] += part.encode()
+            out[-1] += part
     return tuple(out)
 
 
-def _literal(value: Any) -> bytes:
+def _literal(value: Any) -> str:
     """``value`` as a SQL literal. Strings use the ``E''`` form, whose escaping (quotes
     and backslashes doubled) means the same whatever ``standard_conforming_strings``
-    says; the query is sent as UTF-8, the connections' client encoding."""
+    says; the query is sent as UTF-8, the connections' client encoding. A NUL, which
+    no text field can hold, is refused when the whole query is encoded (``_encode``)."""
+    if type(value) is str:
+        return "E'" + value.replace("\\", "\\\\").replace("'", "''") + "'"
+    if type(value) is int:
+        return int.__repr__(value)
     if value is None:
-        return b"NULL"
+        return "NULL"
     if isinstance(value, str):
-        if "\0" in value:
-            raise psycopg.DataError("PostgreSQL text fields cannot contain NUL (0x00) bytes")
-        return b"E'" + value.replace("\\", "\\\\").replace("'", "''").encode() + b"'"
+        return _literal(str.__str__(value))
     if isinstance(value, bool):
-        return b"true" if value else b"false"
+        return "true" if value else "false"
     if isinstance(value, int):
-        return str(value).encode()
+        return int.__repr__(value)
     if isinstance(value, float):
-        text = repr(value)
-        return text.encode() if math.isfinite(value) else f"'{text}'::float8".encode()
+        text = float.__repr__(value)
+        return text if math.isfinite(value) else f"'{text}'::float8"
     raise TypeError(f"PostgresStore cannot send a {type(value).__name__} as a literal")
 
 
-def _render(sql: str, params: Sequence[Any]) -> bytes:
+def _render(sql: str, params: Sequence[Any]) -> str:
     """One statement with its values inlined as SQL literals."""
     parts = _template(sql)
     if len(parts) != len(params) + 1:
@@ -245,7 +248,15 @@ def _render(sql: str, params: Sequence[Any]) -> bytes:
     for value, part in zip(params, parts[1:], strict=True):
         out.append(_literal(value))
         out.append(part)
-    return b"".join(out)
+    return "".join(out)
+
+
+def _encode(statements: Sequence[str]) -> bytes:
+    """Statements as one simple-protocol query, in UTF-8."""
+    query = ";\n".join(statements)
+    if "\0" in query:
+        raise psycopg.DataError("PostgreSQL text fields cannot contain NUL (0x00) bytes")
+    return query.encode()
 
 
 async def _query(conn: psycopg.AsyncConnection[Any], query: bytes) -> list[PGresult]:
@@ -267,7 +278,7 @@ async def _results(conn: psycopg.AsyncConnection[Any]) -> list[PGresult]:
 def _numbered(sql: str) -> bytes:
     """``sql`` with ``$1``, ``$2``, ... for its ``%s`` placeholders."""
     parts = _template(sql)
-    return parts[0] + b"".join(b"$%d" % i + part for i, part in enumerate(parts[1:], 1))
+    return (parts[0] + "".join(f"${i}{part}" for i, part in enumerate(parts[1:], 1))).encode()
 
 
 def _param(value: Any) -> bytes | None:
@@ -371,6 +382,12 @@ class _Writes:
     def __init__(self, session_id: str) -> None:
         self._sid = session_id
         self.writes: list[_Write] = []
+        #: Statements already rendered with their values (the loop's hot path).
+        self.rendered: list[str] = []
+
+    def statements(self) -> list[str]:
+        """Every write as one SQL statement, values inlined."""
+        return [*self.rendered, *(_render(sql, params) for sql, params in self.writes)]
 
     def append_message(self, index: int, message: Message) -> None:
         self.writes.append(
@@ -482,9 +499,46 @@ class _LoopTransaction(_Writes):
     never touch ``handle``, so they run here and their rows go out in one
     asynchronous pipeline. Asking for ``handle`` stops ``work`` at once."""
 
+    def __init__(self, session_id: str, sid_literal: str) -> None:
+        super().__init__(session_id)
+        self._sid_lit = sid_literal
+        self._events: list[str] = []
+
     @property
     def handle(self) -> StoreHandle:
         raise _NeedsConnection
+
+    # The rows of every step, rendered as they come: the hot path.
+
+    def append_message(self, index: int, message: Message) -> None:
+        self.rendered.append(
+            "INSERT INTO turnkit_messages (session_id, idx, turn_id, body) VALUES ("
+            f"{self._sid_lit}, {_literal(index)}, {_literal(message.turn_id)}, "
+            f"{_literal(_dumps(message.to_dict()))})"
+        )
+
+    def put_step(self, step_id: str, turn_id: str, result: Any) -> None:
+        self.rendered.append(
+            "INSERT INTO turnkit_steps (session_id, turn_id, step_id, result) VALUES ("
+            f"{self._sid_lit}, {_literal(turn_id)}, {_literal(step_id)}, "
+            f"{_literal(_dumps(result))})"
+        )
+
+    def log_event(self, event: TurnEvent) -> None:
+        # A step's events go in as one multi-row INSERT (see ``statements``).
+        self._events.append(
+            f"({self._sid_lit}, {_literal(event.seq)}, {_literal(event.turn_id)}, "
+            f"{_literal(_dumps(event.to_dict()))})"
+        )
+
+    def statements(self) -> list[str]:
+        out = super().statements()
+        if self._events:
+            out.append(
+                "INSERT INTO turnkit_events (session_id, seq, turn_id, body) VALUES "
+                + ", ".join(self._events)
+            )
+        return out
 
 
 class _PgHandle:
@@ -914,6 +968,7 @@ class _PgSession:
     def __init__(self, store: PostgresStore, session_id: str) -> None:
         self._store = store
         self._sid = session_id
+        self._sid_lit = _literal(session_id)
 
     @property
     def session_id(self) -> str:
@@ -949,18 +1004,22 @@ class _PgSession:
     async def commit(self, work: Callable[[Any], T]) -> T:
         store = self._store
         token = store._tokens.get(self._sid)
-        tx = _LoopTransaction(self._sid)
+        tx = _LoopTransaction(self._sid, self._sid_lit)
         try:
             result = work(tx)
-            writes = tx.writes
+            writes: _Writes = tx
         except _NeedsConnection:
             # A local tool: it runs on a worker thread, where its SQL may block.
             result, thread_tx = await store._call(self._commit_on_thread, work, token)
             if thread_tx.flushed:
                 return result
-            writes = thread_tx.writes
-        if writes:
-            await self._flush(writes, token)
+            writes = thread_tx
+        try:
+            statements = writes.statements()
+        except psycopg.Error as exc:
+            raise StoreError(f"session {self._sid}: commit failed: {exc}") from exc
+        if statements:
+            await self._flush(statements, token)
         return result
 
     def _commit_on_thread(
@@ -986,17 +1045,17 @@ class _PgSession:
             tx.release()
         return result, tx
 
-    async def _flush(self, writes: list[_Write], token: str | None) -> None:
-        """The fence and ``writes`` as one multi-statement query (one implicit
+    async def _flush(self, statements: list[str], token: str | None) -> None:
+        """The fence and ``statements`` as one multi-statement query (one implicit
         transaction: any failing statement undoes them all), sent by the store's
         group committer."""
+        if token is not None:
+            statements.insert(0, f"SELECT turnkit_fence({self._sid_lit}, {_literal(token)})")
         try:
-            parts = [_render(sql, params) for sql, params in writes]
+            query = _encode(statements)
         except (psycopg.Error, UnicodeError) as exc:
             raise StoreError(f"session {self._sid}: commit failed: {exc}") from exc
-        if token is not None:
-            parts.insert(0, _render("SELECT turnkit_fence(%s, %s)", (self._sid, token)))
-        await self._store._committer.commit(self._sid, b";\n".join(parts))
+        await self._store._committer.commit(self._sid, query)
 
     async def turn(self, turn_id: str) -> TurnRecord | None:
         async def read(conn: psycopg.AsyncConnection[Any]) -> TurnRecord | None:
