@@ -8,9 +8,9 @@ two without a gap or a duplicate.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 
-from .._events import ENDING_EVENT_TYPES, EventSink, TurnEvent
+from .._events import ENDING_EVENT_TYPES, TERMINAL_EVENT_TYPES, EventSink, TurnEvent
 from .._observe import event_filter
 from .._store import TERMINAL_TURN_STATUSES, SessionStore
 
@@ -18,34 +18,43 @@ from .._store import TERMINAL_TURN_STATUSES, SessionStore
 class EventFeed:
     """Follows one session (or one turn of it) from the event numbered ``after``.
 
-    Made before anything is awaited, so it is already listening. Iterate
-    ``feed.events(idle=…)``: it yields ``None`` after ``idle`` seconds of quiet (the
-    caller's cue for a keep-alive), and for a single turn it ends after that
-    turn's terminal event or its ``input.requested``.
+    Iterate ``feed.events(idle=…)``: it subscribes to the sink before it reads the
+    log, yields ``None`` after ``idle`` seconds of quiet (the caller's cue for a
+    keep-alive), and for a single turn it ends after that turn's terminal event or
+    its ``input.requested``. It stops listening when the iteration ends, however it
+    ends; a feed that is never iterated never listens.
     """
 
     def __init__(
         self, store: SessionStore, sink: EventSink, *, after: int, turn_id: str | None = None
     ) -> None:
         self._store = store
+        self._sink = sink
         self._after = after
         self._turn_id = turn_id
         self._queue: asyncio.Queue[TurnEvent] = asyncio.Queue()
-        wanted = event_filter(store.session_id, turn_id)
-
-        def enqueue(event: TurnEvent) -> None:
-            if wanted(event):
-                self._queue.put_nowait(event)
-
-        self._unsubscribe = sink.subscribe(enqueue)
+        self._unsubscribe: Callable[[], None] | None = None
 
     def close(self) -> None:
         """Stop listening (idempotent)."""
-        self._unsubscribe()
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
+
+    def _listen(self) -> None:
+        wanted = event_filter(self._store.session_id, self._turn_id)
+        queue = self._queue
+
+        def enqueue(event: TurnEvent) -> None:
+            if wanted(event):
+                queue.put_nowait(event)
+
+        self._unsubscribe = self._sink.subscribe(enqueue)
 
     async def events(
         self, *, idle: float, poll: float | None = None
     ) -> AsyncGenerator[TurnEvent | None, None]:
+        self._listen()  # before the log is read, so nothing falls between the two
         try:
             every, logged = await self._logged()
             # Everything queued so far arrived before the log was read: such a live
@@ -56,13 +65,14 @@ class EventFeed:
                 yield event
                 last = event.seq or last
             if self._turn_id is not None:
-                if every and every[-1].type in ENDING_EVENT_TYPES:
-                    return
-                if await self._turn_ended():
+                status = await self._turn_status()
+                if status in TERMINAL_TURN_STATUSES:
                     # It ended while the log was read, or with an ending the store
                     # could not log: send what was logged since, and stop.
                     for event in await self._store.events(turn_id=self._turn_id, after=last):
                         yield event
+                    return
+                if every and _ends(every[-1], status):
                     return
             async for item in self._live(read_mark, last, idle, poll):
                 yield item
@@ -79,10 +89,10 @@ class EventFeed:
         every = await self._store.events(turn_id=self._turn_id)
         return every, [e for e in every if (e.seq or 0) > self._after]
 
-    async def _turn_ended(self) -> bool:
+    async def _turn_status(self) -> str | None:
         assert self._turn_id is not None
         record = await self._store.turn(self._turn_id)
-        return record is not None and record.status in TERMINAL_TURN_STATUSES
+        return None if record is None else record.status
 
     async def _live(
         self, read_mark: int, last: int, idle: float, poll: float | None
@@ -107,6 +117,9 @@ class EventFeed:
                 quiet += wait
                 if poll is not None:
                     fresh = await self._store.events(turn_id=self._turn_id, after=last)
+                    # What was queued while the store answered may be in ``fresh``:
+                    # judge it as what was queued while the log was first read.
+                    read_mark = taken + self._queue.qsize()
                     if fresh:
                         held.clear()
                         quiet = 0.0
@@ -121,7 +134,7 @@ class EventFeed:
             quiet = 0.0
             taken += 1
             if event.seq is None:
-                if taken <= read_mark:
+                if taken <= read_mark and _is_delta(event):
                     held.append(event)
                     continue
                 for early in held:
@@ -141,3 +154,17 @@ class EventFeed:
 
     def _ends_turn(self, event: TurnEvent) -> bool:
         return self._turn_id is not None and event.type in ENDING_EVENT_TYPES
+
+
+def _is_delta(event: TurnEvent) -> bool:
+    return event.type in ("message.delta", "reasoning.delta")
+
+
+def _ends(event: TurnEvent, status: str | None) -> bool:
+    """Whether a turn whose log ends with ``event`` and whose record says ``status``
+    has nothing more to say: it ended, or it is parked. A logged ending of a turn
+    running again is not the end of its story: a parked turn was resumed since (its
+    next events are still to come), or a failed one is being redelivered."""
+    if event.type in TERMINAL_EVENT_TYPES:
+        return status != "running"
+    return event.type == "input.requested" and status != "running"

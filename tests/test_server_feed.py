@@ -1,0 +1,183 @@
+"""The event feed behind ``GET …/events``, driven directly: how it joins the log and
+the live events when they race (an event heard while the store is being read)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from typing import Any
+
+from httpx_sse import aconnect_sse
+from server_support import serving
+
+import turnkit
+from turnkit import ToolContext, tool
+from turnkit.server._feed import EventFeed
+from turnkit.testing import ScriptedModel, ScriptedReply, tool_call
+
+ALICE = {"X-User": "alice"}
+
+
+class CountingSink(turnkit.LocalEventSink):
+    """A local sink that says how many subscribers it has."""
+
+    @property
+    def listeners(self) -> int:
+        return len(self._subscribers)
+
+
+class RacingStore:
+    """A session store whose ``events()`` calls run ``during(n, events)`` after the
+    read: what the sink hears there was heard while the store was being read."""
+
+    def __init__(self, inner: Any, during: Callable[[int, list[Any]], list[Any]]) -> None:
+        self._inner = inner
+        self._during = during
+        self.calls = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def events(self, **kwargs: Any) -> list[Any]:
+        got = await self._inner.events(**kwargs)
+        self.calls += 1
+        return self._during(self.calls, got)
+
+
+def gated_agent(gate: asyncio.Event) -> turnkit.Agent:
+    @tool
+    async def slow(x: int) -> int:
+        """Waits for the test."""
+        await gate.wait()
+        return x
+
+    def respond(transcript: list[turnkit.Message]) -> ScriptedReply:
+        if isinstance(transcript[-1], turnkit.UserMessage):
+            return ScriptedReply(text="One moment.", tool_calls=[tool_call("slow", {"x": 1})])
+        return ScriptedReply(text="Done.")
+
+    return turnkit.Agent(
+        name="w", model=ScriptedModel(respond=respond), instructions=".", tools=[slow]
+    )
+
+
+async def until_quiet(feed: EventFeed, **kwargs: Any) -> list[Any]:
+    """The feed's items up to its first keep-alive (or its end)."""
+    items: list[Any] = []
+    async for item in feed.events(**kwargs):
+        if item is None:
+            break
+        items.append(item)
+    return items
+
+
+async def test_a_feed_that_is_never_read_never_listens(open_runtime: Any) -> None:
+    runtime = await open_runtime(gated_agent(asyncio.Event()))
+    sink = CountingSink()
+    feed = EventFeed(runtime.store.session("s1"), sink, after=0)
+    assert sink.listeners == 0  # a response that never starts leaks no subscription
+    items = feed.events(idle=0.01)
+    assert await items.__anext__() is None and sink.listeners == 1
+    await items.aclose()
+    assert sink.listeners == 0
+    del feed
+
+
+async def test_a_live_only_failure_heard_while_the_log_is_read_ends_the_turn_feed(
+    open_runtime: Any,
+) -> None:
+    gate = asyncio.Event()
+    runtime = await open_runtime(gated_agent(gate))
+    session = runtime.session("w", "s1")
+    turn_id = session.start("go")
+    while not any(e.type == "action.requested" for e in await session.events()):
+        await asyncio.sleep(0.01)
+    crash = turnkit.TurnFailedEvent(turn_id=turn_id, session_id="s1", error="delivery failed")
+
+    def during(call: int, got: list[Any]) -> list[Any]:
+        if call == 1:
+            runtime.sink.emit(crash)  # a delivery that broke: never logged
+        return got
+
+    feed = EventFeed(RacingStore(runtime.store.session("s1"), during), runtime.sink, after=0)
+    items = await until_quiet(feed, idle=0.01)
+    gate.set()
+    await session.result(turn_id)
+    assert [e.type for e in items] == [
+        "turn.started",
+        "message.completed",
+        "action.requested",
+        "turn.failed",
+    ]
+    assert items[-1] is crash
+
+
+async def test_deltas_heard_while_the_feed_polls_are_not_sent_after_their_logged_message(
+    open_runtime: Any,
+) -> None:
+    runtime = await open_runtime(gated_agent(asyncio.Event()))
+    deltas = [
+        turnkit.MessageDeltaEvent(turn_id="t9", session_id="s1", text=text)
+        for text in ("Hel", "lo.")
+    ]
+    ending = turnkit.TurnCompletedEvent(turn_id="t9", session_id="s1", seq=1, text="Hello.")
+
+    def during(call: int, got: list[Any]) -> list[Any]:
+        if call != 2:
+            return got
+        # The first poll: meanwhile this process streams a reply and logs its end,
+        # and the poll's read already holds that end.
+        for event in (*deltas, ending):
+            runtime.sink.emit(event)
+        return [ending]
+
+    feed = EventFeed(RacingStore(runtime.store.session("s1"), during), runtime.sink, after=0)
+    items = await until_quiet(feed, idle=0.2, poll=0.01)
+    assert items == [ending]  # the deltas of a message already sent whole come no more
+
+
+async def test_a_turn_feed_of_a_parked_turn_resumed_since_follows_the_resumed_delivery(
+    open_runtime: Any,
+) -> None:
+    gate = asyncio.Event()
+
+    @tool
+    async def refund(order_id: str, ctx: ToolContext) -> str:
+        """Refund once a person approves, then wait for the test."""
+        ok = await ctx.request_input("approve", f"Refund {order_id}?", schema={"type": "boolean"})
+        await gate.wait()
+        return "refunded" if ok else "declined"
+
+    def respond(transcript: list[turnkit.Message]) -> ScriptedReply:
+        if isinstance(transcript[-1], turnkit.UserMessage):
+            return ScriptedReply(tool_calls=[tool_call("refund", {"order_id": "A1"})])
+        return ScriptedReply(text="Refunded.")
+
+    agent = turnkit.Agent(
+        name="shop", model=ScriptedModel(respond=respond), instructions=".", tools=[refund]
+    )
+    runtime = await open_runtime(agent)
+    session = runtime.session("shop", "s1")
+    turn_id = session.start("refund A1")
+    assert (await session.result(turn_id)).status == "suspended"
+    await session.resume(turn_id, "approve", True, by="alice")
+    # The resumed delivery is running; its log still ends with the input.requested.
+    async with (
+        serving(runtime) as served,
+        aconnect_sse(
+            served.client,
+            "GET",
+            served.path("shop", "s1", "events"),
+            params={"turn_id": turn_id},
+            headers=dict(ALICE),
+        ) as source,
+    ):
+        seen = []
+        async for frame in source.aiter_sse():
+            seen.append(json.loads(frame.data))
+            if frame.event == "input.requested":
+                gate.set()  # only now may the resumed turn go on
+    assert seen[-1]["type"] == "turn.completed" and seen[-1]["text"] == "Refunded."
+    logged = [e.to_dict() for e in await session.events(turn_id=turn_id)]
+    assert [e for e in seen if e["seq"]] == logged
