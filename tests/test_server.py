@@ -680,3 +680,83 @@ def test_frame_splits_data_on_every_sse_line_break() -> None:
     assert frame("a\rb\r\nc\nd", event="x") == b"event: x\ndata: a\ndata: b\ndata: c\ndata: d\n\n"
     with pytest.raises(ValueError, match="line break"):
         frame("x", event="a\rb")
+
+
+async def test_a_session_of_another_agent_is_a_409_and_stays_as_it_was(
+    make_store: Any, open_runtime: Any
+) -> None:
+    first = await open_runtime(calc_agent(), refund_agent())
+    await first.session("calc", "s1").turn("2+3?")
+    # Another process (or this one after a restart): nothing in memory says whose
+    # session s1 is, only the store does.
+    runtime = await open_runtime(calc_agent(), refund_agent(), store=make_store())
+    before = await snapshot(runtime)
+    async with serving(runtime) as served:
+        for method, verb, body in [
+            ("POST", "chat", {"text": "hi"}),
+            ("POST", "turns", {"text": "hi"}),
+            ("POST", "resume", {"turn_id": "t", "input_id": "approve", "value": True}),
+            ("POST", "reset", {}),
+            ("GET", "pending", None),
+            ("GET", "transcript", None),
+            ("GET", "events", None),
+        ]:
+            reply = await served.client.request(
+                method, served.path("shop", "s1", verb), json=body, headers=ALICE
+            )
+            assert reply.status_code == 409, (verb, reply.text)
+            assert reply.json()["code"] == "session_of_another_agent", reply.text
+            assert "belongs to agent 'calc'" in reply.json()["error"]
+            assert await snapshot(runtime) == before
+        mine = await served.client.get(served.path("calc", "s1", "transcript"), headers=ALICE)
+        assert mine.status_code == 200 and mine.json()["status"] == "idle"
+
+
+async def test_a_runtime_that_is_not_open_answers_503(make_store: Any) -> None:
+    runtime = turnkit.Runtime([calc_agent()], store=make_store())
+    async with serving(runtime) as served:
+        for method, verb in [("POST", "chat"), ("POST", "reset"), ("GET", "transcript")]:
+            reply = await served.client.request(
+                method, served.path("calc", "s1", verb), json={"text": "hi"}, headers=ALICE
+            )
+            assert reply.status_code == 503, (verb, reply.text)
+            assert reply.json()["code"] == "runtime_unavailable"
+        anonymous = await served.client.post(served.path("calc", "s1", "chat"), json={})
+        assert anonymous.status_code == 401  # authentication still comes first
+
+
+async def test_a_failing_or_busy_store_is_a_503(open_runtime: Any, monkeypatch: Any) -> None:
+    runtime = await open_runtime(calc_agent())
+    session = runtime.session("calc", "s1")
+    await session.turn("2+3?")
+    store = session._store
+
+    def busy() -> Any:
+        raise turnkit.SessionBusyError("another process holds the writer lock of s1")
+
+    monkeypatch.setattr(store, "writer", busy)
+    async with serving(runtime) as served:
+        reset = await served.client.post(served.path("calc", "s1", "reset"), headers=ALICE)
+        assert reset.status_code == 503 and reset.json()["code"] == "session_busy", reset.text
+
+        def down(session_id: str) -> Any:
+            raise turnkit.StoreError("the database is unreachable")
+
+        monkeypatch.setattr(runtime.store, "session", down)
+        reply = await served.client.get(served.path("calc", "s1", "transcript"), headers=ALICE)
+        assert reply.status_code == 503 and reply.json()["code"] == "store_unavailable"
+        assert "unreachable" in reply.json()["error"]
+
+
+async def test_head_on_the_event_feed_answers_the_headers_and_opens_no_feed(
+    open_runtime: Any,
+) -> None:
+    runtime = await open_runtime(calc_agent())
+    async with serving(runtime) as served:
+        # Bounded, so that a feed answering HEAD (it would never end) fails the test.
+        reply = await served.client.head(
+            served.path("calc", "s1", "events"), headers=ALICE, timeout=10
+        )
+        assert reply.status_code == 200
+        assert reply.headers["content-type"].startswith("text/event-stream")
+        assert (await served.client.head("/agents/calc/sessions/s1/events")).status_code == 401

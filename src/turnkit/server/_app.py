@@ -29,9 +29,13 @@ from .._errors import (
     ResumeConflictError,
     SessionBusyError,
     SessionSuspendedError,
+    StoreError,
+    TurnError,
 )
 from .._inbound import InboundEvent, User
+from .._inputs import InputRequest
 from .._runtime import Runtime
+from .._store import SessionStore
 from ._bodies import (
     HttpError,
     empty_body,
@@ -44,6 +48,7 @@ from ._bodies import (
 from ._feed import EventFeed
 from ._principal import Authenticate, Principal, authenticated
 from ._sessions_page import page_of_sessions
+from ._streams import HEADERS as STREAM_HEADERS
 from ._streams import event_stream, feed_stream
 
 log = logging.getLogger("turnkit.server")
@@ -118,7 +123,7 @@ def create_app(
     if not isinstance(source, str) or not source:
         raise ConfigurationError(f"source must be a non-empty str, got {source!r}")
     api = _Api(runtime, limits or ServerLimits(), source, notice)
-    guard = _Guard(authenticate)
+    guard = _Guard(authenticate, runtime)
     session = "/agents/{agent}/sessions/{session}"
     routes: list[BaseRoute] = [
         Route("/agents", guard(api.agents), methods=["GET"]),
@@ -165,20 +170,34 @@ async def recover_quietly(runtime: Runtime) -> None:
 
 
 class _Guard:
-    """Wraps a handler: authenticate, then run it, turning refusals into JSON errors."""
+    """Wraps a handler: authenticate, then run it, turning refusals and the runtime's
+    passing troubles (a closed runtime, a busy or unreachable store) into JSON errors."""
 
-    def __init__(self, authenticate: Authenticate) -> None:
+    def __init__(self, authenticate: Authenticate, runtime: Runtime) -> None:
         self._authenticate = authenticate
+        self._runtime = runtime
 
     def __call__(self, handler: Handler) -> Callable[[Request], Awaitable[Response]]:
         async def endpoint(request: Request) -> Response:
             principal = await authenticated(self._authenticate, request)
             if principal is None:
                 return error_response(401, "unauthenticated", "authentication required")
+            if self._runtime._loop is None:  # not opened yet, or closed already
+                return error_response(
+                    503, "runtime_unavailable", "the runtime is not open; try again later"
+                )
             try:
                 return await handler(request, principal)
             except HttpError as exc:
                 return error_response(exc.status, exc.code, exc.message)
+            except SessionBusyError as exc:
+                return error_response(503, "session_busy", str(exc))
+            except StoreError as exc:
+                log.warning("%s %s: the store failed: %s", request.method, request.url.path, exc)
+                return error_response(503, "store_unavailable", str(exc))
+            except TurnError as exc:
+                # The runtime closed (or the delivery was interrupted) under the request.
+                return error_response(503, "runtime_unavailable", str(exc))
 
         return endpoint
 
@@ -215,13 +234,16 @@ class _Api:
         return JSONResponse({"sessions": rows, "next": cursor})
 
     async def pending(self, request: Request, principal: Principal) -> Response:
-        request_ = await self._context(request).pending(session=self._session_id(request))
-        return JSONResponse({"request": None if request_ is None else request_.to_dict()})
+        store = await self._readable(request)
+        record = await store.parked()
+        if record is None or record.pending is None:
+            return JSONResponse({"request": None})
+        return JSONResponse(
+            {"request": InputRequest.from_dict(record.pending["request"]).to_dict()}
+        )
 
     async def transcript(self, request: Request, principal: Principal) -> Response:
-        session_id = self._session_id(request)
-        self._context(request)
-        store = self.runtime.store.session(session_id)
+        store = await self._readable(request)
         snapshot = await store.load()
         return JSONResponse(
             {
@@ -234,7 +256,7 @@ class _Api:
         )
 
     async def events(self, request: Request, principal: Principal) -> Response:
-        session = self._context(request).session(self._session_id(request))
+        store = await self._readable(request)
         header = request.headers.get("last-event-id")
         if header is not None:
             after = non_negative_int(header.strip(), "Last-Event-ID", default=0)
@@ -243,23 +265,21 @@ class _Api:
         turn_id = request.query_params.get("turn_id")
         if turn_id is not None:
             turn_id = identifier(turn_id, "turn_id")
-            known = await self.runtime.store.session(session.session_id).turn(turn_id)
-            if known is None and not session.delivering(turn_id):
+            known = await store.turn(turn_id)
+            if known is None and not self._delivering(request, turn_id):
                 raise HttpError(
-                    404, "unknown_turn", f"session {session.session_id!r} has no turn {turn_id!r}"
+                    404, "unknown_turn", f"session {store.session_id!r} has no turn {turn_id!r}"
                 )
-        feed = EventFeed(
-            self.runtime.store.session(session.session_id),
-            self.runtime.sink,
-            after=after,
-            turn_id=turn_id,
-        )
+        if request.method == "HEAD":
+            # The headers a GET would answer with, and no feed: one would never end.
+            return Response(media_type="text/event-stream", headers=STREAM_HEADERS)
+        feed = EventFeed(store, self.runtime.sink, after=after, turn_id=turn_id)
         return feed_stream(feed, self.limits.keepalive_seconds, self.limits.feed_poll_seconds)
 
     # -- turns -----------------------------------------------------------------
 
     async def turns(self, request: Request, principal: Principal) -> Response:
-        ctx, session_id = self._context(request), self._session_id(request)
+        ctx, session_id = await self._writable(request)
         body = turn_body(await read_object(request, self.limits.max_body_bytes))
         try:
             stream = ctx.run_stream(
@@ -271,14 +291,12 @@ class _Api:
             )
         except SessionSuspendedError as exc:
             raise HttpError(409, "session_suspended", str(exc)) from None
-        except ConfigurationError as exc:
-            raise HttpError(400, "invalid_body", str(exc)) from None
         return event_stream(stream, self.limits.keepalive_seconds)
 
     async def chat(self, request: Request, principal: Principal) -> Response:
         if "text/event-stream" in request.headers.get("accept", ""):
             return await self.turns(request, principal)
-        ctx, session_id = self._context(request), self._session_id(request)
+        ctx, session_id = await self._writable(request)
         body = turn_body(await read_object(request, self.limits.max_body_bytes))
         session = ctx.session(session_id)
         try:
@@ -290,9 +308,11 @@ class _Api:
             )
         except SessionSuspendedError as exc:
             raise HttpError(409, "session_suspended", str(exc)) from None
+        try:
+            result = await session.result(turn_id)
         except ConfigurationError as exc:
-            raise HttpError(400, "invalid_body", str(exc)) from None
-        result = await session.result(turn_id)
+            # Another process claimed the session for another agent since it was checked.
+            raise HttpError(409, "session_of_another_agent", str(exc)) from None
         answer: dict[str, Any] = {"status": result.status, "turn_id": turn_id}
         if result.status == "completed":
             answer["text"] = result.text
@@ -305,7 +325,7 @@ class _Api:
         return JSONResponse(answer)
 
     async def resume(self, request: Request, principal: Principal) -> Response:
-        ctx, session_id = self._context(request), self._session_id(request)
+        ctx, session_id = await self._writable(request)
         body = resume_body(await read_object(request, self.limits.max_body_bytes))
         try:
             stream = await ctx.resume_stream(
@@ -322,8 +342,8 @@ class _Api:
             raise HttpError(409, "resume_conflict", str(exc)) from None
         except InvalidAnswerError as exc:
             raise HttpError(422, "invalid_answer", str(exc)) from None
-        except SessionBusyError as exc:
-            raise HttpError(503, "session_busy", str(exc)) from None
+        except StoreError:
+            raise  # the store failed (or is busy): a 503, nothing was applied
         except Exception as exc:
             # authorize_answer failing (a database outage, say): nothing was applied.
             log.exception("resuming turn %s of %s failed", body.turn_id, session_id)
@@ -335,7 +355,7 @@ class _Api:
         return event_stream(stream, self.limits.keepalive_seconds)
 
     async def reset(self, request: Request, principal: Principal) -> Response:
-        ctx, session_id = self._context(request), self._session_id(request)
+        ctx, session_id = await self._writable(request)
         data = await read_object(request, self.limits.max_body_bytes, optional=True)
         empty_body(data, "reset")
         done = await ctx.reset_session(session=session_id)
@@ -355,17 +375,39 @@ class _Api:
             )
         return str(name)
 
-    def _context(self, request: Request) -> ChannelContext:
+    async def _readable(self, request: Request) -> SessionStore:
+        """The addressed session's store, once it is known to be this agent's (or no
+        agent's yet). Reading creates nothing, not even in memory."""
         name = self._agent_name(request)
+        session_id = self._session_id(request)
+        store = self.runtime.store.session(session_id)
+        # Only the owner is wanted, not the transcript: ask for no messages.
+        owner = (await store.load(from_index=_NO_MESSAGES)).agent
+        if owner is not None and owner != name:
+            raise _another_agents(session_id, owner, name)
+        return store
+
+    async def _writable(self, request: Request) -> tuple[ChannelContext, str]:
+        """The agent's channel context and the session id, once the session is known
+        to be this agent's (or no agent's yet), in the store and in this process."""
+        name = self._agent_name(request)
+        session_id = (await self._readable(request)).session_id
         ctx = self._contexts.get(name)
         if ctx is None:
             ctx = self._contexts[name] = mount_agent(self.runtime.agents[name], self.runtime)
-        session_id = self._session_id(request)
         try:
             ctx.session(session_id)
         except ConfigurationError as exc:
             raise HttpError(409, "session_of_another_agent", str(exc)) from None
-        return ctx
+        return ctx, session_id
+
+    def _delivering(self, request: Request, turn_id: str) -> bool:
+        """Whether this process has the turn queued or running (not yet in the store)."""
+        try:
+            session = self.runtime.session(self._agent_name(request), self._session_id(request))
+        except ConfigurationError as exc:
+            raise HttpError(409, "session_of_another_agent", str(exc)) from None
+        return session.delivering(turn_id)
 
     @staticmethod
     def _session_id(request: Request) -> str:
@@ -377,6 +419,18 @@ class _Api:
             text=text,
             user=User(id=principal.id, attested=principal.attested),
         )
+
+
+#: A transcript position past any session's end: ``load`` then reads no messages.
+_NO_MESSAGES = 2**31 - 1  # the largest index every store takes (PostgreSQL: integer)
+
+
+def _another_agents(session_id: str, owner: str, name: str) -> HttpError:
+    return HttpError(
+        409,
+        "session_of_another_agent",
+        f"session {session_id!r} belongs to agent {owner!r}, not {name!r}",
+    )
 
 
 def error_response(status: int, code: str, message: str) -> JSONResponse:
