@@ -43,8 +43,9 @@ async def serving(
     *,
     authenticate: Callable[[Request], Principal | Awaitable[Principal | None] | None] = by_header,
     limits: ServerLimits | None = None,
+    chat_page: bool = False,
 ) -> AsyncIterator[Served]:
-    app = create_app(runtime, authenticate=authenticate, limits=limits)
+    app = create_app(runtime, authenticate=authenticate, limits=limits, chat_page=chat_page)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(64)

@@ -760,3 +760,17 @@ async def test_head_on_the_event_feed_answers_the_headers_and_opens_no_feed(
         assert reply.status_code == 200
         assert reply.headers["content-type"].startswith("text/event-stream")
         assert (await served.client.head("/agents/calc/sessions/s1/events")).status_code == 401
+
+
+async def test_the_chat_page_and_its_files_are_behind_authenticate_too(open_runtime: Any) -> None:
+    runtime = await open_runtime(calc_agent())
+    async with serving(runtime, chat_page=True) as served:
+        for url in ("/", "/static/index.html"):
+            anonymous = await served.client.get(url)
+            assert anonymous.status_code == 401, url
+            assert anonymous.json()["code"] == "unauthenticated"
+            assert (await served.client.get(url, headers=ALICE)).status_code == 200, url
+        for sneaky in ("/static/../_app.py", "/static/%2e%2e/_app.py", "/static/..%2f_app.py"):
+            reply = await served.client.get(sneaky, headers=ALICE)
+            assert reply.status_code == 404, (sneaky, reply.text)
+            assert "create_app" not in reply.text

@@ -20,6 +20,7 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .._channels import ChannelContext, mount_agent
 from .._errors import (
@@ -138,8 +139,10 @@ def create_app(
     ]
     if chat_page:
         static = resources.files("turnkit.server") / "static"
-        routes.append(Route("/", _page(str(static / "index.html")), methods=["GET"]))
-        routes.append(Mount("/static", StaticFiles(directory=str(static)), name="static"))
+        # Behind ``authenticate`` too: it sees every request the app serves.
+        routes.append(Route("/", _page(str(static / "index.html"), authenticate), methods=["GET"]))
+        files = StaticFiles(directory=str(static))
+        routes.append(Mount("/static", _authenticated_asgi(files, authenticate), name="static"))
     return Starlette(
         routes=routes,
         exception_handlers={HTTPException: _http_exception, Exception: _unexpected},
@@ -437,11 +440,29 @@ def error_response(status: int, code: str, message: str) -> JSONResponse:
     return JSONResponse({"error": message, "code": code}, status_code=status)
 
 
-def _page(path: str) -> Callable[[Request], Awaitable[Response]]:
+def _page(path: str, authenticate: Authenticate) -> Callable[[Request], Awaitable[Response]]:
     async def page(request: Request) -> Response:
+        if await authenticated(authenticate, request) is None:
+            return error_response(401, "unauthenticated", "authentication required")
         return FileResponse(path, media_type="text/html", headers={"Cache-Control": "no-cache"})
 
     return page
+
+
+def _authenticated_asgi(app: ASGIApp, authenticate: Authenticate) -> ASGIApp:
+    """``app`` (the page's static files) behind ``authenticate``."""
+
+    async def guarded(scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            scope["type"] == "http"
+            and await authenticated(authenticate, Request(scope, receive)) is None
+        ):
+            refusal = error_response(401, "unauthenticated", "authentication required")
+            await refusal(scope, receive, send)
+            return
+        await app(scope, receive, send)
+
+    return guarded
 
 
 async def _http_exception(request: Request, exc: Exception) -> Response:
