@@ -774,3 +774,17 @@ async def test_the_chat_page_and_its_files_are_behind_authenticate_too(open_runt
             reply = await served.client.get(sneaky, headers=ALICE)
             assert reply.status_code == 404, (sneaky, reply.text)
             assert "create_app" not in reply.text
+
+
+async def test_an_unexpected_error_is_a_500_that_keeps_its_details_in_the_log(
+    open_runtime: Any,
+) -> None:
+    runtime = await open_runtime(calc_agent())
+
+    def broken(request: Any) -> Any:
+        raise RuntimeError("cannot reach postgresql://app:s3cret@db/prod")
+
+    async with serving(runtime, authenticate=broken) as served:
+        reply = await served.client.get("/agents")
+    assert reply.status_code == 500 and reply.json()["code"] == "internal_error"
+    assert "s3cret" not in reply.text and "RuntimeError" in reply.json()["error"]

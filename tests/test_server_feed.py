@@ -181,3 +181,26 @@ async def test_a_turn_feed_of_a_parked_turn_resumed_since_follows_the_resumed_de
     assert seen[-1]["type"] == "turn.completed" and seen[-1]["text"] == "Refunded."
     logged = [e.to_dict() for e in await session.events(turn_id=turn_id)]
     assert [e for e in seen if e["seq"]] == logged
+
+
+async def test_a_turn_stream_that_breaks_with_any_error_ends_on_an_error_frame() -> None:
+    from turnkit.server._streams import _turn_frames
+
+    class Broken:
+        turn_id = "t1"
+        closed = False
+
+        def __aiter__(self) -> Broken:
+            return self
+
+        async def __anext__(self) -> Any:
+            raise ValueError("an unwrapped driver error")
+
+        async def aclose(self) -> None:
+            self.closed = True
+
+    stream = Broken()
+    frames = [f async for f in _turn_frames(stream, 5.0)]  # type: ignore[arg-type]
+    assert len(frames) == 1 and frames[0].startswith(b"event: error\ndata: ")
+    assert "an unwrapped driver error" in json.loads(frames[0].split(b"data: ")[1])["error"]
+    assert stream.closed

@@ -477,4 +477,7 @@ async def _http_exception(request: Request, exc: Exception) -> Response:
 
 async def _unexpected(request: Request, exc: Exception) -> Response:
     log.exception("%s %s failed", request.method, request.url.path, exc_info=exc)
-    return error_response(500, "internal_error", f"{type(exc).__name__}: {exc}")
+    # The exception's text stays in the log: it may name hosts, queries or credentials.
+    return error_response(
+        500, "internal_error", f"internal error ({type(exc).__name__}); the server log has more"
+    )

@@ -7,6 +7,7 @@ never stop the turn) when the client goes away.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 
 from starlette.responses import StreamingResponse
@@ -15,6 +16,8 @@ from .._errors import TurnError
 from .._observe import TurnStream
 from ._feed import EventFeed
 from ._sse import KEEPALIVE, event_frame, frame, json_line
+
+log = logging.getLogger("turnkit.server")
 
 HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
@@ -56,6 +59,11 @@ async def _turn_frames(stream: TurnStream, idle: float) -> AsyncIterator[bytes]:
                 queue.put_nowait(event)
         except TurnError as exc:
             queue.put_nowait(exc)
+        except Exception as exc:
+            # The delivery broke with something else (a bug, an unwrapped driver error):
+            # the client still hears that the stream ends on an error, not a mere close.
+            log.error("following turn %s failed", stream.turn_id, exc_info=exc)
+            queue.put_nowait(TurnError(f"turn {stream.turn_id} delivery failed: {exc!r}"))
         finally:
             queue.put_nowait(_END)
 
