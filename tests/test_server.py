@@ -788,3 +788,29 @@ async def test_an_unexpected_error_is_a_500_that_keeps_its_details_in_the_log(
         reply = await served.client.get("/agents")
     assert reply.status_code == 500 and reply.json()["code"] == "internal_error"
     assert "s3cret" not in reply.text and "RuntimeError" in reply.json()["error"]
+
+
+def test_server_limits_refuse_booleans_for_numbers() -> None:
+    for field in ("max_body_bytes", "keepalive_seconds", "page_size_max", "feed_poll_seconds"):
+        with pytest.raises(turnkit.ConfigurationError, match=field):
+            ServerLimits(**{field: True})
+
+
+async def test_the_body_limit_holds_without_a_content_length(open_runtime: Any) -> None:
+    runtime = await open_runtime(calc_agent())
+
+    async def chunks() -> Any:
+        yield b'{"text": "'
+        for _ in range(40):
+            yield b"x" * 100
+        yield b'"}'
+
+    async with serving(runtime, limits=ServerLimits(max_body_bytes=1024)) as served:
+        reply = await served.client.post(
+            served.path("calc", "s1", "turns"),
+            content=chunks(),  # chunked transfer encoding: no Content-Length to trust
+            headers={**ALICE, "Content-Type": "application/json"},
+        )
+        assert "content-length" not in reply.request.headers
+        assert reply.status_code == 413 and reply.json()["code"] == "body_too_large"
+    assert await runtime.sessions() == []

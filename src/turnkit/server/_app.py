@@ -73,6 +73,9 @@ class ServerLimits:
     feed_poll_seconds: float | None = 1.0
 
     def __post_init__(self) -> None:
+        for name in ("max_body_bytes", "keepalive_seconds", "page_size_max", "feed_poll_seconds"):
+            if isinstance(getattr(self, name), bool):
+                raise ConfigurationError(f"{name} must be a number, not a bool")
         if not isinstance(self.max_body_bytes, int) or self.max_body_bytes < 1:
             raise ConfigurationError(
                 f"max_body_bytes must be a positive int, got {self.max_body_bytes!r}"
