@@ -19,7 +19,9 @@ import uvicorn
 from starlette.requests import Request
 
 import turnkit
+from turnkit import tool
 from turnkit.server import Principal, ServerLimits, create_app
+from turnkit.testing import ScriptedModel, ScriptedReply, tool_call
 
 
 def by_header(request: Request) -> Principal | None:
@@ -93,3 +95,25 @@ async def snapshot(runtime: turnkit.Runtime) -> dict[str, Any]:
 def decode(frames: list[Any]) -> list[Frame]:
     """httpx-sse's ``ServerSentEvent``s as ``Frame``s."""
     return [Frame(event=f.event, data=json.loads(f.data), id=f.id or None) for f in frames]
+
+
+def gated_agent(
+    gate: asyncio.Event, *, answer: str = "Done.", chunks: int | None = None
+) -> turnkit.Agent:
+    """Agent ``w``: asks for its ``slow`` tool, which waits for ``gate``, then answers
+    ``answer`` (streamed in ``chunks`` deltas), so a test can act mid-turn."""
+
+    @tool
+    async def slow(x: int) -> int:
+        """Waits for the test."""
+        await gate.wait()
+        return x
+
+    def respond(transcript: list[turnkit.Message]) -> ScriptedReply:
+        if isinstance(transcript[-1], turnkit.UserMessage):
+            return ScriptedReply(text="One moment.", tool_calls=[tool_call("slow", {"x": 1})])
+        return ScriptedReply(text=answer, chunks=chunks)
+
+    return turnkit.Agent(
+        name="w", model=ScriptedModel(respond=respond), instructions=".", tools=[slow]
+    )

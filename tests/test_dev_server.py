@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
@@ -14,15 +13,11 @@ from pathlib import Path
 import httpx
 import pytest
 from starlette.requests import Request
+from test_cli import OFFLINE_ENV, turnkit
 
 from turnkit.server import loopback_only
 
 ROOT = Path(__file__).resolve().parents[1]
-OFFLINE_ENV = {
-    k: v
-    for k, v in os.environ.items()
-    if k not in {"TURNKIT_MODEL", "ANTHROPIC_API_KEY", "OPENAI_API_KEY", "OPENAI_BASE_URL"}
-}
 
 
 def start_dev(
@@ -110,19 +105,8 @@ def test_dev_finishes_a_turn_a_killed_run_left_open(tmp_path: Path) -> None:
     assert [m["role"] for m in transcript["messages"]][-2:] == ["tool", "assistant"]
 
 
-def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "turnkit.cli", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=OFFLINE_ENV,
-    )
-
-
 def test_dev_refuses_a_non_loopback_address_and_a_busy_port(tmp_path: Path) -> None:
-    refused = run_cli("dev", "--host", "0.0.0.0", "--port", "0", cwd=tmp_path)
+    refused = turnkit("dev", "--host", "0.0.0.0", "--port", "0", cwd=tmp_path)
     assert refused.returncode == 2
     assert refused.stderr.strip().splitlines() == [
         "turnkit: error: turnkit dev serves loopback addresses only (127.0.0.1, ::1), not "
@@ -131,7 +115,7 @@ def test_dev_refuses_a_non_loopback_address_and_a_busy_port(tmp_path: Path) -> N
     proc, url = start_dev(cwd=tmp_path)
     try:
         port = url.rsplit(":", 1)[1].strip("/")
-        busy = run_cli("dev", "--port", port, "--store", "other.db", cwd=tmp_path)
+        busy = turnkit("dev", "--port", port, "--store", "other.db", cwd=tmp_path)
         assert busy.returncode == 2
         assert (
             busy.stderr.strip()
@@ -141,9 +125,9 @@ def test_dev_refuses_a_non_loopback_address_and_a_busy_port(tmp_path: Path) -> N
     finally:
         proc.kill()
         proc.wait(10)
-    bad_port = run_cli("dev", "--port", "70000", cwd=tmp_path)
+    bad_port = turnkit("dev", "--port", "70000", cwd=tmp_path)
     assert bad_port.returncode == 2 and "expected a port from 0 to 65535" in bad_port.stderr
-    helped = run_cli("dev", "--help", cwd=tmp_path)
+    helped = turnkit("dev", "--help", cwd=tmp_path)
     assert helped.returncode == 0 and "loopback" in helped.stdout
 
 

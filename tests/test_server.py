@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 from httpx_sse import aconnect_sse
-from server_support import Served, decode, serving, snapshot
+from server_support import Served, decode, gated_agent, serving, snapshot
 
 import turnkit
 from turnkit import AnswerCheck, Answerers, ToolContext, tool
@@ -350,22 +350,7 @@ async def test_a_client_that_drops_mid_turn_reconnects_to_exactly_the_missing_ev
     open_runtime: Any,
 ) -> None:
     gate = asyncio.Event()
-
-    @tool
-    async def slow(x: int) -> int:
-        """Waits for the test."""
-        await gate.wait()
-        return x * 2
-
-    def respond(transcript: list[turnkit.Message]) -> ScriptedReply:
-        if isinstance(transcript[-1], turnkit.UserMessage):
-            return ScriptedReply(text="Working.", tool_calls=[tool_call("slow", {"x": 21})])
-        return ScriptedReply(text="It is 42.", chunks=3)
-
-    agent = turnkit.Agent(
-        name="w", model=ScriptedModel(respond=respond), instructions=".", tools=[slow]
-    )
-    runtime = await open_runtime(agent)
+    runtime = await open_runtime(gated_agent(gate, answer="It is 1.", chunks=3))
     async with serving(runtime) as served:
         before_drop = []
         async with aconnect_sse(
@@ -398,22 +383,8 @@ async def test_a_client_that_drops_mid_turn_reconnects_to_exactly_the_missing_ev
 
 async def test_a_feed_opened_mid_turn_joins_the_log_and_the_live_events(open_runtime: Any) -> None:
     gate = asyncio.Event()
-
-    @tool
-    async def slow(x: int) -> int:
-        """Waits for the test."""
-        await gate.wait()
-        return x
-
-    def respond(transcript: list[turnkit.Message]) -> ScriptedReply:
-        if isinstance(transcript[-1], turnkit.UserMessage):
-            return ScriptedReply(text="One moment.", tool_calls=[tool_call("slow", {"x": 1})])
-        return ScriptedReply(text="All done now, thanks for waiting.", chunks=5)
-
-    agent = turnkit.Agent(
-        name="w", model=ScriptedModel(respond=respond), instructions=".", tools=[slow]
-    )
-    runtime = await open_runtime(agent)
+    answer = "All done now, thanks for waiting."
+    runtime = await open_runtime(gated_agent(gate, answer=answer, chunks=5))
     session = runtime.session("w", "s1")
     async with serving(runtime) as served:
         turn_id = session.start("go")
@@ -435,7 +406,7 @@ async def test_a_feed_opened_mid_turn_joins_the_log_and_the_live_events(open_run
     logged = [e.to_dict() for e in await session.events(turn_id=turn_id)]
     assert [f.data for f in got if f.data["seq"]] == logged
     deltas = "".join(f.data["text"] for f in got if f.event == "message.delta")
-    assert deltas == "All done now, thanks for waiting."  # live text, once
+    assert deltas == answer  # live text, once
 
 
 async def test_bad_input_is_a_4xx_naming_the_problem_and_stores_nothing(open_runtime: Any) -> None:
@@ -602,26 +573,9 @@ async def test_a_feed_follows_a_turn_running_in_another_process_through_the_log(
     if store_kind == "memory":
         pytest.skip("two runtimes on one in-memory store share no log across processes")
     gate = asyncio.Event()
-
-    @tool
-    async def slow(x: int) -> int:
-        """Waits for the test."""
-        await gate.wait()
-        return x
-
-    def respond(transcript: list[turnkit.Message]) -> ScriptedReply:
-        if isinstance(transcript[-1], turnkit.UserMessage):
-            return ScriptedReply(text="One moment.", tool_calls=[tool_call("slow", {"x": 1})])
-        return ScriptedReply(text="Done.")
-
-    def agent() -> turnkit.Agent:
-        return turnkit.Agent(
-            name="w", model=ScriptedModel(respond=respond), instructions=".", tools=[slow]
-        )
-
     # The worker runs the turn; the server is another runtime with its own sink.
-    worker = await open_runtime(agent(), store=make_store())
-    front = await open_runtime(agent(), store=make_store())
+    worker = await open_runtime(gated_agent(gate), store=make_store())
+    front = await open_runtime(gated_agent(gate), store=make_store())
     front.sink = turnkit.LocalEventSink()
     session = worker.session("w", "s1")
     turn_id = session.start("go")

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from httpx_sse import aconnect_sse
-from server_support import serving
+from server_support import gated_agent, serving
 
 import turnkit
 from turnkit import ToolContext, tool
@@ -43,23 +43,6 @@ class RacingStore:
         got = await self._inner.events(**kwargs)
         self.calls += 1
         return self._during(self.calls, got)
-
-
-def gated_agent(gate: asyncio.Event) -> turnkit.Agent:
-    @tool
-    async def slow(x: int) -> int:
-        """Waits for the test."""
-        await gate.wait()
-        return x
-
-    def respond(transcript: list[turnkit.Message]) -> ScriptedReply:
-        if isinstance(transcript[-1], turnkit.UserMessage):
-            return ScriptedReply(text="One moment.", tool_calls=[tool_call("slow", {"x": 1})])
-        return ScriptedReply(text="Done.")
-
-    return turnkit.Agent(
-        name="w", model=ScriptedModel(respond=respond), instructions=".", tools=[slow]
-    )
 
 
 async def until_quiet(feed: EventFeed, **kwargs: Any) -> list[Any]:
