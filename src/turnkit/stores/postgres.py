@@ -749,6 +749,14 @@ class _Sender:
 
     async def query(self, query: bytes) -> list[PGresult]:
         """``_query`` on this connection, waited on through the standing reader."""
+        results = await self.results(query)
+        for res in results:
+            if res.status == ExecStatus.FATAL_ERROR:
+                raise pg_errors.error_from_result(res, encoding=self.conn.info.encoding)
+        return results
+
+    async def results(self, query: bytes) -> list[PGresult]:
+        """Send ``query`` and return its results, an error among them left unraised."""
         pgconn = self.conn.pgconn
         self._busy = True
         try:
@@ -762,9 +770,6 @@ class _Sender:
         finally:
             self._busy = False
             self._waiter = None
-        for res in results:
-            if res.status == ExecStatus.FATAL_ERROR:
-                raise pg_errors.error_from_result(res, encoding=self.conn.info.encoding)
         return results
 
     async def _drive(self, gen: Any) -> list[PGresult]:
@@ -805,6 +810,120 @@ async def _wait_writable(loop: asyncio.AbstractEventLoop, fd: int, state: int) -
     finally:
         loop.remove_writer(fd)
     return 2
+
+
+#: The sessions whose ``writer()`` the current task holds.
+_holding: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar(
+    "turnkit_pg_holding", default=frozenset()
+)
+
+
+class _LockChannel:
+    """The process's lock connection. The writer acquisitions of every session (each
+    with its delivery's load, when it has one) and their releases are batched on it:
+    what arrives while a batch is out goes in the next one, one multi-statement query,
+    so many sessions share a round trip. A release is posted and never waited for;
+    the connection's order keeps it ahead of a later acquisition of the same session.
+
+    Each operation is one statement that only a broken connection or schema makes
+    fail. If a batch fails anyway, the connection is dropped, and with it every lock
+    it held: a delivery that still runs is then fenced off at its next commit if
+    another process takes its session over, exactly as when the connection dies."""
+
+    def __init__(self, store: PostgresStore) -> None:
+        self._store = store
+        self.sender: _Sender | None = None
+        self._queue: list[tuple[str, asyncio.Future[PGresult] | None]] = []
+        self._pumping = False
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def run(self, statements: Sequence[str]) -> list[PGresult]:
+        """Run ``statements`` in order in the next batch; their results."""
+        loop = asyncio.get_running_loop()
+        futures = [loop.create_future() for _ in statements]
+        self._queue.extend(zip(statements, futures, strict=True))
+        self._kick()
+        return [await future for future in futures]
+
+    def post(self, statement: str) -> None:
+        """Run ``statement`` in the next batch, unwaited (a failure is logged)."""
+        self._queue.append((statement, None))
+        self._kick()
+
+    def _kick(self) -> None:
+        if not self._pumping and self._queue:
+            self._pumping = True
+            task = asyncio.get_running_loop().create_task(self._pump())
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _pump(self) -> None:
+        try:
+            while self._queue:
+                batch, self._queue = self._queue, []
+                await self._send(batch)
+        finally:
+            self._pumping = False
+
+    async def _send(self, batch: list[tuple[str, asyncio.Future[PGresult] | None]]) -> None:
+        try:
+            sender = await self._connection()
+            results = await sender.results(_encode([statement for statement, _ in batch]))
+            if len(results) != len(batch) or any(
+                r.status == ExecStatus.FATAL_ERROR for r in results
+            ):
+                bad = [r for r in results if r.status == ExecStatus.FATAL_ERROR]
+                if bad:
+                    raise pg_errors.error_from_result(bad[0], encoding=sender.conn.info.encoding)
+                raise psycopg.InterfaceError(f"{len(results)} results for {len(batch)} statements")
+        except BaseException as exc:
+            await self._drop()
+            failure = StoreError(f"the writer lock connection failed: {exc}")
+            for _, future in batch:
+                if future is not None and not future.done():
+                    future.set_exception(failure)
+            if any(future is None for _, future in batch):
+                log.warning(
+                    "releasing writer locks failed (they went with the connection): %s", exc
+                )
+            if not isinstance(exc, Exception):
+                raise
+            return
+        for (_, future), res in zip(batch, results, strict=True):
+            if future is not None and not future.done():
+                future.set_result(res)
+
+    async def _connection(self) -> _Sender:
+        loop = asyncio.get_running_loop()
+        if self.sender is not None:
+            if self.sender.usable(loop):
+                return self.sender
+            await self._drop()
+        store = self._store
+        if store._apool is None:
+            raise store._not_open()
+        conn = await psycopg.AsyncConnection.connect(store.dsn, **store._connect_kwargs())
+        try:
+            # Losing an acquisition in a server crash is harmless: a holder whose token
+            # did not survive has committed nothing after it, and is fenced off.
+            await conn.execute(b"SET synchronous_commit = off")
+            await conn.execute(b"PREPARE turnkit_acquire AS " + _numbered(_ACQUIRE_SQL))
+            await conn.execute(b"PREPARE turnkit_load AS " + _numbered(_LOAD_SQL))
+        except BaseException:
+            await conn.close()
+            raise
+        self.sender = _Sender(conn, loop)
+        return self.sender
+
+    async def _drop(self) -> None:
+        sender, self.sender = self.sender, None
+        if sender is not None:
+            await _close_quietly(sender)
+
+    async def close(self) -> None:
+        while self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._drop()
 
 
 class _GroupCommitter:
@@ -978,9 +1097,24 @@ class _PgSession:
         return self._store._writer(self._sid)
 
     async def load(self, turn_id: str | None = None, *, from_index: int = 0) -> SessionSnapshot:
-        return await self._store._read(
-            f"session {self._sid}", self._load, turn_id, from_index, of=self._sid
-        )
+        store = self._store
+        if not store._must_acquire(self._sid):
+            return await store._read(
+                f"session {self._sid}", self._load, turn_id, from_index, of=self._sid
+            )
+        # A delivery's first load: the writer lock and the load in one round trip.
+        await store._committer.settled(self._sid)
+        sid = self._sid_lit
+        tid = _literal(turn_id)
+        args = ", ".join([sid, sid, sid, _literal(from_index), sid, tid, sid, sid, tid])
+        res = await store._acquire(self._sid, f"EXECUTE turnkit_load({args})")
+        assert res is not None
+        try:
+            return self._snapshot(res, from_index)
+        except ValueError as exc:
+            raise StoreError(
+                f"session {self._sid} holds data that is not valid JSON: {exc}"
+            ) from exc
 
     async def _load(
         self, conn: psycopg.AsyncConnection[Any], turn_id: str | None, from_index: int
@@ -988,6 +1122,9 @@ class _PgSession:
         sid = self._sid
         params = (sid, sid, sid, from_index, sid, turn_id, sid, sid, turn_id)
         res = await _run_prepared(conn, b"turnkit_load", _LOAD_SQL, params)
+        return self._snapshot(res, from_index)
+
+    def _snapshot(self, res: PGresult, from_index: int) -> SessionSnapshot:
         agent, generation, seq, messages, steps = (res.get_value(0, c) for c in range(5))
         return SessionSnapshot(
             messages=[message_from_dict(m) for m in json.loads(b"[" + messages + b"]")]
@@ -1003,6 +1140,8 @@ class _PgSession:
 
     async def commit(self, work: Callable[[Any], T]) -> T:
         store = self._store
+        if store._must_acquire(self._sid):
+            await store._acquire(self._sid)
         token = store._tokens.get(self._sid)
         tx = _LoopTransaction(self._sid, self._sid_lit)
         try:
@@ -1189,10 +1328,13 @@ class PostgresStore:
         self._apool: AsyncConnectionPool[Any] | None = None
         self._pool: ConnectionPool[Any] | None = None
         self._executor: ThreadPoolExecutor | None = None
-        self._lock_conn: psycopg.AsyncConnection[Any] | None = None
-        self._lock_mutex = asyncio.Lock()
+        self._lockch = _LockChannel(self)
         self._locks = SessionLocks()
         self._tokens: dict[str, str] = {}
+        #: Sessions whose writer() is held but whose lock is not taken yet.
+        self._pending: set[str] = set()
+        #: The lock connection that took each held session's lock.
+        self._held: dict[str, _Sender] = {}
         self.commit_senders = commit_senders
         self._committer = _GroupCommitter(self, senders=min(commit_senders, max_size))
 
@@ -1280,10 +1422,8 @@ class PostgresStore:
 
     async def close(self) -> None:
         await self._committer.close()
+        await self._lockch.close()
         apool, self._apool = self._apool, None
-        lock_conn, self._lock_conn = self._lock_conn, None
-        if lock_conn is not None:
-            await lock_conn.close()
         if apool is not None:
             await apool.close()
         await self._shut()
@@ -1317,6 +1457,8 @@ class PostgresStore:
         """Run ``fn(conn, *args)`` on a connection of the event loop's pool, once the
         step commits in flight of session ``of`` (of every session if ``None``) have
         ended: a read never misses a commit this process sent before it."""
+        if of is not None and self._must_acquire(of):
+            await self._acquire(of)
         await self._committer.settled(of)
         pool = self.async_pool
         try:
@@ -1340,28 +1482,56 @@ class PostgresStore:
 
     @asynccontextmanager
     async def _writer(self, session_id: str) -> AsyncIterator[None]:
+        """Hold the session for one delivery. The lock itself is taken by the
+        delivery's first load, read or commit (a load takes it in the same round
+        trip), and released without waiting when the delivery ends."""
         async with self._locks.hold(session_id):
-            token = await self._acquire(session_id)
-            self._tokens[session_id] = token
+            self._pending.add(session_id)
+            holding = _holding.set(_holding.get() | {session_id})
             try:
                 yield
             finally:
-                del self._tokens[session_id]
-                try:
-                    await self._release(session_id)
-                except Exception as exc:
-                    # The lock dies with its connection anyway; the next holder's token
-                    # fences this process off.
-                    log.warning("releasing the writer lock of %s failed: %s", session_id, exc)
+                _holding.reset(holding)
+                self._pending.discard(session_id)
+                self._tokens.pop(session_id, None)
+                sender = self._held.pop(session_id, None)
+                if sender is not None and sender is self._lockch.sender and not sender.suspect:
+                    # (A lock whose connection is gone went with it.)
+                    key = _lock_key(self.schema, session_id)
+                    self._lockch.post(f"SELECT pg_advisory_unlock({key})")
 
-    async def _acquire(self, session_id: str) -> str:
+    def _must_acquire(self, session_id: str) -> bool:
+        """Whether the caller holds ``writer()`` of this session and its lock is not
+        taken yet (only the holder's own reads and commits take it: an observer's
+        read in another task never does)."""
+        return session_id in self._pending and session_id in _holding.get()
+
+    async def _acquire(self, session_id: str, load: str | None = None) -> PGresult | None:
+        """Take the writer lock of a session whose ``writer()`` is held, polling while
+        another process has it; with ``load``, run that statement right after the
+        acquisition, in the same round trip, and return its result."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.busy_timeout
         delay = 0.005
+        key = _lock_key(self.schema, session_id)
         while True:
-            token = await self._try_acquire(session_id)
-            if token is not None:
-                return token
+            token = uuid.uuid4().hex
+            acquire = (
+                f"EXECUTE turnkit_acquire({key}, {_literal(session_id)}, {_literal(token)}, "
+                f"{_literal(self.holder)}, {_literal(time.time())})"
+            )
+            try:
+                results = await self._lockch.run([acquire, load] if load else [acquire])
+            except StoreError as exc:
+                raise StoreError(
+                    f"session {session_id}: cannot take the writer lock: {exc}"
+                ) from exc
+            if results[0].ntuples:
+                self._tokens[session_id] = token
+                if self._lockch.sender is not None:
+                    self._held[session_id] = self._lockch.sender
+                self._pending.discard(session_id)
+                return results[1] if load else None
             if loop.time() >= deadline:
                 raise SessionBusyError(
                     f"session {session_id} is being run by another process; waited "
@@ -1370,49 +1540,10 @@ class PostgresStore:
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.2)
 
-    async def _lock_connection(self) -> psycopg.AsyncConnection[Any]:
-        conn = self._lock_conn
-        if conn is None or _connection_lost(conn):
-            if self._apool is None:
-                raise self._not_open()
-            conn = await psycopg.AsyncConnection.connect(self.dsn, **self._connect_kwargs())
-            # Losing this write in a server crash is harmless: a holder whose token
-            # did not survive has committed nothing after it, and is fenced off.
-            await conn.execute("SET synchronous_commit = off")
-            self._lock_conn = conn
-        return conn
-
-    async def _try_acquire(self, session_id: str) -> str | None:
-        token = uuid.uuid4().hex
-        key = _lock_key(self.schema, session_id)
-        async with self._lock_mutex:
-            try:
-                conn = await self._lock_connection()
-                params = (key, session_id, token, self.holder, time.time())
-                res = await _run_prepared(conn, b"turnkit_acquire", _ACQUIRE_SQL, params)
-            except psycopg.Error as exc:
-                await self._unlock_quietly(key)
-                raise StoreError(
-                    f"session {session_id}: cannot take the writer lock: {exc}"
-                ) from exc
-        return token if res.ntuples else None
-
-    async def _release(self, session_id: str) -> None:
-        async with self._lock_mutex:
-            conn = self._lock_conn
-            if conn is None or _connection_lost(conn):
-                return  # the lock went with the connection
-            key = _lock_key(self.schema, session_id)
-            await _query(conn, b"SELECT pg_advisory_unlock(%d)" % key)
-
-    async def _unlock_quietly(self, key: int) -> None:
-        conn = self._lock_conn
-        if conn is None or _connection_lost(conn):
-            return
-        try:
-            await _query(conn, b"SELECT pg_advisory_unlock(%d)" % key)
-        except psycopg.Error:
-            log.debug("unlock after a failed acquisition failed", exc_info=True)
+    @property
+    def _lock_conn(self) -> psycopg.AsyncConnection[Any] | None:
+        sender = self._lockch.sender
+        return sender.conn if sender is not None else None
 
     # -- the Store protocol ------------------------------------------------------
 
