@@ -382,12 +382,10 @@ class _Writes:
     def __init__(self, session_id: str) -> None:
         self._sid = session_id
         self.writes: list[_Write] = []
-        #: Statements already rendered with their values (the loop's hot path).
-        self.rendered: list[str] = []
 
     def statements(self) -> list[str]:
         """Every write as one SQL statement, values inlined."""
-        return [*self.rendered, *(_render(sql, params) for sql, params in self.writes)]
+        return [_render(sql, params) for sql, params in self.writes]
 
     def append_message(self, index: int, message: Message) -> None:
         self.writes.append(
@@ -502,43 +500,62 @@ class _LoopTransaction(_Writes):
     def __init__(self, session_id: str, sid_literal: str) -> None:
         super().__init__(session_id)
         self._sid_lit = sid_literal
-        self._events: list[str] = []
+        self.rows = _Rows()
 
     @property
     def handle(self) -> StoreHandle:
         raise _NeedsConnection
 
-    # The rows of every step, rendered as they come: the hot path.
+    # The rows of every step, rendered as they come: the hot path. Each table's rows
+    # go in as one multi-row INSERT (see ``statements``).
 
     def append_message(self, index: int, message: Message) -> None:
-        self.rendered.append(
-            "INSERT INTO turnkit_messages (session_id, idx, turn_id, body) VALUES ("
-            f"{self._sid_lit}, {_literal(index)}, {_literal(message.turn_id)}, "
+        self.rows.messages.append(
+            f"({self._sid_lit}, {_literal(index)}, {_literal(message.turn_id)}, "
             f"{_literal(_dumps(message.to_dict()))})"
         )
 
     def put_step(self, step_id: str, turn_id: str, result: Any) -> None:
-        self.rendered.append(
-            "INSERT INTO turnkit_steps (session_id, turn_id, step_id, result) VALUES ("
-            f"{self._sid_lit}, {_literal(turn_id)}, {_literal(step_id)}, "
+        self.rows.steps.append(
+            f"({self._sid_lit}, {_literal(turn_id)}, {_literal(step_id)}, "
             f"{_literal(_dumps(result))})"
         )
 
     def log_event(self, event: TurnEvent) -> None:
-        # A step's events go in as one multi-row INSERT (see ``statements``).
-        self._events.append(
+        self.rows.events.append(
             f"({self._sid_lit}, {_literal(event.seq)}, {_literal(event.turn_id)}, "
             f"{_literal(_dumps(event.to_dict()))})"
         )
 
     def statements(self) -> list[str]:
-        out = super().statements()
-        if self._events:
-            out.append(
-                "INSERT INTO turnkit_events (session_id, seq, turn_id, body) VALUES "
-                + ", ".join(self._events)
-            )
+        return [*self.rows.statements(), *super().statements()]
+
+
+class _Rows:
+    """A commit's step, message and event rows, as SQL row literals: rows of several
+    commits can share one INSERT per table (see ``_GroupCommitter``)."""
+
+    __slots__ = ("events", "messages", "steps")
+
+    def __init__(self) -> None:
+        self.steps: list[str] = []
+        self.messages: list[str] = []
+        self.events: list[str] = []
+
+    def statements(self) -> list[str]:
+        out = []
+        if self.steps:
+            out.append(_STEPS_INSERT + ", ".join(self.steps))
+        if self.messages:
+            out.append(_MESSAGES_INSERT + ", ".join(self.messages))
+        if self.events:
+            out.append(_EVENTS_INSERT + ", ".join(self.events))
         return out
+
+
+_STEPS_INSERT = "INSERT INTO turnkit_steps (session_id, turn_id, step_id, result) VALUES "
+_MESSAGES_INSERT = "INSERT INTO turnkit_messages (session_id, idx, turn_id, body) VALUES "
+_EVENTS_INSERT = "INSERT INTO turnkit_events (session_id, seq, turn_id, body) VALUES "
 
 
 class _PgHandle:
@@ -926,6 +943,36 @@ class _LockChannel:
         await self._drop()
 
 
+_Queued = tuple[str, bytes, "asyncio.Future[None]", "tuple[str | None, _Rows] | None"]
+
+
+def _merged(group: list[_Queued]) -> bytes:
+    """A group's commits as one query: the step, message and event rows of those that
+    have only such rows share one INSERT per table (and one statement checks all
+    their fences), which saves the server most of its per-statement work; the others
+    go in as they are."""
+    fences: list[str] = []
+    rows = _Rows()
+    alone: list[bytes] = []
+    for _, query, _, merge in group:
+        if merge is None:
+            alone.append(query)
+            continue
+        fence, mine = merge
+        if fence is not None:
+            fences.append(fence)
+        rows.steps += mine.steps
+        rows.messages += mine.messages
+        rows.events += mine.events
+    statements = rows.statements()
+    if fences:
+        statements.insert(
+            0, f"SELECT turnkit_fence(s, t) FROM (VALUES {', '.join(fences)}) AS f(s, t)"
+        )
+    parts = [_encode(statements)] if statements else []
+    return b";\n".join(parts + alone)
+
+
 class _GroupCommitter:
     """Sends engine-only commits from the event loop, with at most ``senders`` in flight.
 
@@ -943,7 +990,7 @@ class _GroupCommitter:
         self._store = store
         self._senders = senders
         self._busy = 0
-        self._queue: list[tuple[str, bytes, asyncio.Future[None]]] = []
+        self._queue: list[_Queued] = []
         self._tasks: set[asyncio.Task[None]] = set()
         self._idle: list[_Sender] = []
         self._inflight: dict[asyncio.Future[None], str] = {}
@@ -956,16 +1003,20 @@ class _GroupCommitter:
         if waits:
             await asyncio.wait(waits)
 
-    async def commit(self, sid: str, query: bytes) -> None:
+    async def commit(
+        self, sid: str, query: bytes, merge: tuple[str | None, _Rows] | None = None
+    ) -> None:
+        """Commit ``query``; ``merge`` (its fence row and its rows) if its writes are
+        only step, message and event rows, which a group may merge with others'."""
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._inflight[done] = sid
         try:
-            await self._commit(sid, query)
+            await self._commit(sid, query, merge)
         finally:
             del self._inflight[done]
             done.set_result(None)
 
-    async def _commit(self, sid: str, query: bytes) -> None:
+    async def _commit(self, sid: str, query: bytes, merge: tuple[str | None, _Rows] | None) -> None:
         if self._busy < self._senders and not self._queue:
             self._busy += 1
             try:
@@ -978,7 +1029,7 @@ class _GroupCommitter:
                 raise _commit_error(sid, lost, exc) from exc
             return
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._queue.append((sid, query, future))
+        self._queue.append((sid, query, future, merge))
         self._kick()
         await future
 
@@ -1000,22 +1051,22 @@ class _GroupCommitter:
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    async def _send_group(self, group: list[tuple[str, bytes, asyncio.Future[None]]]) -> None:
+    async def _send_group(self, group: list[_Queued]) -> None:
         try:
-            query = group[0][1] if len(group) == 1 else b";\n".join(q for _, q, _ in group)
+            query = group[0][1] if len(group) == 1 else _merged(group)
             failed = await self._run(query)
             if failed is None:
-                for _, _, future in group:
+                for _, _, future, _ in group:
                     if not future.done():
                         future.set_result(None)
                 return
             exc, lost = failed
             if len(group) == 1 or lost or isinstance(exc, _NoConnection):
-                for sid, _, future in group:
+                for sid, _, future, _ in group:
                     if not future.done():
                         future.set_exception(_commit_error(sid, lost, exc))
                 return
-            for sid, query, future in group:  # find whose it was: each alone
+            for sid, query, future, _ in group:  # find whose it was: each alone
                 alone = await self._run(query)
                 if future.done():
                     continue
@@ -1024,7 +1075,7 @@ class _GroupCommitter:
                 else:
                     future.set_exception(_commit_error(sid, alone[1], alone[0]))
         except BaseException as exc:  # cancelled with the loop, say
-            for _, _, future in group:
+            for _, _, future, _ in group:
                 if not future.done():
                     future.set_exception(
                         exc
@@ -1158,7 +1209,8 @@ class _PgSession:
         except psycopg.Error as exc:
             raise StoreError(f"session {self._sid}: commit failed: {exc}") from exc
         if statements:
-            await self._flush(statements, token)
+            rows = tx.rows if writes is tx and not tx.writes else None
+            await self._flush(statements, token, rows)
         return result
 
     def _commit_on_thread(
@@ -1184,17 +1236,19 @@ class _PgSession:
             tx.release()
         return result, tx
 
-    async def _flush(self, statements: list[str], token: str | None) -> None:
+    async def _flush(self, statements: list[str], token: str | None, rows: _Rows | None) -> None:
         """The fence and ``statements`` as one multi-statement query (one implicit
         transaction: any failing statement undoes them all), sent by the store's
         group committer."""
-        if token is not None:
-            statements.insert(0, f"SELECT turnkit_fence({self._sid_lit}, {_literal(token)})")
+        fence = f"({self._sid_lit}, {_literal(token)})" if token is not None else None
+        if fence is not None:
+            statements.insert(0, f"SELECT turnkit_fence{fence}")
         try:
             query = _encode(statements)
         except (psycopg.Error, UnicodeError) as exc:
             raise StoreError(f"session {self._sid}: commit failed: {exc}") from exc
-        await self._store._committer.commit(self._sid, query)
+        merge = (fence, rows) if rows is not None else None
+        await self._store._committer.commit(self._sid, query, merge)
 
     async def turn(self, turn_id: str) -> TurnRecord | None:
         async def read(conn: psycopg.AsyncConnection[Any]) -> TurnRecord | None:
