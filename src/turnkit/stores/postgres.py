@@ -9,12 +9,15 @@ local tool, so no tool code has run yet) it is stopped there and run again on a
 private worker thread, where a local tool's synchronous SQL joins the step's
 transaction on a connection of a second, blocking pool.
 
-A step commit is one pipelined round trip: ``BEGIN``, the writer fence, the step's
-rows and ``COMMIT`` travel together; a local tool that touches ``ctx.store`` first
-opens the transaction and runs its statements one by one. A session has one writer
-across every process: a delivery holds a session-level advisory lock, and every
-commit re-checks a per-acquisition token, so a process that lost its lock (its lock
-connection died) can never interleave a step with the new holder's.
+A step commit is one round trip: the writer fence and the step's rows go as one
+simple-protocol query (one implicit transaction), on the group committer's own
+connections; a local tool that touches ``ctx.store`` first opens the transaction
+and runs its statements one by one. A session has one writer across every process:
+a delivery holds a session-level advisory lock (taken with its first load, in the
+same round trip, on a lock connection that batches every session's acquisitions
+and releases), and every commit re-checks a per-acquisition token, so a process that
+lost its lock (its lock connection died) can never interleave a step with the new
+holder's.
 """
 
 from __future__ import annotations
@@ -1338,7 +1341,8 @@ class PostgresStore:
     ``schema`` holds turnkit's tables (created if missing); local tools' statements
     resolve names in it first, then in ``public``. ``max_size`` bounds the event
     loop's connection pool, and also the second pool (opened lazily) and the worker
-    threads that local tools using ``ctx.store`` run on. ``busy_timeout`` is how
+    threads that local tools using ``ctx.store`` run on; besides them the store keeps
+    one lock connection and up to ``commit_senders`` commit connections. ``busy_timeout`` is how
     long, in seconds, a delivery waits for a session another process is running
     before raising ``SessionBusyError``. ``commit_senders`` is how many step
     commits are in flight at once (at most ``max_size``): commits that arrive while
