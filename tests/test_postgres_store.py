@@ -123,6 +123,10 @@ async def test_many_stores_opening_at_once_migrate_exactly_once(
         "SELECT body FROM turnkit_events WHERE session_id = 'x' AND turn_id = 't' AND seq > 0",
         "SELECT status FROM turnkit_turns WHERE session_id = 'x' AND turn_id = 't'",
         "SELECT turn_id FROM turnkit_turns WHERE status = 'running' ORDER BY created_at",
+        "SELECT seq FROM turnkit_archived_events WHERE session_id = 'x' "
+        "ORDER BY generation DESC, seq DESC LIMIT 1",
+        "SELECT session_id FROM turnkit_sessions WHERE agent = 'a' AND (updated_at < 5 "
+        "OR (updated_at = 5 AND session_id > 's')) ORDER BY updated_at DESC, session_id LIMIT 3",
     ],
 )
 async def test_every_session_query_can_use_an_index(

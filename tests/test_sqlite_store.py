@@ -67,6 +67,10 @@ def test_a_failed_migration_leaves_the_previous_version(tmp_path: Path) -> None:
         "ORDER BY seq",
         "SELECT status FROM turnkit_turns WHERE session_id = ? AND turn_id = ?",
         "SELECT turn_id FROM turnkit_turns WHERE status = 'running' ORDER BY created_at",
+        "SELECT seq FROM turnkit_archived_events WHERE session_id = ? "
+        "ORDER BY generation DESC, seq DESC LIMIT 1",
+        "SELECT session_id FROM turnkit_sessions WHERE agent = ? AND (updated_at < ? "
+        "OR (updated_at = ? AND session_id > 'x')) ORDER BY updated_at DESC, session_id LIMIT 3",
     ],
 )
 def test_every_session_query_uses_an_index(tmp_path: Path, query: str) -> None:

@@ -89,9 +89,11 @@ async def list_sessions(
 ) -> list[SessionInfo]:
     """The store's sessions, newest first, optionally of one agent only."""
     progress.update("reading the session list…", force=True)
+    if limit is not None:  # the newest few, read by key from the store's index
+        return await store.session_page(agent=agent, limit=limit)
     found = [s for s in await store.sessions() if agent is None or s.agent == agent]
-    found.sort(key=lambda s: (s.updated_at, s.session_id), reverse=True)
-    return found if limit is None else found[:limit]
+    found.sort(key=lambda s: (-s.updated_at, s.session_id))
+    return found
 
 
 async def read_session(

@@ -63,6 +63,21 @@ class SessionInfo:
     updated_at: float
 
 
+#: Where a page of sessions ends: the last row's ``(updated_at, session_id)``.
+SessionKey = tuple[float, str]
+
+
+def newest_first(
+    infos: list[SessionInfo], *, agent: str | None, limit: int, after: SessionKey | None
+) -> list[SessionInfo]:
+    """``session_page`` over rows already in memory (the in-memory store's way)."""
+    rows = [i for i in infos if agent is None or i.agent == agent]
+    rows.sort(key=lambda i: (-i.updated_at, i.session_id))
+    if after is not None:
+        rows = [i for i in rows if (-i.updated_at, i.session_id) > (-after[0], after[1])]
+    return rows[:limit]
+
+
 @dataclass(frozen=True, kw_only=True)
 class SessionSnapshot:
     """What a turn needs to start or resume, read in one go.
@@ -201,6 +216,13 @@ class Store(Protocol):
     def session(self, session_id: str) -> SessionStore: ...
 
     async def sessions(self) -> list[SessionInfo]: ...
+
+    async def session_page(
+        self, *, agent: str | None = None, limit: int, after: SessionKey | None = None
+    ) -> list[SessionInfo]:
+        """At most ``limit`` sessions (of ``agent``, if given), most recently updated
+        first (ties by id), strictly after the ``(updated_at, session_id)`` key
+        ``after``: keyset paging that stays stable while sessions are added."""
 
     async def unfinished_turns(self) -> list[TurnRecord]:
         """Turns opened but never finished (a process died under them), oldest first."""

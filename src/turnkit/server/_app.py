@@ -235,8 +235,8 @@ class _Api:
                 "invalid_parameter",
                 f"limit must be between 1 and {self.limits.page_size_max}, got {limit}",
             )
-        infos = [i for i in await self.runtime.sessions() if i.agent == agent]
-        rows, cursor = page_of_sessions(infos, limit, request.query_params.get("cursor"))
+        cursor = request.query_params.get("cursor")
+        rows, cursor = await page_of_sessions(self.runtime.store, agent, limit, cursor)
         return JSONResponse({"sessions": rows, "next": cursor})
 
     async def pending(self, request: Request, principal: Principal) -> Response:

@@ -150,7 +150,13 @@ MIGRATIONS: list[tuple[str, ...]] = [
             PRIMARY KEY (session_id, generation, turn_id)
         )""",
     ),
+    # v4: the session list pages newest first per agent from an index.
+    (
+        "CREATE INDEX turnkit_sessions_recent ON turnkit_sessions "
+        "(agent, updated_at DESC, session_id)",
+    ),
 ]
+
 
 SCHEMA_VERSION = len(MIGRATIONS)
 

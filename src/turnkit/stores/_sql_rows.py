@@ -42,3 +42,26 @@ def turn_from_row(row: Sequence[Any]) -> TurnRecord:
         pending=json.loads(pending) if pending else None,
         cancel_reason=why,
     )
+
+
+def session_page_sql(
+    agent: str | None, limit: int, after: tuple[float, str] | None, *, placeholder: str
+) -> tuple[str, tuple[Any, ...]]:
+    """The ``session_page`` query, the same on both SQL stores but for the placeholder;
+    with an agent it walks the ``(agent, updated_at DESC, session_id)`` index."""
+    where: list[str] = []
+    params: list[Any] = []
+    if agent is not None:
+        where.append(f"agent = {placeholder}")
+        params.append(agent)
+    if after is not None:
+        where.append(
+            f"(updated_at < {placeholder} OR (updated_at = {placeholder} "
+            f"AND session_id > {placeholder}))"
+        )
+        params += [after[0], after[0], after[1]]
+    sql = "SELECT session_id, agent, status, updated_at FROM turnkit_sessions"
+    if where:
+        sql += " WHERE " + " AND ".join(where)
+    sql += f" ORDER BY updated_at DESC, session_id LIMIT {placeholder}"
+    return sql, (*params, limit)

@@ -23,11 +23,13 @@ from .._messages import JsonObject, Message, message_from_dict
 from .._store import (
     TERMINAL_TURN_STATUSES,
     SessionInfo,
+    SessionKey,
     SessionSnapshot,
     SessionStatus,
     StoreHandle,
     TurnRecord,
     TurnStatus,
+    newest_first,
     session_status_after,
 )
 from ._locks import SessionLocks
@@ -244,6 +246,11 @@ class MemoryStore:
             for sid, d in sorted(self._sessions.items())
             if d.agent is not None
         ]
+
+    async def session_page(
+        self, *, agent: str | None = None, limit: int, after: SessionKey | None = None
+    ) -> list[SessionInfo]:
+        return newest_first(await self.sessions(), agent=agent, limit=limit, after=after)
 
     async def unfinished_turns(self) -> list[TurnRecord]:
         found = [

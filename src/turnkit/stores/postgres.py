@@ -47,6 +47,7 @@ from .._messages import JsonObject, Message, message_from_dict
 from .._store import (
     TERMINAL_TURN_STATUSES,
     SessionInfo,
+    SessionKey,
     SessionSnapshot,
     SessionStatus,
     StoreHandle,
@@ -59,6 +60,7 @@ from ._locks import SessionLocks
 from ._postgres_schema import FENCE_SQLSTATE, MISSING_SQLSTATE, migrate
 from ._sql_rows import TURN_COLUMNS as _TURN_COLUMNS
 from ._sql_rows import dumps as _dumps
+from ._sql_rows import session_page_sql
 from ._sql_rows import turn_from_row as _turn_from_row
 
 try:
@@ -1614,6 +1616,20 @@ class PostgresStore:
                 "SELECT session_id, agent, status, updated_at FROM turnkit_sessions "
                 "ORDER BY session_id"
             )
+            return [
+                SessionInfo(session_id=r[0], agent=r[1], status=r[2], updated_at=r[3])
+                for r in await cur.fetchall()
+            ]
+
+        return await self._read("the session list", read)
+
+    async def session_page(
+        self, *, agent: str | None = None, limit: int, after: SessionKey | None = None
+    ) -> list[SessionInfo]:
+        sql, params = session_page_sql(agent, limit, after, placeholder="%s")
+
+        async def read(conn: psycopg.AsyncConnection[Any]) -> list[SessionInfo]:
+            cur = await conn.execute(sql, params)
             return [
                 SessionInfo(session_id=r[0], agent=r[1], status=r[2], updated_at=r[3])
                 for r in await cur.fetchall()

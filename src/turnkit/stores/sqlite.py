@@ -24,6 +24,7 @@ from .._messages import JsonObject, Message, message_from_dict
 from .._store import (
     TERMINAL_TURN_STATUSES,
     SessionInfo,
+    SessionKey,
     SessionSnapshot,
     SessionStatus,
     StoreHandle,
@@ -35,6 +36,7 @@ from . import _archive_sql as archive_sql
 from ._locks import SessionLocks
 from ._sql_rows import TURN_COLUMNS as _TURN_COLUMNS
 from ._sql_rows import dumps as _dumps
+from ._sql_rows import session_page_sql
 from ._sql_rows import turn_from_row as _turn_from_row
 from ._sqlite_schema import migrate
 
@@ -473,6 +475,16 @@ class SqliteStore:
                 "SELECT session_id, agent, status, updated_at FROM turnkit_sessions "
                 "ORDER BY session_id"
             ).fetchall()
+        return [
+            SessionInfo(session_id=r[0], agent=r[1], status=r[2], updated_at=r[3]) for r in rows
+        ]
+
+    async def session_page(
+        self, *, agent: str | None = None, limit: int, after: SessionKey | None = None
+    ) -> list[SessionInfo]:
+        sql, params = session_page_sql(agent, limit, after, placeholder="?")
+        with _reading("the session list"):
+            rows = self.connection.execute(sql, params).fetchall()
         return [
             SessionInfo(session_id=r[0], agent=r[1], status=r[2], updated_at=r[3]) for r in rows
         ]

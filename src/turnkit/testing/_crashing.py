@@ -17,6 +17,7 @@ from .._events import TurnEvent
 from .._messages import Message
 from .._store import (
     SessionInfo,
+    SessionKey,
     SessionSnapshot,
     SessionStatus,
     SessionStore,
@@ -111,6 +112,11 @@ class CrashingStore:
 
     async def sessions(self) -> list[SessionInfo]:
         return await self.inner.sessions()
+
+    async def session_page(
+        self, *, agent: str | None = None, limit: int, after: SessionKey | None = None
+    ) -> list[SessionInfo]:
+        return await self.inner.session_page(agent=agent, limit=limit, after=after)
 
     async def unfinished_turns(self) -> list[TurnRecord]:
         return await self.inner.unfinished_turns()

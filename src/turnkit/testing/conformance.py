@@ -53,6 +53,7 @@ __all__ = [
     "test_conformance_local_tool_rows_commit_or_roll_back_with_the_step",
     "test_conformance_park_cancel_and_unfinished",
     "test_conformance_reset_archives_a_generation",
+    "test_conformance_session_pages_newest_first_by_key",
     "test_conformance_sessions_are_isolated_and_listed",
     "test_conformance_sql_handle_or_its_honest_absence",
     "test_conformance_turn_with_tools_checkpoints_and_replays",
@@ -83,11 +84,13 @@ async def _opened(under: StoreUnderTest) -> AsyncIterator[Store]:
         await store.close()
 
 
-def _record(session_id: str, turn_id: str, *, created_at: float = 1.0) -> TurnRecord:
+def _record(
+    session_id: str, turn_id: str, *, created_at: float = 1.0, agent: str = "a"
+) -> TurnRecord:
     return TurnRecord(
         session_id=session_id,
         turn_id=turn_id,
-        agent="a",
+        agent=agent,
         status="running",
         opening=UserMessage(text=f"open {turn_id}", turn_id=turn_id).to_dict(),
         created_at=created_at,
@@ -242,6 +245,34 @@ async def test_conformance_sessions_are_isolated_and_listed(
         assert len(await one.messages()) == 1 and len(await two.messages()) == 1
         listed = {(i.session_id, i.agent, i.status) for i in await store.sessions()}
         assert listed == {("s1", "a", "idle"), ("s2", "a", "running")}
+
+
+@pytest.mark.asyncio
+async def test_conformance_session_pages_newest_first_by_key(
+    conformance_store: StoreUnderTest,
+) -> None:
+    async with _opened(conformance_store) as store:
+        for n in range(7):
+            session = store.session(f"s{n}")
+            await _open_turn(session, "t1", agent="a" if n % 3 else "b")
+        await store.session("s1").commit(lambda tx: tx.set_turn_status("t1", "completed"))
+        every = await store.sessions()
+        expected = sorted(
+            (i for i in every if i.agent == "a"), key=lambda i: (-i.updated_at, i.session_id)
+        )
+        assert expected[0].session_id == "s1"  # the last one updated comes first
+        pages, after = [], None
+        while True:
+            page = await store.session_page(agent="a", limit=2, after=after)
+            assert len(page) <= 2
+            if not page:
+                break
+            pages.append(page)
+            after = (page[-1].updated_at, page[-1].session_id)
+        assert [i for page in pages for i in page] == expected
+        everyone = await store.session_page(limit=100)
+        assert sorted(i.session_id for i in everyone) == sorted(i.session_id for i in every)
+        assert await store.session_page(agent="nobody", limit=5) == []
 
 
 @pytest.mark.asyncio
