@@ -142,3 +142,19 @@ def test_loopback_only_admits_this_machine_and_nobody_else() -> None:
     for host in ("10.0.0.5", "192.168.1.2", "8.8.8.8", "not-an-address"):
         assert loopback_only(_request(host)) is None
     assert loopback_only(Request({"type": "http", "headers": [], "method": "GET"})) is None
+
+
+def test_dev_serves_on_postgres(pg_dsn: str, pg_schema: str, tmp_path: Path) -> None:
+    joiner = "&" if "?" in pg_dsn else "?"
+    store = f"{pg_dsn}{joiner}options=-csearch_path%3D{pg_schema}"
+    proc, url = start_dev("--store", store, cwd=tmp_path)
+    try:
+        with httpx.Client(base_url=url, timeout=30) as client:
+            reply = client.post("/agents/ops/sessions/s1/chat", json={"text": "order 3 bolts"})
+            assert reply.json()["text"] == "Done: order #1 (3 x bolts) is packed."
+            listed = client.get("/agents/ops/sessions").json()
+            assert [row["session_id"] for row in listed["sessions"]] == ["s1"]
+    finally:
+        proc.kill()
+        proc.wait(10)
+    assert not (tmp_path / ".turnkit").exists()  # nothing went to a SQLite file
