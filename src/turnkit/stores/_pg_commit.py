@@ -1,0 +1,470 @@
+"""PostgresStore's commit paths from the event loop: the committer's own
+connections (``_Sender``), the lock connection that batches every session's writer
+lock, and the group committer that merges concurrent sessions' step commits."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+import select
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, TypeVar, cast
+
+import psycopg
+from psycopg import errors as pg_errors
+from psycopg import generators as pg_generators
+from psycopg.pq import ExecStatus
+from psycopg.pq.abc import PGresult
+
+from .._errors import StoreError
+from ._pg_sql import (
+    _ACQUIRE_SQL,
+    _LOAD_SQL,
+    _connection_lost,
+    _encode,
+    _NoConnection,
+    _numbered,
+    _rollback_quietly_async,
+)
+from ._pg_writes import (
+    _commit_error,
+    _Rows,
+)
+
+if TYPE_CHECKING:
+    from .postgres import PostgresStore
+
+
+T = TypeVar("T")
+log = logging.getLogger("turnkit.stores.postgres")
+
+
+_WAIT_W = 2  # psycopg's Wait.W bit
+_READY_R = 1  # psycopg's Ready.R
+
+
+class _Sender:
+    """A connection of the group committer's own, outside the pool, that sends step
+    commits from the event loop.
+
+    Its socket stays registered with the loop for as long as it lives, so a commit
+    pays no pool checkout and no reader registration: the reader wakes the commit
+    waiting on it. A socket that turns readable while no commit is in flight means
+    the server is closing the connection (a terminated backend, a restart); the
+    sender is then discarded before any commit uses it, as the pool's checkout
+    check does for the reads."""
+
+    __slots__ = ("_busy", "_fd", "_loop", "_waiter", "conn", "suspect")
+
+    def __init__(self, conn: psycopg.AsyncConnection[Any], loop: asyncio.AbstractEventLoop) -> None:
+        self.conn = conn
+        self._loop = loop
+        self._fd = conn.pgconn.socket
+        self._waiter: asyncio.Future[None] | None = None
+        self._busy = False
+        self.suspect = False
+        loop.add_reader(self._fd, self._readable)
+
+    def _readable(self) -> None:
+        waiter = self._waiter
+        if waiter is None:
+            if not self._busy:
+                self.suspect = True  # idle, yet the server spoke: it is hanging up
+                self._unwatch()
+            return
+        # Read what came; wake the commit only once a whole result is in. This also
+        # skips a stale call, queued by the loop's poll before the query was sent.
+        pgconn = self.conn.pgconn
+        try:
+            pgconn.consume_input()
+            if pgconn.is_busy():
+                return
+        except psycopg.Error:
+            pass  # the commit's own read raises it
+        self._waiter = None
+        if not waiter.done():
+            waiter.set_result(None)
+
+    def _unwatch(self) -> None:
+        if self._fd >= 0:
+            fd, self._fd = self._fd, -1
+            if not self._loop.is_closed():
+                self._loop.remove_reader(fd)
+
+    def usable(self, loop: asyncio.AbstractEventLoop) -> bool:
+        """Fit to send a commit: alive, on this loop, and not being hung up on (the
+        ``select`` never waits; it catches what the loop has not polled yet)."""
+        if self.suspect or loop is not self._loop or _connection_lost(self.conn):
+            return False
+        readable, _, _ = select.select([self._fd], [], [], 0)
+        return not readable
+
+    async def query(self, query: bytes) -> list[PGresult]:
+        """``_query`` on this connection, waited on through the standing reader."""
+        results = await self.results(query)
+        for res in results:
+            if res.status == ExecStatus.FATAL_ERROR:
+                raise pg_errors.error_from_result(res, encoding=self.conn.info.encoding)
+        return results
+
+    async def results(self, query: bytes) -> list[PGresult]:
+        """Send ``query`` and return its results, an error among them left unraised."""
+        pgconn = self.conn.pgconn
+        self._busy = True
+        try:
+            pgconn.send_query(query)
+            results = await self._drive(pg_generators.execute(pgconn))
+        except psycopg.Error:
+            raise
+        except BaseException:
+            self.suspect = True  # cancelled mid-query, say: its state is unknown
+            raise
+        finally:
+            self._busy = False
+            self._waiter = None
+        return results
+
+    async def _drive(self, gen: Any) -> list[PGresult]:
+        try:
+            state = next(gen)
+            while True:
+                if state & _WAIT_W:
+                    # The query did not fit the socket's buffer: rare, so waited on
+                    # the plain way.
+                    ready = await _wait_writable(self._loop, self._fd, state)
+                else:
+                    waiter = self._waiter = self._loop.create_future()
+                    await waiter
+                    ready = _READY_R
+                state = gen.send(ready)
+        except StopIteration as done:
+            return cast(list[PGresult], done.value)
+
+    async def close(self) -> None:
+        self._unwatch()
+        await self.conn.close()
+
+
+async def _wait_writable(loop: asyncio.AbstractEventLoop, fd: int, state: int) -> int:
+    """Wait until ``fd`` can take more of a query; the ``Ready`` bits to send on."""
+    readable, writable, _ = select.select([fd] if state & 1 else [], [fd], [], 0)
+    if readable or writable:
+        return (1 if readable else 0) | (2 if writable else 0)
+    future: asyncio.Future[None] = loop.create_future()
+
+    def wake() -> None:
+        if not future.done():
+            future.set_result(None)
+
+    loop.add_writer(fd, wake)
+    try:
+        await future
+    finally:
+        loop.remove_writer(fd)
+    return 2
+
+
+#: The sessions whose ``writer()`` the current task holds.
+_holding: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar(
+    "turnkit_pg_holding", default=frozenset()
+)
+
+
+class _LockChannel:
+    """The process's lock connection. The writer acquisitions of every session (each
+    with its delivery's load, when it has one) and their releases are batched on it:
+    what arrives while a batch is out goes in the next one, one multi-statement query,
+    so many sessions share a round trip. A release is posted and never waited for;
+    the connection's order keeps it ahead of a later acquisition of the same session.
+
+    Each operation is one statement that only a broken connection or schema makes
+    fail. If a batch fails anyway, the connection is dropped, and with it every lock
+    it held: a delivery that still runs is then fenced off at its next commit if
+    another process takes its session over, exactly as when the connection dies."""
+
+    def __init__(self, store: PostgresStore) -> None:
+        self._store = store
+        self.sender: _Sender | None = None
+        self._queue: list[tuple[str, asyncio.Future[PGresult] | None]] = []
+        self._pumping = False
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def run(self, statements: Sequence[str]) -> list[PGresult]:
+        """Run ``statements`` in order in the next batch; their results."""
+        loop = asyncio.get_running_loop()
+        futures = [loop.create_future() for _ in statements]
+        self._queue.extend(zip(statements, futures, strict=True))
+        self._kick()
+        return [await future for future in futures]
+
+    def post(self, statement: str) -> None:
+        """Run ``statement`` in the next batch, unwaited (a failure is logged)."""
+        self._queue.append((statement, None))
+        self._kick()
+
+    def _kick(self) -> None:
+        if not self._pumping and self._queue:
+            self._pumping = True
+            task = asyncio.get_running_loop().create_task(self._pump())
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _pump(self) -> None:
+        try:
+            while self._queue:
+                batch, self._queue = self._queue, []
+                await self._send(batch)
+        finally:
+            self._pumping = False
+
+    async def _send(self, batch: list[tuple[str, asyncio.Future[PGresult] | None]]) -> None:
+        try:
+            sender = await self._connection()
+            results = await sender.results(_encode([statement for statement, _ in batch]))
+            if len(results) != len(batch) or any(
+                r.status == ExecStatus.FATAL_ERROR for r in results
+            ):
+                bad = [r for r in results if r.status == ExecStatus.FATAL_ERROR]
+                if bad:
+                    raise pg_errors.error_from_result(bad[0], encoding=sender.conn.info.encoding)
+                raise psycopg.InterfaceError(f"{len(results)} results for {len(batch)} statements")
+        except BaseException as exc:
+            await self._drop()
+            failure = StoreError(f"the writer lock connection failed: {exc}")
+            for _, future in batch:
+                if future is not None and not future.done():
+                    future.set_exception(failure)
+            if any(future is None for _, future in batch):
+                log.warning(
+                    "releasing writer locks failed (they went with the connection): %s", exc
+                )
+            if not isinstance(exc, Exception):
+                raise
+            return
+        for (_, future), res in zip(batch, results, strict=True):
+            if future is not None and not future.done():
+                future.set_result(res)
+
+    async def _connection(self) -> _Sender:
+        loop = asyncio.get_running_loop()
+        if self.sender is not None:
+            if self.sender.usable(loop):
+                return self.sender
+            await self._drop()
+        store = self._store
+        if store._apool is None:
+            raise store._not_open()
+        conn = await psycopg.AsyncConnection.connect(store.dsn, **store._connect_kwargs())
+        try:
+            # Losing an acquisition in a server crash is harmless: a holder whose token
+            # did not survive has committed nothing after it, and is fenced off.
+            await conn.execute(b"SET synchronous_commit = off")
+            await conn.execute(b"PREPARE turnkit_acquire AS " + _numbered(_ACQUIRE_SQL))
+            await conn.execute(b"PREPARE turnkit_load AS " + _numbered(_LOAD_SQL))
+        except BaseException:
+            await conn.close()
+            raise
+        self.sender = _Sender(conn, loop)
+        return self.sender
+
+    async def _drop(self) -> None:
+        sender, self.sender = self.sender, None
+        if sender is not None:
+            await _close_quietly(sender)
+
+    async def close(self) -> None:
+        while self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._drop()
+
+
+_Queued = tuple[str, bytes, "asyncio.Future[None]", "tuple[str | None, _Rows] | None"]
+
+
+def _merged(group: list[_Queued]) -> bytes:
+    """A group's commits as one query: the step, message and event rows of those that
+    have only such rows share one INSERT per table (and one statement checks all
+    their fences), which saves the server most of its per-statement work; the others
+    go in as they are."""
+    fences: list[str] = []
+    rows = _Rows()
+    alone: list[bytes] = []
+    for _, query, _, merge in group:
+        if merge is None:
+            alone.append(query)
+            continue
+        fence, mine = merge
+        if fence is not None:
+            fences.append(fence)
+        rows.steps += mine.steps
+        rows.messages += mine.messages
+        rows.events += mine.events
+    statements = rows.statements()
+    if fences:
+        statements.insert(
+            0, f"SELECT turnkit_fence(s, t) FROM (VALUES {', '.join(fences)}) AS f(s, t)"
+        )
+    parts = [_encode(statements)] if statements else []
+    return b";\n".join(parts + alone)
+
+
+class _GroupCommitter:
+    """Sends engine-only commits from the event loop, with at most ``senders`` in flight.
+
+    A commit that finds a sender free goes out at once, alone. Commits that arrive
+    while every sender is busy queue up, and the next free sender takes all of them
+    in ONE transaction: one round trip and one WAL flush for many sessions' steps,
+    which is what lets many concurrent sessions in one process outrun one (the
+    server's per-commit cost is what bounds them). Each commit carries its own
+    writer fence. If such a group fails on the server, nothing of it landed, and
+    each of its commits is sent again alone, so one session's error (a fence, a
+    taken position) is raised to that session only. A connection lost under a group
+    fails all of its commits, each as a ``StoreError``, as it would have alone."""
+
+    def __init__(self, store: PostgresStore, senders: int) -> None:
+        self._store = store
+        self._senders = senders
+        self._busy = 0
+        self._queue: list[_Queued] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._idle: list[_Sender] = []
+        self._inflight: dict[asyncio.Future[None], str] = {}
+
+    async def settled(self, sid: str | None) -> None:
+        """Wait for the commits in flight now: of session ``sid``, or of all if ``None``."""
+        if not self._inflight:
+            return
+        waits = [f for f, s in self._inflight.items() if sid is None or s == sid]
+        if waits:
+            await asyncio.wait(waits)
+
+    async def commit(
+        self, sid: str, query: bytes, merge: tuple[str | None, _Rows] | None = None
+    ) -> None:
+        """Commit ``query``; ``merge`` (its fence row and its rows) if its writes are
+        only step, message and event rows, which a group may merge with others'."""
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._inflight[done] = sid
+        try:
+            await self._commit(sid, query, merge)
+        finally:
+            del self._inflight[done]
+            done.set_result(None)
+
+    async def _commit(self, sid: str, query: bytes, merge: tuple[str | None, _Rows] | None) -> None:
+        if self._busy < self._senders and not self._queue:
+            self._busy += 1
+            try:
+                failed = await self._run(query)
+            finally:
+                self._busy -= 1
+                self._kick()
+            if failed is not None:
+                exc, lost = failed
+                raise _commit_error(sid, lost, exc) from exc
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._queue.append((sid, query, future, merge))
+        self._kick()
+        await future
+
+    async def drain(self) -> None:
+        while self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def close(self) -> None:
+        await self.drain()
+        idle, self._idle = self._idle, []
+        for sender in idle:
+            await _close_quietly(sender)
+
+    def _kick(self) -> None:
+        while self._queue and self._busy < self._senders:
+            self._busy += 1
+            group, self._queue = self._queue, []
+            task = asyncio.get_running_loop().create_task(self._send_group(group))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _send_group(self, group: list[_Queued]) -> None:
+        try:
+            query = group[0][1] if len(group) == 1 else _merged(group)
+            failed = await self._run(query)
+            if failed is None:
+                for _, _, future, _ in group:
+                    if not future.done():
+                        future.set_result(None)
+                return
+            exc, lost = failed
+            if len(group) == 1 or lost or isinstance(exc, _NoConnection):
+                for sid, _, future, _ in group:
+                    if not future.done():
+                        future.set_exception(_commit_error(sid, lost, exc))
+                return
+            for sid, query, future, _ in group:  # find whose it was: each alone
+                alone = await self._run(query)
+                if future.done():
+                    continue
+                if alone is None:
+                    future.set_result(None)
+                else:
+                    future.set_exception(_commit_error(sid, alone[1], alone[0]))
+        except BaseException as exc:  # cancelled with the loop, say
+            for _, _, future, _ in group:
+                if not future.done():
+                    future.set_exception(
+                        exc
+                        if isinstance(exc, Exception)
+                        else StoreError(f"commit not sent: {exc!r}")
+                    )
+            raise
+        finally:
+            self._busy -= 1
+            self._kick()
+
+    async def _sender(self) -> _Sender:
+        """An idle sender fit for use, or a new one (never more than ``senders``)."""
+        loop = asyncio.get_running_loop()
+        while self._idle:
+            sender = self._idle.pop()
+            if sender.usable(loop):
+                return sender
+            await _close_quietly(sender)
+        store = self._store
+        if store._apool is None:
+            raise store._not_open()
+        conn = await psycopg.AsyncConnection.connect(store.dsn, **store._connect_kwargs())
+        return _Sender(conn, loop)
+
+    async def _run(self, query: bytes) -> tuple[BaseException, bool] | None:
+        """Send ``query`` on one of the committer's connections; the error and whether
+        the connection was lost, or ``None`` if it committed."""
+        try:
+            sender = await self._sender()
+        except Exception as exc:
+            failure = _NoConnection(str(exc))
+            failure.__cause__ = exc
+            return failure, False
+        try:
+            await sender.query(query)
+        except Exception as exc:
+            conn = sender.conn
+            lost = _connection_lost(conn)
+            await _rollback_quietly_async(conn)
+            if lost:
+                sender.suspect = True
+            return exc, lost
+        finally:
+            if sender.suspect:
+                await _close_quietly(sender)
+            else:
+                self._idle.append(sender)
+        return None
+
+
+async def _close_quietly(sender: _Sender) -> None:
+    try:
+        await sender.close()
+    except Exception:
+        log.debug("closing a commit connection failed", exc_info=True)

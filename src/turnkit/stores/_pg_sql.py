@@ -1,0 +1,331 @@
+"""PostgresStore's SQL on the wire: ``?`` placeholders, literal rendering for the
+one-query commits, prepared statements run from the event loop, and the fixed
+queries (load, turn, status, writer acquire)."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import math
+import re
+import select
+import weakref
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import psycopg
+from psycopg import errors as pg_errors
+from psycopg import generators as pg_generators
+from psycopg.pq import ExecStatus, TransactionStatus
+from psycopg.pq.abc import PGresult
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
+
+from .._store import (
+    TurnRecord,
+)
+from ._sql_rows import TURN_COLUMNS as _TURN_COLUMNS
+from ._sql_rows import turn_from_row as _turn_from_row
+
+if TYPE_CHECKING:
+    pass
+
+
+T = TypeVar("T")
+log = logging.getLogger("turnkit.stores.postgres")
+
+
+_SCHEMA_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+_TRANSACTION_CONTROL = re.compile(
+    r"^\s*(BEGIN|START\s+TRANSACTION|COMMIT|END|ABORT|ROLLBACK(?!\s+(TRANSACTION\s+|WORK\s+)?TO\b)"
+    r"|PREPARE\s+TRANSACTION)\b",
+    re.IGNORECASE,
+)
+_ENDED = (
+    "a local tool ended the step's transaction (commit or rollback on ctx.store); "
+    "turnkit commits the step itself, so never end the transaction in a tool"
+)
+_ABORTED = (
+    "a local tool left the step's transaction aborted (it caught a database error "
+    "raised through ctx.store.unwrap()); use ctx.store.execute, which isolates each "
+    "statement, or let the error propagate"
+)
+
+
+def qmark_to_pyformat(sql: str) -> str:
+    """Rewrite ``?`` placeholders as psycopg's ``%s`` (and escape ``%``), leaving
+    quoted strings, quoted identifiers, dollar-quoted bodies and comments alone.
+
+    This is what lets one local tool's ``ctx.store.execute`` run on SQLite and
+    PostgreSQL unchanged. PostgreSQL's ``?`` JSON operators therefore need
+    ``unwrap()`` (or the equivalent functions, such as ``jsonb_exists``).
+    """
+    out: list[str] = []
+    i, n = 0, len(sql)
+    while i < n:
+        ch = sql[i]
+        if ch in "'\"":
+            end = i + 1
+            while end < n:
+                if sql[end] == ch:
+                    if end + 1 < n and sql[end + 1] == ch:  # doubled quote
+                        end += 2
+                        continue
+                    break
+                end += 1
+            out.append(sql[i : end + 1].replace("%", "%%"))
+            i = end + 1
+        elif ch == "-" and sql.startswith("--", i):
+            end = sql.find("\n", i)
+            end = n if end < 0 else end
+            out.append(sql[i:end].replace("%", "%%"))
+            i = end
+        elif ch == "/" and sql.startswith("/*", i):
+            end = sql.find("*/", i + 2)
+            end = n if end < 0 else end + 2
+            out.append(sql[i:end].replace("%", "%%"))
+            i = end
+        elif ch == "$" and (tag := re.match(r"\$([A-Za-z_][A-Za-z0-9_]*)?\$", sql[i:])):
+            close = sql.find(tag.group(0), i + len(tag.group(0)))
+            end = n if close < 0 else close + len(tag.group(0))
+            out.append(sql[i:end].replace("%", "%%"))
+            i = end
+        elif ch == "?":
+            out.append("%s")
+            i += 1
+        elif ch == "%":
+            out.append("%%")
+            i += 1
+        else:
+            out.append(ch)
+            i += 1
+    return "".join(out)
+
+
+@functools.cache
+def _pg(sql: str) -> str:
+    """A shared ``?``-style statement in psycopg's placeholder style."""
+    return qmark_to_pyformat(sql)
+
+
+def _lock_key(schema: str, session_id: str) -> int:
+    digest = hashlib.blake2b(f"{schema}\0{session_id}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
+def _connection_lost(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
+    return bool(conn.closed or conn.broken)
+
+
+def _rollback_quietly(conn: psycopg.Connection[Any]) -> None:
+    if _connection_lost(conn) or conn.info.transaction_status == TransactionStatus.IDLE:
+        return
+    try:
+        conn.execute("ROLLBACK")
+    except psycopg.Error:
+        log.debug("rollback after a failed commit failed too", exc_info=True)
+
+
+def _check_idle_connection(conn: psycopg.Connection[Any]) -> None:
+    """The sync pool's checkout check, free in the common case: an idle connection whose
+    socket is readable has been sent something (a termination notice, EOF), so only
+    then is it probed; a dead one is discarded before a step ever uses it."""
+    if _connection_lost(conn):
+        raise psycopg.OperationalError("connection is closed")
+    readable, _, _ = select.select([conn.fileno()], [], [], 0)
+    if readable:
+        ConnectionPool.check_connection(conn)
+
+
+async def _check_idle_async(conn: psycopg.AsyncConnection[Any]) -> None:
+    """``_check_idle_connection`` for the event loop's pool (the ``select`` never waits)."""
+    if _connection_lost(conn):
+        raise psycopg.OperationalError("connection is closed")
+    readable, _, _ = select.select([conn.fileno()], [], [], 0)
+    if readable:
+        await AsyncConnectionPool.check_connection(conn)
+
+
+async def _rollback_quietly_async(conn: psycopg.AsyncConnection[Any]) -> None:
+    if _connection_lost(conn) or conn.info.transaction_status == TransactionStatus.IDLE:
+        return
+    try:
+        await conn.execute("ROLLBACK")
+    except psycopg.Error:
+        log.debug("rollback after a failed commit failed too", exc_info=True)
+
+
+# -- the event loop's queries ---------------------------------------------------------
+#
+# The hot path (a delivery's load, the writer lock, every engine-only commit) sends
+# each request as one simple-protocol query, its values quoted by libpq, and reads
+# the raw results: psycopg's cursor layer costs several times the CPU of the round
+# trip itself, and with many sessions in one process that CPU is what bounds the
+# turns per second. Values are only ever str, int, float or None.
+
+
+@functools.cache
+def _template(sql: str) -> tuple[str, ...]:
+    """``sql`` cut at its ``%s`` placeholders (``%%`` read as ``%``)."""
+    out = [""]
+    for part in re.split(r"(%s|%%)", sql):
+        if part == "%s":
+            out.append("")
+        elif part == "%%":
+            out[-1] += "%"
+        else:
+            out[-1] += part
+    return tuple(out)
+
+
+def _literal(value: Any) -> str:
+    """``value`` as a SQL literal. Strings use the ``E''`` form, whose escaping (quotes
+    and backslashes doubled) means the same whatever ``standard_conforming_strings``
+    says; the query is sent as UTF-8, the connections' client encoding. A NUL, which
+    no text field can hold, is refused when the whole query is encoded (``_encode``)."""
+    if type(value) is str:
+        return "E'" + value.replace("\\", "\\\\").replace("'", "''") + "'"
+    if type(value) is int:
+        return int.__repr__(value)
+    if value is None:
+        return "NULL"
+    if isinstance(value, str):
+        return _literal(str.__str__(value))
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return int.__repr__(value)
+    if isinstance(value, float):
+        text = float.__repr__(value)
+        return text if math.isfinite(value) else f"'{text}'::float8"
+    raise TypeError(f"PostgresStore cannot send a {type(value).__name__} as a literal")
+
+
+def _render(sql: str, params: Sequence[Any]) -> str:
+    """One statement with its values inlined as SQL literals."""
+    parts = _template(sql)
+    if len(parts) != len(params) + 1:
+        raise ValueError(f"{len(params)} values for {len(parts) - 1} placeholders: {sql}")
+    out = [parts[0]]
+    for value, part in zip(params, parts[1:], strict=True):
+        out.append(_literal(value))
+        out.append(part)
+    return "".join(out)
+
+
+def _encode(statements: Sequence[str]) -> bytes:
+    """Statements as one simple-protocol query, in UTF-8."""
+    query = ";\n".join(statements)
+    if "\0" in query:
+        raise psycopg.DataError("PostgreSQL text fields cannot contain NUL (0x00) bytes")
+    return query.encode()
+
+
+async def _query(conn: psycopg.AsyncConnection[Any], query: bytes) -> list[PGresult]:
+    """Send ``query`` (one or more statements) and return its results; the first error
+    is raised as psycopg would raise it. The caller owns ``conn`` for the duration."""
+    conn.pgconn.send_query(query)
+    return await _results(conn)
+
+
+async def _results(conn: psycopg.AsyncConnection[Any]) -> list[PGresult]:
+    results: list[PGresult] = await conn.wait(pg_generators.execute(conn.pgconn))
+    for res in results:
+        if res.status == ExecStatus.FATAL_ERROR:
+            raise pg_errors.error_from_result(res, encoding=conn.info.encoding)
+    return results
+
+
+@functools.cache
+def _numbered(sql: str) -> bytes:
+    """``sql`` with ``$1``, ``$2``, ... for its ``%s`` placeholders."""
+    parts = _template(sql)
+    return (parts[0] + "".join(f"${i}{part}" for i, part in enumerate(parts[1:], 1))).encode()
+
+
+def _param(value: Any) -> bytes | None:
+    """``value`` as a text-format parameter."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        if "\0" in value:
+            raise psycopg.DataError("PostgreSQL text fields cannot contain NUL (0x00) bytes")
+        return value.encode()
+    if isinstance(value, bool):
+        return b"true" if value else b"false"
+    if isinstance(value, int | float):
+        return repr(value).encode()
+    raise TypeError(f"PostgresStore cannot send a {type(value).__name__} as a parameter")
+
+
+# The statements each connection has prepared (they die with it).
+_prepared_on: weakref.WeakKeyDictionary[Any, set[bytes]] = weakref.WeakKeyDictionary()
+
+
+async def _run_prepared(
+    conn: psycopg.AsyncConnection[Any], name: bytes, sql: str, params: Sequence[Any]
+) -> PGresult:
+    """Run one statement as a server-side prepared statement, preparing it the first
+    time this connection sees it: a read that is planned once per connection rather
+    than once per delivery (a delivery's load costs several times more to plan than
+    to run)."""
+    values = [_param(p) for p in params]
+    names = _prepared_on.setdefault(conn, set())
+    if name not in names:
+        conn.pgconn.send_prepare(name, _numbered(sql))
+        await _results(conn)
+        names.add(name)
+    conn.pgconn.send_query_prepared(name, values)
+    (res,) = await _results(conn)
+    return res
+
+
+def _text(value: bytes | None) -> str | None:
+    return None if value is None else value.decode()
+
+
+def _float(value: bytes | None) -> float | None:
+    return None if value is None else float(value)
+
+
+def _turn_row(res: PGresult, row: int, first: int = 0) -> TurnRecord:
+    """A ``TurnRecord`` from ``_TURN_COLUMNS`` at column ``first`` on."""
+    v = [res.get_value(row, first + c) for c in range(12)]
+    return _turn_from_row(
+        [*(_text(x) for x in v[:8]), _float(v[8]), _float(v[9]), _text(v[10]), _text(v[11])]
+    )
+
+
+_TURN_COLUMNS_T = ", ".join(f"t.{c.strip()}" for c in _TURN_COLUMNS.split(","))
+
+_TURN_SQL = f"SELECT {_TURN_COLUMNS} FROM turnkit_turns WHERE session_id = %s AND turn_id = %s"
+_STATUS_SQL = "SELECT status FROM turnkit_sessions WHERE session_id = %s"
+_ACQUIRE_SQL = (
+    "WITH l AS (SELECT pg_try_advisory_lock(%s::bigint) AS ok) "
+    "INSERT INTO turnkit_writers (session_id, token, holder, since) "
+    "SELECT %s::text, %s::text, %s::text, %s::float8 FROM l WHERE l.ok "
+    "ON CONFLICT (session_id) DO UPDATE SET token = excluded.token, "
+    "holder = excluded.holder, since = excluded.since RETURNING 1"
+)
+
+# A delivery's whole read in one statement, so in one snapshot: the session, the
+# next event number, the transcript from an index (as one JSON array's items), the
+# turn's memoized steps (as one JSON object's members) and the turn's record.
+_LOAD_SQL = (
+    "SELECT s.agent, s.generation, "
+    # Event numbers carry on across resets: with no live event, the archive's last.
+    "coalesce((SELECT max(seq) FROM turnkit_events WHERE session_id = %s), "
+    "(SELECT seq FROM turnkit_archived_events WHERE session_id = %s "
+    "ORDER BY generation DESC, seq DESC LIMIT 1)), "
+    "(SELECT string_agg(body, ',' ORDER BY idx) FROM turnkit_messages "
+    "WHERE session_id = %s AND idx >= %s), "
+    "(SELECT string_agg(to_json(step_id)::text || ':' || result, ',') FROM turnkit_steps "
+    "WHERE session_id = %s AND turn_id = %s), "
+    f"{_TURN_COLUMNS_T} FROM (SELECT) AS one "
+    "LEFT JOIN turnkit_sessions s ON s.session_id = %s "
+    "LEFT JOIN turnkit_turns t ON t.session_id = %s AND t.turn_id = %s"
+)
+
+
+class _NoConnection(Exception):
+    """Internal: the pool had no connection to give (its cause says why)."""

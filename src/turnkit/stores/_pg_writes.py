@@ -1,0 +1,381 @@
+"""PostgresStore's transactions: the writes a step buffers (rendered to SQL as the
+engine makes them), the loop and thread transactions that carry them, and the
+handle a local tool sees as ``ctx.store``."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import psycopg
+from psycopg import errors as pg_errors
+from psycopg.pq import TransactionStatus
+
+from .._errors import FatalToolError, SessionBusyError, StoreError
+from .._events import TurnEvent
+from .._messages import JsonObject, Message
+from .._store import (
+    TERMINAL_TURN_STATUSES,
+    StoreHandle,
+    TurnRecord,
+    TurnStatus,
+    session_status_after,
+)
+from . import _archive_sql as archive_sql
+from ._pg_sql import (
+    _ABORTED,
+    _ENDED,
+    _TRANSACTION_CONTROL,
+    _connection_lost,
+    _literal,
+    _NoConnection,
+    _pg,
+    _render,
+    qmark_to_pyformat,
+)
+from ._postgres_schema import FENCE_SQLSTATE, MISSING_SQLSTATE
+from ._sql_rows import dumps as _dumps
+
+if TYPE_CHECKING:
+    from .postgres import PostgresStore
+
+
+T = TypeVar("T")
+log = logging.getLogger("turnkit.stores.postgres")
+
+
+class _NeedsConnection(BaseException):
+    """Internal: ``work`` asked for ``tx.handle`` while running on the event loop.
+
+    A ``BaseException``, so no ``except Exception`` in between can swallow it. The
+    engine asks for the handle before a local tool runs, so no tool code has run
+    when this is raised; the commit is then run again on a worker thread."""
+
+
+_Write = tuple[str, tuple[Any, ...]]
+
+
+class _Writes:
+    """The engine's writes of one commit, buffered as SQL to send in one pipeline."""
+
+    def __init__(self, session_id: str) -> None:
+        self._sid = session_id
+        self.writes: list[_Write] = []
+
+    def statements(self) -> list[str]:
+        """Every write as one SQL statement, values inlined."""
+        return [_render(sql, params) for sql, params in self.writes]
+
+    def append_message(self, index: int, message: Message) -> None:
+        self.writes.append(
+            (
+                "INSERT INTO turnkit_messages (session_id, idx, turn_id, body) "
+                "VALUES (%s, %s, %s, %s)",
+                (self._sid, index, message.turn_id, _dumps(message.to_dict())),
+            )
+        )
+
+    def put_step(self, step_id: str, turn_id: str, result: Any) -> None:
+        self.writes.append(
+            (
+                "INSERT INTO turnkit_steps (session_id, turn_id, step_id, result) "
+                "VALUES (%s, %s, %s, %s)",
+                (self._sid, turn_id, step_id, _dumps(result)),
+            )
+        )
+
+    def log_event(self, event: TurnEvent) -> None:
+        self.writes.append(
+            (
+                "INSERT INTO turnkit_events (session_id, seq, turn_id, body) "
+                "VALUES (%s, %s, %s, %s)",
+                (self._sid, event.seq, event.turn_id, _dumps(event.to_dict())),
+            )
+        )
+
+    def request_cancel(self, turn_id: str, reason: str) -> None:
+        self.writes.append(
+            (
+                "WITH t AS (" + _pg(archive_sql.REQUEST_CANCEL) + " RETURNING 1) "
+                "SELECT turnkit_expect_one(count(*), %s) FROM t",
+                (reason, self._sid, turn_id, f"session {self._sid}: no turn {turn_id} to cancel"),
+            )
+        )
+
+    def archive_generation(self, generation: int, agent: str) -> None:
+        for sql, params in archive_sql.reset_statements(self._sid, agent, generation, time.time()):
+            self.writes.append((_pg(sql), params))
+
+    def open_turn(self, record: TurnRecord) -> None:
+        now = time.time()
+        self.writes.append(
+            (
+                "INSERT INTO turnkit_turns (session_id, turn_id, agent, status, opening, "
+                "event, created_at) VALUES (%s, %s, %s, 'running', %s, %s, %s)",
+                (
+                    self._sid,
+                    record.turn_id,
+                    record.agent,
+                    _dumps(record.opening),
+                    _dumps(record.event) if record.event is not None else None,
+                    record.created_at or now,
+                ),
+            )
+        )
+        self.writes.append(
+            (
+                "INSERT INTO turnkit_sessions (session_id, agent, status, created_at, "
+                "updated_at) VALUES (%s, %s, 'running', %s, %s) ON CONFLICT (session_id) "
+                "DO UPDATE SET agent = excluded.agent, status = 'running', "
+                "updated_at = excluded.updated_at",
+                (self._sid, record.agent, now, now),
+            )
+        )
+
+    def set_turn_status(
+        self,
+        turn_id: str,
+        status: TurnStatus,
+        *,
+        text: str | None = None,
+        error: str | None = None,
+        pending: JsonObject | None = None,
+    ) -> None:
+        now = time.time()
+        terminal = status in TERMINAL_TURN_STATUSES
+        kept = _dumps(pending) if status == "suspended" and pending is not None else None
+        self.writes.append(
+            (
+                "WITH t AS (UPDATE turnkit_turns SET status = %s, text = %s, error = %s, "
+                "finished_at = %s, pending = %s WHERE session_id = %s AND turn_id = %s "
+                "RETURNING 1), "
+                "s AS (UPDATE turnkit_sessions SET status = %s, updated_at = %s "
+                "WHERE session_id = %s AND EXISTS (SELECT 1 FROM t)) "
+                "SELECT turnkit_expect_one(count(*), %s) FROM t",
+                (
+                    status,
+                    text,
+                    error,
+                    now if terminal else None,
+                    kept,
+                    self._sid,
+                    turn_id,
+                    session_status_after(status),
+                    now,
+                    self._sid,
+                    f"session {self._sid}: no turn {turn_id} to update",
+                ),
+            )
+        )
+
+
+class _LoopTransaction(_Writes):
+    """The transaction ``work`` first sees: on the event loop, writes only buffered.
+
+    Engine-only commits (model steps, remote tools' results, events, turn moves)
+    never touch ``handle``, so they run here and their rows go out in one
+    asynchronous pipeline. Asking for ``handle`` stops ``work`` at once."""
+
+    def __init__(self, session_id: str, sid_literal: str) -> None:
+        super().__init__(session_id)
+        self._sid_lit = sid_literal
+        self.rows = _Rows()
+
+    @property
+    def handle(self) -> StoreHandle:
+        raise _NeedsConnection
+
+    # The rows of every step, rendered as they come: the hot path. Each table's rows
+    # go in as one multi-row INSERT (see ``statements``).
+
+    def append_message(self, index: int, message: Message) -> None:
+        self.rows.messages.append(
+            f"({self._sid_lit}, {_literal(index)}, {_literal(message.turn_id)}, "
+            f"{_literal(_dumps(message.to_dict()))})"
+        )
+
+    def put_step(self, step_id: str, turn_id: str, result: Any) -> None:
+        self.rows.steps.append(
+            f"({self._sid_lit}, {_literal(turn_id)}, {_literal(step_id)}, "
+            f"{_literal(_dumps(result))})"
+        )
+
+    def log_event(self, event: TurnEvent) -> None:
+        self.rows.events.append(
+            f"({self._sid_lit}, {_literal(event.seq)}, {_literal(event.turn_id)}, "
+            f"{_literal(_dumps(event.to_dict()))})"
+        )
+
+    def statements(self) -> list[str]:
+        return [*self.rows.statements(), *super().statements()]
+
+
+class _Rows:
+    """A commit's step, message and event rows, as SQL row literals: rows of several
+    commits can share one INSERT per table (see ``_GroupCommitter``)."""
+
+    __slots__ = ("events", "messages", "steps")
+
+    def __init__(self) -> None:
+        self.steps: list[str] = []
+        self.messages: list[str] = []
+        self.events: list[str] = []
+
+    def statements(self) -> list[str]:
+        out = []
+        if self.steps:
+            out.append(_STEPS_INSERT + ", ".join(self.steps))
+        if self.messages:
+            out.append(_MESSAGES_INSERT + ", ".join(self.messages))
+        if self.events:
+            out.append(_EVENTS_INSERT + ", ".join(self.events))
+        return out
+
+
+_STEPS_INSERT = "INSERT INTO turnkit_steps (session_id, turn_id, step_id, result) VALUES "
+_MESSAGES_INSERT = "INSERT INTO turnkit_messages (session_id, idx, turn_id, body) VALUES "
+_EVENTS_INSERT = "INSERT INTO turnkit_events (session_id, seq, turn_id, body) VALUES "
+
+
+class _PgHandle:
+    """``ctx.store`` for local tools on PostgreSQL."""
+
+    def __init__(self, tx: _PgTransaction) -> None:
+        self._tx = tx
+
+    def unwrap(self) -> psycopg.Connection[Any]:
+        """The psycopg connection, inside the step's open transaction."""
+        self._tx.begin()
+        return self._tx.conn
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        """Run one statement with ``?`` placeholders in the step's transaction.
+
+        The statement runs under a savepoint: if it fails, only it is undone and the
+        error propagates, just as one failed statement does on SQLite.
+        """
+        if _TRANSACTION_CONTROL.match(sql):
+            raise FatalToolError(f"{_ENDED}: refused {sql.split()[0].upper()}")
+        self._tx.begin()
+        conn = self._tx.conn
+        query = qmark_to_pyformat(sql) if params else sql
+        try:
+            with conn.pipeline():
+                conn.execute("SAVEPOINT turnkit_statement")
+                cur = conn.execute(query, tuple(params) if params else None)
+                conn.execute("RELEASE SAVEPOINT turnkit_statement")
+        except psycopg.Error:
+            if not _connection_lost(conn):
+                conn.execute("ROLLBACK TO SAVEPOINT turnkit_statement")
+                conn.execute("RELEASE SAVEPOINT turnkit_statement")
+            raise
+        rows = cur.fetchall() if cur.description is not None else []
+        self._tx.check_open()
+        return rows
+
+
+class _PgTransaction(_Writes):
+    """A commit whose ``work`` uses ``tx.handle``, run on a worker thread.
+
+    A connection is taken from the sync pool, and ``BEGIN`` sent, only when the
+    tool first touches ``ctx.store``; a tool that never does leaves its rows
+    buffered, to be sent from the event loop like any engine-only commit."""
+
+    def __init__(self, store: PostgresStore, session_id: str) -> None:
+        super().__init__(session_id)
+        self._store = store
+        self._conn: psycopg.Connection[Any] | None = None
+        self._begun = False
+        self.checkout_failed: BaseException | None = None
+        self.flushed = False
+
+    @property
+    def handle(self) -> StoreHandle:
+        return _PgHandle(self)
+
+    @property
+    def opened(self) -> psycopg.Connection[Any] | None:
+        return self._conn
+
+    @property
+    def conn(self) -> psycopg.Connection[Any]:
+        if self._conn is None:
+            if self.checkout_failed is not None:
+                raise self._no_connection(self.checkout_failed)
+            try:
+                self._conn = self._store.sync_pool.getconn(timeout=self._store.connect_timeout)
+            except Exception as exc:
+                self.checkout_failed = exc
+                raise self._no_connection(exc) from exc
+        return self._conn
+
+    def _no_connection(self, exc: BaseException) -> StoreError:
+        return StoreError(f"session {self._sid}: no database connection: {exc}")
+
+    def release(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            self._store.sync_pool.putconn(conn)
+
+    def begin(self) -> None:
+        if not self._begun:
+            self.conn.execute("BEGIN")
+            self._begun = True
+        else:
+            self.check_open()
+
+    def check_open(self) -> None:
+        if self.conn.info.transaction_status == TransactionStatus.IDLE:
+            raise FatalToolError(_ENDED)
+
+    def flush(self, token: str | None) -> None:
+        """Send the fence, the buffered writes and the COMMIT in one round trip."""
+        conn = self.conn
+        if conn.info.transaction_status == TransactionStatus.INERROR:
+            raise FatalToolError(_ABORTED)
+        self.check_open()
+        with conn.pipeline():
+            if token is not None:
+                conn.execute("SELECT turnkit_fence(%s, %s)", (self._sid, token))
+            for sql, params in self.writes:
+                conn.execute(sql, params)
+            conn.execute("COMMIT")
+        self.flushed = True
+
+
+def _commit_error(sid: str, lost: bool, exc: BaseException) -> BaseException:
+    """What a failed commit raises: the engine's own exceptions unchanged, unless the
+    connection died under them (``lost``: a store outage, not a tool's failure)."""
+    if isinstance(exc, _NoConnection):
+        return StoreError(f"session {sid}: no database connection: {exc.__cause__}")
+    if lost:
+        return StoreError(
+            f"session {sid}: lost the database connection during a commit "
+            f"({exc}); nothing of this step was kept: deliver the turn again"
+        )
+    if isinstance(exc, psycopg.Error):
+        state = exc.sqlstate
+        if state == FENCE_SQLSTATE:
+            return SessionBusyError(
+                f"session {sid}: another process took over this session's "
+                "writer lock; this step was not written"
+            )
+        if state == MISSING_SQLSTATE:
+            return StoreError(str(exc.diag.message_primary or exc))
+        if isinstance(exc, pg_errors.UniqueViolation) and "turnkit_generations" in str(
+            exc.diag.table_name or ""
+        ):
+            return StoreError(
+                f"session {sid}: this generation was already archived (another reset came first)"
+            )
+        if isinstance(exc, pg_errors.UniqueViolation):
+            return StoreError(
+                f"session {sid}: commit failed: {exc.diag.message_primary} "
+                "(another writer advanced this session)"
+            )
+        if isinstance(exc, pg_errors.InFailedSqlTransaction):
+            return FatalToolError(_ABORTED)
+        return StoreError(f"session {sid}: commit failed: {exc}")
+    return exc
