@@ -35,7 +35,7 @@ from .._errors import (
 )
 from .._inbound import InboundEvent, User
 from .._inputs import InputRequest
-from .._runtime import Runtime
+from .._runtime import AgentSession, Runtime
 from .._store import SessionStore
 from ._bodies import (
     HttpError,
@@ -285,35 +285,13 @@ class _Api:
     # -- turns -----------------------------------------------------------------
 
     async def turns(self, request: Request, principal: Principal) -> Response:
-        ctx, session_id = await self._writable(request)
-        body = turn_body(await read_object(request, self.limits.max_body_bytes))
-        try:
-            stream = ctx.run_stream(
-                body.text,
-                session=session_id,
-                event=self._inbound(body.text, principal),
-                replace=body.replace,
-                turn_id=body.turn_id,
-            )
-        except SessionSuspendedError as exc:
-            raise HttpError(409, "session_suspended", str(exc)) from None
-        return event_stream(stream, self.limits.keepalive_seconds)
+        session, turn_id = await self._start_turn(request, principal)
+        return event_stream(session.observe(turn_id), self.limits.keepalive_seconds)
 
     async def chat(self, request: Request, principal: Principal) -> Response:
         if "text/event-stream" in request.headers.get("accept", ""):
             return await self.turns(request, principal)
-        ctx, session_id = await self._writable(request)
-        body = turn_body(await read_object(request, self.limits.max_body_bytes))
-        session = ctx.session(session_id)
-        try:
-            turn_id = session.start(
-                body.text,
-                event=self._inbound(body.text, principal),
-                replace=body.replace,
-                turn_id=body.turn_id,
-            )
-        except SessionSuspendedError as exc:
-            raise HttpError(409, "session_suspended", str(exc)) from None
+        session, turn_id = await self._start_turn(request, principal)
         try:
             result = await session.result(turn_id)
         except ConfigurationError as exc:
@@ -329,6 +307,22 @@ class _Api:
         else:
             answer["reason"] = result.reason
         return JSONResponse(answer)
+
+    async def _start_turn(self, request: Request, principal: Principal) -> tuple[AgentSession, str]:
+        """Check the body of ``/turns`` or ``/chat`` and queue the turn it asks for."""
+        ctx, session_id = await self._writable(request)
+        body = turn_body(await read_object(request, self.limits.max_body_bytes))
+        session = ctx.session(session_id)
+        try:
+            turn_id = session.start(
+                body.text,
+                event=self._inbound(body.text, principal),
+                replace=body.replace,
+                turn_id=body.turn_id,
+            )
+        except SessionSuspendedError as exc:
+            raise HttpError(409, "session_suspended", str(exc)) from None
+        return session, turn_id
 
     async def resume(self, request: Request, principal: Principal) -> Response:
         ctx, session_id = await self._writable(request)

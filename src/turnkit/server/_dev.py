@@ -10,6 +10,7 @@ import asyncio
 import socket
 import sys
 from dataclasses import dataclass
+from ipaddress import ip_address
 from pathlib import Path
 
 import uvicorn
@@ -105,8 +106,6 @@ def _is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
     try:
-        from ipaddress import ip_address
-
         return ip_address(host).is_loopback
     except ValueError:
         return False

@@ -101,10 +101,10 @@ class EventFeed:
 
         A delta that arrived before the log was read is held until the next event
         says whether its message was logged (then it is dropped) or is still being
-        written (then it is sent). ``turn.started`` numbered 1 after a higher number
-        means the session was reset and numbering began again. While the sink is
-        quiet for ``poll`` seconds the store is asked for newer logged events: a turn
-        running in another process reaches this one only through its log.
+        written (then it is sent); numbers never go back, even across a reset. While
+        the sink is quiet for ``poll`` seconds the store is asked for newer logged
+        events: a turn running in another process reaches this one only through its
+        log.
         """
         held: list[TurnEvent] = []
         taken = 0
@@ -142,8 +142,7 @@ class EventFeed:
                 held.clear()
                 yield event
                 continue
-            restarted = event.type == "turn.started" and event.seq == 1 and last >= 1
-            if event.seq <= last and not (restarted and taken > read_mark):
+            if event.seq <= last:
                 held.clear()  # the log held this event, and the deltas before it
                 continue
             for early in held:
