@@ -32,13 +32,14 @@ def open_store(spec: str) -> Store:
 
 
 async def main(spec: str, log: str) -> None:
+    running: list[Runtime] = []
+
     @tool
     async def work(ctx: ToolContext) -> str:
         """Logs that it ran, asks for the turn to be cancelled, then dies."""
         with open(log, "a") as f:
             f.write("ran\n")
-        assert ctx.runtime is not None
-        await ctx.runtime.session("a", "s1").cancel()
+        await running[0].session("a", "s1").cancel()
         os.kill(os.getpid(), signal.SIGKILL)
         return "unreachable"
 
@@ -50,6 +51,7 @@ async def main(spec: str, log: str) -> None:
 
     agent = Agent(name="a", model=ScriptedModel(respond=respond), tools=[work])
     async with Runtime(agent, store=open_store(spec)) as runtime:
+        running.append(runtime)
         session = runtime.session("a", "s1")
         await session.result(session.start("go", turn_id="t-1"))
 

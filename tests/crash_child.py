@@ -97,15 +97,16 @@ def open_store(spec: str) -> Store:
     return SqliteStore(spec)
 
 
-#: Set by ``main``: the store spec this process runs on.
+#: Set by ``main``: the store spec this process runs on, and its crashing store.
 SPEC = ""
+STORES: list[CrashingStore] = []
 
 
 @tool
 async def check_orders(order_ids: list[int], ctx: ToolContext) -> dict[str, object]:
     """Look up the shipping status of orders (remote: awaited outside the transaction)."""
     await asyncio.sleep(0)  # stands in for a request to a remote service
-    store = ctx.runtime.store
+    store = STORES[0]
     # One line per run: the key it was sent and how many commits preceded it.
     with open(remote_log_path(SPEC), "a") as log:
         log.write(f"{ctx.idempotency_key} {store.commits}\n")
@@ -179,6 +180,7 @@ async def main(spec: str, crash_at: int, when: Literal["before", "after"], mode:
     global SPEC
     SPEC = spec
     store = CrashingStore(open_store(spec), crash_at=crash_at or None, when=when)
+    STORES.append(store)
     out: dict[str, Any] = {"mode": mode}
     async with Runtime([build_agent()], store=store) as runtime:
         session = runtime.session(AGENT, SESSION)

@@ -22,11 +22,11 @@ from test_cli import EXAMPLE, OFFLINE_ENV, turnkit, turnkit_with_input, write_ag
 
 import turnkit as tk
 from turnkit import Proactive
-from turnkit._cli_progress import Progress
-from turnkit._cli_render import render_session
-from turnkit._cli_show import read_session, session_json
-from turnkit.stores import MemoryStore, Store, is_postgres_dsn, open_store
-from turnkit.stores._open import dsn_schema, redact_dsn
+from turnkit.cli._open import dsn_schema, is_postgres_dsn, open_store, redact_dsn
+from turnkit.cli._progress import Progress
+from turnkit.cli._render import render_session
+from turnkit.cli._show import read_session, session_json
+from turnkit.stores import MemoryStore, Store
 from turnkit.testing import ScriptedModel, ScriptedReply, tool_call
 
 UTC_TIME = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC"

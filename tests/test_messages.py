@@ -22,7 +22,7 @@ from turnkit import (
     event_from_dict,
     message_from_dict,
 )
-from turnkit._messages import STOP_KINDS
+from turnkit._values.messages import STOP_KINDS
 
 json_scalars = st.none() | st.booleans() | st.integers() | st.text() | st.floats(allow_nan=False)
 json_values = st.recursive(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from turnkit import AssistantMessage, ToolCall, ToolMessage, UserMessage
-from turnkit._position import (
+from turnkit._engine.position import (
     AppendOpening,
     CallModel,
     Finished,

@@ -21,7 +21,7 @@ from conftest import plant_open_turn
 
 import turnkit
 from turnkit import ConfigurationError, ModelError, TriggerMessage, TurnEvent
-from turnkit._schedule import ScheduledTurn, schedule
+from turnkit._channels.schedule import ScheduledTurn, schedule
 from turnkit.stores import MemoryStore, SqliteStore
 from turnkit.testing import ScriptedModel, ScriptedReply, tool_call
 

@@ -5,10 +5,14 @@ repeat) with every step checkpointed, so a crashed or interrupted turn replays
 from its last finished step. The public names are re-exported here.
 """
 
-from ._agent import Agent
-from ._approvals import AnswerCheck, Grant, ResumeRequest, grant_answer
-from ._channels import Channel, ChannelContext, DeliveringChannel, mount_agent, receive
-from ._context import ToolContext
+from ._assembly.loader import AgentConfig, load_agent
+from ._channels.channel import Channel, ChannelContext, DeliveringChannel, mount_agent, receive
+from ._channels.schedule import ScheduledTurn, SlotRule, schedule
+from ._channels.subagent import SubagentError, subagent
+from ._channels.terminal import TerminalChannel
+from ._engine.agent import Agent
+from ._engine.context import ToolContext
+from ._engine.tools import ActionContext, Tool, define_action, tool
 from ._errors import (
     ConfigurationError,
     DeliveryError,
@@ -28,12 +32,16 @@ from ._errors import (
     TurnkitError,
     TurnSuspendedError,
 )
-from ._events import (
+from ._runtime.approvals import Grant, ResumeRequest
+from ._runtime.granting import grant_answer
+from ._runtime.observe import TurnStream
+from ._runtime.runtime import AgentSession, Runtime
+from ._seams.model import Model, ModelDelta, ModelDone, ReasoningDelta, TextDelta, ToolSpec
+from ._seams.sink import EventSink, LocalEventSink
+from ._values.events import (
     ActionCompletedEvent,
     ActionRequestedEvent,
-    EventSink,
     InputRequestedEvent,
-    LocalEventSink,
     MessageCompletedEvent,
     MessageDeltaEvent,
     ReasoningDeltaEvent,
@@ -45,10 +53,9 @@ from ._events import (
     TurnStartedEvent,
     event_from_dict,
 )
-from ._inbound import InboundEvent, Proactive, User
-from ._inputs import Answerer, Answerers, InputRequest
-from ._loader import AgentConfig, load_agent
-from ._messages import (
+from ._values.inbound import InboundEvent, Proactive, User
+from ._values.inputs import AnswerCheck, Answerer, Answerers, InputRequest
+from ._values.messages import (
     AssistantMessage,
     Message,
     ModelReply,
@@ -59,15 +66,8 @@ from ._messages import (
     UserMessage,
     message_from_dict,
 )
-from ._model import Model, ModelDelta, ModelDone, ReasoningDelta, TextDelta, ToolSpec
-from ._observe import TurnStream
-from ._policy import SurfacePolicy, TurnPolicy
-from ._runtime import AgentSession, Runtime
-from ._schedule import ScheduledTurn, SlotRule, schedule
-from ._subagent import SubagentError, subagent
-from ._terminal import TerminalChannel
-from ._tools import ActionContext, Tool, define_action, tool
-from ._turns import ResetResult, TurnResult
+from ._values.policy import SurfacePolicy, TurnPolicy
+from ._values.turns import ResetResult, TurnResult
 
 __all__ = [
     "ActionCompletedEvent",
@@ -154,3 +154,14 @@ __all__ = [
     "subagent",
     "tool",
 ]
+
+
+def _report_public_module() -> None:
+    """Public classes and functions say ``turnkit`` is their module, as documented."""
+    for name in __all__:
+        obj = globals()[name]
+        if isinstance(obj, type) or (callable(obj) and hasattr(obj, "__code__")):
+            obj.__module__ = __name__
+
+
+_report_public_module()

@@ -13,7 +13,8 @@ from collections.abc import AsyncIterator, Sequence
 from typing import cast
 
 from .._errors import ConfigurationError, ModelError
-from .._messages import (
+from .._seams.model import ModelDelta, ModelDone, ReasoningDelta, TextDelta, ToolSpec
+from .._values.messages import (
     AssistantMessage,
     JsonObject,
     Message,
@@ -23,7 +24,6 @@ from .._messages import (
     ToolCall,
     ToolMessage,
 )
-from .._model import ModelDelta, ModelDone, ReasoningDelta, TextDelta, ToolSpec
 from ._common import INPUT_ERROR, missing_sdk, result_text
 
 try:

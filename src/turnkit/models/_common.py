@@ -9,10 +9,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .._messages import JsonObject, ToolCall
+from .._values.messages import JsonObject, ToolCall
 
 #: The ``ToolCall.provider_state`` key the engine reads to answer a call with an
-#: error instead of running its tool (see ``turnkit._tool_call.input_error``).
+#: error instead of running its tool (see ``turnkit._engine.tool_call.input_error``).
 INPUT_ERROR = "input_error"
 #: How much of an unreadable argument string the model is shown back.
 MAX_ECHO_CHARS = 500

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .._messages import Message, ToolMessage, TriggerMessage, UserMessage
-from ..testing import ScriptedModel
+from .._values.messages import Message, ToolMessage, TriggerMessage, UserMessage
+from ._scripted import ScriptedModel
 
 HINT = "Set ANTHROPIC_API_KEY or OPENAI_API_KEY (or TURNKIT_MODEL) to talk to a real model."
 

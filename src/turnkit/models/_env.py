@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from .._errors import ConfigurationError
-from .._model import Model
+from .._seams.model import Model
 from ._demo import demo_model
 
 log = logging.getLogger("turnkit.models")

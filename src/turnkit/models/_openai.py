@@ -13,7 +13,8 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
 from .._errors import ConfigurationError, ModelError
-from .._messages import (
+from .._seams.model import ModelDelta, ModelDone, ReasoningDelta, TextDelta, ToolSpec
+from .._values.messages import (
     AssistantMessage,
     Message,
     ModelReply,
@@ -22,7 +23,6 @@ from .._messages import (
     ToolCall,
     ToolMessage,
 )
-from .._model import ModelDelta, ModelDone, ReasoningDelta, TextDelta, ToolSpec
 from ._common import arguments_call, missing_sdk, result_text
 
 try:

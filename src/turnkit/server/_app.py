@@ -22,7 +22,7 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from .._channels import ChannelContext, mount_agent
+from .._channels.channel import ChannelContext, mount_agent
 from .._errors import (
     ConfigurationError,
     InvalidAnswerError,
@@ -33,10 +33,10 @@ from .._errors import (
     StoreError,
     TurnError,
 )
-from .._inbound import InboundEvent, User
-from .._inputs import InputRequest
-from .._runtime import AgentSession, Runtime
-from .._store import SessionStore
+from .._runtime.runtime import AgentSession, Runtime
+from .._seams.store import SessionStore
+from .._values.inbound import InboundEvent, User
+from .._values.inputs import InputRequest
 from ._bodies import (
     HttpError,
     empty_body,
@@ -188,7 +188,7 @@ class _Guard:
             principal = await authenticated(self._authenticate, request)
             if principal is None:
                 return error_response(401, "unauthenticated", "authentication required")
-            if self._runtime._loop is None:  # not opened yet, or closed already
+            if not self._runtime.is_open:  # not opened yet, or closed already
                 return error_response(
                     503, "runtime_unavailable", "the runtime is not open; try again later"
                 )

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import uvicorn
 
-from .._agent import Agent
+from .._engine.agent import Agent
 from .._errors import ConfigurationError
-from .._runtime import Runtime
-from .._store import Store
+from .._runtime.runtime import Runtime
+from .._seams.store import Store
 from ._app import create_app, recover_quietly
 from ._principal import loopback_only
 

@@ -10,9 +10,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 
-from .._events import ENDING_EVENT_TYPES, TERMINAL_EVENT_TYPES, EventSink, TurnEvent
-from .._observe import event_filter
-from .._store import TERMINAL_TURN_STATUSES, SessionStore
+from .._runtime.observe import event_filter
+from .._seams.sink import EventSink
+from .._seams.store import SessionStore
+from .._values.events import ENDING_EVENT_TYPES, TERMINAL_EVENT_TYPES, TurnEvent
+from .._values.records import TERMINAL_TURN_STATUSES
 
 
 class EventFeed:

@@ -9,7 +9,8 @@ import binascii
 import json
 from typing import Any
 
-from .._store import SessionInfo, SessionKey, Store
+from .._seams.store import Store
+from .._values.records import SessionInfo, SessionKey
 from ._bodies import HttpError
 
 

@@ -10,7 +10,7 @@ import json
 import re
 from typing import Any
 
-from .._events import TurnEvent
+from .._values.events import TurnEvent
 
 #: A comment line: keeps an idle connection open and lets the server notice a gone client.
 KEEPALIVE = b": keep-alive\n\n"

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 from starlette.responses import StreamingResponse
 
 from .._errors import TurnError
-from .._observe import TurnStream
+from .._runtime.observe import TurnStream
 from ._feed import EventFeed
 from ._sse import KEEPALIVE, event_frame, frame, json_line
 

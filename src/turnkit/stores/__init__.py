@@ -7,18 +7,8 @@ deployments with many processes.
 
 from typing import TYPE_CHECKING, Any
 
-from .._store import (
-    SessionInfo,
-    SessionSnapshot,
-    SessionStatus,
-    SessionStore,
-    Store,
-    StoreHandle,
-    Transaction,
-    TurnRecord,
-    TurnStatus,
-)
-from ._open import is_postgres_dsn, open_store
+from .._seams.store import SessionStore, Store, StoreHandle, Transaction
+from .._values.records import SessionInfo, SessionSnapshot, SessionStatus, TurnRecord, TurnStatus
 from .memory import MemoryStore
 from .sqlite import SqliteStore
 
@@ -47,6 +37,4 @@ __all__ = [
     "Transaction",
     "TurnRecord",
     "TurnStatus",
-    "is_postgres_dsn",
-    "open_store",
 ]

@@ -21,9 +21,7 @@ from psycopg.pq import ExecStatus, TransactionStatus
 from psycopg.pq.abc import PGresult
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
-from .._store import (
-    TurnRecord,
-)
+from .._values.records import TurnRecord
 from ._sql_rows import TURN_COLUMNS as _TURN_COLUMNS
 from ._sql_rows import turn_from_row as _turn_from_row
 

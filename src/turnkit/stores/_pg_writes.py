@@ -14,15 +14,10 @@ from psycopg import errors as pg_errors
 from psycopg.pq import TransactionStatus
 
 from .._errors import FatalToolError, SessionBusyError, StoreError
-from .._events import TurnEvent
-from .._messages import JsonObject, Message
-from .._store import (
-    TERMINAL_TURN_STATUSES,
-    StoreHandle,
-    TurnRecord,
-    TurnStatus,
-    session_status_after,
-)
+from .._seams.store import StoreHandle
+from .._values.events import TurnEvent
+from .._values.messages import JsonObject, Message
+from .._values.records import TERMINAL_TURN_STATUSES, TurnRecord, TurnStatus, session_status_after
 from . import _archive_sql as archive_sql
 from ._pg_sql import (
     _ABORTED,

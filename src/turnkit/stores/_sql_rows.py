@@ -9,7 +9,7 @@ from typing import Any
 from pydantic_core import to_json
 
 from .._errors import StoreError
-from .._store import TurnRecord
+from .._values.records import TurnRecord
 
 TURN_COLUMNS = (
     "session_id, turn_id, agent, status, opening, event, text, error, created_at, finished_at, "

@@ -16,17 +16,16 @@ from typing import Any, TypeVar
 
 from pydantic_core import from_json, to_json
 
-from .._context import NoHandle
 from .._errors import StoreError
-from .._events import TurnEvent, event_from_dict
-from .._messages import JsonObject, Message, message_from_dict
-from .._store import (
+from .._seams.store import NoHandle, StoreHandle
+from .._values.events import TurnEvent, event_from_dict
+from .._values.messages import JsonObject, Message, message_from_dict
+from .._values.records import (
     TERMINAL_TURN_STATUSES,
     SessionInfo,
     SessionKey,
     SessionSnapshot,
     SessionStatus,
-    StoreHandle,
     TurnRecord,
     TurnStatus,
     newest_first,

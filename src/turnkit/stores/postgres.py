@@ -42,15 +42,9 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, TypeVar, cast
 
 from .._errors import ConfigurationError, SessionBusyError, StoreError
-from .._events import TurnEvent, event_from_dict
-from .._messages import Message, message_from_dict
-from .._store import (
-    SessionInfo,
-    SessionKey,
-    SessionSnapshot,
-    SessionStatus,
-    TurnRecord,
-)
+from .._values.events import TurnEvent, event_from_dict
+from .._values.messages import Message, message_from_dict
+from .._values.records import SessionInfo, SessionKey, SessionSnapshot, SessionStatus, TurnRecord
 from . import _archive_sql as archive_sql
 from ._locks import SessionLocks
 from ._postgres_schema import migrate

@@ -19,15 +19,15 @@ from contextlib import AbstractAsyncContextManager, contextmanager
 from typing import Any, TypeVar, cast
 
 from .._errors import FatalToolError, StoreError
-from .._events import TurnEvent, event_from_dict
-from .._messages import JsonObject, Message, message_from_dict
-from .._store import (
+from .._seams.store import StoreHandle
+from .._values.events import TurnEvent, event_from_dict
+from .._values.messages import JsonObject, Message, message_from_dict
+from .._values.records import (
     TERMINAL_TURN_STATUSES,
     SessionInfo,
     SessionKey,
     SessionSnapshot,
     SessionStatus,
-    StoreHandle,
     TurnRecord,
     TurnStatus,
     session_status_after,

@@ -4,8 +4,8 @@
 ``CrashingStore`` kills the process at a chosen commit to prove crash safety.
 """
 
+from ..models._scripted import ScriptedCall, ScriptedModel, ScriptedReply, tool_call
 from ._crashing import CrashingStore
-from ._scripted import ScriptedCall, ScriptedModel, ScriptedReply, tool_call
 from ._sinks import RecordingSink
 
 __all__ = [

@@ -13,18 +13,10 @@ from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Literal, TypeVar
 
-from .._events import TurnEvent
-from .._messages import Message
-from .._store import (
-    SessionInfo,
-    SessionKey,
-    SessionSnapshot,
-    SessionStatus,
-    SessionStore,
-    Store,
-    Transaction,
-    TurnRecord,
-)
+from .._seams.store import SessionStore, Store, Transaction
+from .._values.events import TurnEvent
+from .._values.messages import Message
+from .._values.records import SessionInfo, SessionKey, SessionSnapshot, SessionStatus, TurnRecord
 
 T = TypeVar("T")
 

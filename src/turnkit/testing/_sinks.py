@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from .._events import LocalEventSink, TurnEvent
+from .._seams.sink import LocalEventSink
+from .._values.events import TurnEvent
 
 
 class RecordingSink(LocalEventSink):

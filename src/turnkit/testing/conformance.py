@@ -30,16 +30,17 @@ from typing import Any
 
 import pytest
 
-from .._agent import Agent
-from .._context import ToolContext
+from .._engine.agent import Agent
+from .._engine.context import ToolContext
+from .._engine.tools import tool
 from .._errors import FatalToolError, StoreError
-from .._events import TurnCompletedEvent, TurnStartedEvent
-from .._messages import AssistantMessage, Message, ToolMessage, UserMessage
-from .._runtime import Runtime
-from .._store import SessionStore, Store, Transaction, TurnRecord
-from .._tools import tool
+from .._runtime.runtime import Runtime
+from .._seams.store import SessionStore, Store, Transaction
+from .._values.events import TurnCompletedEvent, TurnStartedEvent
+from .._values.messages import AssistantMessage, Message, ToolMessage, UserMessage
+from .._values.records import TurnRecord
+from ..models._scripted import ScriptedModel, ScriptedReply, tool_call
 from ._crashing import CrashingStore
-from ._scripted import ScriptedModel, ScriptedReply, tool_call
 
 __all__ = [
     "StoreUnderTest",

@@ -1,0 +1,1 @@
+"""Assembling an ``Agent`` from a folder of instructions and tool modules."""

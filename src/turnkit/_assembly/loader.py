@@ -1,0 +1,215 @@
+"""Assemble an ``Agent`` from a folder.
+
+::
+
+    app/agent/
+      agent.py                # optional: `agent = {...}` or `agent = AgentConfig(...)`
+      instructions.md         # the base system prompt
+      instructions.slack.md   # an overlay for turns whose source is "slack"
+      tools/*.py              # each public module defines at least one Tool
+
+``agent.py`` may also define a ``model`` and a ``demo_model()`` used when no model
+is configured. Every error names the file at fault.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from .._engine.agent import Agent
+from .._engine.tools import Tool
+from .._errors import ConfigurationError
+from .._seams.model import Model
+from .._values.inputs import AuthorizeAnswer
+from .._values.policy import SurfacePolicy
+
+
+@dataclass(frozen=True, kw_only=True)
+class AgentConfig:
+    """The settings ``agent.py`` may give, as ``agent = AgentConfig(...)`` or the same
+    keys in a dict. Unset ones take the folder's defaults (its name, no limits)."""
+
+    name: str | None = None
+    surfaces: Mapping[str, SurfacePolicy | Mapping[str, Any]] = field(default_factory=dict)
+    authorize_answer: AuthorizeAnswer | None = None
+    max_steps: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.name is not None and (not isinstance(self.name, str) or not self.name.strip()):
+            raise ConfigurationError(f"agent name must be a non-empty string, got {self.name!r}")
+        if not isinstance(self.surfaces, Mapping):
+            raise ConfigurationError(
+                "surfaces must be a dict keyed by source, like "
+                f"{{'slack': {{'deny_tools': [...]}}}}, got {type(self.surfaces).__name__}"
+            )
+        if self.authorize_answer is not None and not callable(self.authorize_answer):
+            raise ConfigurationError(
+                f"authorize_answer must be an async function, got {self.authorize_answer!r}"
+            )
+
+    @classmethod
+    def coerce(cls, value: object, where: Path) -> AgentConfig:
+        if isinstance(value, AgentConfig):
+            return value
+        if not isinstance(value, Mapping):
+            raise ConfigurationError(
+                f"{where}: `agent` must be an AgentConfig or a dict of settings, "
+                f"got {type(value).__name__}"
+            )
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(value) - known)
+        if unknown:
+            raise ConfigurationError(
+                f"{where}: unknown agent setting(s) {unknown}; known: {sorted(known)}"
+            )
+        try:
+            return cls(**value)
+        except ConfigurationError as exc:
+            raise ConfigurationError(f"{where}: {exc}") from None
+
+
+def _import_file(path: Path) -> ModuleType:
+    digest = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]
+    name = f"turnkit_app_{path.stem}_{digest}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ConfigurationError(f"{path}: cannot be imported as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        sys.modules.pop(name, None)
+        raise ConfigurationError(f"{path}: failed to import: {type(exc).__name__}: {exc}") from exc
+    return module
+
+
+@dataclass(frozen=True, kw_only=True)
+class AgentFolder:
+    """What an agent folder declares, before a model is chosen."""
+
+    path: Path
+    name: str
+    instructions: str
+    tools: tuple[Tool, ...]
+    model: Model | None
+    demo_model: Callable[[], Model] | None
+    config: AgentConfig = field(default_factory=AgentConfig)
+    #: ``instructions.<source>.md`` overlays, keyed by source.
+    source_instructions: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def read(cls, path: str | Path) -> AgentFolder:
+        folder = Path(path)
+        if not folder.is_dir():
+            raise ConfigurationError(f"agent folder {str(folder)!r} does not exist")
+        config = AgentConfig()
+        model = demo = None
+        agent_py = folder / "agent.py"
+        if agent_py.exists():
+            module = _import_file(agent_py)
+            try:
+                config = AgentConfig.coerce(getattr(module, "agent", {}), agent_py)
+            except ConfigurationError as exc:
+                if str(exc).startswith(str(agent_py)):
+                    raise
+                raise ConfigurationError(f"{agent_py}: {exc}") from None
+            model = getattr(module, "model", None)
+            factory = getattr(module, "demo_model", None)
+            demo = factory if callable(factory) else None
+        instructions_md = folder / "instructions.md"
+        instructions = _read_text(instructions_md) if instructions_md.exists() else ""
+        name = config.name if config.name is not None else folder.resolve().name
+        if not isinstance(name, str):
+            raise ConfigurationError(f"{agent_py}: agent name must be a string")
+        return cls(
+            path=folder,
+            name=name,
+            instructions=instructions.strip(),
+            tools=tuple(_read_tools(folder / "tools")),
+            model=model,
+            demo_model=demo,
+            config=config,
+            source_instructions=_read_overlays(folder),
+        )
+
+    def agent(self, model: Model | None = None) -> Agent:
+        """The ``Agent``: ``model``, else the folder's ``model``, else its ``demo_model()``."""
+        chosen = model or self.model or (self.demo_model() if self.demo_model else None)
+        if chosen is None:
+            raise ConfigurationError(
+                f"agent folder {str(self.path)!r} names no model: pass load_agent(..., model=...)"
+            )
+        try:
+            return Agent(
+                name=self.name,
+                model=chosen,
+                instructions=self.instructions,
+                tools=self.tools,
+                surfaces=dict(self.config.surfaces),  # type: ignore[arg-type]  # coerced
+                source_instructions=self.source_instructions,
+                authorize_answer=self.config.authorize_answer,
+                max_steps=self.config.max_steps,
+            )
+        except ConfigurationError as exc:
+            raise ConfigurationError(f"agent folder {str(self.path)!r}: {exc}") from None
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigurationError(f"{path}: cannot be read as UTF-8 text: {exc}") from None
+
+
+def _read_overlays(folder: Path) -> dict[str, str]:
+    """``instructions.<source>.md`` files, keyed by ``<source>``."""
+    overlays: dict[str, str] = {}
+    for path in sorted(folder.glob("instructions.*.md")):
+        source = path.name[len("instructions.") : -len(".md")]
+        if not source or "." in source:
+            raise ConfigurationError(
+                f"{path}: an overlay is named instructions.<source>.md with one source name"
+            )
+        overlays[source] = _read_text(path).strip()
+    return overlays
+
+
+def _read_tools(tools_dir: Path) -> list[Tool]:
+    """Every module's tools: those named in its ``__all__`` if it has one, else every
+    ``Tool`` it holds. The same object seen twice (an alias, an import from a sibling
+    module) counts once; two different tools with one name are an error naming both files.
+    """
+    if not tools_dir.is_dir():
+        return []
+    found: dict[str, tuple[Tool, Path]] = {}
+    for path in sorted(tools_dir.glob("*.py")):
+        if path.name.startswith("_"):
+            continue
+        module = _import_file(path)
+        exported = getattr(module, "__all__", None)
+        names = list(exported) if exported is not None else list(vars(module))
+        tools = [v for n in names if isinstance(v := getattr(module, n, None), Tool)]
+        if not tools:
+            raise ConfigurationError(f"{path}: defines no Tool (decorate a function with @tool)")
+        for t in tools:
+            seen = found.get(t.name)
+            if seen is None:
+                found[t.name] = (t, path)
+            elif seen[0] is not t:
+                raise ConfigurationError(
+                    f"two tools are named {t.name!r}: one in {seen[1]}, one in {path}"
+                )
+    return [t for t, _ in found.values()]
+
+
+def load_agent(path: str | Path, *, model: Model | None = None) -> Agent:
+    """Build the ``Agent`` a folder describes; ``model`` overrides the folder's own."""
+    return AgentFolder.read(path).agent(model)

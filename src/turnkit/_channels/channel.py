@@ -1,0 +1,300 @@
+"""Channels: how a platform's messages become turns, and a turn's events its replies.
+
+A channel has a ``source`` (``"slack"``, ``"cli"``…), turns a platform payload into an
+``InboundEvent`` with ``to_event`` (vouching for ``user.attested`` only where the
+platform signs its events) and, if it can reply on its own, renders a turn's event
+stream with ``deliver(target, events)``. ``mount_agent`` gives channels the
+``ChannelContext`` they drive turns through; ``receive`` starts a turn no person
+opened and renders it with the channel's ``deliver``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import AsyncIterator, Iterable
+from typing import Any, Protocol, runtime_checkable
+
+from .._engine.agent import Agent
+from .._errors import ConfigurationError, DeliveryError
+from .._runtime.approvals import Grant, ResumeRequest
+from .._runtime.granting import grant_answer
+from .._runtime.observe import TurnStream
+from .._runtime.runtime import AgentSession, Runtime
+from .._values.events import TurnEvent
+from .._values.inbound import InboundEvent, Proactive
+from .._values.inputs import InputRequest
+from .._values.turns import ResetResult, TurnResult
+
+log = logging.getLogger("turnkit.channels")
+
+
+@runtime_checkable
+class Channel(Protocol):
+    """The inbound half every channel has."""
+
+    @property
+    def source(self) -> str: ...
+
+    def to_event(self, payload: Any) -> InboundEvent | None:
+        """The ``InboundEvent`` for a platform payload, or ``None`` to ignore it."""
+        ...
+
+
+@runtime_checkable
+class DeliveringChannel(Channel, Protocol):
+    """A channel that can render a turn to a target on its platform by itself."""
+
+    async def deliver(self, target: Any, events: AsyncIterator[TurnEvent]) -> Any:
+        """Render ``events`` (ending on the turn's terminal event or its park) to ``target``."""
+        ...
+
+
+class ChannelContext:
+    """What a channel drives an agent's turns through; made by ``mount_agent``."""
+
+    def __init__(self, agent: Agent, runtime: Runtime) -> None:
+        self.agent = agent
+        self.runtime = runtime
+
+    def session(self, session: str) -> AgentSession:
+        return self.runtime.session(self.agent.name, session)
+
+    def run_stream(
+        self,
+        text: str,
+        *,
+        session: str,
+        event: InboundEvent | None = None,
+        trigger: Proactive | None = None,
+        replace: bool = False,
+        turn_id: str | None = None,
+    ) -> TurnStream:
+        """Start a turn and return its events as they happen.
+
+        The turn is queued at once (it runs whether or not the stream is read);
+        the stream is already listening, and ends on ``turn.completed``,
+        ``turn.failed``, ``turn.cancelled`` or ``input.requested``.
+        """
+        agent_session = self.session(session)
+        tid = agent_session.start(
+            text, event=event, trigger=trigger, replace=replace, turn_id=turn_id
+        )
+        return agent_session.observe(tid)
+
+    async def run(
+        self,
+        text: str,
+        *,
+        session: str,
+        event: InboundEvent | None = None,
+        trigger: Proactive | None = None,
+        replace: bool = False,
+        turn_id: str | None = None,
+    ) -> str:
+        """Run a turn to its answer; raises ``TurnSuspendedError`` if it parks."""
+        return await self.session(session).turn(
+            text, event=event, trigger=trigger, replace=replace, turn_id=turn_id
+        )
+
+    async def result(self, turn_id: str, *, session: str) -> TurnResult:
+        return await self.session(session).result(turn_id)
+
+    async def pending(self, *, session: str) -> InputRequest | None:
+        return await self.session(session).pending()
+
+    async def reset_session(self, *, session: str) -> ResetResult:
+        """Archive the session's history and start it afresh (see ``AgentSession.reset``)."""
+        return await self.session(session).reset()
+
+    async def resume_stream(
+        self,
+        *,
+        session: str,
+        turn_id: str,
+        input_id: str,
+        value: Any,
+        by: str | None = None,
+        principal: Any = None,
+        granted: Grant | None = None,
+    ) -> TurnStream:
+        """Answer the parked turn and return the resumed turn's events:
+        ``async for event in await ctx.resume_stream(...)``.
+
+        The answer is checked and stored before this returns, whether or not the
+        stream is read. ``by`` and ``principal`` are the answerer as the channel
+        verified them. When the request names a policy answerer and no grant is
+        passed, the agent's ``authorize_answer`` is asked here (with ``principal``).
+        The resume errors of ``AgentSession.resume`` are raised before anything
+        is stored.
+        """
+        return await self._resume(session, turn_id, input_id, value, by, principal, granted)
+
+    async def _resume(
+        self,
+        session: str,
+        turn_id: str,
+        input_id: str,
+        value: Any,
+        by: str | None,
+        principal: Any,
+        granted: Grant | None,
+    ) -> TurnStream:
+        agent_session = self.session(session)
+        if granted is None:
+            granted = await self._grant_if_needed(
+                agent_session, turn_id, input_id, value, by, principal
+            )
+        tid = await agent_session.resume(
+            turn_id, input_id, value, by=by, granted=granted, principal=principal
+        )
+        return agent_session.observe(tid)
+
+    async def resume_delivered(
+        self,
+        channel: Channel,
+        target: Any,
+        *,
+        session: str,
+        turn_id: str,
+        input_id: str,
+        value: Any,
+        by: str | None = None,
+        principal: Any = None,
+        granted: Grant | None = None,
+    ) -> TurnResult:
+        """Resume the parked turn and render it with ``channel.deliver`` to ``target``."""
+        deliver = _deliver_of(channel)
+        # Resume first: the answer is applied whether or not the renderer reads on.
+        stream = await self._resume(session, turn_id, input_id, value, by, principal, granted)
+        await _render(channel, deliver, target, stream, turn_id)
+        return await self.result(turn_id, session=session)
+
+    async def _grant_if_needed(
+        self,
+        agent_session: AgentSession,
+        turn_id: str,
+        input_id: str,
+        value: Any,
+        by: str | None,
+        principal: Any,
+    ) -> Grant | None:
+        if self.agent.authorize_answer is None:
+            return None
+        request = await agent_session.pending()
+        if request is None or request.turn_id != turn_id or request.id != input_id:
+            return None  # resume() says what is wrong
+        if any(a.kind == "user" and a.user_id == by for a in request.answerers):
+            return None  # admitted as the named user; no policy needed
+        if not any(a.kind == "policy" for a in request.answerers):
+            return None
+        return await grant_answer(
+            agent_session,
+            ResumeRequest(
+                turn_id=turn_id, input_id=input_id, value=value, by=by, principal=principal
+            ),
+        )
+
+
+def mount_agent(
+    agent: Agent, runtime: Runtime, *, channels: Iterable[Channel] = ()
+) -> ChannelContext:
+    """The ``ChannelContext`` for ``agent`` in ``runtime``.
+
+    Pass the ``channels`` that will feed it: a per-source policy (or overlay) for a
+    source none of them emits is logged as a warning, once, since it would never apply.
+    """
+    if not isinstance(agent, Agent):
+        raise ConfigurationError(f"mount_agent needs an Agent, got {type(agent).__name__}")
+    if runtime.agents.get(agent.name) is not agent:
+        raise ConfigurationError(
+            f"agent {agent.name!r} is not one of this runtime's agents "
+            f"({sorted(runtime.agents)}); pass it to Runtime([...]) first"
+        )
+    listed = list(channels)
+    sources: set[str] = set()
+    for channel in listed:
+        source = getattr(channel, "source", None)
+        if not isinstance(source, str) or not source:
+            raise ConfigurationError(f"channel {channel!r} has no source (a non-empty str)")
+        sources.add(source)
+    if listed:
+        for source in agent.unheard_policy_sources(sources):
+            log.warning(
+                "agent %r has a policy for source %r, but no mounted channel emits it "
+                "(mounted: %s); it will not apply",
+                agent.name,
+                source,
+                ", ".join(sorted(sources)),
+            )
+    return ChannelContext(agent, runtime)
+
+
+async def receive(
+    channel: Channel,
+    ctx: ChannelContext,
+    *,
+    seed: str,
+    target: Any,
+    trigger: Proactive,
+    session: str,
+    replace: bool = False,
+    turn_id: str | None = None,
+) -> TurnResult:
+    """Start a turn that no person opened and render it with ``channel.deliver``.
+
+    The ``seed`` is stored as a ``trigger`` message attributed to ``trigger.by``, and
+    the turn runs under the policy of the channel's source. Raises
+    ``ConfigurationError`` before starting anything if ``ctx`` cannot stream or the
+    channel cannot deliver; if rendering fails, ``DeliveryError`` names the turn,
+    which the runtime still runs to its end. Returns how the turn ended.
+    """
+    run_stream = getattr(ctx, "run_stream", None)
+    if not callable(run_stream):
+        raise ConfigurationError(
+            f"receive: {type(ctx).__name__} has no run_stream, so it cannot stream a "
+            "turn; pass the ChannelContext from mount_agent"
+        )
+    deliver = _deliver_of(channel)
+    if not isinstance(trigger, Proactive):
+        raise ConfigurationError(f"receive: trigger must be a Proactive, got {trigger!r}")
+    if not isinstance(seed, str) or not seed.strip():
+        raise ConfigurationError("receive: seed must be a non-empty str")
+    if trigger.source is None:
+        trigger = dataclasses.replace(trigger, source=channel.source)
+    elif trigger.source != channel.source:
+        raise ConfigurationError(
+            f"receive: the trigger names source {trigger.source!r}, but the turn is "
+            f"delivered by the {channel.source!r} channel; its policy is the one that applies"
+        )
+    stream: TurnStream = run_stream(
+        seed, session=session, trigger=trigger, replace=replace, turn_id=turn_id
+    )
+    await _render(channel, deliver, target, stream, stream.turn_id)
+    return await ctx.result(stream.turn_id, session=session)
+
+
+def _deliver_of(channel: Channel) -> Any:
+    deliver = getattr(channel, "deliver", None)
+    if not callable(deliver):
+        raise ConfigurationError(
+            f"channel {getattr(channel, 'source', channel)!r} has no deliver(target, events), "
+            "so it cannot render a turn by itself"
+        )
+    return deliver
+
+
+async def _render(
+    channel: Channel, deliver: Any, target: Any, events: AsyncIterator[TurnEvent], turn_id: str
+) -> None:
+    try:
+        await deliver(target, events)
+    except Exception as exc:
+        raise DeliveryError(
+            f"channel {channel.source!r} failed to deliver turn {turn_id} to {target!r}: "
+            f"{type(exc).__name__}: {exc}; the turn itself still runs to its end"
+        ) from exc
+    finally:
+        close = getattr(events, "aclose", None)
+        if close is not None:
+            await close()

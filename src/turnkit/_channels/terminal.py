@@ -1,0 +1,193 @@
+"""The built-in terminal channel (source ``cli``), used by ``turnkit run``.
+
+It renders a turn as it happens (reply text inline, each tool call and its result
+as a timeline line) and, when the turn parks, asks the question at the prompt and
+resumes the turn with the answer. The person at the terminal is the operating
+system's logged-in user, so their identity counts as attested.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import getpass
+import json
+import sys
+import threading
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TextIO
+
+from .._errors import InvalidAnswerError, ResumeAuthorizationError
+from .._values.events import SubagentEvent, TurnEvent
+from .._values.inbound import InboundEvent, User
+from .._values.inputs import InputRequest
+from .._values.turns import TurnResult
+from .channel import ChannelContext
+
+SOURCE = "cli"
+
+
+class TerminalRenderer:
+    """Prints a turn's events as they arrive: text inline, tool calls as a timeline."""
+
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+        self._mid_line = False
+
+    def _line(self, text: str) -> None:
+        if self._mid_line:
+            self.out.write("\n")
+            self._mid_line = False
+        self.out.write(text + "\n")
+
+    def render(self, event: TurnEvent, indent: str = "") -> None:
+        if isinstance(event, SubagentEvent):
+            if event.event.type != "message.delta":
+                self.render(event.event, indent=indent + f"  [{event.agent}] ")
+            return
+        if event.type == "message.delta":
+            if not indent:
+                self.out.write(event.text)
+                self._mid_line = True
+        elif event.type == "message.completed" and indent and event.message.text:
+            self._line(f"{indent}{event.message.text}")
+        elif event.type == "action.requested":
+            shown = json.dumps(event.call.input, ensure_ascii=False)
+            self._line(f"{indent}  → {event.call.name} {shown}")
+        elif event.type == "action.completed":
+            mark = "✗" if event.error else "←"
+            shown = event.error if event.error else json.dumps(event.result, ensure_ascii=False)
+            self._line(f"{indent}  {mark} {event.name}: {shown}")
+        elif event.type == "input.requested":
+            self._line(f"{indent}  ? {event.request.prompt}")
+        elif event.type == "turn.failed" and not indent:
+            self._line(f"  ✗ turn failed: {event.error}")
+        elif event.type == "turn.cancelled" and not indent:
+            self._line(f"  ✗ turn cancelled: {event.reason}")
+        elif event.type == "turn.completed" and self._mid_line:
+            self.out.write("\n")
+            self._mid_line = False
+        self.out.flush()
+
+
+def parse_answer(request: InputRequest, raw: str) -> Any:
+    """What a typed answer means for the request's schema: yes/no for a boolean, the
+    text itself for a string (or no schema), JSON otherwise."""
+    schema = request.schema or {}
+    kind = schema.get("type")
+    text = raw.strip()
+    if kind == "boolean":
+        lowered = text.lower()
+        if lowered in ("y", "yes", "true", "approve", "ok"):
+            return True
+        if lowered in ("n", "no", "false", "deny"):
+            return False
+        raise ValueError("answer yes or no")
+    if kind in (None, "string") and "enum" not in schema:
+        return raw.rstrip("\n")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        if "enum" in schema and text in schema["enum"]:
+            return text
+        raise ValueError('answer in JSON (for example 3, "text" or {"a": 1})') from None
+
+
+class TerminalChannel:
+    """A channel whose platform is this terminal: ``source == "cli"``."""
+
+    source = SOURCE
+
+    def __init__(
+        self,
+        *,
+        out: TextIO | None = None,
+        ask: Callable[[str], str] | None = None,
+        user: str | None = None,
+    ) -> None:
+        self.out = out if out is not None else sys.stdout
+        self._ask = ask if ask is not None else input
+        self.user_id = f"cli:{user or getpass.getuser()}"
+
+    def to_event(self, payload: Any) -> InboundEvent:
+        """A line typed at the terminal, spoken by the logged-in user."""
+        if not isinstance(payload, str):
+            raise TypeError(f"the terminal channel takes text, got {type(payload).__name__}")
+        return InboundEvent(
+            source=SOURCE, text=payload, user=User(id=self.user_id, attested=True), kind="message"
+        )
+
+    async def deliver(self, target: Any, events: AsyncIterator[TurnEvent]) -> TurnEvent | None:
+        """Render ``events`` to the terminal (``target`` is unused); return the last one."""
+        del target
+        renderer = TerminalRenderer(self.out)
+        last: TurnEvent | None = None
+        async for event in events:
+            renderer.render(event)
+            last = event
+        return last
+
+    async def _prompt(self, text: str) -> str:
+        """Ask on a daemon thread: a blocked ``input()`` must not keep Ctrl-C (or the
+        end of the program) waiting, as a thread of asyncio's executor would."""
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[str] = loop.create_future()
+
+        def settle(value: str | None, exc: BaseException | None) -> None:
+            if answer.done():
+                return
+            if exc is not None:
+                answer.set_exception(exc)
+            else:
+                answer.set_result(value or "")
+
+        def read() -> None:
+            try:
+                value, exc = self._ask(text), None
+            except BaseException as error:  # EOFError, KeyboardInterrupt: the caller's
+                value, exc = None, error
+            with contextlib.suppress(RuntimeError):  # the loop closed while we waited
+                loop.call_soon_threadsafe(settle, value, exc)
+
+        threading.Thread(target=read, name="turnkit-prompt", daemon=True).start()
+        return await answer
+
+    async def converse(self, ctx: ChannelContext, text: str, *, session: str) -> TurnResult:
+        """Run one turn to its end, answering each park at the prompt.
+
+        If the session is already parked (an earlier run stopped at a question), that
+        question is asked and answered first.
+        """
+        pending = await ctx.pending(session=session)
+        if pending is not None:
+            self.out.write(f"(session {session!r} is waiting on turn {pending.turn_id})\n")
+            earlier = await self._settle(ctx, session, pending.turn_id)
+            if earlier.status == "suspended":
+                return earlier
+        stream = ctx.run_stream(text, session=session, event=self.to_event(text))
+        await self.deliver(None, stream)
+        return await self._settle(ctx, session, stream.turn_id)
+
+    async def _settle(self, ctx: ChannelContext, session: str, turn_id: str) -> TurnResult:
+        """Ask and resume until the turn is no longer parked."""
+        while True:
+            result = await ctx.result(turn_id, session=session)
+            if result.status != "suspended" or result.request is None:
+                return result
+            request = result.request
+            raw = await self._prompt(f"{request.prompt} > ")
+            try:
+                value = parse_answer(request, raw)
+                resumed = await ctx.resume_stream(
+                    session=session,
+                    turn_id=turn_id,
+                    input_id=request.id,
+                    value=value,
+                    by=self.user_id,
+                )
+                await self.deliver(None, resumed)
+            except (ValueError, InvalidAnswerError) as exc:
+                self.out.write(f"  ! {exc}\n")  # ask again
+            except ResumeAuthorizationError as exc:
+                self.out.write(f"  ! {exc}\n")
+                return result

@@ -1,0 +1,155 @@
+"""``Agent``: a model, a system prompt and the tools a turn may offer, checked once."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import TYPE_CHECKING
+
+from .._errors import ConfigurationError, ToolDefinitionError
+from .._seams.model import Model, ToolSpec
+from .._values.policy import SurfacePolicy, TurnPolicy, resolve_policy
+from .tools import Tool, check_tool_name
+
+if TYPE_CHECKING:
+    from .._values.inputs import AuthorizeAnswer
+
+
+@dataclass(frozen=True, kw_only=True)
+class Agent:
+    """What runs a turn. Validated at construction so mistakes surface at startup."""
+
+    name: str
+    model: Model
+    instructions: str = ""
+    tools: Sequence[Tool] = ()
+    #: Per-source policies keyed by the inbound event's ``source`` (``SurfacePolicy``
+    #: or its dict form ``{"mode": "append" | "replace", "deny_tools": [...]}``).
+    surfaces: Mapping[str, SurfacePolicy] = field(default_factory=dict)
+    #: Instruction overlays keyed by source (``instructions.<source>.md`` in a folder).
+    source_instructions: Mapping[str, str] = field(default_factory=dict)
+    #: Model steps one turn may take before it fails; ``None`` means no limit.
+    max_steps: int | None = None
+    #: Decides policy answerers: ``async (AnswerCheck) -> bool``, used by ``grant_answer``.
+    authorize_answer: AuthorizeAnswer | None = None
+    _by_name: dict[str, Tool] = field(init=False, repr=False, compare=False)
+    _specs: tuple[ToolSpec, ...] = field(init=False, repr=False, compare=False)
+    #: Sources whose unused policy ``mount_agent`` has warned about (once each).
+    _warned_sources: set[str] = field(init=False, repr=False, compare=False, default_factory=set)
+
+    def unheard_policy_sources(self, emitted: set[str]) -> list[str]:
+        """Sources with a policy or overlay that no channel in ``emitted`` produces,
+        each returned once per agent (``mount_agent`` warns about them)."""
+        unheard = sorted((set(self.surfaces) | set(self.source_instructions)) - emitted)
+        fresh = [source for source in unheard if source not in self._warned_sources]
+        self._warned_sources.update(fresh)
+        return fresh
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name.strip():
+            raise ConfigurationError("Agent name must be a non-empty string")
+        if not hasattr(self.model, "stream"):
+            raise ConfigurationError(
+                f"agent {self.name!r}: model {self.model!r} has no stream() method"
+            )
+        if self.max_steps is not None and (
+            not isinstance(self.max_steps, int)
+            or isinstance(self.max_steps, bool)
+            or self.max_steps < 1
+        ):
+            raise ConfigurationError(
+                f"agent {self.name!r}: max_steps must be a positive int or None, "
+                f"got {self.max_steps!r}"
+            )
+        if self.authorize_answer is not None and not callable(self.authorize_answer):
+            raise ConfigurationError(
+                f"agent {self.name!r}: authorize_answer must be an async function, "
+                f"got {self.authorize_answer!r}"
+            )
+        if not isinstance(self.instructions, str):
+            raise ConfigurationError(f"agent {self.name!r}: instructions must be a string")
+        if isinstance(self.tools, Tool) or not isinstance(self.tools, Sequence):
+            raise ConfigurationError(
+                f"agent {self.name!r}: tools must be a list of Tool, "
+                f"got {type(self.tools).__name__}"
+            )
+        by_name: dict[str, Tool] = {}
+        for t in self.tools:
+            if not isinstance(t, Tool):
+                raise ConfigurationError(
+                    f"agent {self.name!r}: {t!r} is not a Tool (decorate it with @turnkit.tool)"
+                )
+            try:
+                check_tool_name(t.name)
+            except ToolDefinitionError as exc:
+                raise ConfigurationError(f"agent {self.name!r}: {exc}") from None
+            if t.name in by_name:
+                raise ConfigurationError(f"agent {self.name!r}: duplicate tool name {t.name!r}")
+            by_name[t.name] = t
+        object.__setattr__(self, "tools", tuple(self.tools))
+        object.__setattr__(self, "_by_name", by_name)
+        object.__setattr__(self, "_specs", tuple(t.spec for t in self.tools))
+        self._check_surfaces(by_name)
+
+    def _check_surfaces(self, by_name: Mapping[str, Tool]) -> None:
+        """Normalize and check the per-source settings, naming the source at fault."""
+        where = f"agent {self.name!r}"
+        if not isinstance(self.source_instructions, Mapping):
+            raise ConfigurationError(f"{where}: source_instructions must be a dict of str")
+        overlays: dict[str, str] = {}
+        for source, text in self.source_instructions.items():
+            if not isinstance(source, str) or not source:
+                raise ConfigurationError(f"{where}: source {source!r} must be a non-empty str")
+            if not isinstance(text, str):
+                raise ConfigurationError(
+                    f"{where}: the instructions for source {source!r} must be a string"
+                )
+            overlays[source] = text
+        if not isinstance(self.surfaces, Mapping):
+            raise ConfigurationError(f"{where}: surfaces must be a dict keyed by source")
+        surfaces: dict[str, SurfacePolicy] = {}
+        for source, value in self.surfaces.items():
+            if not isinstance(source, str) or not source:
+                raise ConfigurationError(f"{where}: surface key {source!r} must be a non-empty str")
+            try:
+                surface = SurfacePolicy.coerce(source, value)
+            except ConfigurationError as exc:
+                raise ConfigurationError(f"{where}: {exc}") from None
+            if surface.mode == "replace" and not overlays.get(source, "").strip():
+                raise ConfigurationError(
+                    f"{where}: surface {source!r} has mode 'replace' but no instructions for "
+                    f"{source!r} (add instructions.{source}.md or source_instructions[{source!r}])"
+                )
+            unknown = [n for n in surface.deny_tools if n not in by_name]
+            if unknown:
+                raise ConfigurationError(
+                    f"{where}: surface {source!r} denies {unknown}, which the agent does not "
+                    f"have (its tools: {sorted(by_name)})"
+                )
+            surfaces[source] = surface
+        object.__setattr__(self, "surfaces", MappingProxyType(surfaces))
+        object.__setattr__(self, "source_instructions", MappingProxyType(overlays))
+
+    def policy_for(self, source: str | None) -> TurnPolicy:
+        """The prompt and tool set for a turn from ``source`` (``None``: programmatic)."""
+        return resolve_policy(
+            instructions=self.instructions,
+            source=source,
+            surfaces=self.surfaces,
+            source_instructions=self.source_instructions,
+        )
+
+    def tool_specs_for(self, policy: TurnPolicy) -> tuple[ToolSpec, ...]:
+        """The tools offered to the model under ``policy``: denied ones are left out."""
+        if not policy.deny_tools:
+            return self._specs
+        return tuple(s for s in self._specs if policy.allows(s.name))
+
+    def tool(self, name: str) -> Tool | None:
+        """The offered tool called ``name``, or ``None``."""
+        return self._by_name.get(name)
+
+    @property
+    def tool_specs(self) -> tuple[ToolSpec, ...]:
+        return self._specs

@@ -1,0 +1,171 @@
+"""``ToolContext``: everything a tool may reach while it runs, and nothing more."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Awaitable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from .._errors import FatalToolError
+from .._values.inbound import InboundEvent
+from .._values.inputs import (
+    Answerer,
+    Answerers,
+    InputRequest,
+    as_answerers,
+    check_schema,
+    input_step_id,
+)
+from .._values.turns import TurnResult
+
+if TYPE_CHECKING:
+    from .._seams.store import StoreHandle
+
+
+class AgentInfo(Protocol):
+    """What a tool's context shows of the agent whose turn runs it (an ``Agent``)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def instructions(self) -> str: ...
+
+
+@runtime_checkable
+class ChildTurns(Protocol):
+    """What a tool may ask of the runtime it runs in: a turn of another of its agents,
+    run as a child of the calling tool's call (``turnkit.subagent`` is built on it)."""
+
+    @property
+    def agent_names(self) -> frozenset[str]:
+        """The agents a child turn may be run in."""
+        ...
+
+    async def run_child_turn(
+        self, parent: ToolContext, agent: str, task: str
+    ) -> tuple[str, TurnResult]:
+        """Run (or, on a replay, find) the child turn of ``parent``'s call in ``agent``
+        with ``task`` as its opening; the child's session id and how it ended."""
+        ...
+
+
+def make_idempotency_key(session_id: str, turn_id: str, step_id: str) -> str:
+    """Stable for one call across replays; different for every other call, turn and session."""
+    digest = hashlib.sha256(f"{session_id}\x00{turn_id}\x00{step_id}".encode()).hexdigest()
+    return f"tk-{digest[:40]}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ToolContext:
+    """What the engine hands a tool's ``run`` besides the model's input.
+
+    ``store`` joins the step's transaction in a local tool; ``idempotency_key``
+    is what a remote tool passes to a remote service so a replayed call is
+    deduplicated there.
+    """
+
+    store: StoreHandle
+    agent: AgentInfo
+    session_id: str
+    turn_id: str
+    call_id: str
+    event: InboundEvent | None
+    #: Runs child turns in the runtime's other agents (``None`` outside a runtime).
+    children: ChildTurns | None
+    step_id: str
+    tool_name: str = ""
+    #: The source whose policy the turn runs under (its channel's), or ``None``.
+    source: str | None = None
+    #: The tools the turn's policy denies (a subagent passes them on to its child).
+    denied_tools: frozenset[str] = frozenset()
+    #: The turn's memoized steps, where a resume stored the answers.
+    _steps: Mapping[str, Any] = field(default_factory=dict, repr=False)
+    #: True while a plain-``def`` tool runs inside the step's transaction.
+    _local: bool = field(default=False, repr=False)
+
+    @property
+    def idempotency_key(self) -> str:
+        """Stable across replays of this call; pass it to remote services to dedupe on."""
+        return make_idempotency_key(self.session_id, self.turn_id, self.step_id)
+
+    def request_input(
+        self,
+        id: str,
+        prompt: str,
+        schema: dict[str, Any] | None = None,
+        answerers: Answerer | Sequence[Answerer] | None = None,
+    ) -> Awaitable[Any]:
+        """Park the turn until a person answers, then return the answer.
+
+        The first time, the turn is checkpointed as ``suspended`` and this tool stops
+        here. ``session.resume(...)`` stores the answer and replays the turn: the tool
+        runs again from the top and this call returns the answer, so any work
+        before it runs twice; put side effects after it. ``answerers`` says who may
+        answer (default: the turn's speaker, if the platform attested them).
+        """
+        if self._local:
+            raise FatalToolError(
+                f"tool {self.tool_name!r} called ctx.request_input, which parks the turn and "
+                "needs an async tool: declare it with `async def` (a plain def runs inside "
+                "the step's transaction and cannot wait for a person)"
+            )
+        return self._request_input(id, prompt, schema, answerers)
+
+    async def _request_input(
+        self,
+        input_id: str,
+        prompt: str,
+        schema: dict[str, Any] | None,
+        answerers: Answerer | Sequence[Answerer] | None,
+    ) -> Any:
+        if not isinstance(input_id, str) or not input_id:
+            raise FatalToolError(f"ctx.request_input: id must be a non-empty str, got {input_id!r}")
+        if not isinstance(prompt, str):
+            raise FatalToolError(f"ctx.request_input: prompt must be a str, got {prompt!r}")
+        answer = self._steps.get(input_step_id(self.turn_id, input_id))
+        if answer is not None:
+            return answer["value"]
+        try:
+            if schema is not None:
+                check_schema(schema)
+            who = as_answerers(answerers)
+        except TypeError as exc:
+            raise FatalToolError(f"ctx.request_input({input_id!r}): {exc}") from None
+        if who is None:
+            who = self._default_answerers(input_id)
+        raise TurnParked(
+            InputRequest(
+                id=input_id,
+                prompt=prompt,
+                turn_id=self.turn_id,
+                call_id=self.call_id,
+                tool=self.tool_name,
+                schema=schema,
+                answerers=who,
+            )
+        )
+
+    def _default_answerers(self, input_id: str) -> tuple[Answerer, ...]:
+        if self.event is None:
+            return ()  # a programmatic or proactive turn: no speaker to restrict to
+        user = self.event.user
+        if user is not None and user.attested:
+            return (Answerers.user(user.id),)
+        raise FatalToolError(
+            f"ctx.request_input({input_id!r}): the turn's speaker is not attested by the "
+            f"{self.event.source!r} channel, so nobody can be trusted as its answerer; name "
+            "one with answerers=Answerers.user(...) or Answerers.policy(...)"
+        )
+
+
+class TurnParked(BaseException):
+    """Internal: ``request_input`` stops the tool so the engine can park the turn.
+
+    A ``BaseException``, so a tool's ``except Exception`` does not swallow it.
+    """
+
+    def __init__(self, request: InputRequest) -> None:
+        super().__init__(request.id)
+        self.request = request

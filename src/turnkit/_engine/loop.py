@@ -1,0 +1,642 @@
+"""The turn loop: ask the model, run the tools it asked for, repeat, checkpointing each step.
+
+The engine reads its position off the transcript (see ``_position``), talks only to
+its three seams (``SessionStore``, ``EventSink``, ``Model``) and commits every step
+together with the events it caused, so a replay resumes at the first unfinished step.
+Every delivery ends with a terminal event on the sink, however it ends.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from itertools import count
+from typing import Any
+
+from .._errors import ConfigurationError, FatalToolError, SessionSuspendedError, StoreError
+from .._seams.sink import EventSink
+from .._seams.store import NoHandle, SessionStore, Transaction
+from .._values.events import (
+    ENDING_EVENT_TYPES,
+    ActionCompletedEvent,
+    ActionRequestedEvent,
+    InputRequestedEvent,
+    MessageCompletedEvent,
+    MessageDeltaEvent,
+    ReasoningDeltaEvent,
+    TurnCancelledEvent,
+    TurnCompletedEvent,
+    TurnEvent,
+    TurnFailedEvent,
+    TurnStartedEvent,
+)
+from .._values.inbound import InboundEvent
+from .._values.inputs import InputRequest
+from .._values.messages import AssistantMessage, Message, ModelReply, ToolCall, ToolMessage
+from .._values.policy import TurnPolicy, policy_step_id
+from .._values.records import TurnRecord
+from .._values.turns import TurnCancelled, TurnFailure, TurnRequest, TurnResult, result_from_record
+from .agent import Agent
+from .context import ChildTurns, ToolContext, TurnParked
+from .model_call import ask_model
+from .position import (
+    CallModel,
+    Finished,
+    RunTools,
+    count_model_steps,
+    has_opening_message,
+    model_step_id,
+    next_step,
+    stale_calls,
+    tool_step_id,
+)
+from .tool_call import ToolRaised, copy_input, fatal, input_error, run_local, run_remote
+from .tool_results import error_result, error_text
+from .tools import Tool
+
+log = logging.getLogger("turnkit.engine")
+
+_REMOTE_HANDLE = NoHandle(
+    "this tool is async (remote) and runs outside the step transaction; "
+    "declare it with plain `def` to write through the store"
+)
+_NO_CONTEXT_HANDLE = NoHandle("this tool takes no context, so it has no store handle")
+STALE_CALL_ERROR = "not run: the turn that asked for this call failed before it ran"
+INTERRUPTED_CALL_ERROR = (
+    "interrupted: the process running this call stopped before its result was saved; "
+    "it may or may not have run, so check before retrying it"
+)
+SUPERSEDED_ERROR = "interrupted: a later turn started before it was recovered"
+
+
+class KnownTranscript:
+    """The transcript a session's last delivery ended with, kept so the next delivery
+    reads only the messages committed since (positions are append-only within a
+    generation, and committed messages never change)."""
+
+    __slots__ = ("finished", "generation", "messages")
+
+    def __init__(self) -> None:
+        self.messages: list[Message] | None = None
+        self.generation = 0
+        #: The turn that delivery ran, if it ended for good (completed or cancelled:
+        #: states no redelivery can change), so the next opening need not look it up.
+        self.finished: str | None = None
+
+    def forget(self) -> None:
+        self.messages = None
+        self.finished = None
+
+
+class TurnRunner:
+    """Drives one delivery of one turn to its end. Create one per delivery."""
+
+    def __init__(
+        self,
+        *,
+        agent: Agent,
+        store: SessionStore,
+        sink: EventSink,
+        request: TurnRequest,
+        children: ChildTurns | None = None,
+        known: KnownTranscript | None = None,
+    ) -> None:
+        self.agent = agent
+        self.store = store
+        self.sink = sink
+        self.request = request
+        self.children = children
+        self.known = known
+        self.turn_id = request.turn_id
+        self.session_id = store.session_id
+        self.event = request.event
+        self.transcript: list[Message] = []
+        self.steps: dict[str, Any] = {}
+        self.next_seq = 1
+        self.generation = 0
+        self._durable_cancel: str | None = None
+        self._opened = False
+        self.policy = TurnPolicy()
+        self._known_finished: str | None = None
+        self._record: TurnRecord | None = None
+
+    async def run(self) -> TurnResult:
+        """Run the delivery. An exception escaping here (a store outage) leaves the turn
+        open for redelivery; observers still get a live, unlogged ``turn.failed``."""
+        try:
+            async with self.store.writer():
+                return await self._run()
+        except BaseException as exc:
+            # Emitting is synchronous, so this is safe even while being cancelled.
+            self._emit(
+                TurnFailedEvent(
+                    turn_id=self.turn_id,
+                    session_id=self.session_id,
+                    error="delivery failed before the turn could end (it stays open): "
+                    + error_text(exc),
+                )
+            )
+            raise
+
+    async def _run(self) -> TurnResult:
+        known = self.known
+        prefix = known.messages if known is not None and known.messages is not None else []
+        snap = await self.store.load(self.turn_id, from_index=len(prefix))
+        if prefix and known is not None and snap.generation != known.generation:
+            # Reset elsewhere since we last looked: what we kept is another generation.
+            prefix = []
+            snap = await self.store.load(self.turn_id)
+        if snap.agent is not None and snap.agent != self.agent.name:
+            raise ConfigurationError(
+                f"session {self.session_id} belongs to agent {snap.agent!r}, "
+                f"not {self.agent.name!r}"
+            )
+        self.transcript = [*prefix, *snap.messages]
+        # Nothing was committed since our last delivery: its outcome is still current.
+        self._known_finished = (
+            known.finished if known is not None and prefix and not snap.messages else None
+        )
+        self.steps, self.next_seq = snap.steps, snap.next_seq
+        self.generation = snap.generation
+        record = self._record = snap.turn
+        if record is not None:
+            # A redelivery replays the turn as it was opened, whatever the caller passed.
+            self.event = InboundEvent.from_dict(record.event) if record.event else None
+            self._durable_cancel = record.cancel_reason
+        self.policy = self._resolve_policy()
+        superseded = record is not None and not has_opening_message(self.transcript, self.turn_id)
+        if record is not None and record.status == "suspended" and not superseded:
+            reason = self._cancel_reason()
+            if reason is not None:
+                return await self._cancel(reason)  # a parked turn ends where it waits
+        if record is not None and (
+            record.status in ("completed", "suspended", "cancelled") or superseded
+        ):
+            # Finished, parked (no answer yet), or superseded by a later turn: nothing to
+            # run, so say again how it ended (a parked turn re-announces its request).
+            await self._announce_outcome()
+            return result_from_record(record)
+        try:
+            if record is None:
+                await self._open()
+            elif record.status == "failed":
+                await self._reopen(record)
+            return await self._loop()
+        except TurnFailure as failure:
+            return await self._fail(str(failure))
+        except _Park as park:
+            return await self._park(park.call, park.request)
+        except TurnCancelled as cancelled:
+            if not self._opened and record is None:
+                return self._cancelled_unopened(cancelled.reason)
+            return await self._cancel(cancelled.reason)
+
+    def _resolve_policy(self) -> TurnPolicy:
+        """The policy stored when the turn opened; else the one its suspend checkpoint
+        carried; else (a new turn) the agent's for the turn's source."""
+        stored = self.steps.get(policy_step_id(self.turn_id))
+        if stored is not None:
+            return TurnPolicy.from_dict(stored)
+        if self.request.policy is not None:
+            return self.request.policy
+        source = self.event.source if self.event is not None else self.request.source
+        policy = self.agent.policy_for(source)
+        if self.request.inherited_deny:
+            policy = replace(policy, deny_tools=policy.deny_tools | self.request.inherited_deny)
+        return policy
+
+    # -- cancellation ------------------------------------------------------------
+
+    def _cancel_reason(self) -> str | None:
+        """Why this turn is to stop, if it is: asked here, or recorded in the store."""
+        return self.request.cancel.reason or self._durable_cancel
+
+    def _boundary(self) -> None:
+        """A checkpoint boundary: stop here if the turn was cancelled."""
+        reason = self._cancel_reason()
+        if reason is not None:
+            raise TurnCancelled(reason)
+
+    def _cancelled_unopened(self, reason: str) -> TurnResult:
+        """Cancelled before its opening committed: nothing is stored, observers are told."""
+        self._emit(
+            TurnCancelledEvent(turn_id=self.turn_id, session_id=self.session_id, reason=reason)
+        )
+        return TurnResult(turn_id=self.turn_id, status="cancelled", reason=reason)
+
+    async def _cancel(self, reason: str) -> TurnResult:
+        """End the turn ``cancelled`` in one commit. Calls of the current batch that had
+        not run get a synthetic result, so the transcript stays valid for the next
+        model call; no ``action.completed`` is emitted for them."""
+        step = next_step(self.transcript, self.turn_id)
+        owed: Sequence[ToolCall] = step.owed if isinstance(step, RunTools) else ()
+        index = len(self.transcript)
+        result = {"cancelled": True, "reason": reason}
+        messages = [
+            ToolMessage(
+                call_id=c.id, name=c.name, result=dict(result), turn_id=self.turn_id, is_error=True
+            )
+            for c in owed
+        ]
+        assistant_index = step.assistant_index if isinstance(step, RunTools) else 0
+
+        def write(tx: Transaction) -> None:
+            for offset, (call, message) in enumerate(zip(owed, messages, strict=True)):
+                tx.put_step(
+                    tool_step_id(assistant_index, call.id),
+                    self.turn_id,
+                    {"result": message.result, "error": f"cancelled: {reason}"},
+                )
+                tx.append_message(index + offset, message)
+            tx.request_cancel(self.turn_id, reason)
+            tx.set_turn_status(self.turn_id, "cancelled")
+
+        event = TurnCancelledEvent(
+            turn_id=self.turn_id, session_id=self.session_id, reason=reason, seq=self.next_seq
+        )
+        await self._commit(write, [event], messages)
+        return TurnResult(turn_id=self.turn_id, status="cancelled", reason=reason)
+
+    async def _loop(self) -> TurnResult:
+        limit = self.agent.max_steps
+        taken = count_model_steps(self.transcript, self.turn_id) if limit is not None else 0
+        while True:
+            step = next_step(self.transcript, self.turn_id)
+            if isinstance(step, CallModel):
+                self._boundary()
+                if limit is not None and taken >= limit:
+                    raise TurnFailure(
+                        f"the turn reached agent {self.agent.name!r}'s limit of {limit} model steps"
+                    )
+                await self._model_step(step.index)
+                taken += 1
+            elif isinstance(step, RunTools):
+                for call in step.owed:
+                    self._boundary()
+                    await self._tool_step(step.assistant_index, call)
+            elif isinstance(step, Finished):
+                return TurnResult(turn_id=self.turn_id, status="completed", text=step.text)
+            else:
+                raise StoreError(f"turn {self.turn_id}: opening message missing after commit")
+
+    # -- commits and events ------------------------------------------------------
+
+    async def _commit(
+        self,
+        write: Callable[[Transaction], None],
+        events: list[TurnEvent],
+        messages: Sequence[Message] = (),
+    ) -> None:
+        """Commit ``write`` plus ``events`` (numbered from ``next_seq`` by the caller);
+        only then extend the transcript and emit."""
+
+        def work(tx: Transaction) -> None:
+            write(tx)
+            for event in events:
+                tx.log_event(event)
+
+        await self.store.commit(work)
+        self.next_seq += len(events)
+        self.transcript.extend(messages)
+        for event in events:
+            self._emit(event)
+
+    def _emit(self, event: TurnEvent) -> None:
+        try:
+            self.sink.emit(event)
+        except Exception:
+            log.exception("event sink raised on %s; ignored", event.type)
+
+    async def _announce_outcome(self) -> None:
+        """Re-emit the logged ending (terminal, or the park) of a turn with nothing to run."""
+        logged = await self.store.events(turn_id=self.turn_id)
+        for event in reversed(logged):
+            if event.type in ENDING_EVENT_TYPES:
+                self._emit(event)
+                return
+
+    # -- opening, retry, failure -------------------------------------------------
+
+    async def _open(self) -> None:
+        opening = self.request.opening
+        # The turn before ours, if a crash left it open, ends here: ours supersedes it.
+        previous = self.transcript[-1].turn_id if self.transcript else None
+        if previous is None or previous == self._known_finished:
+            stale = None  # none, or the turn our last delivery ended for good
+        else:
+            stale = await self.store.turn(previous)
+        if stale is not None and stale.status == "suspended":
+            raise SessionSuspendedError(
+                f"session {self.session_id} is waiting for input on turn {stale.turn_id}; "
+                "resume it (or reset the session) before starting another turn"
+            )
+        crashed = stale if stale is not None and stale.status == "running" else None
+        closing = self._closing_results(INTERRUPTED_CALL_ERROR if crashed else STALE_CALL_ERROR)
+        record = TurnRecord(
+            session_id=self.session_id,
+            turn_id=self.turn_id,
+            agent=self.agent.name,
+            status="running",
+            opening=opening.to_dict(),
+            event=self.event.to_dict() if self.event else None,
+            created_at=time.time(),
+        )
+        seq = count(self.next_seq)
+        sid = self.session_id
+        events: list[TurnEvent] = [
+            ActionCompletedEvent(
+                turn_id=m.turn_id,
+                session_id=sid,
+                call_id=m.call_id,
+                name=m.name,
+                result=copy_input(m.result),
+                error=m.result["error"],
+                seq=next(seq),
+            )
+            for _, m in closing
+        ]
+        if crashed is not None:
+            events.append(
+                TurnFailedEvent(
+                    turn_id=crashed.turn_id, session_id=sid, error=SUPERSEDED_ERROR, seq=next(seq)
+                )
+            )
+        events.append(
+            TurnStartedEvent(turn_id=self.turn_id, session_id=sid, text=opening.text, seq=next(seq))
+        )
+        index = len(self.transcript)
+        policy = self.policy.to_dict()
+        self._boundary()  # the last moment a cancellation leaves no trace
+
+        def write(tx: Transaction) -> None:
+            for offset, (step_id, msg) in enumerate(closing):
+                tx.put_step(
+                    step_id, msg.turn_id, {"result": msg.result, "error": msg.result["error"]}
+                )
+                tx.append_message(index + offset, msg)
+            if crashed is not None:
+                tx.set_turn_status(crashed.turn_id, "failed", error=SUPERSEDED_ERROR)
+            tx.append_message(index + len(closing), opening)
+            tx.open_turn(record)
+            tx.put_step(policy_step_id(self.turn_id), self.turn_id, policy)
+
+        await self._commit(write, events, [m for _, m in closing] + [opening])
+        self._opened = True
+
+    def _closing_results(self, reason: str) -> list[tuple[str, ToolMessage]]:
+        """Error results for the calls an earlier turn left unanswered at the tail."""
+        stale = stale_calls(self.transcript, self.turn_id)
+        if stale is None:
+            return []
+        index, calls = stale
+        owner = self.transcript[index].turn_id
+        return [
+            (
+                tool_step_id(index, c.id),
+                ToolMessage(
+                    call_id=c.id,
+                    name=c.name,
+                    result=error_result(reason),
+                    turn_id=owner,
+                    is_error=True,
+                ),
+            )
+            for c in calls
+        ]
+
+    async def _reopen(self, record: TurnRecord) -> None:
+        def write(tx: Transaction) -> None:
+            tx.set_turn_status(self.turn_id, "running")
+
+        text = str(record.opening.get("text", ""))
+        started = TurnStartedEvent(
+            turn_id=self.turn_id, session_id=self.session_id, text=text, seq=self.next_seq
+        )
+        await self._commit(write, [started])
+
+    async def _fail(self, error: str) -> TurnResult:
+        def write(tx: Transaction) -> None:
+            tx.set_turn_status(self.turn_id, "failed", error=error)
+
+        failed = TurnFailedEvent(
+            turn_id=self.turn_id, session_id=self.session_id, error=error, seq=self.next_seq
+        )
+        await self._commit(write, [failed])
+        return TurnResult(turn_id=self.turn_id, status="failed", error=error)
+
+    async def _park(self, call: ToolCall, request: InputRequest) -> TurnResult:
+        """Write the one suspend checkpoint: the request and what a resume in another
+        process needs to replay the turn as it was opened."""
+        # The stored opening (a redelivery may have been started with other text).
+        opening = self._record.opening if self._record else self.request.opening.to_dict()
+        checkpoint = {
+            "request": request.to_dict(),
+            "call_id": call.id,
+            "opening_text": str(opening.get("text", "")),
+            "event": self.event.to_dict() if self.event else None,
+            "policy": self.policy.to_dict(),
+        }
+
+        def write(tx: Transaction) -> None:
+            tx.set_turn_status(self.turn_id, "suspended", pending=checkpoint)
+
+        asked = InputRequestedEvent(
+            turn_id=self.turn_id, session_id=self.session_id, request=request, seq=self.next_seq
+        )
+        await self._commit(write, [asked])
+        return TurnResult(turn_id=self.turn_id, status="suspended", request=request)
+
+    # -- model steps -------------------------------------------------------------
+
+    async def _model_step(self, index: int) -> None:
+        step_id = model_step_id(index)
+        cached = self.steps.get(step_id)
+        if cached is not None:
+            reply = ModelReply.from_dict(cached)  # memoized: never asked twice, no deltas
+        else:
+            reply = await ask_model(
+                self.agent,
+                self.policy,
+                self.transcript,
+                self._text_delta,
+                self._reasoning_delta,
+                self._cancel_reason,
+            )
+        message = AssistantMessage(
+            text=reply.text,
+            turn_id=self.turn_id,
+            tool_calls=reply.tool_calls,
+            stop=reply.stop,
+            provider_state=reply.provider_state,
+        )
+        tid, sid, seq = self.turn_id, self.session_id, self.next_seq
+        shown = _detached(message)  # observers may mutate what they get; the transcript not
+        events: list[TurnEvent] = [
+            MessageCompletedEvent(turn_id=tid, session_id=sid, message=shown, seq=seq)
+        ]
+        events += [
+            ActionRequestedEvent(turn_id=tid, session_id=sid, call=c, seq=seq + i)
+            for i, c in enumerate(shown.tool_calls, start=1)
+        ]
+        final = not reply.tool_calls
+        if final:
+            events.append(
+                TurnCompletedEvent(turn_id=tid, session_id=sid, text=reply.text, seq=seq + 1)
+            )
+
+        def write(tx: Transaction) -> None:
+            if cached is None:
+                tx.put_step(step_id, self.turn_id, reply.to_dict())
+            tx.append_message(index, message)
+            if final:
+                tx.set_turn_status(self.turn_id, "completed", text=reply.text)
+
+        await self._commit(write, events, [message])
+
+    def _text_delta(self, text: str) -> None:
+        self._emit(MessageDeltaEvent(turn_id=self.turn_id, session_id=self.session_id, text=text))
+
+    def _reasoning_delta(self, text: str) -> None:
+        self._emit(ReasoningDeltaEvent(turn_id=self.turn_id, session_id=self.session_id, text=text))
+
+    # -- tool steps --------------------------------------------------------------
+
+    def _context(self, handle: Any, call: ToolCall, step_id: str, *, local: bool) -> ToolContext:
+        return ToolContext(
+            store=handle,
+            agent=self.agent,
+            session_id=self.session_id,
+            turn_id=self.turn_id,
+            call_id=call.id,
+            event=self.event,
+            children=self.children,
+            step_id=step_id,
+            tool_name=call.name,
+            source=self.policy.source,
+            denied_tools=self.policy.deny_tools,
+            _steps=self.steps,
+            _local=local,
+        )
+
+    async def _tool_step(self, assistant_index: int, call: ToolCall) -> None:
+        step_id = tool_step_id(assistant_index, call.id)
+        cached = self.steps.get(step_id)
+        if cached is not None:
+            # Memoized but its message is missing: record it, never run the tool again.
+            await self._commit_tool(step_id, call, cached["result"], cached["error"], memo=True)
+            return
+        # A tool the turn's policy denies is as unknown as one the agent never had.
+        tool = self.agent.tool(call.name) if self.policy.allows(call.name) else None
+        problem = input_error(call)
+        if problem is not None or tool is None:
+            text = problem or f"unknown tool: {call.name}"
+            await self._commit_tool(step_id, call, error_result(text), text)
+        elif tool.local:
+            await self._local_tool_step(tool, step_id, call)
+        else:
+            ctx = self._context(_REMOTE_HANDLE, call, step_id, local=False)
+            try:
+                result, error = await run_remote(tool, copy_input(call.input), ctx)
+            except TurnParked as parked:
+                raise _Park(call, parked.request) from None
+            await self._commit_tool(step_id, call, result, error)
+
+    async def _local_tool_step(self, tool: Tool, step_id: str, call: ToolCall) -> None:
+        """Run a ``def`` tool inside the very commit that records what it returned."""
+        index, seq = len(self.transcript), self.next_seq
+
+        def work(tx: Transaction) -> tuple[ToolMessage, ActionCompletedEvent]:
+            # Only a tool that can see ctx.store is handed the transaction's handle.
+            handle = tx.handle if tool.needs_store else _NO_CONTEXT_HANDLE
+            ctx = self._context(handle, call, step_id, local=True)
+            value = run_local(tool, copy_input(call.input), ctx)
+            return self._write_tool(tx, _ToolRow(index, seq, step_id, call, value, None, False))
+
+        try:
+            message, event = await self.store.commit(work)
+        except ToolRaised as raised:
+            # The transaction rolled back, undoing the tool's own writes; record the error.
+            text = error_text(raised.original)
+            await self._commit_tool(step_id, call, error_result(text), text)
+            return
+        except FatalToolError as exc:
+            raise fatal(tool, exc) from exc
+        self._after_tool(message, event)
+
+    async def _commit_tool(
+        self, step_id: str, call: ToolCall, value: Any, error: str | None, *, memo: bool = False
+    ) -> None:
+        """Commit a tool step whose result is already known."""
+        row = _ToolRow(len(self.transcript), self.next_seq, step_id, call, value, error, memo)
+
+        def work(tx: Transaction) -> tuple[ToolMessage, ActionCompletedEvent]:
+            return self._write_tool(tx, row)
+
+        self._after_tool(*await self.store.commit(work))
+
+    def _write_tool(
+        self, tx: Transaction, row: _ToolRow
+    ) -> tuple[ToolMessage, ActionCompletedEvent]:
+        """The rows of one tool step: its memo, its tool message, its ``action.completed``."""
+        call = row.call
+        message = ToolMessage(
+            call_id=call.id,
+            name=call.name,
+            result=row.value,
+            turn_id=self.turn_id,
+            is_error=row.error is not None,
+        )
+        event = ActionCompletedEvent(
+            turn_id=self.turn_id,
+            session_id=self.session_id,
+            call_id=call.id,
+            name=call.name,
+            result=copy_input(row.value),  # observers get their own copy to mutate
+            error=row.error,
+            seq=row.seq,
+        )
+        if not row.memo:
+            tx.put_step(row.step_id, self.turn_id, {"result": row.value, "error": row.error})
+        tx.append_message(row.index, message)
+        tx.log_event(event)
+        return message, event
+
+    def _after_tool(self, message: ToolMessage, event: ActionCompletedEvent) -> None:
+        self.next_seq += 1
+        self.transcript.append(message)
+        self._emit(event)
+
+
+class _Park(Exception):
+    """Internal: a remote tool asked for input; the turn parks at its call."""
+
+    def __init__(self, call: ToolCall, request: InputRequest) -> None:
+        super().__init__(request.id)
+        self.call = call
+        self.request = request
+
+
+@dataclass(frozen=True)
+class _ToolRow:
+    """Everything one tool step commits, positioned in the transcript and the event log."""
+
+    index: int
+    seq: int
+    step_id: str
+    call: ToolCall
+    value: Any
+    error: str | None
+    memo: bool
+
+
+def _detached(message: AssistantMessage) -> AssistantMessage:
+    """A copy of ``message`` whose tool inputs are not shared with the transcript."""
+    if not message.tool_calls:
+        return message
+    calls = tuple(
+        replace(c, input=copy_input(c.input), provider_state=copy_input(c.provider_state))
+        for c in message.tool_calls
+    )
+    return replace(message, tool_calls=calls)

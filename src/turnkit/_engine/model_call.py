@@ -1,0 +1,144 @@
+"""One model call: stream the reply, pass deltas on live, and check what came back.
+
+A broken or empty reply raises ``TurnFailure`` before anything is committed, so a
+redelivery asks the model again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from itertools import islice
+from typing import overload
+
+from pydantic_core import from_json, to_json
+
+from .._errors import ModelError
+from .._seams.model import ModelDone, ReasoningDelta, TextDelta
+from .._values.messages import Message, ModelReply, ToolCall
+from .._values.policy import TurnPolicy
+from .._values.turns import TurnCancelled, TurnFailure
+from .agent import Agent
+from .tool_results import error_text
+
+
+class TranscriptView(Sequence[Message]):
+    """A read-only, fixed-length window on the growing transcript, O(1) to make.
+
+    The model must see the transcript as it was when it was called, without the
+    engine copying the whole history on every step.
+    """
+
+    __slots__ = ("_items", "_len")
+
+    def __init__(self, items: list[Message]) -> None:
+        self._items = items
+        self._len = len(items)
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __iter__(self) -> Iterator[Message]:
+        return islice(self._items, self._len)
+
+    @overload
+    def __getitem__(self, i: int) -> Message: ...
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[Message]: ...
+    def __getitem__(self, i: int | slice) -> Message | Sequence[Message]:
+        if isinstance(i, slice):
+            return self._items[: self._len][i]
+        if i < 0:
+            i += self._len
+        if not 0 <= i < self._len:
+            raise IndexError("transcript index out of range")
+        return self._items[i]
+
+
+async def ask_model(
+    agent: Agent,
+    policy: TurnPolicy,
+    transcript: list[Message],
+    on_text: Callable[[str], None],
+    on_reasoning: Callable[[str], None],
+    cancelled: Callable[[], str | None] = lambda: None,
+) -> ModelReply:
+    """Stream one reply from ``agent.model``; deltas go to the callbacks as they arrive.
+
+    ``cancelled`` is asked after every delta: a reason stops the stream there (the
+    adapter's iterator is closed) and raises ``TurnCancelled``; nothing is kept.
+    """
+    reply: ModelReply | None = None
+    try:
+        stream = agent.model.stream(
+            TranscriptView(transcript), agent.tool_specs_for(policy), system=policy.system
+        )
+        try:
+            async for delta in stream:
+                if isinstance(delta, TextDelta):
+                    on_text(delta.text)
+                elif isinstance(delta, ReasoningDelta):
+                    on_reasoning(delta.text)
+                elif isinstance(delta, ModelDone):
+                    reply = delta.reply
+                    break
+                else:
+                    raise ModelError(f"the model yielded {delta!r}, which is not a ModelDelta")
+                why = cancelled()
+                if why is not None:
+                    raise TurnCancelled(why)
+        finally:
+            aclose = getattr(stream, "aclose", None)
+            if aclose is not None:
+                await aclose()
+    except TurnCancelled:
+        raise
+    except ModelError as exc:
+        raise TurnFailure(f"model error: {exc}") from exc
+    except Exception as exc:
+        raise TurnFailure(f"model error: {error_text(exc)}") from exc
+    if reply is None:
+        raise TurnFailure("model error: the stream ended without ModelDone")
+    check_reply(reply)
+    return stored_form(reply)
+
+
+def check_reply(reply: object) -> None:
+    """Refuse, before it is committed, a reply the transcript could not hold or replay."""
+    if not isinstance(reply, ModelReply):
+        raise TurnFailure(f"model error: ModelDone.reply must be a ModelReply, got {reply!r}")
+    if not isinstance(reply.text, str):
+        raise TurnFailure(f"model error: reply text must be a str, got {type(reply.text).__name__}")
+    if reply.empty and reply.stop is not None and reply.stop.abnormal:
+        raw = f" ({reply.stop.raw})" if reply.stop.raw else ""
+        raise TurnFailure(
+            f"model error: the model stopped with {reply.stop.kind}{raw} and an empty reply"
+        )
+    seen: set[str] = set()
+    for call in reply.tool_calls:
+        _check_call(call, seen)
+
+
+def stored_form(reply: ModelReply) -> ModelReply:
+    """The reply exactly as a replay will read it back, or ``TurnFailure`` if it cannot
+    be stored: what is committed must decode again, or the session would be unreadable."""
+    try:
+        return ModelReply.from_dict(from_json(to_json(reply.to_dict())))
+    except Exception as exc:
+        raise TurnFailure(f"model error: the reply cannot be stored: {error_text(exc)}") from exc
+
+
+def _check_call(call: object, seen: set[str]) -> None:
+    if not isinstance(call, ToolCall):
+        raise TurnFailure(f"model error: tool calls must be ToolCall objects, got {call!r}")
+    if not isinstance(call.id, str) or not call.id or call.id in seen:
+        raise TurnFailure(f"model error: tool call id {call.id!r} is empty or repeated")
+    if not isinstance(call.name, str) or not isinstance(call.input, dict):
+        raise TurnFailure(
+            f"model error: tool call {call.id!r} needs a str name and a dict input, got "
+            f"{type(call.name).__name__} and {type(call.input).__name__}"
+        )
+    try:
+        to_json(call.input)
+    except Exception as exc:
+        raise TurnFailure(f"model error: tool call {call.id!r} input is not JSON: {exc}") from exc
+    seen.add(call.id)

@@ -1,0 +1,95 @@
+"""Running one tool call: local tools inside a transaction, remote ones awaited outside.
+
+These functions decide only what a call *returned*; committing it is the engine's
+job. A tool exception becomes an error result, ``FatalToolError`` fails the turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from typing import Any
+
+from .._errors import FatalToolError
+from .._values.messages import ToolCall
+from .._values.turns import TurnFailure
+from .context import ToolContext
+from .tool_results import error_result, error_text, to_json_result
+from .tools import Tool
+
+
+class ToolRaised(Exception):
+    """Internal: a local tool raised, so its transaction must roll back before the
+    error is recorded in a transaction of its own."""
+
+    def __init__(self, original: BaseException) -> None:
+        super().__init__(str(original))
+        self.original = original
+
+
+def copy_input(value: Any) -> Any:
+    """A private copy of a JSON input, so a tool that mutates it cannot change the
+    committed transcript (and make the next model call differ from a replay)."""
+    if isinstance(value, dict):
+        return {k: copy_input(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [copy_input(v) for v in value]
+    return value
+
+
+#: The ``ToolCall.provider_state`` key by which an adapter reports that the model's
+#: arguments could not be read (not JSON, say): the call is answered with that
+#: text as an error result the model can correct, and its tool never runs.
+INPUT_ERROR_KEY = "input_error"
+
+
+def input_error(call: ToolCall) -> str | None:
+    """Why the adapter could not read this call's arguments, or ``None`` if it could."""
+    state = call.provider_state
+    problem = state.get(INPUT_ERROR_KEY) if state else None
+    return problem if isinstance(problem, str) and problem else None
+
+
+def fatal(tool: Tool, exc: FatalToolError) -> TurnFailure:
+    return TurnFailure(f"tool {tool.name!r} failed the turn: {error_text(exc)}")
+
+
+def run_local(tool: Tool, data: Any, ctx: ToolContext) -> Any:
+    """Call a ``def`` tool; meant to run inside the step's ``commit``."""
+    try:
+        value = tool.run(data, ctx)
+    except FatalToolError:
+        raise
+    except Exception as exc:
+        raise ToolRaised(exc) from exc
+    if inspect.isawaitable(value):
+        _discard(value)
+        raise TurnFailure(
+            f"tool {tool.name!r} is declared with plain `def` but returned an awaitable; "
+            "declare it `async def` so the engine awaits it outside the transaction"
+        )
+    try:
+        return to_json_result(value)
+    except Exception as exc:
+        raise ToolRaised(exc) from exc
+
+
+async def run_remote(tool: Tool, data: Any, ctx: ToolContext) -> tuple[Any, str | None]:
+    """Await an ``async def`` tool; return its JSON result and the error text, if any."""
+    try:
+        return to_json_result(await tool.run(data, ctx)), None
+    except FatalToolError as exc:
+        raise fatal(tool, exc) from exc
+    except Exception as exc:
+        text = error_text(exc)
+        return error_result(text), text
+
+
+def _discard(value: Any) -> None:
+    """Stop an awaitable a ``def`` tool returned, so its work never happens unrecorded."""
+    if asyncio.isfuture(value):
+        value.cancel()
+        return
+    close = getattr(value, "close", None)
+    if close is not None:
+        close()

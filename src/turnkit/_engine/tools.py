@@ -1,0 +1,238 @@
+"""Tool declarations: raw ``Tool``, the ``@tool`` decorator and ``define_action``.
+
+A tool's delivery guarantee follows from how its ``run`` is declared: a plain
+``def`` is *local* and runs inside the step's store transaction (exactly-once for
+writes made through ``ctx.store``); an ``async def`` is *remote*, runs outside it
+and is at-least-once, so it gets a stable ``ctx.idempotency_key``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeAlias, cast, get_type_hints, overload
+
+import pydantic
+
+from .._errors import ToolDefinitionError
+from .._seams.model import ToolSpec
+from .._values.inbound import User
+from .._values.messages import JsonObject
+
+if TYPE_CHECKING:
+    from .context import ToolContext
+
+#: What both Anthropic and OpenAI accept as a tool name.
+TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+RunFn: TypeAlias = Callable[[Any, "ToolContext"], Any]
+
+
+class ToolInputError(ValueError):
+    """The model's input does not match the tool's schema; the model reads the message."""
+
+
+def is_async_callable(fn: object) -> bool:
+    """True for an ``async def`` function, or an object whose ``__call__`` is one."""
+    if inspect.iscoroutinefunction(fn):
+        return True
+    call = getattr(fn, "__call__", None)  # noqa: B004 - we need the bound method itself
+    return call is not None and inspect.iscoroutinefunction(call)
+
+
+def _refuse_generators(fn: object, name: str) -> None:
+    if inspect.isasyncgenfunction(fn) or inspect.isgeneratorfunction(fn):
+        raise ToolDefinitionError(
+            f"tool {name!r} is a generator function; a tool returns one result "
+            "(use `def` or `async def` with `return`)"
+        )
+
+
+def check_tool_name(name: str) -> str:
+    if not isinstance(name, str) or not TOOL_NAME.match(name):
+        raise ToolDefinitionError(
+            f"invalid tool name {name!r}: use 1-64 letters, digits, '_' or '-'"
+        )
+    return name
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A tool the model may call: what it is told (``spec``) and what runs (``run``).
+
+    ``run(input, ctx)`` receives the model's input as a dict and a ``ToolContext``.
+    Declare it ``async def`` when it awaits anything: see the module docstring.
+    """
+
+    spec: ToolSpec
+    run: RunFn
+    #: False when ``run`` can never reach ``ctx.store`` (a ``@tool`` function without
+    #: a context parameter, a ``define_action``), so a local step need not hand it
+    #: the transaction's handle, which some stores open only on demand.
+    needs_store: bool = True
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.spec, ToolSpec):
+            raise ToolDefinitionError(
+                f"Tool.spec must be a ToolSpec, got {type(self.spec).__name__}"
+            )
+        check_tool_name(self.spec.name)
+        if not callable(self.run):
+            raise ToolDefinitionError(f"tool {self.spec.name!r}: run must be callable")
+        _refuse_generators(self.run, self.spec.name)
+        object.__setattr__(self, "local", not is_async_callable(self.run))
+
+    #: True when ``run`` is a plain ``def`` and so runs inside the step transaction.
+    local: bool = field(init=False, repr=False, compare=False)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+
+def _validation_message(exc: pydantic.ValidationError) -> str:
+    parts = []
+    for err in exc.errors(include_url=False):
+        where = ".".join(str(p) for p in err["loc"]) or "input"
+        parts.append(f"{where}: {err['msg']}")
+    return "invalid input: " + "; ".join(parts)
+
+
+class _FunctionTool:
+    """Adapts a typed Python function to ``run(input, ctx)``, validating input with pydantic."""
+
+    def __init__(self, fn: Callable[..., Any], name: str) -> None:
+        self.fn = fn
+        self.name = name
+        sig = inspect.signature(fn)
+        try:
+            hints = get_type_hints(fn)
+        except Exception as exc:
+            raise ToolDefinitionError(f"tool {name!r}: cannot resolve type hints: {exc}") from exc
+        from .context import ToolContext
+
+        self.ctx_param: str | None = None
+        field_defs: dict[str, Any] = {}
+        for pname, param in sig.parameters.items():
+            if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+                raise ToolDefinitionError(f"tool {name!r}: *args and **kwargs are not supported")
+            if param.kind is param.POSITIONAL_ONLY:
+                raise ToolDefinitionError(
+                    f"tool {name!r}: parameter {pname!r} is positional-only; the model passes "
+                    "arguments by name"
+                )
+            hint = hints.get(pname, Any)
+            if hint is ToolContext or pname == "ctx":
+                self.ctx_param = pname
+                continue
+            if pname.startswith(("_", "model_")):
+                raise ToolDefinitionError(
+                    f"tool {name!r}: parameter {pname!r} cannot be an input field "
+                    "(names starting with '_' or 'model_' are reserved by pydantic)"
+                )
+            default = ... if param.default is param.empty else param.default
+            field_defs[pname] = (hint, default)
+        config = pydantic.ConfigDict(extra="forbid")
+        self.model = pydantic.create_model(f"{name}_input", __config__=config, **field_defs)
+        schema = self.model.model_json_schema()
+        schema.pop("title", None)
+        self.schema: JsonObject = schema
+        self.is_async = inspect.iscoroutinefunction(fn)
+
+    def _kwargs(self, data: Any, ctx: ToolContext) -> dict[str, Any]:
+        try:
+            parsed = self.model.model_validate(data if data is not None else {})
+        except pydantic.ValidationError as exc:
+            raise ToolInputError(_validation_message(exc)) from None
+        kwargs = {k: getattr(parsed, k) for k in type(parsed).model_fields}
+        if self.ctx_param is not None:
+            kwargs[self.ctx_param] = ctx
+        return kwargs
+
+    def run_sync(self, data: Any, ctx: ToolContext) -> Any:
+        return self.fn(**self._kwargs(data, ctx))
+
+    async def run_async(self, data: Any, ctx: ToolContext) -> Any:
+        return await self.fn(**self._kwargs(data, ctx))
+
+
+def _from_function(fn: Callable[..., Any], name: str | None, description: str | None) -> Tool:
+    if not callable(fn):
+        raise ToolDefinitionError(f"@tool needs a function, got {type(fn).__name__}")
+    _refuse_generators(fn, name or str(getattr(fn, "__name__", "?")))
+    tool_name = check_tool_name(name or fn.__name__)
+    doc = description if description is not None else inspect.getdoc(fn)
+    if not doc:
+        raise ToolDefinitionError(
+            f"tool {tool_name!r} has no description: give the function a docstring"
+        )
+    adapter = _FunctionTool(fn, tool_name)
+    run: RunFn = adapter.run_async if adapter.is_async else adapter.run_sync
+    spec = ToolSpec(name=tool_name, description=doc, input_schema=adapter.schema)
+    return Tool(spec, run, needs_store=adapter.ctx_param is not None)
+
+
+@overload
+def tool(fn: Callable[..., Any], /) -> Tool: ...
+@overload
+def tool(
+    *, name: str | None = None, description: str | None = None
+) -> Callable[[Callable[..., Any]], Tool]: ...
+
+
+def tool(
+    fn: Callable[..., Any] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+) -> Tool | Callable[[Callable[..., Any]], Tool]:
+    """Declare a tool from a typed function.
+
+    The name comes from the function, the description from its docstring and the
+    input schema from its type hints. A parameter typed ``ToolContext`` (or named
+    ``ctx``) receives the context and is not shown to the model.
+    """
+    if fn is not None:
+        return _from_function(fn, name, description)
+    return lambda f: _from_function(f, name, description)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ActionContext:
+    """What a ``define_action`` run may see: only who asked."""
+
+    user: User | None
+
+
+def define_action(
+    *,
+    name: str,
+    description: str,
+    input_schema: JsonObject,
+    run: Callable[[Any, ActionContext], Any],
+) -> Tool:
+    """A tool whose ``run(input, actx)`` sees only an ``ActionContext``, never the store.
+
+    ``def`` makes it local and ``async def`` remote, exactly as for ``Tool``.
+    """
+    if not isinstance(input_schema, dict):
+        raise ToolDefinitionError(f"action {name!r}: input_schema must be a JSON-schema dict")
+    spec = ToolSpec(name=name, description=description, input_schema=input_schema)
+
+    def action_ctx(ctx: ToolContext) -> ActionContext:
+        return ActionContext(user=ctx.event.user if ctx.event else None)
+
+    if is_async_callable(run):
+
+        async def run_remote(data: Any, ctx: ToolContext) -> Any:
+            return await cast(Any, run)(data, action_ctx(ctx))
+
+        return Tool(spec, run_remote, needs_store=False)
+
+    def run_local(data: Any, ctx: ToolContext) -> Any:
+        return run(data, action_ctx(ctx))
+
+    return Tool(spec, run_local, needs_store=False)

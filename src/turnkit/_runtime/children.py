@@ -1,0 +1,168 @@
+"""Child turns: how a tool's call runs another agent's turn in a session of its own.
+
+The child's session and turn ids derive from the parent call's idempotency key, so
+a replayed parent finds the same child turn; a parked child parks the parent with
+its question and gets the parent's answer passed on. Tools reach this through
+``ToolContext.children`` (the ``ChildTurns`` protocol), never through the runtime.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from .._engine.context import ToolContext
+from .._seams.sink import EventSink
+from .._values.events import SubagentEvent, TurnEvent
+from .._values.inbound import Proactive
+from .._values.inputs import InputRequest, input_step_id
+from .._values.records import TERMINAL_TURN_STATUSES, TurnRecord
+from .._values.turns import TurnResult, result_from_record
+from .approvals import Grant, GrantSealer
+
+
+class ChildSession(Protocol):
+    """What running a child turn needs of a session (``AgentSession`` has it)."""
+
+    @property
+    def session_id(self) -> str: ...
+
+    async def turn_record(self, turn_id: str) -> TurnRecord | None: ...
+
+    def subscribe(
+        self,
+        callback: Callable[[TurnEvent], None],
+        *,
+        turn_id: str | None = None,
+        replay: bool = False,
+    ) -> Callable[[], None]: ...
+
+    def open_child_turn(
+        self, task: str, trigger: Proactive, turn_id: str, deny: frozenset[str]
+    ) -> str: ...
+
+    async def result(self, turn_id: str) -> TurnResult: ...
+
+    async def pending(self) -> InputRequest | None: ...
+
+    async def resume(
+        self,
+        turn_id: str,
+        input_id: str,
+        value: Any,
+        *,
+        by: str | None = None,
+        granted: Grant | None = None,
+    ) -> str: ...
+
+
+class ChildHost(Protocol):
+    """What running a child turn needs of the runtime (``Runtime`` has it)."""
+
+    @property
+    def agents(self) -> dict[str, Any]: ...
+
+    @property
+    def sink(self) -> EventSink: ...
+
+    @property
+    def grants(self) -> GrantSealer: ...
+
+    def session(self, agent_name: str, session_id: str) -> ChildSession: ...
+
+
+class RuntimeChildren:
+    """The runtime's side of ``ChildTurns``: what a tool context may ask of it."""
+
+    def __init__(self, runtime: ChildHost) -> None:
+        self._runtime = runtime
+
+    @property
+    def agent_names(self) -> frozenset[str]:
+        return frozenset(self._runtime.agents)
+
+    async def run_child_turn(
+        self, parent: ToolContext, agent: str, task: str
+    ) -> tuple[str, TurnResult]:
+        return await run_child(self._runtime, parent, agent, task)
+
+
+def child_ids(ctx: ToolContext, agent_name: str) -> tuple[str, str]:
+    """The child session id and turn id for this call: the same on every replay."""
+    key = ctx.idempotency_key
+    return f"{ctx.session_id}/{agent_name}/{key[3:23]}", key
+
+
+async def run_child(
+    runtime: ChildHost, ctx: ToolContext, agent_name: str, task: str
+) -> tuple[str, TurnResult]:
+    """Run (or find) the child turn for this call; its session id and how it ended."""
+    session_id, turn_id = child_ids(ctx, agent_name)
+    child = runtime.session(agent_name, session_id)
+
+    def forward(event: TurnEvent) -> None:
+        runtime.sink.emit(
+            SubagentEvent(
+                turn_id=ctx.turn_id,
+                session_id=ctx.session_id,
+                call_id=ctx.call_id,
+                agent=agent_name,
+                event=event,
+            )
+        )
+
+    record = await child.turn_record(turn_id)
+    if record is not None and record.status in TERMINAL_TURN_STATUSES:
+        # Ended already (a replay of the parent): read it, never run it again.
+        return session_id, result_from_record(record)
+    unsubscribe = child.subscribe(forward, turn_id=turn_id)
+    try:
+        trigger = Proactive(by=f"agent:{ctx.agent.name}", source=ctx.source)
+        # An existing turn id redelivers (a running child continues, a parked one
+        # re-announces its question); a new one opens with the parent's denials.
+        child.open_child_turn(task, trigger, turn_id, ctx.denied_tools)
+        result = await child.result(turn_id)
+        while result.status == "suspended" and result.request is not None:
+            await _pass_on_answer(runtime, ctx, child, result.request)
+            result = await child.result(turn_id)
+    finally:
+        unsubscribe()
+    return session_id, result
+
+
+async def _pass_on_answer(
+    runtime: ChildHost, ctx: ToolContext, child: ChildSession, request: InputRequest
+) -> None:
+    """Ask the parent's answerer the child's question (parking the parent the first
+    time), then resume the child with the answer."""
+    parent_input = f"{ctx.step_id}/{request.id}"
+    value = await ctx.request_input(
+        parent_input,
+        request.prompt,
+        schema=request.schema,
+        answerers=request.answerers or None,
+    )
+    stored = ctx._steps.get(input_step_id(ctx.turn_id, parent_input)) or {}
+    by = stored.get("by")
+    waiting = await child.pending()
+    if waiting is None or waiting.turn_id != request.turn_id or waiting.id != request.id:
+        return  # answered some other way meanwhile: just read how the child goes on
+    # The parent's resume was checked against the same answerers; vouch for it.
+    granted = next(
+        (
+            runtime.grants.seal(
+                Grant(
+                    session_id=child.session_id,
+                    turn_id=request.turn_id,
+                    input_id=request.id,
+                    policy=a.policy,
+                    scope=a.scope,
+                    by=by,
+                )
+            )
+            for a in request.answerers
+            if a.kind == "policy" and a.policy is not None
+        ),
+        None,
+    )
+    await child.resume(request.turn_id, request.id, value, by=by, granted=granted)

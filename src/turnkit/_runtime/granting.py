@@ -1,0 +1,63 @@
+"""``grant_answer``: the one way to make a ``Grant`` that a resume accepts.
+
+It asks the agent's ``authorize_answer`` about the session's pending request and
+seals a grant only when it says yes; nothing is stored until the resume.
+"""
+
+from __future__ import annotations
+
+from .._errors import ConfigurationError, ResumeAuthorizationError, ResumeConflictError
+from .._values.inputs import AnswerCheck, AuthorizeAnswer
+from .approvals import Grant, ResumeRequest
+from .runtime import AgentSession
+
+
+async def grant_answer(
+    session: AgentSession,
+    resume: ResumeRequest,
+    authorize_answer: AuthorizeAnswer | None = None,
+) -> Grant:
+    """Ask ``authorize_answer`` (the agent's, by default) whether ``resume.by`` may
+    answer the session's pending request for its policy; return a sealed ``Grant``.
+
+    Nothing is stored. If ``authorize_answer`` raises, the error propagates and the
+    same answer can be tried again; if it says no, ``ResumeAuthorizationError``.
+    """
+    decide = authorize_answer or session.agent.authorize_answer
+    if decide is None:
+        raise ConfigurationError(
+            f"agent {session.agent.name!r} has no authorize_answer, and none was passed"
+        )
+    request = await session.pending()
+    if request is None:
+        raise ResumeConflictError(f"session {session.session_id} is not waiting for input")
+    if request.turn_id != resume.turn_id or request.id != resume.input_id:
+        raise ResumeConflictError(
+            f"session {session.session_id} waits for input {request.id!r} of turn "
+            f"{request.turn_id}, not {resume.input_id!r} of turn {resume.turn_id}"
+        )
+    policies = [a for a in request.answerers if a.kind == "policy"]
+    if not policies:
+        raise ResumeAuthorizationError(
+            f"input {request.id!r} names no policy answerer, so no grant can answer it"
+        )
+    for answerer in policies:
+        assert answerer.policy is not None
+        check = AnswerCheck(
+            policy=answerer.policy, scope=answerer.scope, by=resume.by, principal=resume.principal
+        )
+        if await decide(check) is True:
+            return session.runtime.grants.seal(
+                Grant(
+                    session_id=session.session_id,
+                    turn_id=request.turn_id,
+                    input_id=request.id,
+                    policy=answerer.policy,
+                    scope=answerer.scope,
+                    by=resume.by,
+                )
+            )
+    raise ResumeAuthorizationError(
+        f"authorize_answer did not admit by={resume.by!r} for "
+        + ", ".join(a.describe() for a in policies)
+    )

@@ -1,0 +1,729 @@
+"""``Runtime`` and ``AgentSession``: queue turns per session, run them, and report on them.
+
+Turns on one session run one after another in the order they were started; turns
+on different sessions run concurrently. Nothing here touches SQL or a model: the
+runtime schedules ``TurnRunner``s over the seams it was given.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections import OrderedDict, deque
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from types import TracebackType
+from typing import Any
+
+from pydantic_core import to_json
+
+from .._engine.agent import Agent
+from .._engine.loop import KnownTranscript, TurnRunner
+from .._errors import (
+    ConfigurationError,
+    InvalidAnswerError,
+    ResumeConflictError,
+    SessionSuspendedError,
+    TurnCancelledError,
+    TurnError,
+    TurnFailedError,
+    TurnSuspendedError,
+)
+from .._seams.sink import EventSink, LocalEventSink
+from .._seams.store import SessionStore, Store, Transaction
+from .._values.events import TurnEvent
+from .._values.inbound import InboundEvent, Proactive
+from .._values.inputs import InputRequest, input_step_id
+from .._values.messages import (
+    Message,
+    OpeningMessage,
+    TriggerMessage,
+    UserMessage,
+    message_from_dict,
+)
+from .._values.policy import TurnPolicy
+from .._values.records import SessionInfo, SessionStatus, TurnRecord
+from .._values.turns import ResetResult, TurnRequest, TurnResult, result_from_record
+from .approvals import Grant, GrantSealer, check_answer, check_answerer
+from .children import RuntimeChildren
+from .observe import TurnStream, event_filter, finished_record, session_events, turn_events
+
+log = logging.getLogger("turnkit.runtime")
+
+#: How many finished turns' in-memory results each session keeps for ``result()``.
+_RECENT_RESULTS = 256
+
+
+class AgentSession:
+    """One conversation with one agent, addressed by ``session_id``."""
+
+    def __init__(self, runtime: Runtime, agent: Agent, store: SessionStore) -> None:
+        self.runtime = runtime
+        self.agent = agent
+        self._store = store
+        #: Deliveries in order; ``None`` in place of a request is a reset job.
+        self._queue: deque[tuple[TurnRequest | None, asyncio.Future[Any]]] = deque()
+        self._current: TurnRequest | None = None
+        self._resets_pending = 0
+        self._known = KnownTranscript()
+        self._futures: OrderedDict[str, asyncio.Future[TurnResult]] = OrderedDict()
+        self._worker: asyncio.Task[None] | None = None
+        #: The turn this process saw park, so start() can refuse at once; the store
+        #: stays the authority (another process may have parked or resumed it).
+        self._parked: str | None = None
+        #: Deliveries (and later resets) waiting to be queued behind a reset that is
+        #: still recording its cancellation; ``None`` when no reset is.
+        self._behind_reset: list[tuple[TurnRequest | None, asyncio.Future[Any]]] | None = None
+
+    @property
+    def session_id(self) -> str:
+        return self._store.session_id
+
+    def delivering(self, turn_id: str) -> bool:
+        """Whether this process has the turn queued or running right now."""
+        future = self._futures.get(turn_id)
+        return future is not None and not future.done()
+
+    # -- starting turns ----------------------------------------------------------
+
+    def start(
+        self,
+        text: str,
+        *,
+        event: InboundEvent | None = None,
+        trigger: Proactive | None = None,
+        replace: bool = False,
+        turn_id: str | None = None,
+    ) -> str:
+        """Queue a turn and return its id at once; the opening commits when it runs.
+
+        Passing the ``turn_id`` of an earlier delivery replays that turn from its
+        last checkpoint instead of opening a new one (``text`` is then ignored).
+        ``replace=True`` first cancels every unfinished turn of the session (reason
+        ``replaced``); the new turn runs once they have unwound. It never cancels a
+        parked approval: while the session is parked, ``start`` refuses.
+        """
+        if not isinstance(text, str):
+            raise TypeError(f"turn text must be a str, got {type(text).__name__}")
+        if event is not None and not isinstance(event, InboundEvent):
+            raise TypeError(f"event must be an InboundEvent, got {type(event).__name__}")
+        if trigger is not None and not isinstance(trigger, Proactive):
+            raise TypeError(f"trigger must be a Proactive, got {type(trigger).__name__}")
+        if event is not None and trigger is not None:
+            raise ConfigurationError("a turn has either an inbound event or a trigger, not both")
+        if turn_id is not None and (not isinstance(turn_id, str) or not turn_id):
+            raise ConfigurationError("turn_id must be a non-empty string")
+        return self._start(text, event, trigger, replace, turn_id, frozenset())
+
+    def open_child_turn(
+        self, task: str, trigger: Proactive, turn_id: str, deny: frozenset[str]
+    ) -> str:
+        """Open (or redeliver) turn ``turn_id`` as a child of another turn's tool call:
+        ``trigger`` names the parent agent and ``deny`` carries the parent's denied
+        tools. ``turnkit.subagent`` runs child turns through this."""
+        return self._start(task, None, trigger, False, turn_id, deny)
+
+    def _start(
+        self,
+        text: str,
+        event: InboundEvent | None,
+        trigger: Proactive | None,
+        replace: bool,
+        turn_id: str | None,
+        deny: frozenset[str],
+    ) -> str:
+        """``start`` after its checks; ``deny`` adds tools a new turn may not use (a
+        subagent's child inherits its parent's denials)."""
+        if self._parked is not None and turn_id != self._parked:
+            raise SessionSuspendedError(
+                f"session {self.session_id} is waiting for input on turn {self._parked}; "
+                "resume it (or reset the session) before starting another turn"
+            )
+        if replace:
+            replaced = self._signal_all("replaced")
+            if replaced:
+                self.runtime.spawn(self._record_cancel_quietly("replaced", set(replaced)))
+        tid = turn_id or uuid.uuid4().hex
+        opening: OpeningMessage = (
+            TriggerMessage(text=text, turn_id=tid, by=trigger.by)
+            if trigger is not None
+            else UserMessage(text=text, turn_id=tid)
+        )
+        source = trigger.source if trigger is not None else None
+        return self._enqueue(
+            TurnRequest(
+                turn_id=tid, opening=opening, event=event, source=source, inherited_deny=deny
+            )
+        )
+
+    def _enqueue(self, request: TurnRequest, *, ahead: bool = False) -> str:
+        """Queue a delivery. While a reset is recording its cancellation, new turns
+        wait to be queued behind it; ``ahead`` (a cancelled park being closed) goes
+        straight in, before the reset."""
+        tid = request.turn_id
+        pending = self._futures.get(tid)
+        if pending is not None and not pending.done():
+            return tid  # already queued or running here: one delivery is enough
+        loop = self.runtime._require_loop()
+        future: asyncio.Future[TurnResult] = loop.create_future()
+        future.add_done_callback(_mark_exception_seen)
+        self._remember(tid, future)
+        if self._behind_reset is not None and not ahead:
+            self._behind_reset.append((request, future))  # queued once the reset is
+        else:
+            self._queue.append((request, future))
+            self._ensure_worker()
+        return tid
+
+    def _ensure_worker(self) -> None:
+        if self._worker is None:
+            loop = self.runtime._require_loop()
+            self._worker = loop.create_task(self._drain(), name=f"turnkit:{self.session_id}")
+
+    async def turn(
+        self,
+        text: str,
+        *,
+        event: InboundEvent | None = None,
+        trigger: Proactive | None = None,
+        replace: bool = False,
+        turn_id: str | None = None,
+    ) -> str:
+        """Start a turn and wait for its answer; raise ``TurnFailedError`` if it fails,
+        ``TurnSuspendedError`` (carrying the request) if it parks for input and
+        ``TurnCancelledError`` if it is cancelled."""
+        tid = self.start(text, event=event, trigger=trigger, replace=replace, turn_id=turn_id)
+        result = await self.result(tid)
+        if result.status == "suspended" and result.request is not None:
+            raise TurnSuspendedError(result.turn_id, result.request)
+        if result.status == "cancelled":
+            raise TurnCancelledError(result.turn_id, result.reason or "requested")
+        if result.status != "completed":
+            raise TurnFailedError(result.turn_id, result.error or result.status)
+        return result.text or ""
+
+    # -- human in the loop ---------------------------------------------------------
+
+    async def turn_record(self, turn_id: str) -> TurnRecord | None:
+        """What the store holds about turn ``turn_id`` of this session, if anything."""
+        return await self._store.turn(turn_id)
+
+    async def pending(self) -> InputRequest | None:
+        """The input request this session is parked on, or ``None``."""
+        record = await self._store.parked()
+        if record is None or record.pending is None:
+            return None
+        return InputRequest.from_dict(record.pending["request"])
+
+    async def resume(
+        self,
+        turn_id: str,
+        input_id: str,
+        value: Any,
+        *,
+        by: str | None = None,
+        granted: Grant | None = None,
+        principal: Any = None,
+    ) -> str:
+        """Answer the parked turn's request and replay it; return the turn id.
+
+        ``by`` is the answerer's verified identity (never what a user typed);
+        ``granted`` is a ``Grant`` from ``grant_answer`` for a policy answerer.
+        Raises ``ResumeConflictError`` (wrong turn, wrong input id, session not
+        parked), ``ResumeAuthorizationError`` (not an admitted answerer) or
+        ``InvalidAnswerError`` (the answer breaks the request's schema); none of
+        them stores anything. ``await session.result(turn_id)`` waits for the
+        replayed turn. ``principal`` is for ``authorize_answer`` (see ``grant_answer``).
+        """
+        del principal  # checked by grant_answer; a resume itself needs only the grant
+        if self._resets_pending:
+            raise ResumeConflictError(
+                f"session {self.session_id} has a reset pending; its parked turn is being "
+                "archived, so it can no longer be resumed"
+            )
+        async with self._store.writer():
+            record = await self._store.parked()
+            if record is None or record.pending is None:
+                raise ResumeConflictError(
+                    f"session {self.session_id} is not waiting for input (turn {turn_id})"
+                )
+            if record.turn_id != turn_id:
+                raise ResumeConflictError(
+                    f"session {self.session_id} waits on turn {record.turn_id}, not {turn_id}"
+                )
+            request = InputRequest.from_dict(record.pending["request"])
+            if request.id != input_id:
+                raise ResumeConflictError(
+                    f"turn {turn_id} waits for input {request.id!r}, not {input_id!r}"
+                )
+            check_answerer(
+                request,
+                session_id=self.session_id,
+                by=by,
+                granted=granted,
+                sealer=self.runtime.grants,
+            )
+            try:
+                to_json(value)
+            except ValueError as exc:
+                raise InvalidAnswerError(
+                    f"the answer to input {input_id!r} is not JSON: {exc}"
+                ) from None
+            try:
+                check_answer(request, value)
+            except ValueError as exc:
+                raise InvalidAnswerError(str(exc)) from None
+
+            def write(tx: Transaction) -> None:
+                tx.put_step(input_step_id(turn_id, input_id), turn_id, {"value": value, "by": by})
+                tx.set_turn_status(turn_id, "running")
+
+            await self._store.commit(write)
+        self._parked = None
+        opening = message_from_dict(record.opening)
+        event = InboundEvent.from_dict(record.event) if record.event else None
+        if not isinstance(opening, UserMessage | TriggerMessage):
+            raise TurnError(f"turn {turn_id} has no opening message to replay")
+        saved = record.pending.get("policy")
+        policy = TurnPolicy.from_dict(saved) if saved is not None else None
+        return self._enqueue(
+            TurnRequest(turn_id=turn_id, opening=opening, event=event, policy=policy)
+        )
+
+    def _remember(self, turn_id: str, future: asyncio.Future[TurnResult]) -> None:
+        self._futures[turn_id] = future
+        self._futures.move_to_end(turn_id)
+        while len(self._futures) > _RECENT_RESULTS:
+            oldest, fut = next(iter(self._futures.items()))
+            if not fut.done():
+                break
+            del self._futures[oldest]
+
+    async def _drain(self) -> None:
+        try:
+            while self._queue:
+                request, future = self._queue.popleft()
+                if request is None:
+                    await self._run_reset(future)
+                else:
+                    self._current = request
+                    try:
+                        await self._deliver(request, future)
+                    finally:
+                        self._current = None
+        finally:
+            self._worker = None
+            while self._queue:
+                request, future = self._queue.popleft()
+                what = f"turn {request.turn_id}" if request is not None else "the reset"
+                _settle(
+                    future,
+                    TurnError(
+                        f"the runtime closed before {what} started; it was never stored, "
+                        "so ask again"
+                    ),
+                )
+
+    async def _deliver(self, request: TurnRequest, future: asyncio.Future[TurnResult]) -> None:
+        # Let observers that were set up right after start() subscribe before we run:
+        # with a local store a whole turn can otherwise finish without yielding once.
+        await asyncio.sleep(0)
+        runner = TurnRunner(
+            agent=self.agent,
+            store=self._store,
+            sink=self.runtime.sink,
+            request=request,
+            children=self.runtime.children,
+            known=self._known,
+        )
+        try:
+            result = await runner.run()
+            self._known.messages = runner.transcript
+            self._known.generation = runner.generation
+            final = result.status in ("completed", "cancelled")
+            self._known.finished = request.turn_id if final else None
+            if result.status == "suspended":
+                self._parked = request.turn_id
+            future.set_result(result)
+        except Exception as exc:
+            self._known.forget()  # read it all again next time, to be safe
+            log.exception("turn %s on session %s crashed", request.turn_id, self.session_id)
+            future.set_exception(exc)
+        except BaseException as exc:
+            interrupted = TurnError(
+                f"turn {request.turn_id} was interrupted ({type(exc).__name__}); it is still "
+                "open in the store: redeliver it or call runtime.recover()"
+            )
+            interrupted.__cause__ = exc
+            self._known.forget()
+            _settle(future, interrupted)
+            if isinstance(exc, asyncio.CancelledError | KeyboardInterrupt | SystemExit):
+                raise
+
+    # -- cancellation and reset -------------------------------------------------
+
+    def _signal_all(self, reason: str) -> list[str]:
+        """Tell the running delivery and every queued one to stop at their next
+        checkpoint boundary; return their turn ids."""
+        signalled: list[str] = []
+        requests = [self._current] + [r for r, _ in self._queue]
+        for request in requests:
+            if request is not None:
+                request.cancel.cancel(reason)
+                signalled.append(request.turn_id)
+        return signalled
+
+    async def _record_cancel(self, reason: str, *, only: set[str] | None = None) -> list[str]:
+        """Record the cancellation in the store for the session's unfinished turns, so
+        a crash before their next boundary cannot bring them back; a parked turn is
+        ended at once (there is no delivery to reach a boundary)."""
+        recorded: list[str] = []
+        for record in await self._store.unfinished():
+            if only is not None and record.turn_id not in only:
+                continue
+            recorded.append(record.turn_id)
+            if record.cancel_reason is None:
+                await self._store.commit(_cancel_request(record.turn_id, reason))
+            if record.status == "suspended":
+                self._parked = None
+                opening = message_from_dict(record.opening)
+                if isinstance(opening, UserMessage | TriggerMessage):
+                    request = TurnRequest(turn_id=record.turn_id, opening=opening)
+                    request.cancel.cancel(reason)
+                    self._enqueue(request, ahead=True)
+        return recorded
+
+    async def _record_cancel_quietly(self, reason: str, only: set[str]) -> None:
+        try:
+            await self._record_cancel(reason, only=only)
+        except Exception as exc:
+            # The in-memory signal still stops the turns; only crash-durability is lost.
+            log.warning(
+                "recording the %s cancellation on %s failed: %s", reason, self.session_id, exc
+            )
+
+    async def cancel(self, reason: str = "requested") -> list[str]:
+        """Cancel every unfinished turn of the session, running, queued or parked.
+
+        Each stops at its next checkpoint boundary (before its opening commits,
+        before a model call, between model deltas, between tool calls); what
+        committed stays. The cancellation is recorded in the store first, so a
+        turn cancelled before a crash is not run again by a replay or
+        ``runtime.recover()``. Returns the ids of the turns it reached; their
+        results then say ``status == "cancelled"`` with ``reason``.
+        """
+        if not isinstance(reason, str) or not reason:
+            raise ConfigurationError(f"cancel reason must be a non-empty str, got {reason!r}")
+        signalled = self._signal_all(reason)
+        recorded = await self._record_cancel(reason)
+        return list(dict.fromkeys(signalled + recorded))
+
+    async def reset(self) -> ResetResult:
+        """Retire the session's history and keep its address.
+
+        Cancels its unfinished turns (reason ``reset``), then, in order after them,
+        archives the transcript, steps, events and turns under the current
+        generation number and empties the live session (status ``new``) in one
+        transaction. New turns may queue behind it; ``resume`` refuses until it
+        is done.
+        """
+        self._resets_pending += 1
+        # Turns started from now on queue behind this reset, even those started
+        # while its cancellation is still being recorded.
+        first = self._behind_reset is None
+        if first:
+            self._behind_reset = []
+        try:
+            try:
+                self._parked = None  # a stale park is archived with everything else
+                await self.cancel("reset")
+                future: asyncio.Future[ResetResult] = self.runtime._require_loop().create_future()
+                if first:
+                    self._queue.append((None, future))
+                else:
+                    assert self._behind_reset is not None
+                    self._behind_reset.append((None, future))  # behind the earlier reset
+            finally:
+                if first:
+                    held, self._behind_reset = self._behind_reset or [], None
+                    self._queue.extend(held)
+                    if self._queue:
+                        self._ensure_worker()
+            return await future
+        finally:
+            self._resets_pending -= 1
+
+    async def _run_reset(self, future: asyncio.Future[Any]) -> None:
+        self._known.forget()
+        try:
+            async with self._store.writer():
+                generation = (await self._store.load()).generation
+                await self._store.commit(
+                    lambda tx: tx.archive_generation(generation, self.agent.name)
+                )
+        except Exception as exc:
+            _settle(future, exc)
+            return
+        except BaseException as exc:
+            _settle(future, TurnError(f"the reset was interrupted ({type(exc).__name__})"))
+            raise
+        self._parked = None
+        future.set_result(
+            ResetResult(previous_session=f"{self.session_id}#g{generation}", generation=generation)
+        )
+
+    async def generations(self) -> list[int]:
+        """The archived generations of this session (one per reset), oldest first."""
+        return await self._store.generations()
+
+    async def archived_messages(self, generation: int) -> list[Message]:
+        """The transcript the session had in ``generation`` (``"s1#g0"`` is 0)."""
+        return await self._store.archived_messages(generation)
+
+    # -- reading results and state -----------------------------------------------
+
+    async def result(self, turn_id: str) -> TurnResult:
+        """Wait for the turn to end here, or read how it ended from the store."""
+        future = self._futures.get(turn_id)
+        if future is not None:
+            return await asyncio.shield(future)
+        return result_from_record(await finished_record(self._store, turn_id))
+
+    async def messages(self) -> list[Message]:
+        """The live transcript, oldest first."""
+        return await self._store.messages()
+
+    async def status(self) -> SessionStatus:
+        """``new``, ``running``, ``suspended`` or ``idle``."""
+        return await self._store.status()
+
+    async def events(self, *, turn_id: str | None = None, after: int = 0) -> list[TurnEvent]:
+        """Structural events logged for the session (or one turn) with ``seq > after``."""
+        return await self._store.events(turn_id=turn_id, after=after)
+
+    # -- observing ---------------------------------------------------------------
+
+    def observe(self, turn_id: str, *, replay: bool = False) -> TurnStream:
+        """The turn's events as they happen, ending after its terminal event (or its
+        ``input.requested``): ``async for event in session.observe(turn_id)``.
+
+        It listens from the moment it is called, before the first iteration. With
+        ``replay=True`` the events already logged for the turn come first, so a late
+        observer misses nothing structural (live deltas are never replayed).
+        """
+        return TurnStream(
+            sink=self.runtime.sink,
+            store=self._store,
+            turn_id=turn_id,
+            future=self._futures.get(turn_id),
+            replay=replay,
+        )
+
+    def subscribe(
+        self,
+        callback: Callable[[TurnEvent], None],
+        *,
+        turn_id: str | None = None,
+        replay: bool = False,
+    ) -> Callable[[], None]:
+        """Call ``callback`` with this session's events (one turn's, if given).
+
+        Returns the function that unsubscribes. A callback that raises is logged and
+        skipped; it never breaks the turn or other subscribers.
+        """
+        if not replay:
+            wanted = event_filter(self.session_id, turn_id)
+
+            def filtered(event: TurnEvent) -> None:
+                if wanted(event):
+                    callback(event)
+
+            return self.runtime.sink.subscribe(filtered)
+
+        async def forward() -> None:
+            try:
+                async for event in self._stream(turn_id, replay=True):
+                    try:
+                        callback(event)
+                    except Exception:
+                        log.exception("subscriber %r raised on %s; ignored", callback, event.type)
+            except Exception as exc:
+                log.warning("replaying subscription on session %s ended: %s", self.session_id, exc)
+
+        task = self.runtime.spawn(forward())
+
+        def unsubscribe() -> None:
+            task.cancel()
+
+        return unsubscribe
+
+    async def _stream(self, turn_id: str | None, *, replay: bool) -> AsyncIterator[TurnEvent]:
+        queue: asyncio.Queue[TurnEvent] = asyncio.Queue()
+        wanted = event_filter(self.session_id, turn_id)
+
+        def enqueue(event: TurnEvent) -> None:
+            if wanted(event):
+                queue.put_nowait(event)
+
+        # Subscribe before reading the log, so nothing falls between the two.
+        unsubscribe = self.runtime.sink.subscribe(enqueue)
+        try:
+            if turn_id is None:
+                events = session_events(self._store, queue, replay=replay)
+            else:
+                future = self._futures.get(turn_id)
+                events = turn_events(self._store, queue, turn_id, future, replay=replay)
+            async for event in events:
+                yield event
+        finally:
+            unsubscribe()
+
+
+def _cancel_request(turn_id: str, reason: str) -> Callable[[Transaction], None]:
+    def write(tx: Transaction) -> None:
+        tx.request_cancel(turn_id, reason)
+
+    return write
+
+
+def _settle(future: asyncio.Future[Any], exc: BaseException) -> None:
+    if not future.done():
+        future.set_exception(exc)
+
+
+def _mark_exception_seen(future: asyncio.Future[TurnResult]) -> None:
+    """Mark a failed turn's exception as seen: it is logged already, and a caller
+    that never awaits ``result()`` should not get an asyncio warning for it."""
+    if not future.cancelled():
+        future.exception()
+
+
+class Runtime:
+    """Runs agents' turns over one store and one event sink. Use it with ``async with``.
+
+    ``recover()`` replays the turns a dead process left unfinished; call it at
+    startup so a crash needs no caller to redeliver.
+    """
+
+    def __init__(
+        self,
+        agents: Agent | Sequence[Agent],
+        *,
+        store: Store,
+        sink: EventSink | None = None,
+    ) -> None:
+        listed = [agents] if isinstance(agents, Agent) else list(agents)
+        self.agents: dict[str, Agent] = {}
+        for agent in listed:
+            if not isinstance(agent, Agent):
+                raise ConfigurationError(f"Runtime agents must be Agent objects, got {agent!r}")
+            if agent.name in self.agents:
+                raise ConfigurationError(f"two agents are named {agent.name!r}")
+            self.agents[agent.name] = agent
+        if not isinstance(store, Store):
+            raise ConfigurationError(
+                f"store must implement turnkit.stores.Store (MemoryStore, SqliteStore, …), "
+                f"got {type(store).__name__}"
+            )
+        if sink is not None and not isinstance(sink, EventSink):
+            raise ConfigurationError(
+                "sink must implement turnkit.EventSink (emit, subscribe), "
+                f"got {type(sink).__name__}"
+            )
+        self.store = store
+        self.sink: EventSink = sink if sink is not None else LocalEventSink()
+        #: Seals the grants ``grant_answer`` issues; its key never leaves this process.
+        self.grants = GrantSealer()
+        self._sessions: dict[str, AgentSession] = {}
+        self.children = RuntimeChildren(self)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._background: set[asyncio.Task[None]] = set()
+
+    async def __aenter__(self) -> Runtime:
+        await self.store.open()
+        self._loop = asyncio.get_running_loop()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """Wait for queued turns to finish (or, on an error, cancel them), then close."""
+        while workers := [s._worker for s in self._sessions.values() if s._worker is not None]:
+            if exc_type is not None:
+                for task in workers:
+                    task.cancel()
+            await asyncio.gather(*workers, return_exceptions=True)
+        for task in list(self._background):
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
+        self._loop = None
+        await self.store.close()
+
+    @property
+    def is_open(self) -> bool:
+        """Whether the runtime is inside its ``async with`` (turns can run)."""
+        return self._loop is not None
+
+    def _require_loop(self) -> asyncio.AbstractEventLoop:
+        if self._loop is None:
+            raise ConfigurationError("the Runtime is not open: use `async with Runtime(...)`")
+        return self._loop
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        """Run a helper task that the runtime cancels when it closes."""
+        task = self._require_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return task
+
+    def session(self, agent_name: str, session_id: str) -> AgentSession:
+        """The session ``session_id`` of agent ``agent_name`` (the same object each time)."""
+        agent = self.agents.get(agent_name)
+        if agent is None:
+            raise ConfigurationError(
+                f"unknown agent {agent_name!r}; this runtime has {sorted(self.agents)}"
+            )
+        if not isinstance(session_id, str) or not session_id:
+            raise ConfigurationError("session_id must be a non-empty string")
+        existing = self._sessions.get(session_id)
+        if existing is not None:
+            if existing.agent.name != agent_name:
+                raise ConfigurationError(
+                    f"session {session_id!r} belongs to agent {existing.agent.name!r}"
+                )
+            return existing
+        session = AgentSession(self, agent, self.store.session(session_id))
+        self._sessions[session_id] = session
+        return session
+
+    async def sessions(self) -> list[SessionInfo]:
+        """Every session the store holds, with its agent and status."""
+        return await self.store.sessions()
+
+    async def recover(self) -> list[TurnResult]:
+        """Replay every turn left unfinished in the store and wait for them to end.
+
+        Returns the results of the deliveries that ran to an end; one that cannot
+        run (its agent is missing, the store fails again) is logged and skipped, so
+        it never keeps the others from recovering.
+        """
+        self._require_loop()
+        waits = []
+        for record in await self.store.unfinished_turns():
+            try:
+                session = self.session(record.agent, record.session_id)
+            except ConfigurationError as exc:
+                log.warning("cannot recover turn %s: %s", record.turn_id, exc)
+                continue
+            turn_id = session.start(str(record.opening.get("text", "")), turn_id=record.turn_id)
+            waits.append(session.result(turn_id))
+        results: list[TurnResult] = []
+        for outcome in await asyncio.gather(*waits, return_exceptions=True):
+            if isinstance(outcome, TurnResult):
+                results.append(outcome)
+            else:
+                log.warning("recovering a turn failed again: %s", outcome)
+        return results

@@ -1,0 +1,174 @@
+"""The ``SessionStore`` seam: the contract every storage backend meets.
+
+A backend (``Store``) hands out one ``SessionStore`` per session. All durable state
+changes go through ``SessionStore.commit(work)``: the store opens a transaction,
+calls the synchronous ``work(tx)``, and commits if it returns or rolls back and
+re-raises the same exception if it raises. ``tx`` offers the engine's writes and,
+through ``tx.handle``, the backend's own connection so a local tool's SQL joins
+the same transaction. See ``docs/stores.md`` for the full contract.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from contextlib import AbstractAsyncContextManager
+from typing import Any, Protocol, TypeVar, runtime_checkable
+
+from .._errors import FatalToolError
+from .._values.events import TurnEvent
+from .._values.messages import JsonObject, Message
+from .._values.records import (
+    SessionInfo,
+    SessionKey,
+    SessionSnapshot,
+    SessionStatus,
+    TurnRecord,
+    TurnStatus,
+)
+
+T = TypeVar("T")
+
+
+@runtime_checkable
+class StoreHandle(Protocol):
+    """What a local tool sees as ``ctx.store``.
+
+    ``unwrap()`` returns the backend's own connection inside the open step
+    transaction (``None`` where there is none). ``execute(sql, params)`` runs one
+    statement in that transaction with ``?`` placeholders and returns the rows it
+    produced (empty for writes).
+    """
+
+    def unwrap(self) -> Any: ...
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]: ...
+
+
+@runtime_checkable
+class Transaction(Protocol):
+    """The writes one ``commit`` may make. All of them land together or not at all."""
+
+    @property
+    def handle(self) -> StoreHandle: ...
+
+    def append_message(self, index: int, message: Message) -> None:
+        """Put ``message`` at transcript position ``index``; a taken index is an error."""
+
+    def put_step(self, step_id: str, turn_id: str, result: Any) -> None:
+        """Memoize a step's JSON result; a step id already stored is an error."""
+
+    def log_event(self, event: TurnEvent) -> None:
+        """Append a structural event; ``event.seq`` is set and unused in the session."""
+
+    def request_cancel(self, turn_id: str, reason: str) -> None:
+        """Record that the turn is to end ``cancelled`` (its ``cancel_reason``); the
+        first reason recorded wins. A missing turn is an error."""
+
+    def archive_generation(self, generation: int, agent: str) -> None:
+        """Reset the session: move its messages, steps, events and turns to the archive
+        under ``generation``, empty the live tables, set the status to ``new`` and the
+        generation to ``generation + 1``. Refused if the live generation is not
+        ``generation`` (someone else reset it first)."""
+
+    def open_turn(self, record: TurnRecord) -> None:
+        """Record a new running turn and mark the session ``running`` for ``record.agent``."""
+
+    def set_turn_status(
+        self,
+        turn_id: str,
+        status: TurnStatus,
+        *,
+        text: str | None = None,
+        error: str | None = None,
+        pending: JsonObject | None = None,
+    ) -> None:
+        """Move a turn to ``status``; the session becomes ``running``, ``suspended``, or
+        (if terminal) ``idle``. ``pending`` is the checkpoint a ``suspended`` turn keeps;
+        any other status clears it."""
+
+
+@runtime_checkable
+class SessionStore(Protocol):
+    """One session's durable state. Methods are coroutines so a networked store never
+    blocks the event loop; ``commit``'s ``work`` is synchronous and must not await."""
+
+    @property
+    def session_id(self) -> str: ...
+
+    def writer(self) -> AbstractAsyncContextManager[None]:
+        """Hold the session's single-writer lock for one delivery of a turn.
+
+        While it is held no other delivery, in this process or (for a networked
+        store) any other, runs a step of this session; a second one waits, and
+        past the store's timeout fails with ``SessionBusyError``.
+        """
+        ...
+
+    async def load(self, turn_id: str | None = None, *, from_index: int = 0) -> SessionSnapshot:
+        """Read what a delivery needs. Only messages at positions ``>= from_index``
+        are returned, so a caller that kept the transcript reads just what is new."""
+        ...
+
+    async def commit(self, work: Callable[[Transaction], T]) -> T: ...
+
+    async def turn(self, turn_id: str) -> TurnRecord | None: ...
+
+    async def messages(self) -> list[Message]: ...
+
+    async def events(self, *, turn_id: str | None = None, after: int = 0) -> list[TurnEvent]: ...
+
+    async def status(self) -> SessionStatus: ...
+
+    async def parked(self) -> TurnRecord | None:
+        """The session's ``suspended`` turn, if it is parked on one."""
+        ...
+
+    async def unfinished(self) -> list[TurnRecord]:
+        """This session's ``running`` and ``suspended`` turns, oldest first."""
+        ...
+
+    async def generations(self) -> list[int]:
+        """The archived generations of this session, oldest first."""
+        ...
+
+    async def archived_messages(self, generation: int) -> list[Message]:
+        """The transcript of an archived generation (empty if there is none)."""
+        ...
+
+
+@runtime_checkable
+class Store(Protocol):
+    """A storage backend: many sessions behind one connection or pool."""
+
+    async def open(self) -> None:
+        """Connect and bring the schema up to date. Called by ``Runtime.__aenter__``."""
+
+    async def close(self) -> None: ...
+
+    def session(self, session_id: str) -> SessionStore: ...
+
+    async def sessions(self) -> list[SessionInfo]: ...
+
+    async def session_page(
+        self, *, agent: str | None = None, limit: int, after: SessionKey | None = None
+    ) -> list[SessionInfo]:
+        """At most ``limit`` sessions (of ``agent``, if given), most recently updated
+        first (ties by id), strictly after the ``(updated_at, session_id)`` key
+        ``after``: keyset paging that stays stable while sessions are added."""
+
+    async def unfinished_turns(self) -> list[TurnRecord]:
+        """Turns opened but never finished (a process died under them), oldest first."""
+
+
+class NoHandle:
+    """``ctx.store`` where no transaction is open: remote tools, and the memory store."""
+
+    def __init__(self, reason: str) -> None:
+        self._reason = reason
+
+    def unwrap(self) -> None:
+        return None
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        # A deployment mistake the model cannot correct, so it fails the turn.
+        raise FatalToolError(f"ctx.store.execute is unavailable: {self._reason}")

@@ -1,0 +1,207 @@
+"""Typed turn events and the ``EventSink`` seam that fans them out to observers.
+
+Structural events (a turn started, a message or action completed, a turn ended)
+are logged in the store in the same transaction as the step that caused them and
+carry their sequence number in the session; deltas are live-only and carry none.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, Literal, TypeAlias, cast
+
+from .._errors import MessageDecodeError
+from .inputs import InputRequest
+from .messages import AssistantMessage, JsonObject, ToolCall, message_from_dict
+
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+_NESTED = frozenset({"message", "call", "request", "event"})
+
+
+class _Event:
+    """Shared JSON encoding: the nested message or call is encoded with its ``to_dict``."""
+
+    def to_dict(self) -> JsonObject:
+        cls = type(self)
+        names = _FIELD_NAMES.get(cls)
+        if names is None:
+            names = _FIELD_NAMES[cls] = tuple(f.name for f in fields(cast(Any, self)))
+        out: JsonObject = {}
+        for name in names:
+            value = getattr(self, name)
+            out[name] = value.to_dict() if name in _NESTED else value
+        return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class _TurnEventBase(_Event):
+    """Fields every event carries: which turn, which session, and its logged position."""
+
+    turn_id: str
+    session_id: str
+    seq: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class TurnStartedEvent(_TurnEventBase):
+    """The turn's opening message committed; ``text`` is what opened it."""
+
+    text: str
+    type: Literal["turn.started"] = "turn.started"
+
+
+@dataclass(frozen=True, kw_only=True)
+class MessageDeltaEvent(_TurnEventBase):
+    """A live piece of the reply's text (never logged, never replayed)."""
+
+    text: str
+    type: Literal["message.delta"] = "message.delta"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReasoningDeltaEvent(_TurnEventBase):
+    """A live piece of the model's reasoning (never logged, never replayed)."""
+
+    text: str
+    type: Literal["reasoning.delta"] = "reasoning.delta"
+
+
+@dataclass(frozen=True, kw_only=True)
+class MessageCompletedEvent(_TurnEventBase):
+    """A model step committed this assistant message."""
+
+    message: AssistantMessage
+    type: Literal["message.completed"] = "message.completed"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ActionRequestedEvent(_TurnEventBase):
+    """The model asked for this tool call (logged with the model step that asked)."""
+
+    call: ToolCall
+    type: Literal["action.requested"] = "action.requested"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ActionCompletedEvent(_TurnEventBase):
+    """A tool call's result committed; ``error`` is set when the result is an error."""
+
+    call_id: str
+    name: str
+    result: Any
+    error: str | None = None
+    type: Literal["action.completed"] = "action.completed"
+
+
+@dataclass(frozen=True, kw_only=True)
+class TurnCompletedEvent(_TurnEventBase):
+    """The model answered without calling a tool; ``text`` is the answer."""
+
+    text: str
+    type: Literal["turn.completed"] = "turn.completed"
+
+
+@dataclass(frozen=True, kw_only=True)
+class TurnFailedEvent(_TurnEventBase):
+    """The turn ended in failure; ``error`` says why."""
+
+    error: str
+    type: Literal["turn.failed"] = "turn.failed"
+
+
+@dataclass(frozen=True, kw_only=True)
+class InputRequestedEvent(_TurnEventBase):
+    """The turn parked: a tool asked for input; ``request`` says what and from whom."""
+
+    request: InputRequest
+    type: Literal["input.requested"] = "input.requested"
+
+
+@dataclass(frozen=True, kw_only=True)
+class TurnCancelledEvent(_TurnEventBase):
+    """The turn was cancelled at a checkpoint boundary; ``reason`` says why
+    (``requested``, ``replaced`` or ``reset``)."""
+
+    reason: str
+    type: Literal["turn.cancelled"] = "turn.cancelled"
+
+
+@dataclass(frozen=True, kw_only=True)
+class SubagentEvent(_TurnEventBase):
+    """An event of a child turn, shown to the parent turn's observers (live only).
+
+    ``call_id`` is the parent's tool call that runs the child; ``event`` is the
+    child's own event, with the child's session and turn ids.
+    """
+
+    call_id: str
+    agent: str
+    event: TurnEvent
+    type: Literal["subagent.event"] = "subagent.event"
+
+
+TurnEvent: TypeAlias = (
+    TurnStartedEvent
+    | MessageDeltaEvent
+    | ReasoningDeltaEvent
+    | MessageCompletedEvent
+    | ActionRequestedEvent
+    | ActionCompletedEvent
+    | InputRequestedEvent
+    | TurnCompletedEvent
+    | TurnFailedEvent
+    | TurnCancelledEvent
+    | SubagentEvent
+)
+
+#: Event types after which a turn has ended for good.
+TERMINAL_EVENT_TYPES: frozenset[str] = frozenset(
+    {"turn.completed", "turn.failed", "turn.cancelled"}
+)
+#: Event types that end a delivery: the terminal ones, and a park. An observer of a
+#: delivery stops at the first of them.
+ENDING_EVENT_TYPES: frozenset[str] = TERMINAL_EVENT_TYPES | {"input.requested"}
+
+_EVENT_TYPES: dict[str, type[_Event]] = {
+    cls.type: cls
+    for cls in (
+        TurnStartedEvent,
+        MessageDeltaEvent,
+        ReasoningDeltaEvent,
+        MessageCompletedEvent,
+        ActionRequestedEvent,
+        ActionCompletedEvent,
+        InputRequestedEvent,
+        TurnCompletedEvent,
+        TurnFailedEvent,
+        TurnCancelledEvent,
+        SubagentEvent,
+    )
+}
+
+
+def event_from_dict(data: object) -> TurnEvent:
+    """Rebuild an event from its ``to_dict()`` form; raise ``MessageDecodeError`` if malformed."""
+    if not isinstance(data, dict):
+        raise MessageDecodeError(f"event: expected a JSON object, got {type(data).__name__}")
+    kind = data.get("type")
+    cls = _EVENT_TYPES.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        raise MessageDecodeError(f"event: unknown type {kind!r}")
+    values = dict(data)
+    if "message" in values:
+        message = message_from_dict(values["message"])
+        if not isinstance(message, AssistantMessage):
+            raise MessageDecodeError("event: message.completed must carry an assistant message")
+        values["message"] = message
+    if "call" in values:
+        values["call"] = ToolCall.from_dict(values["call"])
+    if "request" in values:
+        values["request"] = InputRequest.from_dict(values["request"])
+    if "event" in values:
+        values["event"] = event_from_dict(values["event"])
+    try:
+        event = cls(**values)
+    except TypeError as exc:
+        raise MessageDecodeError(f"event {kind}: {exc}") from None
+    return cast(TurnEvent, event)

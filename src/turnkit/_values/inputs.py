@@ -1,0 +1,171 @@
+"""What a parked turn waits for: the input request and who may answer it, as values.
+
+A tool asks with ``await ctx.request_input(...)``; the engine stores the request in
+the turn's suspend checkpoint and announces it in ``input.requested``. Everything
+here round-trips through JSON, because a resume may happen days later in another
+process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import jsonschema
+
+from .._errors import MessageDecodeError
+from .messages import JsonObject
+
+
+@dataclass(frozen=True, kw_only=True)
+class Answerer:
+    """One party allowed to answer: a verified user id, or a named policy (and scope)."""
+
+    kind: Literal["user", "policy"]
+    user_id: str | None = None
+    policy: str | None = None
+    scope: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind == "user" and not (isinstance(self.user_id, str) and self.user_id):
+            raise ValueError("Answerers.user needs a non-empty user id")
+        if self.kind == "policy" and not (isinstance(self.policy, str) and self.policy):
+            raise ValueError("Answerers.policy needs a non-empty policy name")
+        if self.kind not in ("user", "policy"):
+            raise ValueError(f"answerer kind must be 'user' or 'policy', got {self.kind!r}")
+
+    def describe(self) -> str:
+        if self.kind == "user":
+            return f"user {self.user_id}"
+        return f"policy {self.policy}" + (f" (scope {self.scope})" if self.scope else "")
+
+    def to_dict(self) -> JsonObject:
+        if self.kind == "user":
+            return {"kind": "user", "user_id": self.user_id}
+        return {"kind": "policy", "policy": self.policy, "scope": self.scope}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Answerer:
+        try:
+            if data["kind"] == "user":
+                return cls(kind="user", user_id=str(data["user_id"]))
+            if data["kind"] == "policy":
+                scope = data.get("scope")
+                return cls(
+                    kind="policy",
+                    policy=str(data["policy"]),
+                    scope=None if scope is None else str(scope),
+                )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise MessageDecodeError(f"answerer: malformed {data!r}: {exc}") from None
+        raise MessageDecodeError(f"answerer: unknown kind in {data!r}")
+
+
+class Answerers:
+    """Constructors for ``request_input(answerers=...)``."""
+
+    @staticmethod
+    def user(user_id: str) -> Answerer:
+        """Only a resume whose verified ``by`` is ``user_id``."""
+        return Answerer(kind="user", user_id=user_id)
+
+    @staticmethod
+    def policy(policy: str, scope: str | None = None) -> Answerer:
+        """Only a resume carrying a ``Grant`` for exactly this policy and scope."""
+        return Answerer(kind="policy", policy=policy, scope=scope)
+
+
+@dataclass(frozen=True, kw_only=True)
+class InputRequest:
+    """A question a parked turn waits on.
+
+    ``answerers`` empty means anyone may answer (a turn no person opened).
+    ``schema`` is a JSON Schema the answer must satisfy, if given.
+    """
+
+    id: str
+    prompt: str
+    turn_id: str
+    call_id: str
+    tool: str
+    schema: JsonObject | None = None
+    answerers: tuple[Answerer, ...] = ()
+
+    def to_dict(self) -> JsonObject:
+        return {
+            "id": self.id,
+            "prompt": self.prompt,
+            "turn_id": self.turn_id,
+            "call_id": self.call_id,
+            "tool": self.tool,
+            "schema": self.schema,
+            "answerers": [a.to_dict() for a in self.answerers],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any) -> InputRequest:
+        if not isinstance(data, dict):
+            raise MessageDecodeError("input request: expected a JSON object")
+        try:
+            schema = data.get("schema")
+            return cls(
+                id=str(data["id"]),
+                prompt=str(data["prompt"]),
+                turn_id=str(data["turn_id"]),
+                call_id=str(data["call_id"]),
+                tool=str(data["tool"]),
+                schema=dict(schema) if schema is not None else None,
+                answerers=tuple(Answerer.from_dict(a) for a in data.get("answerers") or ()),
+            )
+        except (KeyError, TypeError) as exc:
+            raise MessageDecodeError(f"input request: missing or malformed field {exc}") from None
+
+
+def as_answerers(value: Answerer | Sequence[Answerer] | None) -> tuple[Answerer, ...] | None:
+    """Normalize ``request_input``'s ``answerers`` argument; ``None`` stays ``None``."""
+    if value is None:
+        return None
+    if isinstance(value, Answerer):
+        return (value,)
+    if isinstance(value, str) or not isinstance(value, Sequence):
+        raise TypeError(
+            "answerers must be Answerers.user(...), Answerers.policy(...) or a list of them, "
+            f"got {value!r}"
+        )
+    out = tuple(value)
+    for a in out:
+        if not isinstance(a, Answerer):
+            raise TypeError(f"answerers must be built with Answerers.user/policy, got {a!r}")
+    if not out:
+        raise TypeError("answerers must not be empty; pass None for the default answerer")
+    return out
+
+
+def input_step_id(turn_id: str, input_id: str) -> str:
+    """Where a resume stores the answer: ``input:<turn_id>:<id>``."""
+    return f"input:{turn_id}:{input_id}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class AnswerCheck:
+    """What ``authorize_answer`` decides on: may ``by`` (with ``principal``) answer for
+    ``policy`` in ``scope``?"""
+
+    policy: str
+    scope: str | None
+    by: str | None
+    principal: Any = None
+
+
+AuthorizeAnswer = Callable[[AnswerCheck], Awaitable[bool]]
+
+
+def check_schema(schema: Any) -> None:
+    """Refuse, at request time, a schema that is not a valid JSON Schema."""
+    if not isinstance(schema, dict):
+        raise TypeError(f"schema must be a JSON Schema object (a dict), got {schema!r}")
+    try:
+        jsonschema.validators.validator_for(schema).check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        raise TypeError(f"schema is not a valid JSON Schema: {exc.message}") from None

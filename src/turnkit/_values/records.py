@@ -1,0 +1,88 @@
+"""What the stores keep about turns and sessions, as plain values.
+
+The statuses, ``TurnRecord``, ``SessionInfo`` and the ``SessionSnapshot`` a delivery
+loads; the ``SessionStore`` seam hands these out and takes them back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeAlias
+
+from .messages import JsonObject, Message
+
+TurnStatus: TypeAlias = Literal["running", "suspended", "completed", "failed", "cancelled"]
+SessionStatus: TypeAlias = Literal["new", "running", "suspended", "idle"]
+TERMINAL_TURN_STATUSES: frozenset[str] = frozenset({"completed", "failed", "cancelled"})
+
+
+def session_status_after(status: TurnStatus) -> SessionStatus:
+    """The session's status once its current turn has moved to ``status``."""
+    if status in TERMINAL_TURN_STATUSES:
+        return "idle"
+    return "suspended" if status == "suspended" else "running"
+
+
+@dataclass(frozen=True, kw_only=True)
+class TurnRecord:
+    """A turn as the store knows it. ``opening`` is the opening message's ``to_dict()``."""
+
+    session_id: str
+    turn_id: str
+    agent: str
+    status: TurnStatus
+    opening: JsonObject
+    event: JsonObject | None = None
+    text: str | None = None
+    error: str | None = None
+    created_at: float = 0.0
+    finished_at: float | None = None
+    #: The suspend checkpoint of a ``suspended`` turn: what it waits for (see ``_park``).
+    pending: JsonObject | None = None
+    #: Set once a cancellation was asked for (``requested``, ``replaced``, ``reset``);
+    #: the turn ends ``cancelled`` at its next checkpoint boundary.
+    cancel_reason: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class SessionInfo:
+    """One row of ``runtime.sessions()``."""
+
+    session_id: str
+    agent: str
+    status: SessionStatus
+    updated_at: float
+
+
+#: Where a page of sessions ends: the last row's ``(updated_at, session_id)``.
+SessionKey = tuple[float, str]
+
+
+def newest_first(
+    infos: list[SessionInfo], *, agent: str | None, limit: int, after: SessionKey | None
+) -> list[SessionInfo]:
+    """``session_page`` over rows already in memory (the in-memory store's way)."""
+    rows = [i for i in infos if agent is None or i.agent == agent]
+    rows.sort(key=lambda i: (-i.updated_at, i.session_id))
+    if after is not None:
+        rows = [i for i in rows if (-i.updated_at, i.session_id) > (-after[0], after[1])]
+    return rows[:limit]
+
+
+@dataclass(frozen=True, kw_only=True)
+class SessionSnapshot:
+    """What a turn needs to start or resume, read in one go.
+
+    ``steps`` holds only the given turn's memoized results, so a replay never reads
+    the whole step history; ``next_seq`` is the next event sequence number.
+    ``messages`` starts at transcript position ``from_index`` (what was asked for).
+    """
+
+    messages: list[Message]
+    steps: dict[str, Any] = field(default_factory=dict)
+    turn: TurnRecord | None = None
+    agent: str | None = None
+    next_seq: int = 1
+    #: How many times the session was reset: its live history is generation ``generation``.
+    generation: int = 0
+    from_index: int = 0

@@ -1,0 +1,94 @@
+"""A turn's delivery and outcome as values: what the runtime hands the engine and gets back."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from .._values.records import TurnRecord
+from .inbound import InboundEvent
+from .inputs import InputRequest
+from .messages import OpeningMessage
+from .policy import TurnPolicy
+
+
+class CancelSignal:
+    """Set by ``session.cancel()`` (or a replace, or a reset); read by the engine at
+    each checkpoint boundary. The first reason given is the one that counts."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self) -> None:
+        self.reason: str | None = None
+
+    def cancel(self, reason: str) -> None:
+        if self.reason is None:
+            self.reason = reason
+
+
+@dataclass(frozen=True, kw_only=True)
+class TurnRequest:
+    """One delivery of a turn: its id, its opening message and where it came from."""
+
+    turn_id: str
+    opening: OpeningMessage
+    event: InboundEvent | None = None
+    #: Where a turn without an inbound event came from (a proactive turn's channel).
+    source: str | None = None
+    #: The policy a resumed turn's suspend checkpoint carried.
+    policy: TurnPolicy | None = None
+    #: Tools a new turn may not use whatever its agent allows (a child turn gets
+    #: its parent turn's denials).
+    inherited_deny: frozenset[str] = frozenset()
+    cancel: CancelSignal = field(default_factory=CancelSignal, compare=False)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TurnResult:
+    """How a turn ended: ``completed`` with ``text``, ``failed`` with ``error``,
+    ``suspended`` (parked) with the ``request`` it waits on, or ``cancelled`` with
+    its ``reason`` (``requested``, ``replaced``, ``reset``)."""
+
+    turn_id: str
+    status: Literal["completed", "failed", "suspended", "cancelled"]
+    text: str | None = None
+    error: str | None = None
+    request: InputRequest | None = None
+    reason: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ResetResult:
+    """What ``session.reset()`` retired: ``previous_session`` names the archived
+    generation (``"s1#g0"``), readable with ``session.archived_messages(generation)``."""
+
+    previous_session: str
+    generation: int
+
+
+class TurnFailure(Exception):
+    """Internal: ends the turn as failed, recorded, with this message."""
+
+
+class TurnCancelled(Exception):
+    """Internal: a cancellation reached a checkpoint boundary; ``reason`` says why."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def result_from_record(record: TurnRecord) -> TurnResult:
+    if record.status == "completed":
+        return TurnResult(turn_id=record.turn_id, status="completed", text=record.text or "")
+    if record.status == "cancelled":
+        return TurnResult(
+            turn_id=record.turn_id, status="cancelled", reason=record.cancel_reason or "requested"
+        )
+    if record.status == "suspended" and record.pending is not None:
+        return TurnResult(
+            turn_id=record.turn_id,
+            status="suspended",
+            request=InputRequest.from_dict(record.pending["request"]),
+        )
+    return TurnResult(turn_id=record.turn_id, status="failed", error=record.error or "failed")

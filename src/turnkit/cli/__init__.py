@@ -1,0 +1,301 @@
+"""The ``turnkit`` command line: run an agent's turn, list sessions, show one, serve one.
+
+Each subcommand is one ``_add_<name>`` function that declares its arguments and
+one ``_<name>(args, progress)`` coroutine that does the work (returning the exit
+status), so a new command is two functions and a line in ``_parser``. Errors
+print as one line (``turnkit: error: …``) with a non-zero exit, never a
+traceback; ``--help`` on each command says what it takes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shlex
+import sys
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
+
+from .._assembly.loader import AgentFolder
+from .._channels.channel import mount_agent
+from .._channels.terminal import TerminalChannel
+from .._errors import TurnkitError
+from .._runtime.runtime import Runtime
+from .._seams.model import Model
+from ._folder_model import choose_model
+from ._progress import Progress
+from ._render import render_archive, render_session, render_sessions
+from ._show import (
+    archive_json,
+    list_sessions,
+    read_archive,
+    read_session,
+    session_json,
+    sessions_json,
+    split_target,
+)
+from ._store import (
+    DEFAULT_STORE,
+    CliError,
+    describe_store,
+    one_line,
+    reading_store,
+    writable_store,
+)
+
+__all__ = ["DEFAULT_STORE", "main"]
+
+Handler = Callable[[argparse.Namespace, Progress], Coroutine[Any, Any, int]]
+STORE_HELP = (
+    "a SQLite file path or a PostgreSQL DSN (postgresql://…; pick a schema with "
+    f"options=-csearch_path=NAME); default: {DEFAULT_STORE}"
+)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="turnkit",
+        description="Durable agent turns: run an agent, and inspect what its store holds.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_run(commands)
+    _add_sessions(commands)
+    _add_show(commands)
+    _add_dev(commands)
+    return parser
+
+
+def _add_store_option(command: argparse.ArgumentParser) -> None:
+    command.add_argument("--store", default=DEFAULT_STORE, metavar="STORE", help=STORE_HELP)
+
+
+def _add_run(commands: Any) -> None:
+    run = commands.add_parser(
+        "run",
+        help="run one turn of an agent, streamed to the terminal",
+        description="Run one turn of an agent, streamed to the terminal. If the turn "
+        "parks on a question, it is asked at the prompt.",
+    )
+    run.add_argument("agent_dir", help="the agent folder (agent.py, instructions.md, tools/)")
+    run.add_argument("text", help="what to say to the agent")
+    run.add_argument("--session", default="cli", help="session id (default: cli)")
+    _add_store_option(run)
+    run.set_defaults(handler=_run)
+
+
+def _add_sessions(commands: Any) -> None:
+    sessions = commands.add_parser(
+        "sessions",
+        help="list the sessions in a store, newest first",
+        description="List the sessions in a store (id, agent, status, last update in "
+        "UTC), most recently updated first.",
+    )
+    _add_store_option(sessions)
+    sessions.add_argument("--agent", help="only the sessions of this agent")
+    sessions.add_argument(
+        "--limit", type=_positive_int, metavar="N", help="at most N sessions (the newest)"
+    )
+    sessions.add_argument("--json", action="store_true", help="print a JSON array instead")
+    sessions.set_defaults(handler=_sessions)
+
+
+def _add_show(commands: Any) -> None:
+    show = commands.add_parser(
+        "show",
+        help="show a session: status, transcript, turns and steps, parked input",
+        description="Show a session: its status, live transcript, each turn's status "
+        "and memoized steps, the input it is parked on, and its archived generations. "
+        "SESSION#gN shows the transcript of archived generation N instead.",
+    )
+    show.add_argument("session", metavar="SESSION", help="a session id, or SESSION#gN")
+    _add_store_option(show)
+    show.add_argument("--json", action="store_true", help="print one JSON object instead")
+    show.set_defaults(handler=_show)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected at least 1, got {value}")
+    return value
+
+
+# -- run ---------------------------------------------------------------------------
+
+
+async def _run(args: argparse.Namespace, progress: Progress) -> int:
+    del progress  # the turn streams to the terminal: that is its progress
+    folder = AgentFolder.read(args.agent_dir)
+    store = await writable_store(args.store)
+    try:
+        agent = folder.agent(_model_for(folder))
+    except BaseException:
+        await store.close()
+        raise
+    terminal = TerminalChannel()
+    async with Runtime([agent], store=store) as runtime:
+        await runtime.recover()
+        ctx = mount_agent(agent, runtime, channels=[terminal])
+        result = await terminal.converse(ctx, args.text, session=args.session)
+    if result.status == "suspended":
+        print(
+            f"turnkit: the turn is still waiting for an answer; run again with "
+            f"--session {args.session} to answer it",
+            file=sys.stderr,
+        )
+        return 3
+    if result.status != "completed":
+        print(f"turnkit: turn {result.status}: {result.error or result.reason}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _model_for(folder: AgentFolder) -> Model | None:
+    """The model to run (see ``choose_model``), saying on stderr which it is."""
+    chosen = choose_model(folder)
+    if chosen.note:
+        print(f"turnkit: {chosen.note}", file=sys.stderr)
+    return chosen.model
+
+
+# -- dev ---------------------------------------------------------------------------
+
+
+def _add_dev(commands: Any) -> None:
+    dev = commands.add_parser(
+        "dev",
+        help="serve an agent's chat page and HTTP API on this machine",
+        description="Serve an agent's chat page and HTTP API on 127.0.0.1, answering "
+        "only clients on this machine. With no folder, the bundled example agent. "
+        "With no model configured, the agent's offline demo model (the page says so). "
+        "Turns a previous run left open are finished at start-up.",
+    )
+    dev.add_argument("agent_dir", nargs="?", help="the agent folder (default: the bundled example)")
+    _add_store_option(dev)
+    dev.add_argument("--host", default="127.0.0.1", help="a loopback address (default: 127.0.0.1)")
+    dev.add_argument(
+        "--port", type=_port, default=8000, help="the port (default: 8000; 0 picks a free one)"
+    )
+    dev.set_defaults(handler=_dev)
+
+
+async def _dev(args: argparse.Namespace, progress: Progress) -> int:
+    del progress  # the server prints its URL when it is ready
+    try:
+        from ..server._dev import DevOptions, bundled_example, serve_dev
+    except ImportError as exc:
+        raise CliError(
+            f"turnkit dev needs the server extra: pip install 'turnkit[server]' ({exc})"
+        ) from None
+    folder = AgentFolder.read(args.agent_dir or bundled_example())
+    chosen = choose_model(folder)
+    agent = folder.agent(chosen.model)
+    store = await writable_store(args.store)
+    options = DevOptions(host=args.host, port=args.port, store_label=describe_store(args.store))
+    note = chosen.note and chosen.note[0].upper() + chosen.note[1:] + "."
+    return await serve_dev(agent, store, options, notice=note)
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port from 0 to 65535, got {value}")
+    return value
+
+
+# -- sessions and show -------------------------------------------------------------
+
+
+async def _sessions(args: argparse.Namespace, progress: Progress) -> int:
+    async with reading_store(args.store) as store:
+        found = await list_sessions(store, agent=args.agent, limit=args.limit, progress=progress)
+    progress.done()
+    print(_json(sessions_json(found)) if args.json else render_sessions(found))
+    return 0
+
+
+async def _show(args: argparse.Namespace, progress: Progress) -> int:
+    session_id, generation = split_target(args.session)
+    where = describe_store(args.store)
+    async with reading_store(args.store) as store:
+        if generation is None:
+            view = await read_session(store, session_id, progress, where=where)
+            flag = _flag(args)
+            output = (
+                _json(session_json(view, where))
+                if args.json
+                else render_session(view, store=where, store_flag=flag)
+            )
+        else:
+            archive = await read_archive(store, session_id, generation, progress, where=where)
+            output = (
+                _json(archive_json(archive, where))
+                if args.json
+                else render_archive(archive, store=where)
+            )
+    progress.done()
+    print(output)
+    return 0
+
+
+def _flag(args: argparse.Namespace) -> str:
+    """The ``--store`` to repeat in the commands ``show`` suggests (none if default)."""
+    if args.store == DEFAULT_STORE:
+        return ""
+    return f" --store {shlex.quote(describe_store(args.store))}"
+
+
+def _json(value: object) -> str:
+    return json.dumps(value, ensure_ascii=False, indent=2)
+
+
+# -- entry point -------------------------------------------------------------------
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    handler: Handler = args.handler
+    progress_line = Progress()  # erased before any error is printed
+    try:
+        return asyncio.run(handler(args, progress_line))
+    except (CliError, TurnkitError) as exc:
+        return _fail(progress_line, one_line(str(exc)), 2)
+    except OSError as exc:
+        if isinstance(exc, BrokenPipeError):
+            return _stdout_closed()
+        return _fail(progress_line, one_line(str(exc)), 2)
+    except EOFError:
+        print("turnkit: no answer given; the turn waits for one on the next run", file=sys.stderr)
+        return 3
+    except KeyboardInterrupt:
+        progress_line.done()
+        after = "; the turn resumes on the next run" if args.command == "run" else ""
+        print(f"turnkit: interrupted{after}", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        if os.environ.get("TURNKIT_DEBUG"):
+            raise
+        what = one_line(f"{type(exc).__name__}: {exc}")
+        return _fail(progress_line, f"{what} (set TURNKIT_DEBUG=1 for the traceback)", 1)
+
+
+def _fail(progress: Progress, message: str, status: int) -> int:
+    progress.done()
+    print(f"turnkit: error: {message}", file=sys.stderr)
+    return status
+
+
+def _stdout_closed() -> int:
+    """``turnkit show … | head``: the reader left; exit quietly, not with a traceback
+    when Python flushes stdout at exit."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return 1

@@ -1,0 +1,5 @@
+"""``python -m turnkit.cli``: the same as the ``turnkit`` command."""
+
+from . import main
+
+raise SystemExit(main())

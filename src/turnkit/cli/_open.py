@@ -1,0 +1,80 @@
+"""``open_store``: the store a command-line ``--store`` value names.
+
+A ``postgresql://`` or ``postgres://`` URL (or a libpq ``key=value`` string) opens a
+``PostgresStore``; anything else is a SQLite file path, whose folder is created.
+A DSN may pick the PostgreSQL schema the way ``psql`` users already do, through its
+``options``: ``?options=-csearch_path%3Dmyschema`` in a URL, or
+``options='-c search_path=myschema'`` in a ``key=value`` string.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+from .._errors import ConfigurationError
+from .._seams.store import Store
+from ..stores.sqlite import SqliteStore
+
+_POSTGRES_URL = re.compile(r"^postgres(?:ql)?://", re.IGNORECASE)
+_LIBPQ_KEYWORDS = re.compile(r"^\s*(?:host|dbname|user|port|hostaddr|service)\s*=")
+_SEARCH_PATH = re.compile(r"-c\s*search_path\s*=\s*([^\s,]+)", re.IGNORECASE)
+
+
+def is_postgres_dsn(spec: str) -> bool:
+    """Whether ``spec`` is a PostgreSQL connection string rather than a file path."""
+    return bool(_POSTGRES_URL.match(spec) or _LIBPQ_KEYWORDS.match(spec))
+
+
+def open_store(spec: str) -> Store:
+    """The store ``spec`` names: a PostgreSQL DSN or a SQLite file path.
+
+    Nothing is connected yet; the runtime opens the store. A PostgreSQL DSN without
+    ``turnkit[postgres]`` installed raises ``ConfigurationError`` naming the extra.
+    The first schema of a ``search_path`` in the DSN's ``options`` is the schema
+    turnkit's tables live in (``public`` when there is none).
+    """
+    if not isinstance(spec, str) or not spec.strip():
+        raise ConfigurationError("--store must be a SQLite file path or a PostgreSQL DSN")
+    if is_postgres_dsn(spec):
+        try:
+            from ..stores.postgres import PostgresStore
+        except ImportError as exc:
+            raise ConfigurationError(
+                f"--store {redact_dsn(spec)!r} is a PostgreSQL DSN, which needs "
+                "psycopg: pip install 'turnkit[postgres]'"
+            ) from exc
+        return PostgresStore(spec, schema=dsn_schema(spec))
+    folder = os.path.dirname(os.path.abspath(spec))
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as exc:
+        raise ConfigurationError(
+            f"--store {spec!r}: cannot create its folder {folder}: {exc.strerror}"
+        ) from exc
+    return SqliteStore(spec)
+
+
+def dsn_schema(dsn: str) -> str:
+    """The schema a DSN's ``options`` put first on the ``search_path``, else ``public``.
+
+    ``PostgresStore`` sets the connections' ``search_path`` itself (from its
+    ``schema``), so a DSN's own ``-c search_path`` would otherwise be silently
+    overridden; reading it here makes the DSN mean what it says.
+    """
+    from psycopg import Error
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        options = conninfo_to_dict(dsn).get("options")
+    except Error:
+        raise ConfigurationError(f"--store {redact_dsn(dsn)!r} is not a valid DSN") from None
+    found = _SEARCH_PATH.search(str(options or ""))
+    return found.group(1).strip("\"'") if found else "public"
+
+
+def redact_dsn(text: str) -> str:
+    """``text`` (a DSN, or a message quoting one) with any password replaced."""
+    text = re.sub(r"(://[^:/@\s]*:)[^@\s]*@", r"\1***@", text)
+    text = re.sub(r"([?&]password=)[^&\s]*", r"\1***", text, flags=re.IGNORECASE)
+    return re.sub(r"(password\s*=\s*)('[^']*'|\S+)", r"\1***", text, flags=re.IGNORECASE)

@@ -1,0 +1,235 @@
+"""Text output of ``turnkit sessions`` and ``turnkit show``: for people, not parsers.
+
+Long values (a tool's input or result) are cut to one readable line here; ``--json``
+carries them whole. Errors are marked ``✗`` as in ``turnkit run``'s timeline.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from .._values.inputs import Answerer, InputRequest
+from .._values.messages import AssistantMessage, Message, ToolMessage, TriggerMessage
+from .._values.records import SessionInfo
+from ._show import ArchiveView, SessionView, TurnView, utc
+
+#: Longest a tool input, result or step value is shown in text output.
+MAX_VALUE = 200
+_ROLE_WIDTH = len("assistant")
+
+
+def compact(value: Any, limit: int = MAX_VALUE) -> str:
+    """``value`` as one line of JSON, cut at ``limit`` characters."""
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    text = " ".join(text.split()) if "\n" in text else text
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """Left-aligned columns, two spaces apart, no trailing blanks."""
+    widths = [max(len(str(r[i])) for r in [headers, *rows]) for i in range(len(headers))]
+    lines = [
+        "  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+        for r in [headers, *rows]
+    ]
+    return "\n".join(lines)
+
+
+def render_sessions(sessions: Sequence[SessionInfo]) -> str:
+    """``turnkit sessions``: newest first, one row each."""
+    if not sessions:
+        return "no sessions"
+    rows = [(s.session_id, s.agent, s.status, utc(s.updated_at)) for s in sessions]
+    return table(("SESSION", "AGENT", "STATUS", "UPDATED"), rows)
+
+
+def render_session(view: SessionView, *, store: str, store_flag: str) -> str:
+    """``turnkit show SESSION``: header, transcript, turns and steps, park, archive."""
+    parts = [
+        _header(view, store),
+        _transcript(view.messages, view.turns),
+        _turns(view.turns),
+    ]
+    request = view.request
+    if request is not None:
+        parts.append(_parked(request, view, store_flag))
+    if view.generations:
+        parts.append(_archived(view, store_flag))
+    return "\n\n".join(parts)
+
+
+def render_archive(view: ArchiveView, *, store: str) -> str:
+    """``turnkit show SESSION#gN``: the archived transcript."""
+    head = table(
+        ("session", view.session_id),
+        [("generation", f"{view.generation} (archived)"), ("store", store)],
+    )
+    return f"{head}\n\n{_transcript(view.messages, [])}"
+
+
+def _header(view: SessionView, store: str) -> str:
+    rows = [
+        ("agent", view.agent or "-"),
+        ("status", view.status),
+        ("generation", str(view.generation)),
+        ("store", store),
+    ]
+    return table(("session", view.session_id), rows)
+
+
+def _transcript(messages: Sequence[Message], turns: Sequence[TurnView]) -> str:
+    """Every message, under a rule naming its turn each time the turn changes."""
+    if not messages:
+        return "transcript: empty"
+    statuses = {t.turn_id: t.record.status for t in turns if t.record is not None}
+    lines = [f"transcript ({len(messages):,} messages)"]
+    current: str | None = None
+    width = len(str(len(messages) - 1))
+    for index, message in enumerate(messages):
+        if message.turn_id != current:
+            current = message.turn_id
+            status = statuses.get(current)
+            lines.append(f"── turn {current}" + (f" ({status})" if status else ""))
+        lines.extend(_message_lines(index, message, width))
+    return "\n".join(lines)
+
+
+def _message_lines(index: int, message: Message, width: int) -> Iterator[str]:
+    prefix = f"  [{index:>{width}}] {message.role:<{_ROLE_WIDTH}}  "
+    pad = " " * len(prefix)
+    if isinstance(message, ToolMessage):
+        mark = "✗" if message.is_error else "←"
+        yield f"{prefix}{mark} {message.name}: {compact(message.result)}"
+        return
+    text = message.text
+    if isinstance(message, TriggerMessage):
+        text = f"(by {message.by}) {text}"
+    body = text.splitlines()
+    if isinstance(message, AssistantMessage):
+        body += [f"→ {c.name} {compact(c.input)}  (call {c.id})" for c in message.tool_calls]
+        if message.stop is not None and message.stop.abnormal:
+            body.append(f"✗ stopped: {message.stop.kind}")
+    body = body or ["(empty)"]
+    yield (prefix + body[0]).rstrip()
+    yield from ((pad + line).rstrip() for line in body[1:])
+
+
+def _turns(turns: Sequence[TurnView]) -> str:
+    """Each turn's status, times, outcome and memoized steps."""
+    if not turns:
+        return "turns: none"
+    lines = [f"turns ({len(turns):,})"]
+    for turn in turns:
+        lines.extend(_turn_lines(turn))
+    return "\n".join(lines)
+
+
+def _turn_lines(turn: TurnView) -> Iterator[str]:
+    record = turn.record
+    if record is None:
+        yield f"  {turn.turn_id}  (no turn record)"
+    else:
+        finished = record.finished_at
+        ended = f" → {_end_time(record.created_at, finished)}" if finished else ""
+        yield f"  {turn.turn_id}  {record.status}  {utc(record.created_at)}{ended}"
+        if record.error:
+            yield f"    ✗ error: {compact(record.error)}"
+        if record.cancel_reason:
+            yield f"    cancel reason: {record.cancel_reason}"
+        if record.text:
+            yield f"    answer: {compact(record.text)}"
+    if not turn.steps:
+        yield "    steps: none"
+        return
+    yield f"    steps ({len(turn.steps)})"
+    rows = [(f"      {step_id}", _step_summary(step_id, v)) for step_id, v in _ordered(turn.steps)]
+    yield table(("", ""), rows).split("\n", 1)[1]
+
+
+def _end_time(start: float, end: float) -> str:
+    """The end of a turn, without the date when it is the start's."""
+    full = utc(end)
+    return full[len("YYYY-MM-DD ") :] if full[:10] == utc(start)[:10] else full
+
+
+def _ordered(steps: dict[str, Any]) -> list[tuple[str, Any]]:
+    """Steps in the order they happened: the policy, then by transcript position."""
+
+    def key(step_id: str) -> tuple[int, int, str]:
+        kind, _, rest = step_id.partition(":")
+        position = rest.split(":", 1)[0]
+        order = {"policy": 0, "input": 2}.get(kind, 1)
+        return (order, int(position) if position.isdigit() else 0, step_id)
+
+    return sorted(steps.items(), key=lambda item: key(item[0]))
+
+
+def _step_summary(step_id: str, value: Any) -> str:
+    """One line saying what a memoized step holds."""
+    kind = step_id.partition(":")[0]
+    if kind == "model" and isinstance(value, dict):
+        calls = [c.get("name", "?") for c in value.get("tool_calls") or []]
+        said = compact(value.get("text") or "", 80)
+        shown = f'"{said}"' if said else "(no text)"
+        return f"reply {shown}" + (f" → {', '.join(calls)}" if calls else "")
+    if kind == "tool" and isinstance(value, dict):
+        if value.get("error"):
+            return f"✗ {compact(value['error'])}"
+        return f"result {compact(value.get('result'))}"
+    if kind == "input" and isinstance(value, dict):
+        return f"answer {compact(value.get('value'))} by {value.get('by')}"
+    if kind == "policy" and isinstance(value, dict):
+        denied = ", ".join(value.get("deny_tools") or []) or "none"
+        source = value.get("source") or "none (started from code)"
+        return f"source {source}, tools denied: {denied}"
+    return compact(value)
+
+
+def _parked(request: InputRequest, view: SessionView, store_flag: str) -> str:
+    """The pending request and the ways to answer it."""
+    rows = [
+        ("turn", request.turn_id),
+        ("tool", f"{request.tool} (call {request.call_id})"),
+        ("input id", request.id),
+        ("asks", request.prompt),
+        ("schema", compact(request.schema) if request.schema else "any JSON value"),
+        ("answerers", _answerers(request.answerers)),
+    ]
+    hints = _how_to_answer(request, view.session_id, view.agent or "AGENT", store_flag)
+    rows += [("to answer" if n == 0 else "", hint) for n, hint in enumerate(hints)]
+    body = table(("", ""), [(f"  {k}", v) for k, v in rows]).split("\n", 1)[1]
+    return f"parked input (the session waits for an answer)\n{body}"
+
+
+def _answerers(answerers: Sequence[Answerer]) -> str:
+    if not answerers:
+        return "anyone (no person opened the turn)"
+    return " or ".join(a.describe() for a in answerers)
+
+
+def _how_to_answer(request: InputRequest, session: str, agent: str, store_flag: str) -> list[str]:
+    """How this request can be answered: at the terminal when its user may answer,
+    and always through the Python API (or the HTTP server's /resume)."""
+    python = (
+        f"await runtime.session({agent!r}, {session!r}).resume("
+        f"{request.turn_id!r}, {request.id!r}, <value>, by=<verified user id>)"
+    )
+    at_terminal = not request.answerers or any(
+        a.kind == "user" and (a.user_id or "").startswith("cli:") for a in request.answerers
+    )
+    if not at_terminal:
+        return [f"in Python: {python}"]
+    where = f"--session {shlex.quote(session)}{store_flag}"
+    run = f'turnkit run <{agent} agent folder> "<next message>" {where}'
+    return [f"{run}  (asks this first)", f"or in Python: {python}"]
+
+
+def _archived(view: SessionView, store_flag: str) -> str:
+    lines = [f"archived generations ({len(view.generations)})"]
+    for n in view.generations:
+        target = shlex.quote(f"{view.session_id}#g{n}")
+        lines.append(f"  g{n}  turnkit show {target}{store_flag}")
+    return "\n".join(lines)

@@ -1,0 +1,219 @@
+"""What ``turnkit sessions`` and ``turnkit show`` read from a store.
+
+Everything goes through the ``Store``/``SessionStore`` seam, so the commands work on
+every backend. A session's memoized steps are read one turn at a time with
+``load(turn_id, from_index=<end of transcript>)``, which returns that turn's steps
+and record without reading the transcript again.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from .._seams.store import SessionStore, Store
+from .._values.inputs import InputRequest
+from .._values.messages import JsonObject, Message
+from .._values.records import SessionInfo, TurnRecord
+from ._progress import Progress
+from ._store import CliError
+
+_GENERATION = re.compile(r"^(?P<session>.+)#g(?P<n>\d+)$")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TurnView:
+    """One turn of the live generation: its record and memoized steps."""
+
+    turn_id: str
+    record: TurnRecord | None
+    steps: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SessionView:
+    """Everything ``turnkit show SESSION`` prints about the live generation."""
+
+    session_id: str
+    agent: str | None
+    status: str
+    generation: int
+    messages: list[Message]
+    turns: list[TurnView]
+    parked: TurnRecord | None
+    generations: list[int]
+
+    @property
+    def request(self) -> InputRequest | None:
+        """The parked turn's pending request, if the session is parked."""
+        return parked_request(self.parked)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ArchiveView:
+    """``turnkit show SESSION#gN``: the transcript of an archived generation."""
+
+    session_id: str
+    generation: int
+    messages: list[Message]
+
+
+def split_target(target: str) -> tuple[str, int | None]:
+    """``"s1#g2"`` → ``("s1", 2)``; a plain session id → ``(id, None)``."""
+    found = _GENERATION.match(target)
+    if found is None:
+        return target, None
+    return found.group("session"), int(found.group("n"))
+
+
+def utc(timestamp: float | None) -> str:
+    """A stored time (seconds since the epoch) as a readable UTC time."""
+    if not timestamp:
+        return "-"
+    moment = datetime.fromtimestamp(timestamp, tz=UTC)
+    return moment.strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def iso(timestamp: float | None) -> str | None:
+    """A stored time as ISO 8601 UTC, for ``--json``."""
+    if not timestamp:
+        return None
+    moment = datetime.fromtimestamp(timestamp, tz=UTC)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+async def list_sessions(
+    store: Store, *, agent: str | None, limit: int | None, progress: Progress
+) -> list[SessionInfo]:
+    """The store's sessions, newest first, optionally of one agent only."""
+    progress.update("reading the session list…", force=True)
+    if limit is not None:  # the newest few, read by key from the store's index
+        return await store.session_page(agent=agent, limit=limit)
+    found = [s for s in await store.sessions() if agent is None or s.agent == agent]
+    found.sort(key=lambda s: (-s.updated_at, s.session_id))
+    return found
+
+
+async def read_session(
+    store: Store, session_id: str, progress: Progress, *, where: str
+) -> SessionView:
+    """The live generation of ``session_id``; ``CliError`` naming it and the store
+    (``where``) if there is no such session."""
+    session = store.session(session_id)
+    progress.update(f"reading session {session_id}…", force=True)
+    snapshot = await session.load()
+    status = await session.status()
+    generations = await session.generations()
+    if status == "new" and not snapshot.messages and not generations:
+        raise CliError(f"session {session_id!r} does not exist in {where}")
+    turns = await _read_turns(session, snapshot.messages, progress)
+    return SessionView(
+        session_id=session_id,
+        agent=snapshot.agent,
+        status=status,
+        generation=snapshot.generation,
+        messages=snapshot.messages,
+        turns=turns,
+        parked=await session.parked(),
+        generations=generations,
+    )
+
+
+async def _read_turns(
+    session: SessionStore, messages: Sequence[Message], progress: Progress
+) -> list[TurnView]:
+    """Each turn of the transcript, in order of first appearance, with its steps."""
+    turn_ids = list(dict.fromkeys(m.turn_id for m in messages))
+    end = len(messages)
+    turns: list[TurnView] = []
+    for n, turn_id in enumerate(turn_ids, start=1):
+        progress.update(f"reading {end:,} messages: steps of turn {n:,} of {len(turn_ids):,}…")
+        snapshot = await session.load(turn_id, from_index=end)
+        record = snapshot.turn if snapshot.turn is not None else await session.turn(turn_id)
+        turns.append(TurnView(turn_id=turn_id, record=record, steps=snapshot.steps))
+    return turns
+
+
+async def read_archive(
+    store: Store, session_id: str, generation: int, progress: Progress, *, where: str
+) -> ArchiveView:
+    """Archived generation ``generation`` of ``session_id``; ``CliError`` naming what is
+    missing (the session, or that generation of it)."""
+    session = store.session(session_id)
+    progress.update(f"reading {session_id}#g{generation}…", force=True)
+    generations = await session.generations()
+    if generation not in generations:
+        status = await session.status()
+        if not generations and status == "new" and not await session.messages():
+            raise CliError(f"session {session_id!r} does not exist in {where}")
+        have = ", ".join(f"g{n}" for n in generations) or "none"
+        raise CliError(
+            f"session {session_id!r} has no archived generation {generation} "
+            f"(archived generations: {have})"
+        )
+    messages = await session.archived_messages(generation)
+    return ArchiveView(session_id=session_id, generation=generation, messages=messages)
+
+
+def parked_request(record: TurnRecord | None) -> InputRequest | None:
+    """The request in a suspended turn's checkpoint (``None`` if there is none)."""
+    if record is None or not record.pending or "request" not in record.pending:
+        return None
+    return InputRequest.from_dict(record.pending["request"])
+
+
+def session_json(view: SessionView, store: str) -> JsonObject:
+    """``turnkit show --json``: the live generation, in the stores' own JSON forms."""
+    request = view.request
+    return {
+        "session_id": view.session_id,
+        "store": store,
+        "agent": view.agent,
+        "status": view.status,
+        "generation": view.generation,
+        "messages": [{"index": i, **m.to_dict()} for i, m in enumerate(view.messages)],
+        "turns": [_turn_json(t) for t in view.turns],
+        "parked": None if request is None else request.to_dict(),
+        "generations": view.generations,
+    }
+
+
+def _turn_json(turn: TurnView) -> JsonObject:
+    record = turn.record
+    return {
+        "turn_id": turn.turn_id,
+        "status": record.status if record else None,
+        "created_at": iso(record.created_at) if record else None,
+        "finished_at": iso(record.finished_at) if record else None,
+        "text": record.text if record else None,
+        "error": record.error if record else None,
+        "cancel_reason": record.cancel_reason if record else None,
+        "steps": turn.steps,
+    }
+
+
+def archive_json(view: ArchiveView, store: str) -> JsonObject:
+    """``turnkit show SESSION#gN --json``."""
+    return {
+        "session_id": view.session_id,
+        "store": store,
+        "generation": view.generation,
+        "archived": True,
+        "messages": [{"index": i, **m.to_dict()} for i, m in enumerate(view.messages)],
+    }
+
+
+def sessions_json(sessions: Sequence[SessionInfo]) -> list[JsonObject]:
+    """``turnkit sessions --json``: one object per session, newest first."""
+    return [
+        {
+            "session_id": s.session_id,
+            "agent": s.agent,
+            "status": s.status,
+            "updated_at": iso(s.updated_at),
+        }
+        for s in sessions
+    ]

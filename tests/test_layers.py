@@ -1,0 +1,117 @@
+"""The package's layers, kept true by path: who may import whom, and no import cycle.
+
+The core is ``_errors`` plus four layers, each allowed to import only those
+below it: value types, seams, the engine, the runtime. Plug-ins (stores, models,
+channels, the agent-folder loader, the server, the command line, the testing
+kit) sit beside the core and may use it; the core never imports them. Imports
+under ``TYPE_CHECKING`` and inside functions count like any other.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import turnkit
+
+PACKAGE = Path(turnkit.__file__).parent
+
+#: Each core layer, and what (besides itself) it may import from turnkit.
+CORE_LAYERS: dict[str, set[str]] = {
+    "_errors": set(),
+    "_values": {"_errors"},
+    "_seams": {"_errors", "_values"},
+    "_engine": {"_errors", "_values", "_seams"},
+    "_runtime": {"_errors", "_values", "_seams", "_engine"},
+}
+#: Outside turnkit, what the core may import: the standard library's basics,
+#: pydantic (tool schemas, JSON) and jsonschema (answer schemas).
+CORE_EXTERNAL = {
+    "__future__",
+    "asyncio",
+    "collections",
+    "contextlib",
+    "dataclasses",
+    "hashlib",
+    "hmac",
+    "inspect",
+    "itertools",
+    "json",
+    "jsonschema",
+    "logging",
+    "pydantic",
+    "pydantic_core",
+    "re",
+    "secrets",
+    "time",
+    "types",
+    "typing",
+    "uuid",
+}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def is_package(path: Path) -> bool:
+    return path.name == "__init__.py"
+
+
+def imports(path: Path) -> Iterator[str]:
+    """Every module ``path`` imports, as absolute dotted names."""
+    here = module_name(path).split(".")
+    base = here if is_package(path) else here[:-1]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                anchor = base[: len(base) - node.level + 1]
+                target = ".".join([*anchor, *([node.module] if node.module else [])])
+            else:
+                target = node.module or ""
+            # ``from . import sub`` imports the module ``sub``, not the package's body.
+            submodules = [f"{target}.{a.name}" for a in node.names if _exists(f"{target}.{a.name}")]
+            yield from submodules
+            if len(submodules) < len(node.names):
+                yield target
+
+
+def _exists(module: str) -> bool:
+    parts = module.split(".")[1:]
+    path = PACKAGE.joinpath(*parts) if parts else PACKAGE
+    return path.with_suffix(".py").exists() or (path / "__init__.py").exists()
+
+
+def layer_of(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[0] == "turnkit" else None
+
+
+def sources() -> list[Path]:
+    return sorted(PACKAGE.rglob("*.py"))
+
+
+def test_every_private_root_module_belongs_to_a_layer() -> None:
+    loose = [p.name for p in PACKAGE.glob("_*.py") if p.stem not in {*CORE_LAYERS, "__init__"}]
+    assert loose == [], f"private modules outside any layer package: {loose}"
+
+
+def test_core_layers_import_only_the_layers_below_them() -> None:
+    for path in sources():
+        layer = layer_of(module_name(path))
+        if layer not in CORE_LAYERS:
+            continue
+        allowed = CORE_LAYERS[layer] | {layer}
+        for target in imports(path):
+            if target.split(".")[0] == "turnkit":
+                assert layer_of(target) in allowed, f"{module_name(path)} imports {target}"
+            else:
+                assert target.split(".")[0] in CORE_EXTERNAL, (
+                    f"{module_name(path)} imports {target}"
+                )
