@@ -3,7 +3,9 @@
 It renders a turn as it happens (reply text inline, each tool call and its result
 as a timeline line) and, when the turn parks, asks the question at the prompt and
 resumes the turn with the answer. The person at the terminal is the operating
-system's logged-in user, so their identity counts as attested.
+system's logged-in user, so their identity counts as attested. Everything it writes
+passes through ``printable``: a reply, a tool result or a question never gets to
+send the terminal a control sequence.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from .._values.inbound import InboundEvent, User
 from .._values.inputs import InputRequest
 from .._values.turns import TurnResult
 from .channel import ChannelContext
+from .printable import printable
 
 SOURCE = "cli"
 
@@ -33,12 +36,30 @@ class TerminalRenderer:
     def __init__(self, out: TextIO) -> None:
         self.out = out
         self._mid_line = False
+        #: A streamed carriage return, held until the next delta says whether it
+        #: starts a CRLF (kept) or stands alone (shown escaped).
+        self._held_cr = False
 
-    def _line(self, text: str) -> None:
+    def _text(self, text: str) -> None:
+        """Write streamed reply text, escaped; a CRLF split across deltas stays one."""
+        if self._held_cr:
+            text, self._held_cr = "\r" + text, False
+        if text.endswith("\r"):
+            text, self._held_cr = text[:-1], True
+        self.out.write(printable(text))
+
+    def _end_text(self) -> None:
+        """Close the streamed text's line (a carriage return still held stood alone)."""
+        if self._held_cr:
+            self.out.write(printable("\r"))
+            self._held_cr = False
         if self._mid_line:
             self.out.write("\n")
             self._mid_line = False
-        self.out.write(text + "\n")
+
+    def _line(self, text: str) -> None:
+        self._end_text()
+        self.out.write(printable(text) + "\n")
 
     def render(self, event: TurnEvent, indent: str = "") -> None:
         if isinstance(event, SubagentEvent):
@@ -47,7 +68,7 @@ class TerminalRenderer:
             return
         if event.type == "message.delta":
             if not indent:
-                self.out.write(event.text)
+                self._text(event.text)
                 self._mid_line = True
         elif event.type == "message.completed" and indent and event.message.text:
             self._line(f"{indent}{event.message.text}")
@@ -64,9 +85,8 @@ class TerminalRenderer:
             self._line(f"  ✗ turn failed: {event.error}")
         elif event.type == "turn.cancelled" and not indent:
             self._line(f"  ✗ turn cancelled: {event.reason}")
-        elif event.type == "turn.completed" and self._mid_line:
-            self.out.write("\n")
-            self._mid_line = False
+        elif event.type == "turn.completed":
+            self._end_text()
         self.out.flush()
 
 
@@ -160,7 +180,8 @@ class TerminalChannel:
         """
         pending = await ctx.pending(session=session)
         if pending is not None:
-            self.out.write(f"(session {session!r} is waiting on turn {pending.turn_id})\n")
+            waiting = f"(session {session!r} is waiting on turn {pending.turn_id})"
+            self.out.write(printable(waiting) + "\n")
             earlier = await self._settle(ctx, session, pending.turn_id)
             if earlier.status == "suspended":
                 return earlier
@@ -175,7 +196,7 @@ class TerminalChannel:
             if result.status != "suspended" or result.request is None:
                 return result
             request = result.request
-            raw = await self._prompt(f"{request.prompt} > ")
+            raw = await self._prompt(printable(f"{request.prompt} > "))
             try:
                 value = parse_answer(request, raw)
                 resumed = await ctx.resume_stream(
@@ -187,7 +208,7 @@ class TerminalChannel:
                 )
                 await self.deliver(None, resumed)
             except (ValueError, InvalidAnswerError) as exc:
-                self.out.write(f"  ! {exc}\n")  # ask again
+                self.out.write(printable(f"  ! {exc}\n"))  # ask again
             except ResumeAuthorizationError as exc:
-                self.out.write(f"  ! {exc}\n")
+                self.out.write(printable(f"  ! {exc}\n"))
                 return result

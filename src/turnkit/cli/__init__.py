@@ -20,6 +20,7 @@ from typing import Any
 
 from .._assembly.loader import AgentFolder
 from .._channels.channel import mount_agent
+from .._channels.printable import printable, printable_json
 from .._channels.terminal import TerminalChannel
 from .._errors import TurnkitError
 from .._runtime.runtime import Runtime
@@ -150,7 +151,8 @@ async def _run(args: argparse.Namespace, progress: Progress) -> int:
         )
         return 3
     if result.status != "completed":
-        print(f"turnkit: turn {result.status}: {result.error or result.reason}", file=sys.stderr)
+        why = printable(f"{result.error or result.reason}")
+        print(f"turnkit: turn {result.status}: {why}", file=sys.stderr)
         return 1
     return 0
 
@@ -159,7 +161,7 @@ def _model_for(folder: AgentFolder) -> Model | None:
     """The model to run (see ``choose_model``), saying on stderr which it is."""
     chosen = choose_model(folder)
     if chosen.note:
-        print(f"turnkit: {chosen.note}", file=sys.stderr)
+        print(printable(f"turnkit: {chosen.note}"), file=sys.stderr)
     return chosen.model
 
 
@@ -254,7 +256,9 @@ def _flag(args: argparse.Namespace) -> str:
 
 
 def _json(value: object) -> str:
-    return json.dumps(value, ensure_ascii=False, indent=2)
+    """Exact JSON; the few characters JSON leaves raw that a terminal would act on
+    are written as ``\\u`` escapes (the same value to any JSON reader)."""
+    return printable_json(json.dumps(value, ensure_ascii=False, indent=2))
 
 
 # -- entry point -------------------------------------------------------------------
@@ -289,7 +293,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _fail(progress: Progress, message: str, status: int) -> int:
     progress.done()
-    print(f"turnkit: error: {message}", file=sys.stderr)
+    print(printable(f"turnkit: error: {message}"), file=sys.stderr)
     return status
 
 

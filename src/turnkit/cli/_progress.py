@@ -12,6 +12,8 @@ import sys
 import time
 from typing import TextIO
 
+from .._channels.printable import printable
+
 #: Rewrites closer together than this are skipped: a terminal cannot show them anyway.
 MIN_INTERVAL = 0.1
 _ERASE = "\r\x1b[K"
@@ -34,7 +36,7 @@ class Progress:
         now = time.monotonic()
         if not force and self._shown and now - self._last < MIN_INTERVAL:
             return
-        self._stream.write(f"{_ERASE}{text}")
+        self._stream.write(f"{_ERASE}{printable(text)}")
         self._stream.flush()
         self._shown, self._last = True, now
 

@@ -1,7 +1,9 @@
 """Text output of ``turnkit sessions`` and ``turnkit show``: for people, not parsers.
 
 Long values (a tool's input or result) are cut to one readable line here; ``--json``
-carries them whole. Errors are marked ``✗`` as in ``turnkit run``'s timeline.
+carries them whole. Errors are marked ``✗`` as in ``turnkit run``'s timeline. What a
+store holds may be anyone's text, so every renderer returns it through ``printable``:
+control characters show as escapes and never act on the reader's terminal.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import shlex
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from .._channels.printable import printable
 from .._values.inputs import Answerer, InputRequest
 from .._values.messages import AssistantMessage, Message, ToolMessage, TriggerMessage
 from .._values.records import SessionInfo
@@ -24,17 +27,18 @@ _ROLE_WIDTH = len("assistant")
 def compact(value: Any, limit: int = MAX_VALUE) -> str:
     """``value`` as one line of JSON, cut at ``limit`` characters."""
     text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    # Escaped before whitespace is folded, so a control character shows as itself.
+    text = printable(text)
     text = " ".join(text.split()) if "\n" in text else text
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """Left-aligned columns, two spaces apart, no trailing blanks."""
-    widths = [max(len(str(r[i])) for r in [headers, *rows]) for i in range(len(headers))]
-    lines = [
-        "  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
-        for r in [headers, *rows]
-    ]
+    """Left-aligned columns, two spaces apart, no trailing blanks; cells are made
+    ``printable`` first, so an escaped character keeps its column aligned."""
+    cells = [[printable(str(c)) for c in r] for r in [headers, *rows]]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells]
     return "\n".join(lines)
 
 
@@ -43,7 +47,7 @@ def render_sessions(sessions: Sequence[SessionInfo]) -> str:
     if not sessions:
         return "no sessions"
     rows = [(s.session_id, s.agent, s.status, utc(s.updated_at)) for s in sessions]
-    return table(("SESSION", "AGENT", "STATUS", "UPDATED"), rows)
+    return printable(table(("SESSION", "AGENT", "STATUS", "UPDATED"), rows))
 
 
 def render_session(view: SessionView, *, store: str, store_flag: str) -> str:
@@ -58,7 +62,7 @@ def render_session(view: SessionView, *, store: str, store_flag: str) -> str:
         parts.append(_parked(request, view, store_flag))
     if view.generations:
         parts.append(_archived(view, store_flag))
-    return "\n\n".join(parts)
+    return printable("\n\n".join(parts))
 
 
 def render_archive(view: ArchiveView, *, store: str) -> str:
@@ -67,7 +71,7 @@ def render_archive(view: ArchiveView, *, store: str) -> str:
         ("session", view.session_id),
         [("generation", f"{view.generation} (archived)"), ("store", store)],
     )
-    return f"{head}\n\n{_transcript(view.messages, [])}"
+    return printable(f"{head}\n\n{_transcript(view.messages, [])}")
 
 
 def _header(view: SessionView, store: str) -> str:
@@ -107,7 +111,7 @@ def _message_lines(index: int, message: Message, width: int) -> Iterator[str]:
     text = message.text
     if isinstance(message, TriggerMessage):
         text = f"(by {message.by}) {text}"
-    body = text.splitlines()
+    body = printable(text).splitlines()  # a lone CR shows as \x0d, not a line break
     if isinstance(message, AssistantMessage):
         body += [f"→ {c.name} {compact(c.input)}  (call {c.id})" for c in message.tool_calls]
         if message.stop is not None and message.stop.abnormal:
