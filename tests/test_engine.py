@@ -382,6 +382,62 @@ async def test_idempotency_key_is_stable_per_call_and_unique_otherwise(open_runt
     assert len(keys) == 2 + 2 + 2 + 1
 
 
+def _invoicing_agent(keys: list[tuple[str, str]]) -> turnkit.Agent:
+    """Each turn calls ``bill`` once with the turn's text; the key of every run of it
+    is recorded. The first run of each call "loses the network" after it was sent."""
+
+    @tool
+    async def bill(what: str, ctx: ToolContext) -> str:
+        """Send a bill to the remote service."""
+        keys.append((what, ctx.idempotency_key))
+        if sum(1 for w, _ in keys if w == what) == 1:
+            raise FatalToolError("network dropped after the request was sent")
+        return f"{what} sent"
+
+    def respond(messages: Any) -> Any:
+        last = messages[-1]
+        if isinstance(last, UserMessage):
+            return ScriptedReply(tool_calls=[tool_call("bill", {"what": last.text})])
+        return "ok"
+
+    return agent(ScriptedModel(respond=respond), bill)
+
+
+async def test_idempotency_keys_differ_across_resets_and_stay_across_reopening(
+    make_store: Any,
+) -> None:
+    """A reset lets a turn id come back for another call (an invoice in generation 0,
+    a refund in generation 1): the remote service must not take the refund for a
+    replay of the invoice. A replay of one call keeps its key, even in a new runtime."""
+    keys: list[tuple[str, str]] = []
+    async with turnkit.Runtime(_invoicing_agent(keys), store=make_store()) as rt:
+        session = rt.session("a", "s1")
+        assert (await session.result(session.start("invoice", turn_id="t1"))).status == "failed"
+    async with turnkit.Runtime(_invoicing_agent(keys), store=make_store()) as rt:
+        session = rt.session("a", "s1")  # a new runtime on the same data redelivers
+        assert (await session.result(session.start("", turn_id="t1"))).text == "ok"
+    async with turnkit.Runtime(_invoicing_agent(keys), store=make_store()) as rt:
+        session = rt.session("a", "s1")
+        await session.reset()
+        assert (await session.result(session.start("refund", turn_id="t1"))).status == "failed"
+        assert (await session.result(session.start("", turn_id="t1"))).text == "ok"
+    assert [what for what, _ in keys] == ["invoice", "invoice", "refund", "refund"]
+    (invoice, invoice_again, refund, refund_again) = (key for _, key in keys)
+    assert invoice == invoice_again and refund == refund_again  # replays dedupe
+    assert invoice != refund  # the same session, turn id and step id, another generation
+
+
+async def test_idempotency_keys_differ_between_stores(tmp_path: Path) -> None:
+    """Two stores may hold the same session and turn ids; a remote service shared by
+    both must still tell their calls apart."""
+    keys: list[tuple[str, str]] = []
+    for store in (SqliteStore(tmp_path / "a.db"), SqliteStore(tmp_path / "b.db")):
+        async with turnkit.Runtime(_invoicing_agent(keys), store=store) as rt:
+            await rt.session("a", "s1").result(rt.session("a", "s1").start("x", turn_id="t1"))
+    first, second = (key for _, key in keys)
+    assert first != second
+
+
 async def test_model_sees_transcript_of_previous_turns(open_runtime: Any) -> None:
     model = ScriptedModel(["first", "second"])
     rt = await open_runtime(agent(model))

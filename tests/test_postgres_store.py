@@ -65,6 +65,26 @@ async def test_open_creates_the_schema_at_the_current_version(
         assert row == (SCHEMA_VERSION,)
 
 
+async def test_each_schema_gets_its_own_identity_and_keeps_it(
+    store: PostgresStore, pg_dsn: str, pg_schema: str
+) -> None:
+    again = PostgresStore(pg_dsn, schema=pg_schema)
+    await again.open()
+    try:
+        assert again.store_id == store.store_id and len(store.store_id) == 32
+    finally:
+        await again.close()
+    other_schema = f"{pg_schema}_other"
+    other = PostgresStore(pg_dsn, schema=other_schema)
+    try:
+        await other.open()
+        assert other.store_id != store.store_id
+    finally:
+        await other.close()
+        with connect(pg_dsn) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{other_schema}" CASCADE')
+
+
 def test_migrations_run_forward_from_any_version_and_only_once(pg_dsn: str, pg_schema: str) -> None:
     extra = [*MIGRATIONS, ("ALTER TABLE turnkit_sessions ADD COLUMN note text",)]
     with connect(pg_dsn) as conn:

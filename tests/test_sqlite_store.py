@@ -26,6 +26,19 @@ async def test_open_creates_the_schema_at_the_current_version(tmp_path: Path) ->
         assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
 
 
+async def test_each_file_gets_its_own_identity_and_keeps_it(tmp_path: Path) -> None:
+    ids = []
+    for name in ("a.db", "b.db", "a.db"):
+        store = SqliteStore(tmp_path / name)
+        await store.open()
+        ids.append(store.store_id)
+        await store.close()
+    assert ids[0] == ids[2] != ids[1]
+    assert len(ids[0]) == 32
+    with pytest.raises(turnkit.StoreError, match="not open"):
+        _ = SqliteStore(tmp_path / "a.db").store_id
+
+
 def test_migrations_run_forward_from_any_version_and_only_once(tmp_path: Path) -> None:
     conn = sqlite3.connect(tmp_path / "m.db", isolation_level=None)
     extra = [*MIGRATIONS, ("ALTER TABLE turnkit_sessions ADD COLUMN note TEXT",)]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -51,10 +52,14 @@ class ChildTurns(Protocol):
         ...
 
 
-def make_idempotency_key(session_id: str, turn_id: str, step_id: str) -> str:
-    """Stable for one call across replays; different for every other call, turn and session."""
-    digest = hashlib.sha256(f"{session_id}\x00{turn_id}\x00{step_id}".encode()).hexdigest()
-    return f"tk-{digest[:40]}"
+def make_idempotency_key(
+    *, store_id: str, session_id: str, generation: int, turn_id: str, step_id: str
+) -> str:
+    """Stable for one call across replays, restarts and processes; different for every
+    other call, turn, session, generation of a session (a reset may reuse a turn id)
+    and store (two stores may hold the same session ids)."""
+    where = json.dumps([store_id, session_id, generation, turn_id, step_id])
+    return f"tk-{hashlib.sha256(where.encode()).hexdigest()[:40]}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,7 +68,8 @@ class ToolContext:
 
     ``store`` joins the step's transaction in a local tool; ``idempotency_key``
     is what a remote tool passes to a remote service so a replayed call is
-    deduplicated there.
+    deduplicated there. ``generation`` is the session's (how many resets it has
+    seen) and ``store_id`` the store's identity; both go into the key.
     """
 
     store: StoreHandle
@@ -75,6 +81,8 @@ class ToolContext:
     #: Runs child turns in the runtime's other agents (``None`` outside a runtime).
     children: ChildTurns | None
     step_id: str
+    generation: int
+    store_id: str
     tool_name: str = ""
     #: The source whose policy the turn runs under (its channel's), or ``None``.
     source: str | None = None
@@ -88,7 +96,13 @@ class ToolContext:
     @property
     def idempotency_key(self) -> str:
         """Stable across replays of this call; pass it to remote services to dedupe on."""
-        return make_idempotency_key(self.session_id, self.turn_id, self.step_id)
+        return make_idempotency_key(
+            store_id=self.store_id,
+            session_id=self.session_id,
+            generation=self.generation,
+            turn_id=self.turn_id,
+            step_id=self.step_id,
+        )
 
     def request_input(
         self,

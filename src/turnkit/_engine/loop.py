@@ -116,6 +116,7 @@ class TurnRunner:
         self.steps: dict[str, Any] = {}
         self.next_seq = 1
         self.generation = 0
+        self.store_id = ""
         self._durable_cancel: str | None = None
         self._opened = False
         self.policy = TurnPolicy()
@@ -159,7 +160,7 @@ class TurnRunner:
             known.finished if known is not None and prefix and not snap.messages else None
         )
         self.steps, self.next_seq = snap.steps, snap.next_seq
-        self.generation = snap.generation
+        self.generation, self.store_id = snap.generation, snap.store_id
         record = self._record = snap.turn
         if record is not None:
             # A redelivery replays the turn as it was opened, whatever the caller passed.
@@ -513,6 +514,8 @@ class TurnRunner:
             event=self.event,
             children=self.children,
             step_id=step_id,
+            generation=self.generation,
+            store_id=self.store_id,
             tool_name=call.name,
             source=self.policy.source,
             denied_tools=self.policy.deny_tools,

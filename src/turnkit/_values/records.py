@@ -79,6 +79,9 @@ class SessionSnapshot:
     """
 
     messages: list[Message]
+    #: The store's identity: made once when the store was created, kept durably and
+    #: the same for every session, process and reopening of it (see ``Store``).
+    store_id: str
     steps: dict[str, Any] = field(default_factory=dict)
     turn: TurnRecord | None = None
     agent: str | None = None

@@ -155,10 +155,25 @@ MIGRATIONS: list[tuple[str, ...]] = [
         "CREATE INDEX turnkit_sessions_recent ON turnkit_sessions "
         "(agent, updated_at DESC, session_id)",
     ),
+    # v5: the store's identity, random and made once (idempotency keys include it).
+    (
+        "CREATE TABLE turnkit_store (id integer PRIMARY KEY CHECK (id = 1), "
+        "store_id text NOT NULL)",
+        "INSERT INTO turnkit_store (id, store_id) "
+        "VALUES (1, replace(gen_random_uuid()::text, '-', ''))",
+    ),
 ]
 
 
 SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def read_store_id(conn: Any, schema: str) -> str:
+    """The identity ``schema`` was given when its tables were created."""
+    row = conn.execute(f'SELECT store_id FROM "{schema}".turnkit_store WHERE id = 1').fetchone()
+    if row is None:
+        raise StoreError(f"schema {schema!r} has no store identity (turnkit_store is empty)")
+    return str(row[0])
 
 
 def migrate(conn: Any, schema: str, migrations: list[tuple[str, ...]] = MIGRATIONS) -> int:

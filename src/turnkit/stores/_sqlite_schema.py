@@ -121,6 +121,12 @@ MIGRATIONS: list[tuple[str, ...]] = [
         "CREATE INDEX turnkit_sessions_recent ON turnkit_sessions "
         "(agent, updated_at DESC, session_id)",
     ),
+    # v5: the store's identity, random and made once (idempotency keys include it).
+    (
+        "CREATE TABLE turnkit_store (id INTEGER PRIMARY KEY CHECK (id = 1), "
+        "store_id TEXT NOT NULL)",
+        "INSERT INTO turnkit_store (id, store_id) VALUES (1, lower(hex(randomblob(16))))",
+    ),
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -133,6 +139,14 @@ def current_version(conn: sqlite3.Connection) -> int:
     )
     row = conn.execute("SELECT version FROM turnkit_schema WHERE id = 1").fetchone()
     return int(row[0]) if row else 0
+
+
+def read_store_id(conn: sqlite3.Connection) -> str:
+    """The identity this database was given when its tables were created."""
+    row = conn.execute("SELECT store_id FROM turnkit_store WHERE id = 1").fetchone()
+    if row is None:
+        raise StoreError("the database has no store identity (turnkit_store is empty)")
+    return str(row[0])
 
 
 def migrate(conn: sqlite3.Connection, migrations: list[tuple[str, ...]] = MIGRATIONS) -> int:

@@ -8,6 +8,7 @@ durable store would keep it, so what passes here also survives a real store.
 
 from __future__ import annotations
 
+import secrets
 import time
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
@@ -158,10 +159,13 @@ class _MemoryTransaction:
 
 
 class _MemorySession:
-    def __init__(self, session_id: str, data: _SessionData, locks: SessionLocks) -> None:
+    def __init__(
+        self, session_id: str, data: _SessionData, locks: SessionLocks, store_id: str
+    ) -> None:
         self._session_id = session_id
         self._data = data
         self._locks = locks
+        self._store_id = store_id
 
     def writer(self) -> AbstractAsyncContextManager[None]:
         return self._locks.hold(self._session_id)
@@ -180,6 +184,7 @@ class _MemorySession:
         last_seq = d.events[-1][0] if d.events else d.archived_seq
         return SessionSnapshot(
             messages=[message_from_dict(from_json(m)) for m in d.messages[max(0, from_index) :]],
+            store_id=self._store_id,
             steps=steps,
             turn=d.turns.get(turn_id) if turn_id is not None else None,
             agent=d.agent,
@@ -228,6 +233,8 @@ class MemoryStore:
     def __init__(self) -> None:
         self._sessions: dict[str, _SessionData] = {}
         self._locks = SessionLocks()
+        #: This store's identity: random, for as long as the object (its data) lives.
+        self.store_id = secrets.token_hex(16)
 
     async def open(self) -> None:
         return None
@@ -237,7 +244,7 @@ class MemoryStore:
 
     def session(self, session_id: str) -> _MemorySession:
         data = self._sessions.setdefault(session_id, _SessionData())
-        return _MemorySession(session_id, data, self._locks)
+        return _MemorySession(session_id, data, self._locks, self.store_id)
 
     async def sessions(self) -> list[SessionInfo]:
         return [

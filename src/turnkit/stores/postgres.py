@@ -47,7 +47,7 @@ from .._values.messages import Message, message_from_dict
 from .._values.records import SessionInfo, SessionKey, SessionSnapshot, SessionStatus, TurnRecord
 from . import _archive_sql as archive_sql
 from ._locks import SessionLocks
-from ._postgres_schema import migrate
+from ._postgres_schema import migrate, read_store_id
 from ._sql_rows import TURN_COLUMNS as _TURN_COLUMNS
 from ._sql_rows import session_page_sql
 from ._sql_rows import turn_from_row as _turn_from_row
@@ -145,6 +145,7 @@ class _PgSession:
             messages=[message_from_dict(m) for m in json.loads(b"[" + messages + b"]")]
             if messages
             else [],
+            store_id=self._store.store_id,
             steps=json.loads(b"{" + steps + b"}") if steps else {},
             turn=_turn_row(res, 0, 5) if res.get_value(0, 6) is not None else None,
             agent=_text(agent),
@@ -346,6 +347,7 @@ class PostgresStore:
         self.holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._apool: AsyncConnectionPool[Any] | None = None
         self._pool: ConnectionPool[Any] | None = None
+        self._store_id: str | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._lockch = _LockChannel(self)
         self._locks = SessionLocks()
@@ -374,6 +376,14 @@ class PostgresStore:
             "PostgresStore is not open: use it through `async with Runtime(...)` "
             "or await store.open() first"
         )
+
+    @property
+    def store_id(self) -> str:
+        """The identity this schema was given when turnkit created its tables (random,
+        kept in it): the same for every process and host that uses it."""
+        if self._store_id is None:
+            raise self._not_open()
+        return self._store_id
 
     @property
     def async_pool(self) -> AsyncConnectionPool[Any]:
@@ -422,6 +432,7 @@ class PostgresStore:
         try:
             with psycopg.connect(self.dsn, **self._connect_kwargs()) as conn:
                 migrate(conn, self.schema)
+                self._store_id = read_store_id(conn, self.schema)
             # Only local tools that use ctx.store take these connections: opened on demand.
             pool: ConnectionPool[Any] = ConnectionPool(
                 self.dsn,

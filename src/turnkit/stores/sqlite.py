@@ -38,7 +38,7 @@ from ._sql_rows import TURN_COLUMNS as _TURN_COLUMNS
 from ._sql_rows import dumps as _dumps
 from ._sql_rows import session_page_sql
 from ._sql_rows import turn_from_row as _turn_from_row
-from ._sqlite_schema import migrate
+from ._sqlite_schema import migrate, read_store_id
 
 T = TypeVar("T")
 log = logging.getLogger("turnkit.stores.sqlite")
@@ -243,6 +243,7 @@ class _SqliteSession:
         ).fetchone()
         return SessionSnapshot(
             messages=messages,
+            store_id=self._store.store_id,
             steps=steps,
             turn=turn,
             agent=agent_row[0] if agent_row else None,
@@ -369,6 +370,13 @@ class _SqliteSession:
         return cast(SessionStatus, row[0]) if row else "new"
 
 
+def _not_open() -> StoreError:
+    return StoreError(
+        "SqliteStore is not open: use it through `async with Runtime(...)` "
+        "or await store.open() first"
+    )
+
+
 class SqliteStore:
     """Sessions in one SQLite file (WAL). ``busy_timeout`` is how long, in seconds, a
     write waits for another process's lock before failing.
@@ -383,6 +391,7 @@ class SqliteStore:
         self.path = os.fspath(path)
         self.busy_timeout = busy_timeout
         self._conn: sqlite3.Connection | None = None
+        self._store_id: str | None = None
         self._since_checkpoint = 0
         self._checkpoint: asyncio.Future[None] | None = None
         self._checkpoint_conn: sqlite3.Connection | None = None
@@ -421,11 +430,16 @@ class SqliteStore:
     @property
     def connection(self) -> sqlite3.Connection:
         if self._conn is None:
-            raise StoreError(
-                "SqliteStore is not open: use it through `async with Runtime(...)` "
-                "or await store.open() first"
-            )
+            raise _not_open()
         return self._conn
+
+    @property
+    def store_id(self) -> str:
+        """The identity this file was given when turnkit created its tables (random,
+        kept in the file): the same in every process that opens it."""
+        if self._store_id is None:
+            raise _not_open()
+        return self._store_id
 
     async def open(self) -> None:
         if self._conn is not None:
@@ -447,6 +461,7 @@ class SqliteStore:
             conn.execute(f"PRAGMA wal_autocheckpoint = {CHECKPOINT_BACKSTOP_PAGES}")
             conn.execute(f"PRAGMA journal_size_limit = {JOURNAL_SIZE_LIMIT}")
             migrate(conn)
+            self._store_id = read_store_id(conn)
             # From here on a locked database is waited for in ``_begin``, off the loop.
             conn.execute("PRAGMA busy_timeout = 0")
         except BaseException as exc:

@@ -57,6 +57,7 @@ __all__ = [
     "test_conformance_session_pages_newest_first_by_key",
     "test_conformance_sessions_are_isolated_and_listed",
     "test_conformance_sql_handle_or_its_honest_absence",
+    "test_conformance_the_store_keeps_one_identity",
     "test_conformance_turn_with_tools_checkpoints_and_replays",
     "test_conformance_unfinished_turns_oldest_first",
     "test_conformance_updating_a_missing_turn_is_refused",
@@ -296,6 +297,19 @@ async def test_conformance_data_survives_reopening(conformance_store: StoreUnder
         snap = await store.session("s1").load("t1")
         assert snap.turn is not None and snap.turn.status == "running"
         assert snap.messages == [UserMessage(text="open t1", turn_id="t1")]
+
+
+@pytest.mark.asyncio
+async def test_conformance_the_store_keeps_one_identity(conformance_store: StoreUnderTest) -> None:
+    """``load().store_id`` is the same for every session and after reopening (a new
+    process sees the same store), and not empty: idempotency keys include it."""
+    async with _opened(conformance_store) as store:
+        await _open_turn(store.session("s1"), "t1")
+        first = (await store.session("s1").load("t1")).store_id
+        assert isinstance(first, str) and first
+        assert (await store.session("never-used").load()).store_id == first
+    async with _opened(conformance_store) as store:
+        assert (await store.session("s1").load()).store_id == first
 
 
 @pytest.mark.asyncio
