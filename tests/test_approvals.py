@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -28,6 +30,7 @@ from turnkit import (
     grant_answer,
     tool,
 )
+from turnkit._runtime.approvals import GrantSealer
 from turnkit.testing import CrashingStore, RecordingSink, ScriptedModel, ScriptedReply, tool_call
 
 APPROVAL = {
@@ -328,15 +331,14 @@ async def test_a_policy_answerer_needs_a_grant_for_exactly_its_policy_and_scope(
     with pytest.raises(ResumeAuthorizationError, match="policy operator"):
         await session.resume(tid, "approve", {"approved": True}, by="ops-lead")
     # A grant for another scope (sealed by this runtime, so only the scope is wrong).
-    other = rt.grants.seal(
-        Grant(
-            session_id="s1",
-            turn_id=tid,
-            input_id="approve",
-            policy="operator",
-            scope="mailbox:other",
-            by="ops-lead",
-        )
+    request = await session.pending()
+    assert request is not None
+    other = rt._grants.issue(
+        session_id="s1",
+        generation=0,
+        request=request,
+        answerer=Answerers.policy("operator", scope="mailbox:other"),
+        by="ops-lead",
     )
     with pytest.raises(ResumeAuthorizationError):
         await session.resume(tid, "approve", {"approved": True}, by="ops-lead", granted=other)
@@ -364,15 +366,13 @@ async def test_a_grant_never_answers_a_user_answerer(open_runtime: Any) -> None:
     rt = await open_runtime(refund_agent(Ledger(), answerers=Answerers.user("U1")))
     session = rt.session("a", "s1")
     parked = await park(session)
-    sealed = rt.grants.seal(
-        Grant(
-            session_id="s1",
-            turn_id=parked.turn_id,
-            input_id="approve",
-            policy="operator",
-            scope=None,
-            by="U2",
-        )
+    assert parked.request is not None
+    sealed = rt._grants.issue(
+        session_id="s1",
+        generation=0,
+        request=parked.request,
+        answerer=Answerers.policy("operator"),
+        by="U2",
     )
     with pytest.raises(ResumeAuthorizationError):
         await session.resume(parked.turn_id, "approve", {"approved": True}, by="U2", granted=sealed)
@@ -392,7 +392,13 @@ async def test_a_hand_made_or_altered_grant_is_refused(open_runtime: Any) -> Non
     parked = await park(session)
     tid = parked.turn_id
     forged = Grant(
-        session_id="s1", turn_id=tid, input_id="approve", policy="operator", scope=None, by="me"
+        session_id="s1",
+        turn_id=tid,
+        input_id="approve",
+        generation=0,
+        policy="operator",
+        scope=None,
+        by="me",
     )
     with pytest.raises(ResumeAuthorizationError, match="not issued by grant_answer"):
         await session.resume(tid, "approve", {"approved": True}, by="me", granted=forged)
@@ -403,6 +409,7 @@ async def test_a_hand_made_or_altered_grant_is_refused(open_runtime: Any) -> Non
         session_id="s1",
         turn_id=tid,
         input_id="approve",
+        generation=0,
         policy="operator",
         scope=None,
         by="someone-else",
@@ -415,6 +422,83 @@ async def test_a_hand_made_or_altered_grant_is_refused(open_runtime: Any) -> Non
         await session.resume(tid, "approve", {"approved": True}, by="other", granted=real)
     await session.resume(tid, "approve", {"approved": True}, by="me", granted=real)
     assert (await session.result(tid)).status == "completed"
+
+
+class _EqualsAnything(str):
+    def __eq__(self, other: object) -> bool:
+        return True
+
+    __hash__ = str.__hash__
+
+
+async def test_a_grant_is_checked_by_its_plain_values_never_by_its_own_code(
+    open_runtime: Any,
+) -> None:
+    """A subclass that hands over a genuine grant's payload while claiming another
+    answerer, or a field that compares equal to anything, gets nowhere."""
+    policy = Answerers.policy("operator")
+    rt = await open_runtime(refund_agent(Ledger(), answerers=policy, authorize=_always_yes))
+    session = rt.session("a", "s1")
+    tid = (await park(session)).turn_id
+    real = await grant_answer(
+        session, ResumeRequest(turn_id=tid, input_id="approve", value=None, by="me")
+    )
+    genuine = {f.name: getattr(real, f.name) for f in dataclasses.fields(real)}
+
+    class Borrowing(Grant):
+        def _payload(self) -> bytes:  # what the grant once was sealed over
+            data = {k: v for k, v in genuine.items() if k != "seal"}
+            return json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
+
+    borrowing = Borrowing(**{**genuine, "by": "mallory"})
+    lying = dataclasses.replace(real, by=_EqualsAnything("me"))
+    before = await stored_state(session, tid)
+    for fake in (borrowing, lying):
+        with pytest.raises(ResumeAuthorizationError, match="not issued by grant_answer"):
+            await session.resume(tid, "approve", {"approved": True}, by="mallory", granted=fake)
+    assert await stored_state(session, tid) == before
+    await session.resume(tid, "approve", {"approved": True}, by="me", granted=real)
+    assert (await session.result(tid)).status == "completed"
+
+
+async def test_a_grant_from_before_a_reset_answers_nothing_after_it(open_runtime: Any) -> None:
+    """The same turn id parks on the same input id in generation 1: the grant issued
+    in generation 0 is refused, a fresh one answers."""
+    ledger = Ledger()
+    policy = Answerers.policy("operator")
+    rt = await open_runtime(refund_agent(ledger, answerers=policy, authorize=_always_yes))
+    session = rt.session("a", "s1")
+    await park(session, "o-1", turn_id="t1")
+    resume = ResumeRequest(turn_id="t1", input_id="approve", value=None, by="me")
+    old = await grant_answer(session, resume)
+    assert old.generation == 0
+    await session.reset()
+    await park(session, "o-2", turn_id="t1")
+    before = await stored_state(session, "t1")
+    with pytest.raises(ResumeAuthorizationError, match="generation 0 of session s1; the session"):
+        await session.resume("t1", "approve", {"approved": True}, by="me", granted=old)
+    assert await stored_state(session, "t1") == before
+    fresh = await grant_answer(session, resume)
+    assert fresh.generation == 1
+    await session.resume("t1", "approve", {"approved": True}, by="me", granted=fresh)
+    assert (await session.result("t1")).status == "completed"
+    assert ledger.refunded == ["o-2"]
+
+
+async def test_only_grant_answer_makes_grants(open_runtime: Any) -> None:
+    """Nothing public hands out the sealer: no ``runtime.grants``, nothing reachable
+    from the runtime's or a session's public attributes, nothing exported."""
+    rt = await open_runtime(refund_agent(Ledger()))
+    session = rt.session("a", "s1")
+    assert not hasattr(rt, "grants")
+    reachable = [
+        getattr(owner, name)
+        for owner in (rt, session, rt.children)
+        for name in dir(owner)
+        if not name.startswith("_")
+    ]
+    assert not any(isinstance(value, GrantSealer) for value in reachable)
+    assert "GrantSealer" not in turnkit.__all__ and not hasattr(turnkit, "GrantSealer")
 
 
 async def test_authorize_answer_raising_makes_no_grant_and_the_answer_can_be_retried(

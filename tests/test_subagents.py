@@ -3,6 +3,7 @@ the parent's call, so a replay of the parent never starts a second child turn.""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sqlite3
 import subprocess
@@ -24,6 +25,8 @@ from turnkit import (
     subagent,
     tool,
 )
+from turnkit._runtime.children import _stored_parent_answer
+from turnkit._values.inputs import input_step_id
 from turnkit.testing import CrashingStore, RecordingSink, ScriptedModel, ScriptedReply, tool_call
 
 
@@ -35,7 +38,7 @@ def _outage() -> None:
     raise _Outage("store went away")
 
 
-def boss(task: str = "find prices") -> Agent:
+def boss(task: str = "find prices", **kwargs: Any) -> Agent:
     def respond(messages: Any) -> Any:
         last = messages[-1]
         if isinstance(last, UserMessage):
@@ -48,6 +51,7 @@ def boss(task: str = "find prices") -> Agent:
         name="boss",
         model=ScriptedModel(respond=respond),
         tools=[subagent("researcher", description="Researches a question and answers it.")],
+        **kwargs,
     )
 
 
@@ -335,3 +339,98 @@ async def test_a_replayed_parent_does_not_rerun_a_child_that_failed(make_store: 
         result = await parent.result(parent.start("go", turn_id="p1"))
     assert len(child_model.calls) == 1
     assert (result.text or "").startswith("boss: {'error': 'SubagentError: researcher failed:")
+
+
+async def test_a_parent_turn_id_reused_after_a_reset_runs_a_new_child(open_runtime: Any) -> None:
+    """The child's ids come from the parent call's idempotency key, which a reset
+    changes: generation 1's turn ``p1`` must not read generation 0's child answer."""
+    child_model = ScriptedModel(["old prices", "new prices"])
+    runtime = await open_runtime(boss(), researcher(child_model))
+    parent = runtime.session("boss", "s1")
+    first = await parent.result(parent.start("go", turn_id="p1"))
+    await parent.reset()
+    second = await parent.result(parent.start("go", turn_id="p1"))
+    assert "old prices" in (first.text or "") and "new prices" in (second.text or "")
+    assert len(child_model.calls) == 2
+    children = [s for s in await runtime.sessions() if s.agent == "researcher"]
+    assert len(children) == 2
+
+
+async def test_a_childs_policy_question_is_answered_with_the_parents_grant(
+    open_runtime: Any,
+) -> None:
+    """The child asks a policy; the parent parks with it, is answered through
+    grant_answer, and the child receives that answer (vouched for from what the
+    parent stored), not one minted on its own."""
+    deployed: list[bool] = []
+
+    @tool
+    async def deploy(ctx: ToolContext) -> dict[str, bool]:
+        """Deploy once release approves."""
+        ok = await ctx.request_input(
+            "approve",
+            "Deploy to prod?",
+            schema={"type": "boolean"},
+            answerers=turnkit.Answerers.policy("release"),
+        )
+        deployed.append(bool(ok))
+        return {"deployed": bool(ok)}
+
+    def child_reply(messages: Any) -> Any:
+        if isinstance(messages[-1], TriggerMessage):
+            return ScriptedReply(tool_calls=[tool_call("deploy", {})])
+        return f"child: {messages[-1].result}"
+
+    async def authorize(check: turnkit.AnswerCheck) -> bool:
+        return check.policy == "release" and check.by == "lead"
+
+    runtime = await open_runtime(
+        boss("ship it", authorize_answer=authorize),
+        researcher(ScriptedModel(respond=child_reply), tools=[deploy]),
+    )
+    parent = runtime.session("boss", "s1")
+    tid = parent.start("ship")
+    parked = await parent.result(tid)
+    assert parked.request is not None
+    assert parked.request.answerers == (turnkit.Answerers.policy("release"),)
+    with pytest.raises(turnkit.ResumeAuthorizationError):
+        await parent.resume(tid, parked.request.id, True, by="lead")  # by alone: no
+    resume = turnkit.ResumeRequest(turn_id=tid, input_id=parked.request.id, value=True, by="lead")
+    grant = await turnkit.grant_answer(parent, resume)
+    await parent.resume(tid, parked.request.id, True, by="lead", granted=grant)
+    done = await parent.result(tid)
+    assert done.status == "completed" and deployed == [True]
+    (child,) = [s for s in await runtime.sessions() if s.agent == "researcher"]
+    child_session = runtime.session("researcher", child.session_id)
+    (child_turn,) = {m.turn_id for m in await child_session.messages()}
+    steps = (await child_session._store.load(child_turn)).steps
+    (answer,) = [v for k, v in steps.items() if k.startswith("input:")]
+    assert answer == {"value": True, "by": "lead"}
+
+
+async def test_a_child_answer_is_passed_on_only_from_the_parents_stored_answer(
+    open_runtime: Any,
+) -> None:
+    seen: list[ToolContext] = []
+
+    @tool
+    async def look(ctx: ToolContext) -> str:
+        """Look."""
+        seen.append(ctx)
+        return "ok"
+
+    def respond(messages: Any) -> Any:
+        if isinstance(messages[-1], UserMessage):
+            return ScriptedReply(tool_calls=[tool_call("look", {})])
+        return "done"
+
+    runtime = await open_runtime(
+        Agent(name="a", model=ScriptedModel(respond=respond), tools=[look])
+    )
+    await runtime.session("a", "s1").turn("go")
+    (ctx,) = seen
+    with pytest.raises(turnkit.FatalToolError, match="no stored answer"):
+        _stored_parent_answer(ctx, "tool:1:call_1/approve")
+    stored = {input_step_id(ctx.turn_id, "tool:1:call_1/approve"): {"value": 1, "by": "u"}}
+    answered = dataclasses.replace(ctx, _steps=stored)
+    assert _stored_parent_answer(answered, "tool:1:call_1/approve") == {"value": 1, "by": "u"}

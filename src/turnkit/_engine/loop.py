@@ -438,6 +438,8 @@ class TurnRunner:
             "opening_text": str(opening.get("text", "")),
             "event": self.event.to_dict() if self.event else None,
             "policy": self.policy.to_dict(),
+            # A grant answers only the generation it was issued in (see approvals).
+            "generation": self.generation,
         }
 
         def write(tx: Transaction) -> None:

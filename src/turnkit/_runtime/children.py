@@ -1,9 +1,11 @@
 """Child turns: how a tool's call runs another agent's turn in a session of its own.
 
 The child's session and turn ids derive from the parent call's idempotency key, so
-a replayed parent finds the same child turn; a parked child parks the parent with
-its question and gets the parent's answer passed on. Tools reach this through
-``ToolContext.children`` (the ``ChildTurns`` protocol), never through the runtime.
+a replayed parent finds the same child turn (and a parent turn id reused after a
+reset makes a new child); a parked child parks the parent with its question and
+gets the parent's answer passed on, with a grant only once that answer is found
+stored with the parent's turn. Tools reach this through ``ToolContext.children``
+(the ``ChildTurns`` protocol), never through the runtime.
 """
 
 from __future__ import annotations
@@ -12,13 +14,14 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from .._engine.context import ToolContext
+from .._errors import FatalToolError
 from .._seams.sink import EventSink
 from .._values.events import SubagentEvent, TurnEvent
 from .._values.inbound import Proactive
 from .._values.inputs import InputRequest, input_step_id
 from .._values.records import TERMINAL_TURN_STATUSES, TurnRecord
 from .._values.turns import TurnResult, result_from_record
-from .approvals import Grant, GrantSealer
+from .approvals import Grant, GrantSealer, parked_generation
 
 
 class ChildSession(Protocol):
@@ -43,8 +46,6 @@ class ChildSession(Protocol):
 
     async def result(self, turn_id: str) -> TurnResult: ...
 
-    async def pending(self) -> InputRequest | None: ...
-
     async def resume(
         self,
         turn_id: str,
@@ -65,17 +66,15 @@ class ChildHost(Protocol):
     @property
     def sink(self) -> EventSink: ...
 
-    @property
-    def grants(self) -> GrantSealer: ...
-
     def session(self, agent_name: str, session_id: str) -> ChildSession: ...
 
 
 class RuntimeChildren:
     """The runtime's side of ``ChildTurns``: what a tool context may ask of it."""
 
-    def __init__(self, runtime: ChildHost) -> None:
+    def __init__(self, runtime: ChildHost, sealer: GrantSealer) -> None:
         self._runtime = runtime
+        self._sealer = sealer
 
     @property
     def agent_names(self) -> frozenset[str]:
@@ -84,7 +83,7 @@ class RuntimeChildren:
     async def run_child_turn(
         self, parent: ToolContext, agent: str, task: str
     ) -> tuple[str, TurnResult]:
-        return await run_child(self._runtime, parent, agent, task)
+        return await run_child(self._runtime, self._sealer, parent, agent, task)
 
 
 def child_ids(ctx: ToolContext, agent_name: str) -> tuple[str, str]:
@@ -94,7 +93,7 @@ def child_ids(ctx: ToolContext, agent_name: str) -> tuple[str, str]:
 
 
 async def run_child(
-    runtime: ChildHost, ctx: ToolContext, agent_name: str, task: str
+    runtime: ChildHost, sealer: GrantSealer, ctx: ToolContext, agent_name: str, task: str
 ) -> tuple[str, TurnResult]:
     """Run (or find) the child turn for this call; its session id and how it ended."""
     session_id, turn_id = child_ids(ctx, agent_name)
@@ -123,7 +122,7 @@ async def run_child(
         child.open_child_turn(task, trigger, turn_id, ctx.denied_tools)
         result = await child.result(turn_id)
         while result.status == "suspended" and result.request is not None:
-            await _pass_on_answer(runtime, ctx, child, result.request)
+            await _pass_on_answer(sealer, ctx, child, result.request)
             result = await child.result(turn_id)
     finally:
         unsubscribe()
@@ -131,38 +130,52 @@ async def run_child(
 
 
 async def _pass_on_answer(
-    runtime: ChildHost, ctx: ToolContext, child: ChildSession, request: InputRequest
+    sealer: GrantSealer, ctx: ToolContext, child: ChildSession, request: InputRequest
 ) -> None:
     """Ask the parent's answerer the child's question (parking the parent the first
-    time), then resume the child with the answer."""
+    time), then resume the child with the answer the parent's turn stored."""
     parent_input = f"{ctx.step_id}/{request.id}"
-    value = await ctx.request_input(
+    await ctx.request_input(
         parent_input,
         request.prompt,
         schema=request.schema,
         answerers=request.answerers or None,
     )
-    stored = ctx._steps.get(input_step_id(ctx.turn_id, parent_input)) or {}
-    by = stored.get("by")
-    waiting = await child.pending()
-    if waiting is None or waiting.turn_id != request.turn_id or waiting.id != request.id:
+    answer = _stored_parent_answer(ctx, parent_input)
+    record = await child.turn_record(request.turn_id)
+    if record is None or record.status != "suspended" or record.pending is None:
         return  # answered some other way meanwhile: just read how the child goes on
-    # The parent's resume was checked against the same answerers; vouch for it.
+    waiting = InputRequest.from_dict(record.pending["request"])
+    if waiting.id != request.id:
+        return
+    # The parent's resume was checked against these same answerers, and its answer
+    # is stored with the parent's turn: vouch for it to the child, in the
+    # generation the child waits in.
+    by = answer.get("by")
     granted = next(
         (
-            runtime.grants.seal(
-                Grant(
-                    session_id=child.session_id,
-                    turn_id=request.turn_id,
-                    input_id=request.id,
-                    policy=a.policy,
-                    scope=a.scope,
-                    by=by,
-                )
+            sealer.issue(
+                session_id=child.session_id,
+                generation=parked_generation(record),
+                request=waiting,
+                answerer=a,
+                by=by,
             )
-            for a in request.answerers
-            if a.kind == "policy" and a.policy is not None
+            for a in waiting.answerers
+            if a.kind == "policy"
         ),
         None,
     )
-    await child.resume(request.turn_id, request.id, value, by=by, granted=granted)
+    await child.resume(request.turn_id, request.id, answer["value"], by=by, granted=granted)
+
+
+def _stored_parent_answer(ctx: ToolContext, parent_input: str) -> dict[str, Any]:
+    """The answer the parent's turn has stored for ``parent_input`` (``{"value",
+    "by"}``), read from the turn's memoized steps; never made up."""
+    stored = ctx._steps.get(input_step_id(ctx.turn_id, parent_input))
+    if not isinstance(stored, dict) or "value" not in stored:
+        raise FatalToolError(
+            f"turn {ctx.turn_id} has no stored answer to {parent_input!r}, so there is "
+            "nothing to pass on to the child"
+        )
+    return stored

@@ -1,7 +1,8 @@
 """``grant_answer``: the one way to make a ``Grant`` that a resume accepts.
 
 It asks the agent's ``authorize_answer`` about the session's pending request and
-seals a grant only when it says yes; nothing is stored until the resume.
+seals a grant only when it says yes, bound to the session's current generation;
+nothing is stored until the resume.
 """
 
 from __future__ import annotations
@@ -28,9 +29,10 @@ async def grant_answer(
         raise ConfigurationError(
             f"agent {session.agent.name!r} has no authorize_answer, and none was passed"
         )
-    request = await session.pending()
-    if request is None:
+    parked = await session._parked_input()
+    if parked is None:
         raise ResumeConflictError(f"session {session.session_id} is not waiting for input")
+    request, generation = parked
     if request.turn_id != resume.turn_id or request.id != resume.input_id:
         raise ResumeConflictError(
             f"session {session.session_id} waits for input {request.id!r} of turn "
@@ -47,15 +49,12 @@ async def grant_answer(
             policy=answerer.policy, scope=answerer.scope, by=resume.by, principal=resume.principal
         )
         if await decide(check) is True:
-            return session.runtime.grants.seal(
-                Grant(
-                    session_id=session.session_id,
-                    turn_id=request.turn_id,
-                    input_id=request.id,
-                    policy=answerer.policy,
-                    scope=answerer.scope,
-                    by=resume.by,
-                )
+            return session.runtime._grants.issue(
+                session_id=session.session_id,
+                generation=generation,
+                request=request,
+                answerer=answerer,
+                by=resume.by,
             )
     raise ResumeAuthorizationError(
         f"authorize_answer did not admit by={resume.by!r} for "

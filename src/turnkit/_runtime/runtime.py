@@ -44,7 +44,7 @@ from .._values.messages import (
 from .._values.policy import TurnPolicy
 from .._values.records import SessionInfo, SessionStatus, TurnRecord
 from .._values.turns import ResetResult, TurnRequest, TurnResult, result_from_record
-from .approvals import Grant, GrantSealer, check_answer, check_answerer
+from .approvals import Grant, GrantSealer, check_answer, check_answerer, parked_generation
 from .children import RuntimeChildren
 from .observe import TurnStream, event_filter, finished_record, session_events, turn_events
 
@@ -210,10 +210,15 @@ class AgentSession:
 
     async def pending(self) -> InputRequest | None:
         """The input request this session is parked on, or ``None``."""
+        parked = await self._parked_input()
+        return parked[0] if parked is not None else None
+
+    async def _parked_input(self) -> tuple[InputRequest, int] | None:
+        """The request this session is parked on and the generation it waits in."""
         record = await self._store.parked()
         if record is None or record.pending is None:
             return None
-        return InputRequest.from_dict(record.pending["request"])
+        return InputRequest.from_dict(record.pending["request"]), parked_generation(record)
 
     async def resume(
         self,
@@ -259,9 +264,10 @@ class AgentSession:
             check_answerer(
                 request,
                 session_id=self.session_id,
+                generation=parked_generation(record),
                 by=by,
                 granted=granted,
-                sealer=self.runtime.grants,
+                sealer=self.runtime._grants,
             )
             try:
                 to_json(value)
@@ -632,10 +638,11 @@ class Runtime:
             )
         self.store = store
         self.sink: EventSink = sink if sink is not None else LocalEventSink()
-        #: Seals the grants ``grant_answer`` issues; its key never leaves this process.
-        self.grants = GrantSealer()
+        # Seals the grants grant_answer issues; its key never leaves this process, and
+        # it is no public attribute: a grant is made by grant_answer, never by hand.
+        self._grants = GrantSealer()
         self._sessions: dict[str, AgentSession] = {}
-        self.children = RuntimeChildren(self)
+        self.children = RuntimeChildren(self, self._grants)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._background: set[asyncio.Task[None]] = set()
 
