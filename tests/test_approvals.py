@@ -200,6 +200,60 @@ async def test_resume_stores_the_answer_and_replays_the_tool_from_the_top(
     assert [m.role for m in await session.messages()] == ["user", "assistant", "tool", "assistant"]
 
 
+async def test_who_answered_is_logged_once_as_input_answered(
+    open_runtime: Any, sink: RecordingSink
+) -> None:
+    rt = await open_runtime(refund_agent(Ledger(), answerers=Answerers.user("U1")))
+    session = rt.session("a", "s1")
+    parked = await park(session, event=attested())
+    assert parked.request is not None
+    stream = session.observe(
+        await session.resume(parked.turn_id, "approve", {"approved": True}, by="U1")
+    )
+    seen = [e async for e in stream]
+    logged = await session.events()
+    answers = [e for e in logged if isinstance(e, turnkit.InputAnsweredEvent)]
+    assert len(answers) == 1
+    answered = answers[0]
+    assert (answered.turn_id, answered.input_id, answered.by) == (parked.turn_id, "approve", "U1")
+    assert answered.value == {"approved": True}
+    assert answered.call_id == parked.request.call_id
+    types = [e.type for e in logged]
+    # Numbered in the log right after the question, before the result it led to.
+    assert types[types.index("input.requested") + 1] == "input.answered"
+    assert types.index("input.answered") < types.index("action.completed")
+    assert [e.seq for e in logged] == list(range(1, len(logged) + 1))
+    # The resumed delivery told its observers first, with the logged number.
+    assert seen[0].type == "input.answered" and seen[0].seq == answered.seq
+    assert sink.types().count("input.answered") == 1
+    wire = answered.to_dict()
+    assert wire["type"] == "input.answered" and wire["by"] == "U1"
+    assert turnkit.event_from_dict(json.loads(json.dumps(wire))) == answered
+
+
+async def test_input_answered_names_nobody_when_the_resume_named_nobody(
+    open_runtime: Any,
+) -> None:
+    rt = await open_runtime(refund_agent(Ledger()))
+    session = rt.session("a", "s1")
+    parked = await park(session)
+    await session.result(await session.resume(parked.turn_id, "approve", {"approved": False}))
+    [answered] = [e for e in await session.events() if e.type == "input.answered"]
+    assert isinstance(answered, turnkit.InputAnsweredEvent)
+    assert answered.by is None and answered.value == {"approved": False}
+
+
+async def test_a_refused_resume_logs_no_answer(open_runtime: Any) -> None:
+    rt = await open_runtime(refund_agent(Ledger(), answerers=Answerers.user("U1")))
+    session = rt.session("a", "s1")
+    parked = await park(session, event=attested())
+    with pytest.raises(ResumeAuthorizationError):
+        await session.resume(parked.turn_id, "approve", {"approved": True}, by="U2")
+    with pytest.raises(turnkit.InvalidAnswerError):
+        await session.resume(parked.turn_id, "approve", {"approved": "yes"}, by="U1")
+    assert "input.answered" not in [e.type for e in await session.events()]
+
+
 async def test_a_new_runtime_on_the_same_store_resumes_a_parked_turn(
     make_store: Any, sink: RecordingSink
 ) -> None:
@@ -587,6 +641,7 @@ async def test_a_crash_in_the_resumed_replay_recovers_without_asking_again(
         assert [r.status for r in recovered] == ["completed"]
         events = [e.type for e in await session.events()]
     assert events.count("input.requested") == 1  # nobody was asked twice
+    assert events.count("input.answered") == 1  # logged with the answer, never replayed
     assert ledger.refunded.count("o-1") >= 1
 
 

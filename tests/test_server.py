@@ -164,6 +164,11 @@ async def test_resume_refusals_change_nothing_and_the_answerer_completes(
         )
         assert done[-1].event == "turn.completed"
         assert done[-1].data["text"] == "The refund was refunded."
+        # The resumed stream opens with who answered, numbered like every logged event.
+        answered = done[0]
+        assert answered.event == "input.answered" and answered.id is not None
+        assert answered.data["by"] == "alice" and answered.data["value"] is True
+        assert answered.data["input_id"] == "approve" and answered.data["turn_id"] == turn_id
 
 
 async def test_authorize_answer_failing_is_a_500_and_the_answer_can_be_sent_again(

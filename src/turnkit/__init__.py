@@ -41,6 +41,7 @@ from ._seams.sink import EventSink, LocalEventSink
 from ._values.events import (
     ActionCompletedEvent,
     ActionRequestedEvent,
+    InputAnsweredEvent,
     InputRequestedEvent,
     MessageCompletedEvent,
     MessageDeltaEvent,
@@ -89,6 +90,7 @@ __all__ = [
     "FatalToolError",
     "Grant",
     "InboundEvent",
+    "InputAnsweredEvent",
     "InputRequest",
     "InputRequestedEvent",
     "InvalidAnswerError",

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from types import TracebackType
 from typing import Any
 
-from pydantic_core import to_json
+from pydantic_core import from_json, to_json
 
 from .._engine.agent import Agent
 from .._engine.loop import KnownTranscript, TurnRunner
@@ -30,8 +30,8 @@ from .._errors import (
     TurnSuspendedError,
 )
 from .._seams.sink import EventSink, LocalEventSink
-from .._seams.store import SessionStore, Store, Transaction
-from .._values.events import TurnEvent
+from .._seams.store import NO_MESSAGES, SessionStore, Store, Transaction
+from .._values.events import InputAnsweredEvent, TurnEvent
 from .._values.inbound import InboundEvent, Proactive
 from .._values.inputs import InputRequest, input_step_id
 from .._values.messages import (
@@ -270,7 +270,7 @@ class AgentSession:
                 sealer=self.runtime._grants,
             )
             try:
-                to_json(value)
+                encoded = to_json(value)
             except ValueError as exc:
                 raise InvalidAnswerError(
                     f"the answer to input {input_id!r} is not JSON: {exc}"
@@ -280,9 +280,22 @@ class AgentSession:
             except ValueError as exc:
                 raise InvalidAnswerError(str(exc)) from None
 
+            # Who answered is logged with the answer, in the same transaction: once,
+            # however often the resumed turn is redelivered after a crash.
+            answered = InputAnsweredEvent(
+                turn_id=turn_id,
+                session_id=self.session_id,
+                input_id=input_id,
+                call_id=request.call_id,
+                by=by,
+                value=from_json(encoded),  # observers get a copy of their own
+                seq=(await self._store.load(turn_id, from_index=NO_MESSAGES)).next_seq,
+            )
+
             def write(tx: Transaction) -> None:
                 tx.put_step(input_step_id(turn_id, input_id), turn_id, {"value": value, "by": by})
                 tx.set_turn_status(turn_id, "running")
+                tx.log_event(answered)
 
             await self._store.commit(write)
         self._parked = None
@@ -293,7 +306,9 @@ class AgentSession:
         saved = record.pending.get("policy")
         policy = TurnPolicy.from_dict(saved) if saved is not None else None
         return self._enqueue(
-            TurnRequest(turn_id=turn_id, opening=opening, event=event, policy=policy)
+            TurnRequest(
+                turn_id=turn_id, opening=opening, event=event, policy=policy, announce=(answered,)
+            )
         )
 
     def _remember(self, turn_id: str, future: asyncio.Future[TurnResult]) -> None:
@@ -334,6 +349,8 @@ class AgentSession:
         # Let observers that were set up right after start() subscribe before we run:
         # with a local store a whole turn can otherwise finish without yielding once.
         await asyncio.sleep(0)
+        for event in request.announce:
+            _emit_quietly(self.runtime.sink, event)
         runner = TurnRunner(
             agent=self.agent,
             store=self._store,
@@ -590,6 +607,14 @@ def _cancel_request(turn_id: str, reason: str) -> Callable[[Transaction], None]:
         tx.request_cancel(turn_id, reason)
 
     return write
+
+
+def _emit_quietly(sink: EventSink, event: TurnEvent) -> None:
+    """Tell observers ``event``; a sink that raises is logged, never the turn's problem."""
+    try:
+        sink.emit(event)
+    except Exception:
+        log.exception("event sink raised on %s; ignored", event.type)
 
 
 def _settle(future: asyncio.Future[Any], exc: BaseException) -> None:

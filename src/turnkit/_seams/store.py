@@ -28,6 +28,10 @@ from .._values.records import (
 
 T = TypeVar("T")
 
+#: A transcript position past any session's end: ``load(turn_id, from_index=NO_MESSAGES)``
+#: reads a turn's record and steps and the next event number, but no message.
+NO_MESSAGES = 2**31 - 1  # the largest index every store takes (PostgreSQL: integer)
+
 
 @runtime_checkable
 class StoreHandle(Protocol):

@@ -118,6 +118,23 @@ class InputRequestedEvent(_TurnEventBase):
 
 
 @dataclass(frozen=True, kw_only=True)
+class InputAnsweredEvent(_TurnEventBase):
+    """The parked turn's request ``input_id`` (asked by tool call ``call_id``) was
+    answered with ``value`` by ``by`` (``None`` when the resume named nobody).
+
+    Logged by the resume in the transaction that stores the answer, so it is logged
+    exactly once however often the resumed turn is redelivered; its delivery emits it
+    before anything else.
+    """
+
+    input_id: str
+    call_id: str
+    by: str | None
+    value: Any
+    type: Literal["input.answered"] = "input.answered"
+
+
+@dataclass(frozen=True, kw_only=True)
 class TurnCancelledEvent(_TurnEventBase):
     """The turn was cancelled at a checkpoint boundary; ``reason`` says why
     (``requested``, ``replaced`` or ``reset``)."""
@@ -148,6 +165,7 @@ TurnEvent: TypeAlias = (
     | ActionRequestedEvent
     | ActionCompletedEvent
     | InputRequestedEvent
+    | InputAnsweredEvent
     | TurnCompletedEvent
     | TurnFailedEvent
     | TurnCancelledEvent
@@ -172,6 +190,7 @@ _EVENT_TYPES: dict[str, type[_Event]] = {
         ActionRequestedEvent,
         ActionCompletedEvent,
         InputRequestedEvent,
+        InputAnsweredEvent,
         TurnCompletedEvent,
         TurnFailedEvent,
         TurnCancelledEvent,

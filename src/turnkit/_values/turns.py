@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from .._values.records import TurnRecord
+from .events import TurnEvent
 from .inbound import InboundEvent
 from .inputs import InputRequest
 from .messages import OpeningMessage
@@ -40,6 +41,9 @@ class TurnRequest:
     #: Tools a new turn may not use whatever its agent allows (a child turn gets
     #: its parent turn's denials).
     inherited_deny: frozenset[str] = frozenset()
+    #: Events already logged for this turn that its delivery tells observers first
+    #: (a resume's ``input.answered``); a redelivery of the turn carries none.
+    announce: tuple[TurnEvent, ...] = ()
     cancel: CancelSignal = field(default_factory=CancelSignal, compare=False)
 
 
