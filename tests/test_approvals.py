@@ -225,6 +225,9 @@ async def test_who_answered_is_logged_once_as_input_answered(
     assert [e.seq for e in logged] == list(range(1, len(logged) + 1))
     # The resumed delivery told its observers first, with the logged number.
     assert seen[0].type == "input.answered" and seen[0].seq == answered.seq
+    # Stamped when it happened; the store gives the time back as it was logged.
+    assert answered.at is not None and seen[0].at == answered.at
+    assert all(e.at is not None for e in logged)
     assert sink.types().count("input.answered") == 1
     wire = answered.to_dict()
     assert wire["type"] == "input.answered" and wire["by"] == "U1"

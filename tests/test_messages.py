@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import pytest
@@ -87,11 +88,30 @@ def test_events_round_trip() -> None:
         turnkit.TurnFailedEvent(turn_id="t", session_id="s", error="boom"),
         turnkit.MessageDeltaEvent(turn_id="t", session_id="s", text="h"),
         turnkit.ReasoningDeltaEvent(turn_id="t", session_id="s", text="r"),
+        turnkit.InputAnsweredEvent(
+            turn_id="t", session_id="s", input_id="i", call_id="c", by="U1", value={"ok": 1}
+        ),
+        turnkit.InputAnsweredEvent(
+            turn_id="t", session_id="s", input_id="i", call_id="c", by=None, value=None, seq=9
+        ),
     ]
     for event in events:
         wire = json.loads(json.dumps(event.to_dict()))
         assert wire["type"] == event.type
-        assert event_from_dict(wire) == event
+        back = event_from_dict(wire)
+        assert back == event and back.at == event.at
+
+
+def test_events_carry_the_time_they_happened_and_old_ones_decode_without() -> None:
+    before = time.time()
+    event = turnkit.TurnStartedEvent(turn_id="t", session_id="s", text="go", seq=1)
+    assert event.at is not None and before <= event.at <= time.time()
+    wire = event.to_dict()
+    assert wire["at"] == event.at
+    # An event logged before events carried a time still decodes; its time is unknown.
+    del wire["at"]
+    old = event_from_dict(wire)
+    assert old.at is None and old == event  # the time takes no part in equality
 
 
 @pytest.mark.parametrize(

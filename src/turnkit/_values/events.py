@@ -7,7 +7,8 @@ carry their sequence number in the session; deltas are live-only and carry none.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+import time
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal, TypeAlias, cast
 
 from .._errors import MessageDecodeError
@@ -35,11 +36,14 @@ class _Event:
 
 @dataclass(frozen=True, kw_only=True)
 class _TurnEventBase(_Event):
-    """Fields every event carries: which turn, which session, and its logged position."""
+    """Fields every event carries: which turn, which session, its logged position, and
+    ``at``, when it happened (seconds since the epoch; ``None`` in events logged before
+    turnkit stamped them). Two events that differ only in ``at`` are equal."""
 
     turn_id: str
     session_id: str
     seq: int | None = None
+    at: float | None = field(default_factory=time.time, compare=False)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -208,6 +212,7 @@ def event_from_dict(data: object) -> TurnEvent:
     if cls is None:
         raise MessageDecodeError(f"event: unknown type {kind!r}")
     values = dict(data)
+    values.setdefault("at", None)  # logged before events were stamped: the time is unknown
     if "message" in values:
         message = message_from_dict(values["message"])
         if not isinstance(message, AssistantMessage):
