@@ -512,6 +512,30 @@ async def test_show_renders_triggers_failures_cancellations_and_long_values() ->
     assert json.loads(json.dumps(data)) == data
 
 
+async def test_show_says_who_answered_each_question_and_when() -> None:
+    @tk.tool
+    async def deploy(service: str, ctx: tk.ToolContext) -> str:
+        """Deploy once someone agrees."""
+        yes = await ctx.request_input("approve", f"Deploy {service}?", schema={"type": "boolean"})
+        return "deployed" if yes else "kept"
+
+    script = [ScriptedReply(tool_calls=[tool_call("deploy", {"service": "api"})]), "ok"]
+    agent = tk.Agent(name="a", model=ScriptedModel(script), tools=[deploy])
+    store = MemoryStore()
+    async with tk.Runtime(agent, store=store) as runtime:
+        session = runtime.session("a", "s1")
+        parked = await session.result(session.start("deploy api"))
+        await session.result(await session.resume(parked.turn_id, "approve", True, by="ana"))
+        view = await read_session(store, "s1", Progress(io.StringIO()), where="memory")
+    out = render_session(view, store="memory", store_flag="")
+    assert re.search(rf"^    answered approve by ana at {UTC_TIME}: true$", out, re.MULTILINE), out
+    [turn] = session_json(view, "memory")["turns"]
+    [answer] = turn["answers"]
+    assert answer["by"] == "ana" and answer["value"] is True and answer["input_id"] == "approve"
+    assert isinstance(answer["seq"], int) and answer["at"].endswith("Z")
+    assert answer["call_id"] == view.turns[0].answers[0].call_id
+
+
 @pytest.mark.parametrize(
     ("dsn", "schema"),
     [

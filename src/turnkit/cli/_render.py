@@ -145,6 +145,12 @@ def _turn_lines(turn: TurnView) -> Iterator[str]:
             yield f"    cancel reason: {record.cancel_reason}"
         if record.text:
             yield f"    answer: {compact(record.text)}"
+    for answered in turn.answers:
+        who = answered.by if answered.by is not None else "(nobody named)"
+        yield (
+            f"    answered {answered.input_id} by {who} at {utc(answered.at)}: "
+            f"{compact(answered.value)}"
+        )
     if not turn.steps:
         yield "    steps: none"
         return

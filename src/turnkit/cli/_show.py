@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from .._seams.store import SessionStore, Store
+from .._values.events import InputAnsweredEvent
 from .._values.inputs import InputRequest
 from .._values.messages import JsonObject, Message
 from .._values.records import SessionInfo, TurnRecord
@@ -26,11 +27,13 @@ _GENERATION = re.compile(r"^(?P<session>.+)#g(?P<n>\d+)$")
 
 @dataclass(frozen=True, kw_only=True)
 class TurnView:
-    """One turn of the live generation: its record and memoized steps."""
+    """One turn of the live generation: its record, memoized steps and the answers
+    its questions got (its logged ``input.answered`` events)."""
 
     turn_id: str
     record: TurnRecord | None
     steps: dict[str, Any] = field(default_factory=dict)
+    answers: list[InputAnsweredEvent] = field(default_factory=list)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -110,6 +113,7 @@ async def read_session(
     if status == "new" and not snapshot.messages and not generations:
         raise CliError(f"session {session_id!r} does not exist in {where}")
     turns = await _read_turns(session, snapshot.messages, progress)
+    turns = await _with_answers(session, turns)
     return SessionView(
         session_id=session_id,
         agent=snapshot.agent,
@@ -135,6 +139,20 @@ async def _read_turns(
         record = snapshot.turn if snapshot.turn is not None else await session.turn(turn_id)
         turns.append(TurnView(turn_id=turn_id, record=record, steps=snapshot.steps))
     return turns
+
+
+async def _with_answers(session: SessionStore, turns: list[TurnView]) -> list[TurnView]:
+    """``turns`` with the answers the session's event log records for each."""
+    answers: dict[str, list[InputAnsweredEvent]] = {}
+    for event in await session.events():
+        if isinstance(event, InputAnsweredEvent):
+            answers.setdefault(event.turn_id, []).append(event)
+    return [
+        TurnView(turn_id=t.turn_id, record=t.record, steps=t.steps, answers=answers[t.turn_id])
+        if t.turn_id in answers
+        else t
+        for t in turns
+    ]
 
 
 async def read_archive(
@@ -192,6 +210,17 @@ def _turn_json(turn: TurnView) -> JsonObject:
         "error": record.error if record else None,
         "cancel_reason": record.cancel_reason if record else None,
         "steps": turn.steps,
+        "answers": [
+            {
+                "input_id": a.input_id,
+                "call_id": a.call_id,
+                "by": a.by,
+                "value": a.value,
+                "seq": a.seq,
+                "at": iso(a.at),
+            }
+            for a in turn.answers
+        ],
     }
 
 
