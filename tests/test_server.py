@@ -255,6 +255,19 @@ async def test_reset_transcript_pending_and_the_paged_session_list(open_runtime:
             await served.client.get(served.path("calc", "s0", "transcript"), headers=ALICE)
         ).json()
         assert transcript["status"] == "idle" and transcript["generation"] == 0
+        assert "events" not in transcript and transcript["generations"] == []
+        with_log = await served.client.get(
+            served.path("calc", "s0", "transcript"), params={"events": "true"}, headers=ALICE
+        )
+        assert [e["seq"] for e in with_log.json()["events"]] == list(
+            range(1, transcript["last_seq"] + 1)
+        )
+        assert with_log.json()["events"][0]["type"] == "turn.started"
+        assert with_log.json()["events"][0]["at"] > 0
+        bad_flag = await served.client.get(
+            served.path("calc", "s0", "transcript"), params={"events": "yes"}, headers=ALICE
+        )
+        assert bad_flag.status_code == 400 and bad_flag.json()["code"] == "invalid_parameter"
         logged = await runtime.session("calc", "s0").events()
         assert transcript["last_seq"] == logged[-1].seq
         assert [m["role"] for m in transcript["messages"]] == [
@@ -277,7 +290,26 @@ async def test_reset_transcript_pending_and_the_paged_session_list(open_runtime:
             "generation": 1,
             "last_seq": transcript["last_seq"],
             "messages": [],
+            "generations": [0],
         }
+        # The archived generation stays readable, read-only, by its number.
+        archived = await served.client.get(
+            served.path("calc", "s0", "transcript"), params={"generation": "0"}, headers=ALICE
+        )
+        assert archived.status_code == 200
+        assert archived.json() == {
+            "status": "archived",
+            "generation": 0,
+            "messages": transcript["messages"],
+        }
+        for params, status in (({"generation": "1"}, 404), ({"generation": "x"}, 400)):
+            refused = await served.client.get(
+                served.path("calc", "s0", "transcript"), params=params, headers=ALICE
+            )
+            assert refused.status_code == status, refused.text
+            if status == 404:
+                assert refused.json()["code"] == "unknown_generation"
+                assert "(archived: 0)" in refused.json()["error"]
         seen: list[str] = []
         cursor: str | None = None
         while True:
@@ -287,6 +319,9 @@ async def test_reset_transcript_pending_and_the_paged_session_list(open_runtime:
             ).json()
             assert len(page["sessions"]) <= 2
             seen += [row["session_id"] for row in page["sessions"]]
+            # Each row previews its first message (none for s0: reset since).
+            for row in page["sessions"]:
+                assert row["preview"] == (None if row["session_id"] == "s0" else "2+3?")
             cursor = page["next"]
             if cursor is None:
                 break

@@ -44,14 +44,34 @@ class TurnRecord:
     cancel_reason: str | None = None
 
 
+#: Longest ``SessionInfo.preview``, in characters.
+PREVIEW_CHARS = 80
+#: How much of the first message's text a store reads to make a preview: enough to
+#: fold runs of whitespace and still fill one.
+PREVIEW_READ_CHARS = 4 * PREVIEW_CHARS
+
+
 @dataclass(frozen=True, kw_only=True)
 class SessionInfo:
-    """One row of ``runtime.sessions()``."""
+    """One row of ``runtime.sessions()``. ``preview`` is the start of the live
+    generation's first message (see ``preview_of``); ``None`` while it has none."""
 
     session_id: str
     agent: str
     status: SessionStatus
     updated_at: float
+    preview: str | None = None
+
+
+def preview_of(text: object) -> str | None:
+    """A session's preview from the text of its first message: whitespace folded to
+    single spaces, cut to ``PREVIEW_CHARS`` (a cut one ends in ``…``)."""
+    if not isinstance(text, str):
+        return None
+    folded = " ".join(text.split())
+    if len(folded) <= PREVIEW_CHARS:
+        return folded
+    return folded[: PREVIEW_CHARS - 1] + "…"
 
 
 #: Where a page of sessions ends: the last row's ``(updated_at, session_id)``.

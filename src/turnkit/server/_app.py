@@ -51,6 +51,7 @@ from ._principal import Authenticate, Principal, authenticated
 from ._sessions_page import page_of_sessions
 from ._streams import HEADERS as STREAM_HEADERS
 from ._streams import event_stream, feed_stream
+from ._transcript import transcript_body
 
 log = logging.getLogger("turnkit.server")
 
@@ -250,16 +251,7 @@ class _Api:
 
     async def transcript(self, request: Request, principal: Principal) -> Response:
         store = await self._readable(request)
-        snapshot = await store.load()
-        return JSONResponse(
-            {
-                "status": await store.status(),
-                "generation": snapshot.generation,
-                # The last logged event: where a client's feed picks up from.
-                "last_seq": snapshot.next_seq - 1,
-                "messages": [m.to_dict() for m in snapshot.messages],
-            }
-        )
+        return JSONResponse(await transcript_body(store, request.query_params))
 
     async def events(self, request: Request, principal: Principal) -> Response:
         store = await self._readable(request)

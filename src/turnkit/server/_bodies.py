@@ -138,6 +138,15 @@ def non_negative_int(raw: str | None, name: str, *, default: int) -> int:
     return int(raw)
 
 
+def flag(raw: str | None, name: str) -> bool:
+    """A yes-or-no query parameter: ``true`` or ``1``; ``false``, ``0`` or absent."""
+    if raw is None or raw in ("", "false", "0"):
+        return False
+    if raw in ("true", "1"):
+        return True
+    raise HttpError(400, "invalid_parameter", f"{name} must be true or false, got {raw[:40]!r}")
+
+
 async def _read_limited(request: Request, max_bytes: int) -> bytes:
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_bytes:

@@ -23,7 +23,13 @@ async def page_of_sessions(
     found = await store.session_page(agent=agent, limit=limit + 1, after=after)
     page = found[:limit]
     rows = [
-        {"session_id": i.session_id, "status": i.status, "updated_at": i.updated_at} for i in page
+        {
+            "session_id": i.session_id,
+            "status": i.status,
+            "updated_at": i.updated_at,
+            "preview": i.preview,
+        }
+        for i in page
     ]
     return rows, _encode(page[-1]) if len(found) > limit else None
 

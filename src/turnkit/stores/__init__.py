@@ -8,7 +8,14 @@ deployments with many processes.
 from typing import TYPE_CHECKING, Any
 
 from .._seams.store import SessionStore, Store, StoreHandle, Transaction
-from .._values.records import SessionInfo, SessionSnapshot, SessionStatus, TurnRecord, TurnStatus
+from .._values.records import (
+    SessionInfo,
+    SessionSnapshot,
+    SessionStatus,
+    TurnRecord,
+    TurnStatus,
+    preview_of,
+)
 from .memory import MemoryStore
 from .sqlite import SqliteStore
 
@@ -37,4 +44,5 @@ __all__ = [
     "Transaction",
     "TurnRecord",
     "TurnStatus",
+    "preview_of",
 ]

@@ -9,7 +9,7 @@ from typing import Any
 from pydantic_core import to_json
 
 from .._errors import StoreError
-from .._values.records import TurnRecord
+from .._values.records import PREVIEW_READ_CHARS, SessionInfo, TurnRecord, preview_of
 
 TURN_COLUMNS = (
     "session_id, turn_id, agent, status, opening, event, text, error, created_at, finished_at, "
@@ -44,11 +44,45 @@ def turn_from_row(row: Sequence[Any]) -> TurnRecord:
     )
 
 
+def with_previews(sessions_sql: str, text_of: str) -> str:
+    """``sessions_sql`` (selecting ``session_id, agent, status, updated_at``, ordered
+    and limited as it likes) with a fifth column: the start of each session's first
+    message's text, read by primary key for the rows it returns and no others.
+    ``text_of`` is the dialect's expression for the ``text`` field of the JSON body
+    ``m.body``."""
+    first = (
+        f"SELECT substr({text_of}, 1, {PREVIEW_READ_CHARS}) FROM turnkit_messages m "
+        "WHERE m.session_id = p.session_id AND m.idx = 0"
+    )
+    return (
+        f"SELECT p.session_id, p.agent, p.status, p.updated_at, ({first}) "
+        f"FROM ({sessions_sql}) p ORDER BY p.updated_at DESC, p.session_id"
+    )
+
+
+def session_info(row: Sequence[Any]) -> SessionInfo:
+    """A ``SessionInfo`` from a row of a ``with_previews`` query."""
+    sid, agent, status, updated_at, first_text = row
+    return SessionInfo(
+        session_id=sid,
+        agent=agent,
+        status=status,
+        updated_at=updated_at,
+        preview=preview_of(first_text),
+    )
+
+
 def session_page_sql(
-    agent: str | None, limit: int, after: tuple[float, str] | None, *, placeholder: str
+    agent: str | None,
+    limit: int,
+    after: tuple[float, str] | None,
+    *,
+    placeholder: str,
+    text_of: str,
 ) -> tuple[str, tuple[Any, ...]]:
-    """The ``session_page`` query, the same on both SQL stores but for the placeholder;
-    with an agent it walks the ``(agent, updated_at DESC, session_id)`` index."""
+    """The ``session_page`` query, the same on both SQL stores but for the placeholder
+    and the JSON expression; with an agent it walks the ``(agent, updated_at DESC,
+    session_id)`` index, and previews are read for the page's rows only."""
     where: list[str] = []
     params: list[Any] = []
     if agent is not None:
@@ -64,4 +98,4 @@ def session_page_sql(
     if where:
         sql += " WHERE " + " AND ".join(where)
     sql += f" ORDER BY updated_at DESC, session_id LIMIT {placeholder}"
-    return sql, (*params, limit)
+    return with_previews(sql, text_of), (*params, limit)

@@ -30,6 +30,7 @@ from .._values.records import (
     TurnRecord,
     TurnStatus,
     newest_first,
+    preview_of,
     session_status_after,
 )
 from ._locks import SessionLocks
@@ -248,7 +249,13 @@ class MemoryStore:
 
     async def sessions(self) -> list[SessionInfo]:
         return [
-            SessionInfo(session_id=sid, agent=d.agent, status=d.status, updated_at=d.updated_at)
+            SessionInfo(
+                session_id=sid,
+                agent=d.agent,
+                status=d.status,
+                updated_at=d.updated_at,
+                preview=_preview(d.messages),
+            )
             for sid, d in sorted(self._sessions.items())
             if d.agent is not None
         ]
@@ -263,3 +270,11 @@ class MemoryStore:
             t for d in self._sessions.values() for t in d.turns.values() if t.status == "running"
         ]
         return sorted(found, key=lambda t: t.created_at)
+
+
+def _preview(messages: list[bytes]) -> str | None:
+    """The preview of a session whose encoded transcript is ``messages``."""
+    if not messages:
+        return None
+    first = from_json(messages[0])
+    return preview_of(first.get("text") if isinstance(first, dict) else None)

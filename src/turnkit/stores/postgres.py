@@ -49,7 +49,7 @@ from . import _archive_sql as archive_sql
 from ._locks import SessionLocks
 from ._postgres_schema import migrate, read_store_id
 from ._sql_rows import TURN_COLUMNS as _TURN_COLUMNS
-from ._sql_rows import session_page_sql
+from ._sql_rows import session_info, session_page_sql, with_previews
 from ._sql_rows import turn_from_row as _turn_from_row
 
 try:
@@ -96,6 +96,9 @@ from ._pg_writes import (
 
 T = TypeVar("T")
 log = logging.getLogger("turnkit.stores.postgres")
+
+#: The ``text`` field of a message's JSON body, in PostgreSQL.
+_TEXT_OF = "(m.body::json ->> 'text')"
 
 
 class _PgSession:
@@ -583,27 +586,24 @@ class PostgresStore:
     async def sessions(self) -> list[SessionInfo]:
         async def read(conn: psycopg.AsyncConnection[Any]) -> list[SessionInfo]:
             cur = await conn.execute(
-                "SELECT session_id, agent, status, updated_at FROM turnkit_sessions "
-                "ORDER BY session_id"
+                with_previews(
+                    "SELECT session_id, agent, status, updated_at FROM turnkit_sessions",
+                    _TEXT_OF,
+                )
             )
-            return [
-                SessionInfo(session_id=r[0], agent=r[1], status=r[2], updated_at=r[3])
-                for r in await cur.fetchall()
-            ]
+            found = [session_info(r) for r in await cur.fetchall()]
+            return sorted(found, key=lambda i: i.session_id)
 
         return await self._read("the session list", read)
 
     async def session_page(
         self, *, agent: str | None = None, limit: int, after: SessionKey | None = None
     ) -> list[SessionInfo]:
-        sql, params = session_page_sql(agent, limit, after, placeholder="%s")
+        sql, params = session_page_sql(agent, limit, after, placeholder="%s", text_of=_TEXT_OF)
 
         async def read(conn: psycopg.AsyncConnection[Any]) -> list[SessionInfo]:
             cur = await conn.execute(sql, params)
-            return [
-                SessionInfo(session_id=r[0], agent=r[1], status=r[2], updated_at=r[3])
-                for r in await cur.fetchall()
-            ]
+            return [session_info(r) for r in await cur.fetchall()]
 
         return await self._read("the session list", read)
 

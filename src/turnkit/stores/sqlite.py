@@ -36,12 +36,15 @@ from . import _archive_sql as archive_sql
 from ._locks import SessionLocks
 from ._sql_rows import TURN_COLUMNS as _TURN_COLUMNS
 from ._sql_rows import dumps as _dumps
-from ._sql_rows import session_page_sql
+from ._sql_rows import session_info, session_page_sql, with_previews
 from ._sql_rows import turn_from_row as _turn_from_row
 from ._sqlite_schema import migrate, read_store_id
 
 T = TypeVar("T")
 log = logging.getLogger("turnkit.stores.sqlite")
+
+#: The ``text`` field of a message's JSON body, in SQLite.
+_TEXT_OF = "json_extract(m.body, '$.text')"
 
 #: Commits between two background WAL checkpoints (see ``SqliteStore``).
 CHECKPOINT_EVERY = 256
@@ -487,22 +490,20 @@ class SqliteStore:
     async def sessions(self) -> list[SessionInfo]:
         with _reading("the session list"):
             rows = self.connection.execute(
-                "SELECT session_id, agent, status, updated_at FROM turnkit_sessions "
-                "ORDER BY session_id"
+                with_previews(
+                    "SELECT session_id, agent, status, updated_at FROM turnkit_sessions",
+                    _TEXT_OF,
+                )
             ).fetchall()
-        return [
-            SessionInfo(session_id=r[0], agent=r[1], status=r[2], updated_at=r[3]) for r in rows
-        ]
+        return sorted((session_info(r) for r in rows), key=lambda i: i.session_id)
 
     async def session_page(
         self, *, agent: str | None = None, limit: int, after: SessionKey | None = None
     ) -> list[SessionInfo]:
-        sql, params = session_page_sql(agent, limit, after, placeholder="?")
+        sql, params = session_page_sql(agent, limit, after, placeholder="?", text_of=_TEXT_OF)
         with _reading("the session list"):
             rows = self.connection.execute(sql, params).fetchall()
-        return [
-            SessionInfo(session_id=r[0], agent=r[1], status=r[2], updated_at=r[3]) for r in rows
-        ]
+        return [session_info(r) for r in rows]
 
     async def unfinished_turns(self) -> list[TurnRecord]:
         with _reading("unfinished turns"):

@@ -37,8 +37,14 @@ from .._errors import FatalToolError, StoreError
 from .._runtime.runtime import Runtime
 from .._seams.store import SessionStore, Store, Transaction
 from .._values.events import TurnCompletedEvent, TurnStartedEvent
-from .._values.messages import AssistantMessage, Message, ToolMessage, UserMessage
-from .._values.records import TurnRecord
+from .._values.messages import (
+    AssistantMessage,
+    Message,
+    ToolMessage,
+    TriggerMessage,
+    UserMessage,
+)
+from .._values.records import PREVIEW_CHARS, TurnRecord
 from ..models._scripted import ScriptedModel, ScriptedReply, tool_call
 from ._crashing import CrashingStore
 
@@ -56,6 +62,7 @@ __all__ = [
     "test_conformance_reset_archives_a_generation",
     "test_conformance_session_pages_newest_first_by_key",
     "test_conformance_sessions_are_isolated_and_listed",
+    "test_conformance_sessions_carry_a_preview_of_their_first_message",
     "test_conformance_sql_handle_or_its_honest_absence",
     "test_conformance_the_store_keeps_one_identity",
     "test_conformance_turn_with_tools_checkpoints_and_replays",
@@ -275,6 +282,37 @@ async def test_conformance_session_pages_newest_first_by_key(
         everyone = await store.session_page(limit=100)
         assert sorted(i.session_id for i in everyone) == sorted(i.session_id for i in every)
         assert await store.session_page(agent="nobody", limit=5) == []
+
+
+@pytest.mark.asyncio
+async def test_conformance_sessions_carry_a_preview_of_their_first_message(
+    conformance_store: StoreUnderTest,
+) -> None:
+    long = "Please  refund\norder 17 " + "ü" * 200
+
+    def opened(session_id: str, opening: UserMessage | TriggerMessage) -> Callable[..., None]:
+        def work(tx: Transaction) -> None:
+            tx.append_message(0, opening)
+            tx.open_turn(_record(session_id, opening.turn_id))
+            tx.append_message(1, AssistantMessage(text="later text", turn_id=opening.turn_id))
+
+        return work
+
+    async with _opened(conformance_store) as store:
+        await store.session("long").commit(opened("long", UserMessage(text=long, turn_id="t1")))
+        cron = TriggerMessage(text="nightly report", turn_id="t1", by="cron:daily")
+        await store.session("cron").commit(opened("cron", cron))
+        await _open_turn(store.session("reset"), "t1")
+        await store.session("reset").commit(lambda tx: tx.archive_generation(0, "a"))
+        expected = {
+            "long": "Please refund order 17 " + "ü" * (PREVIEW_CHARS - 24) + "…",
+            "cron": "nightly report",
+            "reset": None,  # the live generation has no message yet
+        }
+        for listing in (await store.sessions(), await store.session_page(limit=10)):
+            assert {i.session_id: i.preview for i in listing} == expected
+        long_preview = expected["long"]
+        assert long_preview is not None and len(long_preview) == PREVIEW_CHARS
 
 
 @pytest.mark.asyncio
