@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import pytest
 
@@ -34,6 +34,9 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "ops"
 SLOW_AGENT = ROOT / "tests" / "fixtures" / "slow_agent"
 FORM_AGENT = ROOT / "tests" / "fixtures" / "form_agent"
+ECHO_AGENT = ROOT / "tests" / "fixtures" / "echo_agent"
+#: Who ``turnkit dev`` says answered: its loopback principal, ``dev:<login>``.
+BY_ME = r"dev:\S+"
 CHROMIUM_ARGS = [
     "--headless=new",
     "--no-sandbox",
@@ -263,13 +266,44 @@ def test_an_approval_is_clicked_through(
     card.get_by_test_id("approve").click()
     wait_for_turns(page, "completed", 1)
     expect(card).to_have_attribute("data-state", "answered")
-    expect(card.get_by_test_id("approval-outcome")).to_have_text("Approved")
+    approved = re.compile(rf"^Approved by {BY_ME}$")
+    expect(card.get_by_test_id("approval-outcome")).to_have_text(approved)
     call = page.get_by_test_id("tool-call")
     expect(call).to_have_attribute("data-status", "ok")
     expect(call.get_by_test_id("tool-result")).to_contain_text('"refunded":true')
     expect(page.get_by_test_id("assistant-message").last).to_have_text("Refunded order #1.")
     assert log_text(page).count("Refunded order #1.") == 1
     expect(page.get_by_test_id("send")).to_be_enabled()
+    assert_result_below_its_approval(page)
+    page.screenshot(path="/tmp/turnkit-chat-approved.png")
+
+    # Opened again, the history still says who approved, and when.
+    page.reload()
+    card = page.get_by_test_id("approval")
+    expect(card).to_have_count(1)
+    expect(card).to_have_attribute("data-state", "answered")
+    expect(card.get_by_test_id("approval-prompt")).to_have_text("Refund order #1 in full?")
+    expect(card.get_by_test_id("approval-outcome")).to_have_text(approved)
+    expect(card.get_by_test_id("message-time")).to_have_count(2)  # asked, answered
+    expect(page.get_by_test_id("approve")).to_have_count(0)
+    expect(page.get_by_test_id("tool-result")).to_contain_text('"refunded":true')
+    assert_result_below_its_approval(page)
+    expect(page.get_by_test_id("send")).to_be_enabled()
+    assert log_text(page).count("Refunded order #1.") == 1
+
+
+def assert_result_below_its_approval(page: Page) -> None:
+    """The approval sits inside the tool call that asked, and the call's result below it."""
+    call = page.get_by_test_id("tool-call")
+    expect(call.get_by_test_id("approval")).to_have_count(1)
+    below = call.evaluate(
+        """el => {
+            const card = el.querySelector('[data-testid="approval"]');
+            const result = el.querySelector('[data-testid="tool-result"]');
+            return Boolean(card.compareDocumentPosition(result) & Node.DOCUMENT_POSITION_FOLLOWING);
+        }"""
+    )
+    assert below
 
 
 def test_a_parked_question_survives_a_reload_and_can_be_denied(
@@ -286,10 +320,14 @@ def test_a_parked_question_survives_a_reload_and_can_be_denied(
     card.get_by_test_id("deny").click()
     declined = "Refund of order #7 declined; nothing was changed."
     expect(page.get_by_test_id("assistant-message").last).to_have_text(declined)
-    expect(card.get_by_test_id("approval-outcome")).to_have_text("Denied")
+    denied = re.compile(rf"^Denied by {BY_ME}$")
+    expect(card.get_by_test_id("approval-outcome")).to_have_text(denied)
     expect(page.get_by_test_id("tool-result")).to_contain_text('"refunded":false')
     assert log_text(page).count(declined) == 1
     assert log_text(page).count("Asking for approval to refund order #7.") == 1
+    page.reload()
+    expect(page.get_by_test_id("approval-outcome")).to_have_text(denied)
+    assert_result_below_its_approval(page)
 
 
 def test_sessions_are_listed_opened_and_reset(
@@ -312,6 +350,7 @@ def test_sessions_are_listed_opened_and_reset(
     expect(page.get_by_test_id("user-message")).to_have_text("order 3 pens")
     expect(page.get_by_test_id("assistant-message").last).to_contain_text("3 x pens")
 
+    page.once("dialog", lambda dialog: dialog.accept())
     page.get_by_test_id("reset").click()
     expect(page.get_by_test_id("note")).to_contain_text("Session reset")
     expect(page.get_by_test_id("turn")).to_have_count(0)
@@ -434,7 +473,9 @@ def test_other_answers_are_given_in_a_form(
     card.get_by_test_id("answer-text").fill("Ann")
     card.get_by_test_id("answer-submit").click()
     expect(page.get_by_test_id("assistant-message")).to_have_text('Got "Ann".')
-    expect(card.get_by_test_id("approval-outcome")).to_have_text("Answered: Ann")
+    expect(card.get_by_test_id("approval-outcome")).to_have_text(
+        re.compile(rf"^Answered by {BY_ME}: Ann$")
+    )
 
     say(page, "a note please")
     card = page.get_by_test_id("approval").nth(1)
@@ -455,6 +496,9 @@ def test_other_answers_are_given_in_a_form(
         'Got {"approved": true, "note": "fine"}.'
     )
     expect(card.get_by_test_id("approval-error")).to_be_hidden()
+    expect(card.get_by_test_id("approval-outcome")).to_have_text(
+        re.compile(rf"^Approved by {BY_ME}: fine$")
+    )
 
 
 def test_a_message_sent_while_the_server_is_down_is_reported(
@@ -471,6 +515,315 @@ def test_a_message_sent_while_the_server_is_down_is_reported(
         "The message did not reach the server; send it again."
     )
     expect(page.get_by_test_id("turn")).to_have_attribute("data-status", "unsent")
+    # What did not arrive is still in the box, to send again as it is.
+    expect(page.get_by_test_id("message-input")).to_have_value("order 1 lamp")
     say(page, "order 1 lamp")
     wait_for_turns(page, "completed", 1)
     expect(page.get_by_test_id("assistant-message").last).to_contain_text("1 x lamp")
+
+
+# -- Markdown, and what a reply must never do -----------------------------------------
+
+#: Each payload would set ``window.__pwned`` (or open a dialog) if it ran.
+HOSTILE = [
+    "<img src=x onerror=\"window.__pwned='img'\">",
+    "<script>window.__pwned='script'</script>",
+    "<svg onload=\"window.__pwned='svg'\"><circle r=5></circle></svg>",
+    "<iframe srcdoc=\"<script>parent.__pwned='iframe'</script>\"></iframe>",
+    "<details open ontoggle=\"window.__pwned='details'\">x</details>",
+    "<a href=\"javascript:window.__pwned='a-js'\">raw link</a>",
+    "[md link](javascript:window.__pwned='md-js')",
+    "[data link](data:text/html;base64,PHNjcmlwdD5hbGVydCgxKTwvc2NyaXB0Pg==)",
+    "![img](x\" onerror=\"window.__pwned='md-img')",
+    "![tracker](https://example.invalid/pixel.png)",
+    "![data img](data:image/svg+xml;base64,PHN2ZyBvbmxvYWQ9YWxlcnQoMSk+)",
+    "<style>body { display: none }</style><form action=/x><button>go</button></form>",
+    '<p class="approval" style="color:red" data-testid="approve">spoof</p>',
+]
+
+#: Everything in the log that a sanitized reply may not contain.
+UNSAFE_DOM = """
+(root) => {
+  const banned = ["script", "img", "svg", "iframe", "style", "form", "details", "object"];
+  const found = [];
+  for (const el of root.querySelectorAll("*")) {
+    const tag = el.tagName.toLowerCase();
+    if (banned.includes(tag)) found.push(tag);
+    for (const attr of el.attributes) {
+      const name = attr.name;
+      if (name.startsWith("on") || name === "style" || name === "srcdoc") {
+        found.push(`${tag}[${name}]`);
+      }
+    }
+    const href = el.getAttribute("href");
+    if (tag === "a" && href !== null && !/^(https?|mailto):/i.test(href)) {
+      found.push(`a[href=${href}]`);
+    }
+  }
+  return found;
+}
+"""
+
+
+def watch_for_attacks(page: Page) -> list[str]:
+    dialogs: list[str] = []
+
+    def dismiss(dialog: Any) -> None:
+        dialogs.append(f"{dialog.type}: {dialog.message}")
+        dialog.dismiss()
+
+    page.on("dialog", dismiss)
+    return dialogs
+
+
+def test_replies_render_as_markdown_with_code_blocks(
+    servers: list[DevServer], tmp_path: Path, page: Page
+) -> None:
+    _, url = serve(servers, tmp_path, ECHO_AGENT)
+    page.add_init_script(WATCH_DRAFTS)
+    page.goto(url)
+    text = (
+        "## Plan\n\nSome **bold**, some *emphasis* and `inline code`.\n\n"
+        "- first\n- second\n\n1. one\n2. two\n\n"
+        "```python\ndef add(a, b):\n    return a + b\n```\n\n"
+        "> quoted\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\n"
+        "See [the docs](https://example.invalid/docs) or mail [us](mailto:a@example.invalid)."
+    )
+    page.get_by_test_id("message-input").fill(text)
+    page.get_by_test_id("send").click()
+    wait_for_turns(page, "completed", 1)
+    reply = page.get_by_test_id("assistant-message")
+    expect(reply.locator("h2")).to_have_text("Plan")
+    expect(reply.locator("strong")).to_have_text("bold")
+    expect(reply.locator("em")).to_have_text("emphasis")
+    expect(reply.locator("ul > li")).to_have_text(["first", "second"])
+    expect(reply.locator("ol > li")).to_have_text(["one", "two"])
+    expect(reply.locator("pre > code")).to_have_text("def add(a, b):\n    return a + b")
+    expect(reply.locator("p > code")).to_have_text("inline code")
+    expect(reply.locator("blockquote")).to_have_text("quoted")
+    expect(reply.locator("td")).to_have_text(["1", "2"])
+    link = reply.get_by_role("link", name="the docs")
+    expect(link).to_have_attribute("href", "https://example.invalid/docs")
+    expect(link).to_have_attribute("target", "_blank")
+    expect(link).to_have_attribute("rel", "noopener noreferrer nofollow")
+    expect(reply.get_by_role("link", name="us")).to_have_attribute(
+        "href", "mailto:a@example.invalid"
+    )
+    # The user's own text is never Markdown: it shows as typed.
+    expect(page.get_by_test_id("user-message")).to_have_text(text)
+    # The draft was drawn as Markdown while it streamed, more than once.
+    drafts: list[str] = page.evaluate("window.__drafts")
+    assert len([d for d in drafts if d]) > 1, drafts
+    page.screenshot(path="/tmp/turnkit-chat-markdown.png", full_page=True)
+    page.reload()  # the history draws it the same way
+    expect(page.get_by_test_id("assistant-message").locator("pre > code")).to_have_count(1)
+    expect(page.get_by_test_id("assistant-message").locator("h2")).to_have_text("Plan")
+
+
+@pytest.mark.parametrize("payload", HOSTILE)
+def test_hostile_markdown_is_sanitized_live_and_after_a_reload(
+    servers: list[DevServer], tmp_path: Path, browser: Browser, payload: str
+) -> None:
+    # One page per payload; the fixture's page is not used, so each starts clean.
+    _, url = serve(servers, tmp_path, ECHO_AGENT)
+    context = browser.new_context(viewport={"width": 1200, "height": 800})
+    page = context.new_page()
+    page.set_default_timeout(TIMEOUT_MS)
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    dialogs = watch_for_attacks(page)
+    try:
+        page.goto(url)
+        text = f"Here it comes:\n\n{payload}\n\nand after it."
+        page.get_by_test_id("message-input").fill(text)
+        page.get_by_test_id("send").click()
+        wait_for_turns(page, "completed", 1)
+        for round in ("live", "reloaded"):
+            log = page.get_by_test_id("log")
+            reply = page.get_by_test_id("assistant-message")
+            expect(reply).to_contain_text("and after it.")
+            expect(page.get_by_test_id("user-message")).to_have_text(text)  # as text
+            assert log.evaluate(UNSAFE_DOM) == [], round
+            for link in reply.locator("a").all():
+                link.click(modifiers=["Control"])  # a link that survived must not run code
+            expect(page.get_by_test_id("approve")).to_have_count(0)
+            preview = page.get_by_test_id("session-preview").first
+            expect(preview).to_contain_text("Here it comes:")  # escaped, as text
+            assert page.evaluate("window.__pwned") is None, round
+            assert dialogs == [], round
+            page.reload()
+            wait_for_turns(page, "completed", 1)
+    finally:
+        context.close()
+    assert errors == [], errors
+
+
+def test_markdown_images_become_links_and_fetch_nothing(
+    servers: list[DevServer], tmp_path: Path, page: Page
+) -> None:
+    _, url = serve(servers, tmp_path, ECHO_AGENT)
+    fetched: list[str] = []
+    page.on("request", lambda r: fetched.append(r.url) if "example.invalid" in r.url else None)
+    page.goto(url)
+    say(page, "![a chart](https://example.invalid/chart.png)")
+    wait_for_turns(page, "completed", 1)
+    link = page.get_by_test_id("assistant-message").get_by_role("link")
+    expect(link).to_have_text("image: a chart")
+    expect(link).to_have_attribute("href", "https://example.invalid/chart.png")
+    assert fetched == []
+
+
+# -- times, sessions, reset, archives, the address ------------------------------------
+
+
+def test_messages_show_the_time_they_were_sent_live_and_after_a_reload(
+    servers: list[DevServer], tmp_path: Path, page: Page
+) -> None:
+    _, url = serve(servers, tmp_path)
+    page.goto(url)
+    before = time.time()
+    say(page, "order 2 blue widgets")
+    wait_for_turns(page, "completed", 1)
+    after = time.time()
+
+    def times() -> list[float]:
+        stamps = page.get_by_test_id("message-time")
+        expect(stamps).to_have_count(4)  # the user's message and three replies
+        found = []
+        for stamp in stamps.all():
+            expect(stamp).to_have_text(re.compile(r"\d{1,2}[:.]\d\d"))
+            iso = stamp.get_attribute("datetime") or ""
+            found.append(page.evaluate("iso => Date.parse(iso) / 1000", iso))
+        return found
+
+    live = times()
+    assert all(before - 1 <= t <= after + 1 for t in live), (before, live, after)
+    assert live == sorted(live)
+    page.reload()
+    assert times() == live  # the history shows the logged times, not the reload's
+
+
+def test_sessions_are_listed_by_their_first_message(
+    servers: list[DevServer], tmp_path: Path, page: Page
+) -> None:
+    _, url = serve(servers, tmp_path)
+    page.goto(url)
+    first = "order 3 pens <b>now</b> " + "and more " * 20
+    say(page, first)
+    wait_for_turns(page, "completed", 1)
+    page.get_by_test_id("new-session").click()
+    say(page, "order 1 lamp")
+    wait_for_turns(page, "completed", 1)
+    previews = page.get_by_test_id("session-preview")
+    expect(previews).to_have_count(2)
+    expect(previews.nth(0)).to_have_text("order 1 lamp")  # newest first
+    shown = previews.nth(1).inner_text()
+    assert shown.startswith("order 3 pens <b>now</b> and more") and shown.endswith("…")
+    assert len(shown) == 80
+    expect(previews.nth(1).locator("b")).to_have_count(0)
+    item = page.get_by_test_id("session-item").nth(1)
+    expect(item).to_have_attribute("title", re.compile(r"^chat-"))  # the id, on hover
+    item.click()
+    expect(page.get_by_test_id("user-message")).to_have_text(first.strip())
+
+
+def test_reset_asks_first_and_says_a_question_would_go_unanswered(
+    servers: list[DevServer], tmp_path: Path, page: Page
+) -> None:
+    _, url = serve(servers, tmp_path)
+    page.goto(url)
+    say(page, "refund order 4")
+    expect(page.get_by_test_id("approve")).to_be_visible()
+    asked: list[str] = []
+
+    def answer(accept: bool) -> Any:
+        def on_dialog(dialog: Any) -> None:
+            asked.append(f"{dialog.type}: {dialog.message}")
+            dialog.accept() if accept else dialog.dismiss()
+
+        return on_dialog
+
+    page.once("dialog", answer(False))
+    page.get_by_test_id("reset").click()
+    expect(page.get_by_test_id("approve")).to_be_visible()  # dismissed: nothing happened
+    assert len(asked) == 1 and asked[0].startswith("confirm: Reset this session?")
+    assert "A question is waiting for an answer" in asked[0]
+    page.reload()
+    expect(page.get_by_test_id("approve")).to_be_visible()  # still parked on the server
+
+    page.once("dialog", answer(True))
+    page.get_by_test_id("reset").click()
+    expect(page.get_by_test_id("note")).to_contain_text("Session reset")
+    expect(page.get_by_test_id("approval")).to_have_count(0)
+    assert len(asked) == 2
+
+
+def test_an_archived_generation_can_be_read_after_a_reset(
+    servers: list[DevServer], tmp_path: Path, page: Page
+) -> None:
+    _, url = serve(servers, tmp_path)
+    page.goto(url)
+    say(page, "order 3 pens")
+    wait_for_turns(page, "completed", 1)
+    menu = page.get_by_test_id("generation-select")
+    expect(menu).to_be_hidden()  # nothing archived yet
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.get_by_test_id("reset").click()
+    expect(page.get_by_test_id("note")).to_contain_text("Session reset")
+    say(page, "order 1 lamp")
+    wait_for_turns(page, "completed", 1)
+    page.reload()
+    expect(menu).to_be_visible()
+    menu.select_option("0")
+    expect(page.get_by_test_id("archived-banner")).to_contain_text("Archived generation #0")
+    expect(page.get_by_test_id("user-message")).to_have_text("order 3 pens")
+    expect(page.get_by_test_id("assistant-message").last).to_contain_text("3 x pens")
+    expect(page.get_by_test_id("tool-call")).to_have_count(2)
+    # Read-only: nothing to send, nothing to reset.
+    expect(page.get_by_test_id("message-input")).to_be_disabled()
+    expect(page.get_by_test_id("send")).to_be_disabled()
+    expect(page.get_by_test_id("reset")).to_be_disabled()
+    page.screenshot(path="/tmp/turnkit-chat-archive.png")
+    menu.select_option("live")
+    expect(page.get_by_test_id("archived-banner")).to_be_hidden()
+    expect(page.get_by_test_id("user-message")).to_have_text("order 1 lamp")
+    expect(page.get_by_test_id("message-input")).to_be_enabled()
+
+
+def test_a_refused_message_stays_in_the_box(
+    servers: list[DevServer], tmp_path: Path, page: Page
+) -> None:
+    _, url = serve(servers, tmp_path)
+    busy = {"error": "the session is busy; try again", "code": "session_busy"}
+    page.route("**/turns", lambda route: route.fulfill(status=503, json=busy), times=1)
+    page.goto(url)
+    say(page, "order 5 cups")
+    expect(page.get_by_test_id("error")).to_contain_text("the session is busy")
+    expect(page.get_by_test_id("message-input")).to_have_value("order 5 cups")
+    page.get_by_test_id("send").click()  # sent again as it was
+    wait_for_turns(page, "completed", 1)
+    expect(page.get_by_test_id("message-input")).to_have_value("")
+    expect(page.get_by_test_id("assistant-message").last).to_contain_text("5 x cups")
+
+
+def test_the_page_follows_its_address_when_it_is_edited(
+    servers: list[DevServer], tmp_path: Path, page: Page
+) -> None:
+    _, url = serve(servers, tmp_path)
+    page.goto(url)
+    say(page, "order 3 pens")
+    wait_for_turns(page, "completed", 1)
+    first = page.evaluate("location.hash")
+    page.get_by_test_id("new-session").click()
+    say(page, "order 1 lamp")
+    wait_for_turns(page, "completed", 1)
+    second = page.evaluate("location.hash")
+    assert first != second and first.startswith("#ops/chat-")
+    page.evaluate("hash => { location.hash = hash; }", first)
+    expect(page.get_by_test_id("user-message")).to_have_text("order 3 pens")
+    expect(page.get_by_test_id("session-title")).to_have_text(f"ops / {first.split('/')[1]}")
+    page.go_back()  # the browser's history works too: back to the second session
+    expect(page.get_by_test_id("user-message")).to_have_text("order 1 lamp")
+    page.evaluate("() => { location.hash = '#ops/new-one'; }")
+    expect(page.get_by_test_id("session-title")).to_have_text("ops / new-one")
+    expect(page.get_by_test_id("empty")).to_be_visible()

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import fnmatch
+import hashlib
 import json
 import re
 import signal
 import subprocess
 import sys
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -59,6 +62,10 @@ def test_dev_serves_the_bundled_example_with_its_page_and_says_which_model(
         assert "offline demo model" in agents["notice"]
         page = client.get("/")
         assert page.status_code == 200 and "<html" in page.text
+        for script in ("marked.umd.js", "purify.min.js"):
+            served = client.get(f"/static/vendor/{script}")
+            assert served.status_code == 200 and f'src="/static/vendor/{script}"' in page.text
+            assert "javascript" in served.headers["content-type"]
         reply = client.post("/agents/ops/sessions/s1/chat", json={"text": "order 2 blue widgets"})
         assert reply.json()["text"] == "Done: order #1 (2 x blue widgets) is packed."
     assert (tmp_path / ".turnkit" / "sessions.db").exists()
@@ -158,3 +165,38 @@ def test_dev_serves_on_postgres(pg_dsn: str, pg_schema: str, tmp_path: Path) -> 
         proc.kill()
         proc.wait(10)
     assert not (tmp_path / ".turnkit").exists()  # nothing went to a SQLite file
+
+
+STATIC = ROOT / "src" / "turnkit" / "server" / "static"
+
+
+def test_the_vendored_scripts_are_the_recorded_ones_and_every_static_file_ships() -> None:
+    vendor = STATIC / "vendor"
+    recorded = dict(
+        re.findall(
+            r"^\| `([^`]+)` \|.*\| `([0-9a-f]{64})` \|$", (vendor / "README.md").read_text(), re.M
+        )
+    )
+    files = {p.name for p in vendor.iterdir() if p.name != "README.md"}
+    assert set(recorded) == files
+    for name, digest in recorded.items():
+        assert hashlib.sha256((vendor / name).read_bytes()).hexdigest() == digest, name
+    # Every file beside the page is package data, so an installed turnkit serves it.
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    patterns = config["tool"]["setuptools"]["package-data"]["turnkit"]
+    package = ROOT / "src" / "turnkit"
+    for path in STATIC.rglob("*"):
+        if path.is_file():
+            relative = path.relative_to(package).as_posix()
+            assert any(
+                fnmatch.fnmatch(relative, p) and relative.count("/") == p.count("/")
+                for p in patterns
+            ), relative
+
+
+def test_the_page_never_writes_html_text_into_the_document() -> None:
+    """The page builds every node with createElement/textContent; the Markdown it shows
+    comes from DOMPurify as a fragment, never as HTML text assigned to an element."""
+    script = (STATIC / "index.html").read_text()
+    for sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval("):
+        assert sink not in script, sink
