@@ -115,6 +115,58 @@ def test_replace_mode_without_its_overlay_file_is_an_assembly_error(tmp_path: Pa
     )
 
 
+def test_an_explicit_append_mode_without_its_overlay_file_is_an_assembly_error(
+    tmp_path: Path,
+) -> None:
+    folder = write(
+        tmp_path / "x",
+        {
+            "agent.py": (
+                "from turnkit import SurfacePolicy\n"
+                "agent = {'surfaces': {'slack': SurfacePolicy(mode='append')}}\n"
+            ),
+            "instructions.md": "Base.\n",
+        },
+    )
+    with pytest.raises(
+        turnkit.ConfigurationError, match=r"'slack' has mode 'append' but no instructions"
+    ):
+        turnkit.load_agent(folder, model=ScriptedModel([]))
+    write(folder, {"instructions.slack.md": "Slack too.\n"})
+    agent = turnkit.load_agent(folder, model=ScriptedModel([]))
+    assert agent.policy_for("slack").system == "Base.\n\nSlack too."
+
+
+def test_a_surface_that_only_denies_tools_needs_no_overlay_file(tmp_path: Path) -> None:
+    folder = write(
+        tmp_path / "x",
+        {
+            "agent.py": "agent = {'surfaces': {'slack': {'deny_tools': ['ping']}}}\n",
+            "instructions.md": "Base.\n",
+            "tools/ping.py": (
+                "from turnkit import tool\n\n\n@tool\ndef ping() -> str:\n"
+                '    """Ping."""\n    return "pong"\n'
+            ),
+        },
+    )
+    policy = turnkit.load_agent(folder, model=ScriptedModel([])).policy_for("slack")
+    assert policy.system == "Base." and policy.deny_tools == {"ping"}
+
+
+def test_an_empty_overlay_file_with_replace_mode_gives_an_empty_prompt(tmp_path: Path) -> None:
+    folder = write(
+        tmp_path / "x",
+        {
+            "agent.py": "agent = {'surfaces': {'sms': {'mode': 'replace'}}}\n",
+            "instructions.md": "Base.\n",
+            "instructions.sms.md": "\n",
+        },
+    )
+    agent = turnkit.load_agent(folder, model=ScriptedModel([]))
+    assert agent.policy_for("sms").system is None
+    assert agent.policy_for("cli").system == "Base."
+
+
 def test_an_agent_py_that_fails_to_import_is_named(tmp_path: Path) -> None:
     folder = write(tmp_path / "x", {"agent.py": "raise ValueError('bad settings')\n"})
     with pytest.raises(

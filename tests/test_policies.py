@@ -67,6 +67,37 @@ def test_replace_mode_without_the_sources_instructions_is_an_error() -> None:
         agent(ScriptedModel([]), [], surfaces={"sms": SurfacePolicy(mode="replace")})
 
 
+def test_an_explicit_append_mode_without_the_sources_instructions_is_an_error() -> None:
+    with pytest.raises(ConfigurationError, match=r"'sms' has mode 'append' but no instructions"):
+        agent(ScriptedModel([]), [], surfaces={"sms": SurfacePolicy(mode="append")})
+    with pytest.raises(ConfigurationError, match=r"'sms' has mode 'append' but no instructions"):
+        agent(ScriptedModel([]), [], surfaces={"sms": {"mode": "append"}})
+
+
+def test_a_surface_with_no_mode_needs_no_instructions() -> None:
+    built = agent(ScriptedModel([]), [], surfaces={"sms": {"deny_tools": ["issue_refund"]}})
+    assert built.surfaces["sms"].mode is None
+    assert built.policy_for("sms").system == "You are the ops assistant."
+    assert built.policy_for("sms").deny_tools == {"issue_refund"}
+    # With an overlay, an unset mode appends it, as an explicit "append" does.
+    unset = agent(ScriptedModel([]), [], surfaces={"slack": SurfacePolicy(deny_tools=["issue_refund"])})
+    given = agent(ScriptedModel([]), [], surfaces={"slack": SurfacePolicy(mode="append")})
+    assert unset.policy_for("slack").system == given.policy_for("slack").system
+    assert given.policy_for("slack").system == "You are the ops assistant.\n\nKeep replies short."
+
+
+def test_an_empty_overlay_with_replace_mode_gives_an_empty_prompt() -> None:
+    built = Agent(
+        name="a",
+        model=ScriptedModel([]),
+        instructions="Base.",
+        source_instructions={"sms": ""},
+        surfaces={"sms": SurfacePolicy(mode="replace")},
+    )
+    assert built.policy_for("sms").system is None
+    assert built.policy_for(None).system == "Base."
+
+
 def test_denying_a_tool_the_agent_lacks_is_an_error_not_a_silent_no_op() -> None:
     with pytest.raises(ConfigurationError, match=r"denies \['issue_refnd'\]"):
         agent(ScriptedModel([]), [], surfaces={"slack": {"deny_tools": ["issue_refnd"]}})

@@ -116,10 +116,11 @@ class Agent:
                 surface = SurfacePolicy.coerce(source, value)
             except ConfigurationError as exc:
                 raise ConfigurationError(f"{where}: {exc}") from None
-            if surface.mode == "replace" and not overlays.get(source, "").strip():
+            if surface.mode is not None and source not in overlays:
                 raise ConfigurationError(
-                    f"{where}: surface {source!r} has mode 'replace' but no instructions for "
-                    f"{source!r} (add instructions.{source}.md or source_instructions[{source!r}])"
+                    f"{where}: surface {source!r} has mode {surface.mode!r} but no instructions "
+                    f"for {source!r} (add instructions.{source}.md or "
+                    f"source_instructions[{source!r}], or leave the mode unset)"
                 )
             unknown = [n for n in surface.deny_tools if n not in by_name]
             if unknown:

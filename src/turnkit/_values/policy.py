@@ -24,16 +24,19 @@ class SurfacePolicy:
     """How turns from one source differ from the agent's default.
 
     ``mode="append"`` adds the source's overlay (``instructions.<source>.md``) to the
-    base prompt; ``mode="replace"`` makes the overlay the whole prompt. ``deny_tools``
-    are taken away in code: not offered to the model, and refused as unknown if it
-    calls them anyway.
+    base prompt; ``mode="replace"`` makes the overlay the whole prompt (an empty
+    overlay: no prompt at all). A mode given explicitly says the overlay exists, so
+    the agent refuses to assemble without it. Left unset (``None``), the overlay is
+    appended if there is one and none is required: a surface that only denies
+    tools. ``deny_tools`` are taken away in code: not offered to the model, and
+    refused as unknown if it calls them anyway.
     """
 
-    mode: SurfaceMode = "append"
+    mode: SurfaceMode | None = None
     deny_tools: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.mode not in _MODES:
+        if self.mode is not None and self.mode not in _MODES:
             raise ConfigurationError(
                 f"surface mode must be 'append' or 'replace', got {self.mode!r}"
             )
@@ -61,7 +64,7 @@ class SurfacePolicy:
                     "a surface takes 'mode' and 'deny_tools'"
                 )
             try:
-                return cls(mode=value.get("mode", "append"), deny_tools=value.get("deny_tools", ()))
+                return cls(mode=value.get("mode"), deny_tools=value.get("deny_tools", ()))
             except ConfigurationError as exc:
                 raise ConfigurationError(f"surface {source!r}: {exc}") from None
             except TypeError:
