@@ -358,3 +358,24 @@ async def test_recover_keeps_going_when_one_turn_fails_again(tmp_path: Path) -> 
     async with turnkit.Runtime(echo(), store=SqliteStore(db)) as rt:
         results = await rt.recover()
     assert [(r.turn_id, r.text) for r in results] == [("t-s2", "echo: hi")]
+
+
+async def test_a_turn_refused_before_its_opening_says_nothing_was_stored(
+    make_store: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = make_store()
+    async with turnkit.Runtime(echo(), store=store) as rt:
+        await rt.session("a", "s1").turn("mine")
+    other = turnkit.Agent(name="b", model=ScriptedModel(["never"]))
+    async with turnkit.Runtime(other, store=make_store()) as rt:
+        session = rt.session("b", "s1")
+        seen: list[turnkit.TurnEvent] = []
+        tid = session.start("hi")
+        session.subscribe(seen.append, turn_id=tid)
+        with caplog.at_level(logging.CRITICAL), pytest.raises(turnkit.ConfigurationError):
+            await session.result(tid)
+        assert seen[-1].type == "turn.failed"
+        error = seen[-1].error  # type: ignore[union-attr]
+        assert "nothing was stored" in error and "stays open" not in error
+        assert "belongs to agent 'a'" in error
+        assert await rt.store.session("s1").turn(tid) is None

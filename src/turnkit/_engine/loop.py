@@ -119,24 +119,33 @@ class TurnRunner:
         self.store_id = ""
         self._durable_cancel: str | None = None
         self._opened = False
+        #: Known not to be in the store: read as absent, opening commit not attempted
+        #: yet (a failed commit may still have landed, so from then on it may be).
+        self._unstored = False
         self.policy = TurnPolicy()
         self._known_finished: str | None = None
         self._record: TurnRecord | None = None
 
     async def run(self) -> TurnResult:
         """Run the delivery. An exception escaping here (a store outage) leaves the turn
-        open for redelivery; observers still get a live, unlogged ``turn.failed``."""
+        open for redelivery; observers still get a live, unlogged ``turn.failed``,
+        which says so, or says that nothing was stored when the turn never got as far
+        as committing its opening (a session of another agent, a parked session)."""
         try:
             async with self.store.writer():
                 return await self._run()
         except BaseException as exc:
+            what = (
+                "delivery failed before the turn could end (it stays open): "
+                if not self._unstored
+                else "the turn could not start (nothing was stored): "
+            )
             # Emitting is synchronous, so this is safe even while being cancelled.
             self._emit(
                 TurnFailedEvent(
                     turn_id=self.turn_id,
                     session_id=self.session_id,
-                    error="delivery failed before the turn could end (it stays open): "
-                    + error_text(exc),
+                    error=what + error_text(exc),
                 )
             )
             raise
@@ -149,6 +158,7 @@ class TurnRunner:
             # Reset elsewhere since we last looked: what we kept is another generation.
             prefix = []
             snap = await self.store.load(self.turn_id)
+        self._unstored = snap.turn is None
         if snap.agent is not None and snap.agent != self.agent.name:
             raise ConfigurationError(
                 f"session {self.session_id} belongs to agent {snap.agent!r}, "
@@ -383,6 +393,7 @@ class TurnRunner:
             tx.open_turn(record)
             tx.put_step(policy_step_id(self.turn_id), self.turn_id, policy)
 
+        self._unstored = False
         await self._commit(write, events, [m for _, m in closing] + [opening])
         self._opened = True
 
