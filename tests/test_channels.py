@@ -309,11 +309,12 @@ async def test_the_terminal_channel_renders_and_asks_at_the_prompt(open_runtime:
     terminal = TerminalChannel(out=out, ask=ask, user="alice")
     result = await terminal.converse(ctx, "deploy api", session="cli")
     assert result.status == "completed" and asked == [True]
-    assert prompts == ["Deploy api? > ", "Deploy api? > "]  # "maybe" was asked again
+    # Asked at the prompt only (not printed first as well); "maybe" was asked again.
+    assert prompts == ["  ? Deploy api? (yes/no) > ", "  ? Deploy api? (yes/no) > "]
     shown = out.getvalue()
     assert "Deploying." in shown
     assert '→ deploy {"service": "api"}' in shown
-    assert "? Deploy api?" in shown
+    assert "Deploy api?" not in shown
     assert "! answer yes or no" in shown
     assert '← deploy: {"deployed": true}' in shown
     opening = (await ctx.session("cli").messages())[0]

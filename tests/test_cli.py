@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import subprocess
 import sys
+from importlib import metadata
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -154,10 +156,10 @@ def test_ctrl_c_at_the_prompt_exits_at_once_and_keeps_the_park(tmp_path: Path) -
     try:
         assert proc.stdout is not None
         seen = ""
-        while "? Deploy api?" not in seen:
-            line = proc.stdout.readline()
-            assert line, "the run ended before asking"
-            seen += line
+        while "? Deploy api? (yes/no) > " not in seen:  # the prompt ends no line
+            chunk = os.read(proc.stdout.fileno(), 4096).decode()
+            assert chunk, "the run ended before asking"
+            seen += chunk
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)  # a hang here is the bug
     finally:
@@ -167,3 +169,99 @@ def test_ctrl_c_at_the_prompt_exits_at_once_and_keeps_the_park(tmp_path: Path) -
     assert "interrupted" in err
     again = turnkit_with_input("run", str(agent), "web", cwd=tmp_path, stdin="y\nn\n")
     assert "waiting on turn" in again.stdout
+
+
+def test_text_alone_runs_the_bundled_example(tmp_path: Path) -> None:
+    done = turnkit("run", "order 2 blue widgets", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "Done: order #1 (2 x blue widgets) is packed." in done.stdout
+    sessions = turnkit("sessions", "--json", cwd=tmp_path)
+    assert [(s["session_id"], s["agent"]) for s in json.loads(sessions.stdout)] == [
+        ("cli:ops", "ops")
+    ]
+
+
+def test_each_agent_has_its_own_default_session(tmp_path: Path) -> None:
+    mine = tmp_path / "myagent"
+    mine.mkdir()
+    (mine / "instructions.md").write_text("Be brief.\n")
+    assert turnkit("run", str(EXAMPLE), "order 1 pen", cwd=tmp_path).returncode == 0
+    done = turnkit("run", str(mine), "hello", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "You said: hello" in done.stdout
+    sessions = turnkit("sessions", "--json", cwd=tmp_path)
+    owners = {s["session_id"]: s["agent"] for s in json.loads(sessions.stdout)}
+    assert owners == {"cli:ops": "ops", "cli:myagent": "myagent"}
+
+
+def test_a_session_of_another_agent_is_one_line_and_stores_nothing(tmp_path: Path) -> None:
+    mine = tmp_path / "myagent"
+    mine.mkdir()
+    (mine / "instructions.md").write_text("Be brief.\n")
+    assert (
+        turnkit("run", str(EXAMPLE), "order 1 pen", "--session", "s", cwd=tmp_path).returncode == 0
+    )
+    done = turnkit("run", str(mine), "hello", "--session", "s", cwd=tmp_path)
+    assert done.returncode == 2
+    errors = [line for line in done.stderr.splitlines() if "offline demo" not in line]
+    assert errors == [
+        "turnkit: error: session 's' belongs to agent 'ops', not 'myagent'; name another "
+        "with --session, or leave it out for 'cli:myagent'"
+    ]
+    assert done.stdout == ""
+    shown = json.loads(turnkit("show", "s", "--json", cwd=tmp_path).stdout)
+    assert shown["agent"] == "ops" and len(shown["turns"]) == 1
+
+
+def test_a_folder_without_an_agent_and_a_file_are_refused(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "notes.txt").write_text("hi")
+    empty = turnkit("run", "empty", "hi", cwd=tmp_path)
+    assert empty.returncode == 2 and empty.stdout == ""
+    assert empty.stderr.splitlines() == [
+        "turnkit: error: 'empty' holds no agent: an agent folder has an agent.py, an "
+        "instructions.md or a tools/ folder of tool modules (see docs/agent-folders.md)"
+    ]
+    a_file = turnkit("run", "notes.txt", "hi", cwd=tmp_path)
+    assert a_file.returncode == 2
+    assert "agent folder 'notes.txt' is not a folder" in a_file.stderr
+    assert not (tmp_path / ".turnkit").exists()  # refused before any store was made
+
+
+def test_run_arguments_that_cannot_mean_a_turn_are_refused(tmp_path: Path) -> None:
+    (tmp_path / "myagent").mkdir()
+    for args, says in [
+        (["myagent"], "'myagent' is a folder; say what to tell its agent"),
+        ([str(EXAMPLE), ""], "the text must not be empty"),
+        ([str(EXAMPLE), "  \n"], "the text must not be empty"),
+        ([""], "the text must not be empty"),
+        (
+            ["order", "2", "widgets"],
+            "turnkit run takes [AGENT_DIR] TEXT, got 3 words; quote the text",
+        ),
+    ]:
+        done = turnkit("run", *args, cwd=tmp_path)
+        assert done.returncode == 2, args
+        assert done.stderr.startswith(f"turnkit: error: {says}") and done.stderr.count("\n") == 1
+    assert not (tmp_path / ".turnkit").exists()
+
+
+def test_version_comes_from_the_package_metadata(tmp_path: Path) -> None:
+    done = turnkit("--version", cwd=tmp_path)
+    assert done.returncode == 0
+    assert done.stdout == f"turnkit {metadata.version('turnkit')}\n"
+
+
+def test_the_question_is_asked_once_and_piped_answers_end_their_line(tmp_path: Path) -> None:
+    agent = write_agent(tmp_path / "deployer")
+    done = turnkit_with_input("run", str(agent), "api", cwd=tmp_path, stdin="y\n")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("Deploy api?") == 1
+    assert "  ? Deploy api? (yes/no) > \n  ← deploy:" in done.stdout
+
+
+def test_the_end_of_input_at_the_prompt_ends_its_line(tmp_path: Path) -> None:
+    agent = write_agent(tmp_path / "deployer")
+    done = turnkit_with_input("run", str(agent), "api", cwd=tmp_path, stdin="")
+    assert done.returncode == 3
+    assert done.stdout.endswith("  ? Deploy api? (yes/no) > \n")

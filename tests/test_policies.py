@@ -80,7 +80,8 @@ def test_a_surface_with_no_mode_needs_no_instructions() -> None:
     assert built.policy_for("sms").system == "You are the ops assistant."
     assert built.policy_for("sms").deny_tools == {"issue_refund"}
     # With an overlay, an unset mode appends it, as an explicit "append" does.
-    unset = agent(ScriptedModel([]), [], surfaces={"slack": SurfacePolicy(deny_tools=["issue_refund"])})
+    denying = {"slack": SurfacePolicy(deny_tools=["issue_refund"])}
+    unset = agent(ScriptedModel([]), [], surfaces=denying)
     given = agent(ScriptedModel([]), [], surfaces={"slack": SurfacePolicy(mode="append")})
     assert unset.policy_for("slack").system == given.policy_for("slack").system
     assert given.policy_for("slack").system == "You are the ops assistant.\n\nKeep replies short."

@@ -236,8 +236,8 @@ async def test_the_terminal_channel_shows_replies_tools_and_questions_escaped(
     assert_inert("".join(prompts))
     assert_shows_escaped(shown)  # the streamed reply, the tool input and result
     assert "✗ evil\\x1b[1;1H: unknown tool: evil\\x1b[1;1H" in shown
-    assert "? Allow a\\x1b]0;pwned\\x07" in shown
-    assert prompts[0].startswith("Allow a\\x1b]0;pwned\\x07")
+    assert "Allow a" not in shown  # the question is asked at the prompt, not printed too
+    assert prompts[0].startswith("  ? Allow a\\x1b]0;pwned\\x07")
     assert "turn failed: " in shown and "boom a\\x1b]0;pwned\\x07" in shown
 
 
@@ -302,7 +302,7 @@ def test_turnkit_run_prints_a_hostile_turn_escaped(tmp_path: Path) -> None:
     assert_inert(out)
     assert_inert(err)
     assert_shows_escaped(out)  # the streamed reply, the question and the prompt
-    assert out.count("Allow a\\x1b]0;pwned\\x07") == 2
+    assert out.count("Allow a\\x1b]0;pwned\\x07") == 1  # asked once, at the prompt
 
 
 def test_turnkit_error_lines_are_escaped(tmp_path: Path) -> None:

@@ -8,8 +8,9 @@
       instructions.slack.md   # an overlay for turns whose source is "slack"
       tools/*.py              # each public module defines at least one Tool
 
-``agent.py`` may also define a ``model`` and a ``demo_model()`` used when no model
-is configured. Every error names the file at fault.
+A folder must hold at least one of ``agent.py``, ``instructions.md`` or a tool
+module. ``agent.py`` may also define a ``model`` and a ``demo_model()`` used when no
+model is configured. Every error names the file at fault (docs/agent-folders.md).
 """
 
 from __future__ import annotations
@@ -108,8 +109,7 @@ class AgentFolder:
     @classmethod
     def read(cls, path: str | Path) -> AgentFolder:
         folder = Path(path)
-        if not folder.is_dir():
-            raise ConfigurationError(f"agent folder {str(folder)!r} does not exist")
+        _check_folder(folder)
         config = AgentConfig()
         model = demo = None
         agent_py = folder / "agent.py"
@@ -160,6 +160,29 @@ class AgentFolder:
             )
         except ConfigurationError as exc:
             raise ConfigurationError(f"agent folder {str(self.path)!r}: {exc}") from None
+
+
+def _check_folder(folder: Path) -> None:
+    """Refuse a path that is not a folder, and a folder that holds no agent: an empty
+    folder (or the wrong one) must not quietly become an agent with no prompt."""
+    shown = repr(str(folder))
+    if not folder.exists():
+        raise ConfigurationError(f"agent folder {shown} does not exist")
+    if not folder.is_dir():
+        raise ConfigurationError(
+            f"agent folder {shown} is not a folder; name the folder that holds agent.py, "
+            "instructions.md or tools/"
+        )
+    holds_agent = (
+        (folder / "agent.py").is_file()
+        or (folder / "instructions.md").is_file()
+        or any(not p.name.startswith("_") for p in (folder / "tools").glob("*.py"))
+    )
+    if not holds_agent:
+        raise ConfigurationError(
+            f"{shown} holds no agent: an agent folder has an agent.py, an instructions.md "
+            "or a tools/ folder of tool modules (see docs/agent-folders.md)"
+        )
 
 
 def _read_text(path: Path) -> str:

@@ -33,8 +33,11 @@ SOURCE = "cli"
 class TerminalRenderer:
     """Prints a turn's events as they arrive: text inline, tool calls as a timeline."""
 
-    def __init__(self, out: TextIO) -> None:
+    def __init__(self, out: TextIO, *, asks: bool = False) -> None:
         self.out = out
+        #: The question of a park is asked at the prompt right after, so it is not
+        #: also printed as a timeline line.
+        self.asks = asks
         self._mid_line = False
         #: A streamed carriage return, held until the next delta says whether it
         #: starts a CRLF (kept) or stands alone (shown escaped).
@@ -80,7 +83,10 @@ class TerminalRenderer:
             shown = event.error if event.error else json.dumps(event.result, ensure_ascii=False)
             self._line(f"{indent}  {mark} {event.name}: {shown}")
         elif event.type == "input.requested":
-            self._line(f"{indent}  ? {event.request.prompt}")
+            if indent or not self.asks:
+                self._line(f"{indent}  ? {event.request.prompt}")
+            else:
+                self._end_text()
         elif event.type == "turn.failed" and not indent:
             self._line(f"  ✗ turn failed: {event.error}")
         elif event.type == "turn.cancelled" and not indent:
@@ -88,6 +94,13 @@ class TerminalRenderer:
         elif event.type == "turn.completed":
             self._end_text()
         self.out.flush()
+
+
+def _is_terminal(stream: TextIO | None) -> bool:
+    try:
+        return stream is not None and stream.isatty()
+    except (ValueError, OSError):  # closed or detached
+        return False
 
 
 def parse_answer(request: InputRequest, raw: str) -> Any:
@@ -127,6 +140,8 @@ class TerminalChannel:
     ) -> None:
         self.out = out if out is not None else sys.stdout
         self._ask = ask if ask is not None else input
+        #: ``input()`` from a pipe or a file: no Enter is echoed to end the prompt's line.
+        self._unechoed = ask is None and not _is_terminal(sys.stdin)
         self.user_id = f"cli:{user or getpass.getuser()}"
 
     def to_event(self, payload: Any) -> InboundEvent:
@@ -140,7 +155,10 @@ class TerminalChannel:
     async def deliver(self, target: Any, events: AsyncIterator[TurnEvent]) -> TurnEvent | None:
         """Render ``events`` to the terminal (``target`` is unused); return the last one."""
         del target
-        renderer = TerminalRenderer(self.out)
+        return await self._show(events, asks=False)
+
+    async def _show(self, events: AsyncIterator[TurnEvent], *, asks: bool) -> TurnEvent | None:
+        renderer = TerminalRenderer(self.out, asks=asks)
         last: TurnEvent | None = None
         async for event in events:
             renderer.render(event)
@@ -186,8 +204,25 @@ class TerminalChannel:
             if earlier.status == "suspended":
                 return earlier
         stream = ctx.run_stream(text, session=session, event=self.to_event(text))
-        await self.deliver(None, stream)
+        await self._show(stream, asks=True)
         return await self._settle(ctx, session, stream.turn_id)
+
+    async def _ask_for(self, request: InputRequest) -> str:
+        """The typed answer to ``request``. At the end of input the prompt's line is
+        ended before ``EOFError`` goes on, so what is written next starts a line."""
+        hint = " (yes/no)" if (request.schema or {}).get("type") == "boolean" else ""
+        try:
+            answer = await self._prompt(printable(f"  ? {request.prompt}{hint} > "))
+        except EOFError:
+            self._end_prompt_line()
+            raise
+        if self._unechoed:
+            self._end_prompt_line()
+        return answer
+
+    def _end_prompt_line(self) -> None:
+        self.out.write("\n")
+        self.out.flush()
 
     async def _settle(self, ctx: ChannelContext, session: str, turn_id: str) -> TurnResult:
         """Ask and resume until the turn is no longer parked."""
@@ -196,7 +231,7 @@ class TerminalChannel:
             if result.status != "suspended" or result.request is None:
                 return result
             request = result.request
-            raw = await self._prompt(printable(f"{request.prompt} > "))
+            raw = await self._ask_for(request)
             try:
                 value = parse_answer(request, raw)
                 resumed = await ctx.resume_stream(
@@ -206,7 +241,7 @@ class TerminalChannel:
                     value=value,
                     by=self.user_id,
                 )
-                await self.deliver(None, resumed)
+                await self._show(resumed, asks=True)
             except (ValueError, InvalidAnswerError) as exc:
                 self.out.write(printable(f"  ! {exc}\n"))  # ask again
             except ResumeAuthorizationError as exc:

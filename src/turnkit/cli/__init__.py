@@ -15,6 +15,7 @@ import json
 import os
 import shlex
 import sys
+from importlib import metadata
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
@@ -25,6 +26,8 @@ from .._channels.terminal import TerminalChannel
 from .._errors import TurnkitError
 from .._runtime.runtime import Runtime
 from .._seams.model import Model
+from .._seams.store import Store
+from ._agent_dir import bundled_example, default_session, run_target
 from ._folder_model import choose_model
 from ._progress import Progress
 from ._render import render_archive, render_session, render_sessions
@@ -60,12 +63,21 @@ def _parser() -> argparse.ArgumentParser:
         prog="turnkit",
         description="Durable agent turns: run an agent, and inspect what its store holds.",
     )
+    parser.add_argument("--version", action="version", version=f"turnkit {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_run(commands)
     _add_sessions(commands)
     _add_show(commands)
     _add_dev(commands)
     return parser
+
+
+def _version() -> str:
+    """The installed distribution's version, from its metadata."""
+    try:
+        return metadata.version("turnkit")
+    except metadata.PackageNotFoundError:
+        return "(not installed: no package metadata)"
 
 
 def _add_store_option(command: argparse.ArgumentParser) -> None:
@@ -79,9 +91,16 @@ def _add_run(commands: Any) -> None:
         description="Run one turn of an agent, streamed to the terminal. If the turn "
         "parks on a question, it is asked at the prompt.",
     )
-    run.add_argument("agent_dir", help="the agent folder (agent.py, instructions.md, tools/)")
-    run.add_argument("text", help="what to say to the agent")
-    run.add_argument("--session", default="cli", help="session id (default: cli)")
+    run.add_argument(
+        "words",
+        nargs="+",
+        metavar="[AGENT_DIR] TEXT",
+        help="the agent folder (agent.py, instructions.md, tools/; default: the bundled "
+        "example) and what to say to the agent, quoted",
+    )
+    run.add_argument(
+        "--session", help="session id (default: cli:AGENT, one per agent: cli:ops for the example)"
+    )
     _add_store_option(run)
     run.set_defaults(handler=_run)
 
@@ -131,9 +150,12 @@ def _positive_int(text: str) -> int:
 
 async def _run(args: argparse.Namespace, progress: Progress) -> int:
     del progress  # the turn streams to the terminal: that is its progress
-    folder = AgentFolder.read(args.agent_dir)
+    target = run_target(args.words)
+    folder = AgentFolder.read(target.folder)
+    session = args.session or default_session(folder.name)
     store = await writable_store(args.store)
     try:
+        await _check_owner(store, session, folder.name, given=args.session is not None)
         agent = folder.agent(_model_for(folder))
     except BaseException:
         await store.close()
@@ -142,11 +164,13 @@ async def _run(args: argparse.Namespace, progress: Progress) -> int:
     async with Runtime([agent], store=store) as runtime:
         await runtime.recover()
         ctx = mount_agent(agent, runtime, channels=[terminal])
-        result = await terminal.converse(ctx, args.text, session=args.session)
+        result = await terminal.converse(ctx, target.text, session=session)
     if result.status == "suspended":
         print(
-            f"turnkit: the turn is still waiting for an answer; run again with "
-            f"--session {args.session} to answer it",
+            printable(
+                f"turnkit: the turn is still waiting for an answer; run again with "
+                f"--session {shlex.quote(session)} to answer it"
+            ),
             file=sys.stderr,
         )
         return 3
@@ -155,6 +179,24 @@ async def _run(args: argparse.Namespace, progress: Progress) -> int:
         print(f"turnkit: turn {result.status}: {why}", file=sys.stderr)
         return 1
     return 0
+
+
+async def _check_owner(store: Store, session: str, agent: str, *, given: bool) -> None:
+    """Refuse, before anything is stored, a session that another agent opened: session
+    ids are one namespace in a store."""
+    owner = (await store.session(session).load(from_index=_NO_MESSAGES)).agent
+    if owner is None or owner == agent:
+        return
+    fix = (
+        f"name another with --session, or leave it out for {default_session(agent)!r}"
+        if given
+        else "name another with --session"
+    )
+    raise CliError(f"session {session!r} belongs to agent {owner!r}, not {agent!r}; {fix}")
+
+
+#: A transcript position past any session's end: ``load`` then reads no messages.
+_NO_MESSAGES = 2**31 - 1  # the largest index every store takes (PostgreSQL: integer)
 
 
 def _model_for(folder: AgentFolder) -> Model | None:
@@ -189,7 +231,7 @@ def _add_dev(commands: Any) -> None:
 async def _dev(args: argparse.Namespace, progress: Progress) -> int:
     del progress  # the server prints its URL when it is ready
     try:
-        from ..server._dev import DevOptions, bundled_example, serve_dev
+        from ..server._dev import DevOptions, serve_dev
     except ImportError as exc:
         raise CliError(
             f"turnkit dev needs the server extra: pip install 'turnkit[server]' ({exc})"

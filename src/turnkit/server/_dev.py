@@ -11,7 +11,6 @@ import socket
 import sys
 from dataclasses import dataclass
 from ipaddress import ip_address
-from pathlib import Path
 
 import uvicorn
 
@@ -21,9 +20,6 @@ from .._runtime.runtime import Runtime
 from .._seams.store import Store
 from ._app import create_app, recover_quietly
 from ._principal import loopback_only
-
-#: The example agent shipped inside the package, served when no folder is named.
-BUNDLED_EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "ops"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -76,16 +72,6 @@ async def serve_dev(agent: Agent, store: Store, options: DevOptions, *, notice: 
         await serving
     listener.close()
     return 0
-
-
-def bundled_example() -> Path:
-    """The example agent served when no folder is named."""
-    if not BUNDLED_EXAMPLE.is_dir():
-        raise ConfigurationError(
-            "this installation has no bundled example agent; name an agent folder: "
-            "turnkit dev path/to/agent"
-        )
-    return BUNDLED_EXAMPLE
 
 
 def _listen(host: str, port: int) -> socket.socket:
