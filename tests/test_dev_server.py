@@ -5,6 +5,7 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import json
+import logging
 import re
 import signal
 import subprocess
@@ -18,7 +19,16 @@ import pytest
 from starlette.requests import Request
 from test_cli import OFFLINE_ENV, turnkit
 
+from turnkit import (
+    LocalEventSink,
+    MessageDeltaEvent,
+    TurnCancelledEvent,
+    TurnCompletedEvent,
+    TurnFailedEvent,
+    TurnStartedEvent,
+)
 from turnkit.server import loopback_only
+from turnkit.server._dev_log import TurnLog
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -108,8 +118,89 @@ def test_dev_finishes_a_turn_a_killed_run_left_open(tmp_path: Path) -> None:
         proc.kill()
         proc.wait(10)
     assert seen[-1] == "event: turn.completed"
+    assert re.search(
+        rf"^\d\d:\d\d:\d\d turn {turn_id} on session s1 completed \(recovered\)$",
+        proc.communicate()[1],
+        re.MULTILINE,
+    )
     assert transcript["status"] == "idle"
     assert [m["role"] for m in transcript["messages"]][-2:] == ["tool", "assistant"]
+
+
+def stop(proc: subprocess.Popen[str]) -> str:
+    """Ctrl-C the server; its stderr."""
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(15) == 130
+    return proc.communicate()[1]
+
+
+def test_dev_logs_a_line_per_request_and_per_turn_ending(tmp_path: Path) -> None:
+    proc, url = start_dev(cwd=tmp_path)
+    try:
+        with httpx.Client(base_url=url, timeout=30) as client:
+            assert client.get("/agents").status_code == 200
+            done = client.post("/agents/ops/sessions/s1/chat", json={"text": "order 2 hush-hush"})
+            assert done.json()["status"] == "completed"
+            parked = client.post("/agents/ops/sessions/p/chat", json={"text": "refund order 1"})
+            assert parked.json()["status"] == "suspended"
+            forged = "/agents/ops/sessions/s%0A12:00:00 GET %1B[2J/chat"
+            assert client.post(forged, json={"text": "hi"}).status_code == 400
+            assert client.get("/nowhere", params={"token": "sekret"}).status_code == 404
+    finally:
+        err = stop(proc)
+    time_ = r"\d\d:\d\d:\d\d"
+    turn = r"[0-9a-f]{32}"
+    for expected in [
+        rf"{time_} GET /agents 200 \d+ ms",
+        rf"{time_} POST /agents/ops/sessions/s1/chat 200 \d+ ms",
+        rf"{time_} turn {turn} on session s1 completed in \d+\.\d s",
+        rf"{time_} turn {turn} on session p parked in \d+\.\d s",
+        rf"{time_} POST /agents/ops/sessions/s\\x0a12:00:00 GET \\x1b\[2J/chat 400 \d+ ms",
+        rf"{time_} GET /nowhere 404 \d+ ms",
+    ]:
+        assert re.search(rf"^{expected}$", err, re.MULTILINE), (expected, err)
+    assert "hush-hush" not in err and "sekret" not in err and "\x1b" not in err
+    assert "Traceback" not in err
+
+
+def test_dev_quiet_logs_no_requests_or_turns(tmp_path: Path) -> None:
+    proc, url = start_dev("--quiet", cwd=tmp_path)
+    try:
+        with httpx.Client(base_url=url, timeout=30) as client:
+            reply = client.post("/agents/ops/sessions/s1/chat", json={"text": "order 1 pen"})
+            assert reply.json()["status"] == "completed"
+    finally:
+        err = stop(proc)
+    assert err.splitlines() == [
+        "turnkit dev: No model configured; using the offline demo model.",
+        "turnkit: interrupted",
+    ]
+
+
+def test_the_turn_log_names_every_ending_and_never_an_error_text(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    sink = LocalEventSink()
+    turns = TurnLog()
+    unwatch = turns.watch(sink)
+    turns.recovering(["t4"])
+    ids = {"turn_id": "t", "session_id": "s\x1b]0;x\x07"}
+    with caplog.at_level(logging.INFO, logger="turnkit.dev"):
+        sink.emit(TurnStartedEvent(**{**ids, "turn_id": "t1"}, text="hi", seq=1))
+        sink.emit(TurnCompletedEvent(**{**ids, "turn_id": "t1"}, text="ok", seq=2))
+        sink.emit(TurnFailedEvent(**{**ids, "turn_id": "t2"}, error="key sk-123 leaked"))
+        sink.emit(TurnCancelledEvent(**{**ids, "turn_id": "t3"}, reason="replaced"))
+        sink.emit(TurnCompletedEvent(**{**ids, "turn_id": "t4"}, text="ok", seq=3))
+        sink.emit(MessageDeltaEvent(**ids, text="x"))
+    unwatch()
+    lines = [r.getMessage() for r in caplog.records if r.name == "turnkit.dev"]
+    session = "s\\x1b]0;x\\x07"
+    assert lines[0].startswith(f"turn t1 on session {session} completed in ")
+    assert lines[1:] == [
+        f"turn t2 on session {session} failed; turnkit show '{session}' has the error",
+        f"turn t3 on session {session} cancelled",
+        f"turn t4 on session {session} completed (recovered)",
+    ]
 
 
 def test_dev_refuses_a_non_loopback_address_and_a_busy_port(tmp_path: Path) -> None:

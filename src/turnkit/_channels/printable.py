@@ -31,6 +31,15 @@ def printable(text: str) -> str:
     return _UNSAFE.sub(_visible, text)
 
 
+_LINE_BREAKS = re.compile("[\t\n\r]")
+
+
+def printable_line(text: str) -> str:
+    """``printable(text)`` on one line: tabs, newlines and carriage returns are shown
+    as escapes too, so text put in a log line cannot forge another line."""
+    return _LINE_BREAKS.sub(_visible, printable(text))
+
+
 #: What ``printable`` escapes that ``json.dumps(..., ensure_ascii=False)`` leaves raw.
 _RAW_IN_JSON = re.compile("[\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 

@@ -15,8 +15,8 @@ import json
 import os
 import shlex
 import sys
-from importlib import metadata
 from collections.abc import Callable, Coroutine, Sequence
+from importlib import metadata
 from typing import Any
 
 from .._assembly.loader import AgentFolder
@@ -225,6 +225,11 @@ def _add_dev(commands: Any) -> None:
     dev.add_argument(
         "--port", type=_port, default=8000, help="the port (default: 8000; 0 picks a free one)"
     )
+    dev.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no line on stderr per request and per turn ending",
+    )
     dev.set_defaults(handler=_dev)
 
 
@@ -240,7 +245,9 @@ async def _dev(args: argparse.Namespace, progress: Progress) -> int:
     chosen = choose_model(folder)
     agent = folder.agent(chosen.model)
     store = await writable_store(args.store)
-    options = DevOptions(host=args.host, port=args.port, store_label=describe_store(args.store))
+    options = DevOptions(
+        host=args.host, port=args.port, store_label=describe_store(args.store), quiet=args.quiet
+    )
     note = chosen.note and chosen.note[0].upper() + chosen.note[1:] + "."
     return await serve_dev(agent, store, options, notice=note)
 

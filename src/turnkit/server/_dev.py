@@ -19,6 +19,7 @@ from .._errors import ConfigurationError
 from .._runtime.runtime import Runtime
 from .._seams.store import Store
 from ._app import create_app, recover_quietly
+from ._dev_log import TurnLog, configure, log, logged_requests
 from ._principal import loopback_only
 
 
@@ -29,6 +30,8 @@ class DevOptions:
     host: str = "127.0.0.1"
     port: int = 8000
     store_label: str = ""
+    #: No line per request or per turn ending on stderr.
+    quiet: bool = False
 
 
 async def serve_dev(agent: Agent, store: Store, options: DevOptions, *, notice: str | None) -> int:
@@ -49,10 +52,29 @@ async def serve_dev(agent: Agent, store: Store, options: DevOptions, *, notice: 
     except ConfigurationError:
         await store.close()
         raise
-    async with Runtime([agent], store=store) as runtime:
+    unconfigure = configure(options.quiet)
+    try:
+        async with Runtime([agent], store=store) as runtime:
+            await _serve(runtime, listener, agent, options, notice)
+    finally:
+        unconfigure()
+    listener.close()
+    return 0
+
+
+async def _serve(
+    runtime: Runtime, listener: socket.socket, agent: Agent, options: DevOptions, notice: str | None
+) -> None:
+    turns = TurnLog()
+    unwatch = turns.watch(runtime.sink)
+    try:
         app = create_app(runtime, authenticate=loopback_only, chat_page=True, notice=notice)
         config = uvicorn.Config(
-            app, log_level="warning", lifespan="off", timeout_graceful_shutdown=2
+            logged_requests(app),
+            interface="asgi3",
+            log_level="warning",
+            lifespan="off",
+            timeout_graceful_shutdown=2,
         )
         server = uvicorn.Server(config)
         serving = asyncio.create_task(server.serve(sockets=[listener]))
@@ -68,10 +90,19 @@ async def serve_dev(agent: Agent, store: Store, options: DevOptions, *, notice: 
             )
             if notice:
                 print(f"turnkit dev: {notice}", file=sys.stderr, flush=True)
-            runtime.spawn(recover_quietly(runtime))
+            runtime.spawn(_recover(runtime, turns))
         await serving
-    listener.close()
-    return 0
+    finally:
+        unwatch()
+
+
+async def _recover(runtime: Runtime, turns: TurnLog) -> None:
+    """Finish the turns a previous run left open, their log lines marked recovered."""
+    try:
+        turns.recovering(r.turn_id for r in await runtime.store.unfinished_turns())
+    except Exception as exc:
+        log.warning("reading the unfinished turns failed: %s", exc)
+    await recover_quietly(runtime)
 
 
 def _listen(host: str, port: int) -> socket.socket:
