@@ -249,7 +249,9 @@ async def test_reset_while_running_cancels_then_archives(open_runtime: Any) -> N
     await asyncio.sleep(0.01)
     gates.release.set()
     result = await resetting
-    assert result == turnkit.ResetResult(previous_session="s1#g0", generation=0)
+    assert result == turnkit.ResetResult(
+        previous_session="s1#g0", archived_generation=0, generation=1
+    )
     assert (await session.result(running)).reason == "reset"
     assert await session.messages() == [] and await session.status() == "new"
     archived = await session.archived_messages(0)
@@ -289,10 +291,37 @@ async def test_reset_while_queued_and_twice(open_runtime: Any) -> None:
     assert {m.turn_id for m in await session.archived_messages(0)} == {t1}
     assert {m.turn_id for m in await session.messages()} == {t3}
     second = await session.reset()
-    assert second == turnkit.ResetResult(previous_session="s1#g1", generation=1)
+    assert second == turnkit.ResetResult(
+        previous_session="s1#g1", archived_generation=1, generation=2
+    )
     assert await session.generations() == [0, 1]
     assert {m.turn_id for m in await session.archived_messages(1)} == {t3}
     assert await session.messages() == []
+
+
+async def test_resetting_a_session_with_nothing_in_it_archives_nothing(
+    open_runtime: Any,
+) -> None:
+    rt = await open_runtime(turnkit.Agent(name="a", model=ScriptedModel(["hi", "hi"])))
+    fresh = rt.session("a", "never-used")
+    nothing = turnkit.ResetResult(previous_session=None, archived_generation=None, generation=0)
+    assert await fresh.reset() == nothing
+    assert await fresh.generations() == [] and await fresh.status() == "new"
+    assert [s.session_id for s in await rt.sessions()] == []  # not even a session row
+    session = rt.session("a", "s1")
+    await session.turn("hello")
+    assert await session.reset() == turnkit.ResetResult(
+        previous_session="s1#g0", archived_generation=0, generation=1
+    )
+    # Reset again before anything happened: generation 1 is empty, so it stays live.
+    again = await session.reset()
+    assert again == turnkit.ResetResult(
+        previous_session=None, archived_generation=None, generation=1
+    )
+    assert await session.generations() == [0]
+    await session.turn("hello again")
+    assert (await session.reset()).previous_session == "s1#g1"
+    assert await session.generations() == [0, 1]
 
 
 async def test_reset_while_parked_archives_the_park_and_resume_then_conflicts(
@@ -312,7 +341,7 @@ async def test_reset_while_parked_archives_the_park_and_resume_then_conflicts(
     session = rt.session("a", "s1")
     parked = await session.result(session.start("go"))
     assert parked.status == "suspended"
-    assert (await session.reset()).generation == 0
+    assert (await session.reset()).archived_generation == 0
     assert await session.pending() is None and await session.status() == "new"
     with pytest.raises(turnkit.ResumeConflictError):
         await session.resume(parked.turn_id, "ok", True)
@@ -456,7 +485,7 @@ async def test_a_turn_started_while_a_reset_records_its_cancellation_runs_after_
     await recording.wait()
     t3 = session.start("three")
     gates.release.set()
-    assert (await resetting).generation == 0
+    assert (await resetting).archived_generation == 0
     assert (await session.result(t1)).reason == "reset"
     assert (await session.result(t3)).status == "completed"
     assert {m.turn_id for m in await session.messages()} == {t3}

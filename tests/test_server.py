@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
+import subprocess
+import sys
 from typing import Any
 
 import httpx
@@ -15,6 +18,7 @@ from server_support import Served, decode, gated_agent, serving, snapshot
 import turnkit
 from turnkit import AnswerCheck, Answerers, ToolContext, tool
 from turnkit.server import ServerLimits
+from turnkit.stores import SqliteStore
 from turnkit.testing import ScriptedModel, ScriptedReply, tool_call
 
 ALICE = {"X-User": "alice"}
@@ -280,7 +284,11 @@ async def test_reset_transcript_pending_and_the_paged_session_list(open_runtime:
             await served.client.get(served.path("calc", "s0", "pending"), headers=ALICE)
         ).json() == {"request": None}
         reset = await served.client.post(served.path("calc", "s0", "reset"), headers=ALICE)
-        assert reset.json() == {"previous_session": "s0#g0", "generation": 0}
+        assert reset.json() == {
+            "previous_session": "s0#g0",
+            "archived_generation": 0,
+            "generation": 1,
+        }
         after = (
             await served.client.get(served.path("calc", "s0", "transcript"), headers=ALICE)
         ).json()
@@ -310,6 +318,12 @@ async def test_reset_transcript_pending_and_the_paged_session_list(open_runtime:
             if status == 404:
                 assert refused.json()["code"] == "unknown_generation"
                 assert "(archived: 0)" in refused.json()["error"]
+        again = await served.client.post(served.path("calc", "s0", "reset"), headers=ALICE)
+        assert again.json() == {
+            "previous_session": None,
+            "archived_generation": None,
+            "generation": 1,
+        }
         seen: list[str] = []
         cursor: str | None = None
         while True:
@@ -808,3 +822,28 @@ async def test_the_body_limit_holds_without_a_content_length(open_runtime: Any) 
         assert "content-length" not in reply.request.headers
         assert reply.status_code == 413 and reply.json()["code"] == "body_too_large"
     assert await runtime.sessions() == []
+
+
+async def test_http_and_the_command_line_write_times_in_one_format(tmp_path: Any) -> None:
+    """RFC 3339 UTC strings in every JSON body: the HTTP session list and
+    ``turnkit sessions --json`` / ``turnkit show --json`` give the same text."""
+    db = tmp_path / "times.db"
+    agent = calc_agent()
+    async with turnkit.Runtime(agent, store=SqliteStore(db)) as runtime:
+        await runtime.session("calc", "s1").turn("add")
+        async with serving(runtime) as served:
+            listed = (await served.client.get("/agents/calc/sessions", headers=ALICE)).json()
+    rfc3339 = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
+    (row,) = listed["sessions"]
+    assert rfc3339.fullmatch(row["updated_at"])
+    command = [sys.executable, "-m", "turnkit.cli"]
+    sessions = subprocess.run(
+        [*command, "sessions", "--json", "--store", str(db)], capture_output=True, text=True
+    )
+    shown = subprocess.run(
+        [*command, "show", "s1", "--json", "--store", str(db)], capture_output=True, text=True
+    )
+    assert json.loads(sessions.stdout)[0]["updated_at"] == row["updated_at"]
+    (turn,) = json.loads(shown.stdout)["turns"]
+    assert rfc3339.fullmatch(turn["created_at"]) and rfc3339.fullmatch(turn["finished_at"])
+    assert turn["created_at"] <= turn["finished_at"] <= row["updated_at"]

@@ -52,6 +52,8 @@ log = logging.getLogger("turnkit.runtime")
 
 #: How many finished turns' in-memory results each session keeps for ``result()``.
 _RECENT_RESULTS = 256
+#: A transcript position past any session's end: ``load`` then reads no messages.
+_PAST_THE_END = 2**31 - 1  # the largest index every store takes (PostgreSQL: integer)
 
 
 class AgentSession:
@@ -480,10 +482,7 @@ class AgentSession:
         self._known.forget()
         try:
             async with self._store.writer():
-                generation = (await self._store.load()).generation
-                await self._store.commit(
-                    lambda tx: tx.archive_generation(generation, self.agent.name)
-                )
+                result = await self._archive()
         except Exception as exc:
             _settle(future, exc)
             return
@@ -491,8 +490,21 @@ class AgentSession:
             _settle(future, TurnError(f"the reset was interrupted ({type(exc).__name__})"))
             raise
         self._parked = None
-        future.set_result(
-            ResetResult(previous_session=f"{self.session_id}#g{generation}", generation=generation)
+        future.set_result(result)
+
+    async def _archive(self) -> ResetResult:
+        """Archive the live generation, unless it holds nothing (status ``new``: no
+        turn opened since the session began or was last reset), under the writer."""
+        generation = (await self._store.load(from_index=_PAST_THE_END)).generation
+        if await self._store.status() == "new":
+            return ResetResult(
+                previous_session=None, archived_generation=None, generation=generation
+            )
+        await self._store.commit(lambda tx: tx.archive_generation(generation, self.agent.name))
+        return ResetResult(
+            previous_session=f"{self.session_id}#g{generation}",
+            archived_generation=generation,
+            generation=generation + 1,
         )
 
     async def generations(self) -> list[int]:

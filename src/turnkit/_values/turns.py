@@ -63,10 +63,17 @@ class TurnResult:
 
 @dataclass(frozen=True, kw_only=True)
 class ResetResult:
-    """What ``session.reset()`` retired: ``previous_session`` names the archived
-    generation (``"s1#g0"``), readable with ``session.archived_messages(generation)``."""
+    """What ``session.reset()`` did.
 
-    previous_session: str
+    ``previous_session`` names the archived generation (``"s1#g0"``) and
+    ``archived_generation`` is its number, readable with
+    ``session.archived_messages(archived_generation)``; both are ``None`` when the
+    session held nothing, which archives nothing. ``generation`` is the live
+    generation from now on (what the session's transcript reports).
+    """
+
+    previous_session: str | None
+    archived_generation: int | None
     generation: int
 
 

@@ -19,6 +19,7 @@ from .._values.events import InputAnsweredEvent
 from .._values.inputs import InputRequest
 from .._values.messages import JsonObject, Message
 from .._values.records import SessionInfo, TurnRecord
+from .._values.times import rfc3339
 from ._progress import Progress
 from ._store import CliError
 
@@ -78,14 +79,6 @@ def utc(timestamp: float | None) -> str:
         return "-"
     moment = datetime.fromtimestamp(timestamp, tz=UTC)
     return moment.strftime("%Y-%m-%d %H:%M:%S UTC")
-
-
-def iso(timestamp: float | None) -> str | None:
-    """A stored time as ISO 8601 UTC, for ``--json``."""
-    if not timestamp:
-        return None
-    moment = datetime.fromtimestamp(timestamp, tz=UTC)
-    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 async def list_sessions(
@@ -204,8 +197,8 @@ def _turn_json(turn: TurnView) -> JsonObject:
     return {
         "turn_id": turn.turn_id,
         "status": record.status if record else None,
-        "created_at": iso(record.created_at) if record else None,
-        "finished_at": iso(record.finished_at) if record else None,
+        "created_at": rfc3339(record.created_at or None) if record else None,
+        "finished_at": rfc3339(record.finished_at or None) if record else None,
         "text": record.text if record else None,
         "error": record.error if record else None,
         "cancel_reason": record.cancel_reason if record else None,
@@ -217,7 +210,7 @@ def _turn_json(turn: TurnView) -> JsonObject:
                 "by": a.by,
                 "value": a.value,
                 "seq": a.seq,
-                "at": iso(a.at),
+                "at": rfc3339(a.at),
             }
             for a in turn.answers
         ],
@@ -242,7 +235,7 @@ def sessions_json(sessions: Sequence[SessionInfo]) -> list[JsonObject]:
             "session_id": s.session_id,
             "agent": s.agent,
             "status": s.status,
-            "updated_at": iso(s.updated_at),
+            "updated_at": rfc3339(s.updated_at),
         }
         for s in sessions
     ]

@@ -352,7 +352,11 @@ class _Api:
         empty_body(data, "reset")
         done = await ctx.reset_session(session=session_id)
         return JSONResponse(
-            {"previous_session": done.previous_session, "generation": done.generation}
+            {
+                "previous_session": done.previous_session,
+                "archived_generation": done.archived_generation,
+                "generation": done.generation,
+            }
         )
 
     # -- helpers ---------------------------------------------------------------

@@ -11,6 +11,7 @@ from typing import Any
 
 from .._seams.store import Store
 from .._values.records import SessionInfo, SessionKey
+from .._values.times import rfc3339
 from ._bodies import HttpError
 
 
@@ -26,7 +27,7 @@ async def page_of_sessions(
         {
             "session_id": i.session_id,
             "status": i.status,
-            "updated_at": i.updated_at,
+            "updated_at": rfc3339(i.updated_at),
             "preview": i.preview,
         }
         for i in page
