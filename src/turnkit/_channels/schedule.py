@@ -89,7 +89,7 @@ class ScheduledTurn:
       times in ``tz`` (an IANA name or a ``ZoneInfo``, default ``"UTC"``). A time
       that a daylight-saving change skips fires at the instant it maps to, once.
     - ``slots=`` any ``SlotRule`` (``latest_slot(now)`` and ``next_slot(after)``),
-      such as an adapter over a cron library (see ``docs/scheduling.md``).
+      such as ``turnkit.cron.cron("0 9 * * MON-FRI", tz=...)`` (extra ``turnkit[cron]``).
 
     Every mistake is a ``ConfigurationError`` naming the field.
     """
