@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sqlite3
 import subprocess
 import sys
 from importlib import metadata
 from pathlib import Path
+
+import pytest
+
+from turnkit import ConfigurationError
+from turnkit.cli._logging import log_to_stderr
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "ops"
@@ -265,3 +271,21 @@ def test_the_end_of_input_at_the_prompt_ends_its_line(tmp_path: Path) -> None:
     done = turnkit_with_input("run", str(agent), "api", cwd=tmp_path, stdin="")
     assert done.returncode == 3
     assert done.stdout.endswith("  ? Deploy api? (yes/no) > \n")
+
+
+def test_library_warnings_print_as_one_line_without_a_traceback(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("TURNKIT_DEBUG", raising=False)
+    undo = log_to_stderr(tracebacks=False)
+    try:
+        try:
+            raise ConfigurationError("session 'cli' belongs to agent 'ops'\x1b[2J")
+        except ConfigurationError:
+            logging.getLogger("turnkit.runtime").exception("turn t1 on session %s crashed", "s")
+    finally:
+        undo()
+    assert capsys.readouterr().err == (
+        "turnkit: turn t1 on session s crashed: ConfigurationError: session 'cli' belongs "
+        "to agent 'ops'\\x1b[2J\n"
+    )

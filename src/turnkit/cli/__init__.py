@@ -29,6 +29,7 @@ from .._seams.model import Model
 from .._seams.store import Store
 from ._agent_dir import bundled_example, default_session, run_target
 from ._folder_model import choose_model
+from ._logging import log_to_stderr
 from ._progress import Progress
 from ._render import render_archive, render_session, render_sessions
 from ._show import (
@@ -317,6 +318,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     handler: Handler = args.handler
     progress_line = Progress()  # erased before any error is printed
+    unlog = log_to_stderr(tracebacks=args.command == "dev")
     try:
         return asyncio.run(handler(args, progress_line))
     except (CliError, TurnkitError) as exc:
@@ -338,6 +340,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         what = one_line(f"{type(exc).__name__}: {exc}")
         return _fail(progress_line, f"{what} (set TURNKIT_DEBUG=1 for the traceback)", 1)
+    finally:
+        unlog()
 
 
 def _fail(progress: Progress, message: str, status: int) -> int:
