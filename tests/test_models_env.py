@@ -161,6 +161,7 @@ def test_the_cli_stays_offline_with_nothing_set(tmp_path: Path) -> None:
 def test_a_folder_without_a_demo_gets_the_generic_one(tmp_path: Path) -> None:
     folder = tmp_path / "bare"
     folder.mkdir()
+    (folder / "instructions.md").write_text("Be brief.\n")  # no agent.py: no demo_model()
     done = subprocess.run(
         [sys.executable, "-m", "turnkit.cli", "run", str(folder), "hello"],
         cwd=tmp_path,
