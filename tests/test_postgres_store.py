@@ -99,6 +99,25 @@ def test_migrations_run_forward_from_any_version_and_only_once(pg_dsn: str, pg_s
         assert rows.fetchall() == [("s", None)]
 
 
+async def test_sessions_from_before_owners_have_none_and_stay_usable(
+    pg_dsn: str, pg_schema: str
+) -> None:
+    with connect(pg_dsn) as conn:
+        assert migrate(conn, pg_schema, MIGRATIONS[:5]) == 5  # written before owners were kept
+        conn.execute(
+            f'INSERT INTO "{pg_schema}".turnkit_sessions '
+            "(session_id, agent, status, created_at, updated_at) VALUES ('old', 'a', 'idle', 0, 0)"
+        )
+    store = PostgresStore(pg_dsn, schema=pg_schema)
+    await store.open()
+    try:
+        assert [(i.session_id, i.owner) for i in await store.sessions()] == [("old", None)]
+        assert (await store.session("old").load()).owner is None
+        assert await store.session_page(limit=5, owner="alice") == []
+    finally:
+        await store.close()
+
+
 def test_a_newer_schema_is_refused_and_a_failed_migration_changes_nothing(
     pg_dsn: str, pg_schema: str
 ) -> None:

@@ -52,6 +52,25 @@ def test_migrations_run_forward_from_any_version_and_only_once(tmp_path: Path) -
     assert conn.execute("SELECT session_id, note FROM turnkit_sessions").fetchall() == [("s", None)]
 
 
+async def test_sessions_from_before_owners_have_none_and_stay_usable(tmp_path: Path) -> None:
+    db = tmp_path / "v5.db"
+    conn = sqlite3.connect(db, isolation_level=None)
+    assert migrate(conn, MIGRATIONS[:5]) == 5  # a database written before owners were kept
+    conn.execute(
+        "INSERT INTO turnkit_sessions (session_id, agent, status, created_at, updated_at) "
+        "VALUES ('old', 'a', 'idle', 0, 0)"
+    )
+    conn.close()
+    store = SqliteStore(db)
+    await store.open()
+    try:
+        assert [(i.session_id, i.owner) for i in await store.sessions()] == [("old", None)]
+        assert (await store.session("old").load()).owner is None
+        assert await store.session_page(limit=5, owner="alice") == []
+    finally:
+        await store.close()
+
+
 def test_a_newer_schema_is_refused_not_misread(tmp_path: Path) -> None:
     conn = sqlite3.connect(tmp_path / "n.db", isolation_level=None)
     migrate(conn)

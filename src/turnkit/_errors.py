@@ -85,6 +85,12 @@ class SessionSuspendedError(TurnError):
     """
 
 
+class SessionOwnerError(TurnError):
+    """A turn was started for one owner on a session another owner opened (see
+    ``AgentSession.start(owner=…)``). Nothing was stored; the session stays its
+    owner's."""
+
+
 class ResumeConflictError(TurnError):
     """A resume that does not fit the session: wrong turn, wrong input id, or the
     session is not parked. Nothing was stored."""

@@ -69,16 +69,18 @@ class ChannelContext:
         trigger: Proactive | None = None,
         replace: bool = False,
         turn_id: str | None = None,
+        owner: str | None = None,
     ) -> TurnStream:
         """Start a turn and return its events as they happen.
 
         The turn is queued at once (it runs whether or not the stream is read);
         the stream is already listening, and ends on ``turn.completed``,
-        ``turn.failed``, ``turn.cancelled`` or ``input.requested``.
+        ``turn.failed``, ``turn.cancelled`` or ``input.requested``. ``owner`` is as
+        for ``AgentSession.start``.
         """
         agent_session = self.session(session)
         tid = agent_session.start(
-            text, event=event, trigger=trigger, replace=replace, turn_id=turn_id
+            text, event=event, trigger=trigger, replace=replace, turn_id=turn_id, owner=owner
         )
         return agent_session.observe(tid)
 
@@ -91,10 +93,11 @@ class ChannelContext:
         trigger: Proactive | None = None,
         replace: bool = False,
         turn_id: str | None = None,
+        owner: str | None = None,
     ) -> str:
         """Run a turn to its answer; raises ``TurnSuspendedError`` if it parks."""
         return await self.session(session).turn(
-            text, event=event, trigger=trigger, replace=replace, turn_id=turn_id
+            text, event=event, trigger=trigger, replace=replace, turn_id=turn_id, owner=owner
         )
 
     async def result(self, turn_id: str, *, session: str) -> TurnResult:

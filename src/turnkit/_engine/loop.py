@@ -15,7 +15,13 @@ from dataclasses import dataclass, replace
 from itertools import count
 from typing import Any
 
-from .._errors import ConfigurationError, FatalToolError, SessionSuspendedError, StoreError
+from .._errors import (
+    ConfigurationError,
+    FatalToolError,
+    SessionOwnerError,
+    SessionSuspendedError,
+    StoreError,
+)
 from .._seams.sink import EventSink
 from .._seams.store import NoHandle, SessionStore, Transaction
 from .._values.events import (
@@ -163,6 +169,14 @@ class TurnRunner:
             raise ConfigurationError(
                 f"session {self.session_id} belongs to agent {snap.agent!r}, "
                 f"not {self.agent.name!r}"
+            )
+        owner = self.request.owner
+        if owner is not None and snap.agent is not None and snap.owner != owner:
+            # Checked under the writer lock, so two first turns racing for a new
+            # session cannot both claim it.
+            raise SessionOwnerError(
+                f"session {self.session_id} was not opened by {owner!r}; a turn for one "
+                "owner cannot run in a session another owner (or code) opened"
             )
         self.transcript = [*prefix, *snap.messages]
         # Nothing was committed since our last delivery: its outcome is still current.
@@ -390,7 +404,7 @@ class TurnRunner:
             if crashed is not None:
                 tx.set_turn_status(crashed.turn_id, "failed", error=SUPERSEDED_ERROR)
             tx.append_message(index + len(closing), opening)
-            tx.open_turn(record)
+            tx.open_turn(record, owner=self.request.owner)
             tx.put_step(policy_step_id(self.turn_id), self.turn_id, policy)
 
         self._unstored = False

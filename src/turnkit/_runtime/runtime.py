@@ -96,6 +96,7 @@ class AgentSession:
         trigger: Proactive | None = None,
         replace: bool = False,
         turn_id: str | None = None,
+        owner: str | None = None,
     ) -> str:
         """Queue a turn and return its id at once; the opening commits when it runs.
 
@@ -104,6 +105,11 @@ class AgentSession:
         ``replace=True`` first cancels every unfinished turn of the session (reason
         ``replaced``); the new turn runs once they have unwound. It never cancels a
         parked approval: while the session is parked, ``start`` refuses.
+
+        ``owner`` (a principal's id) is whose session this must be: a turn that
+        creates the session records it as ``owner``'s, and one on a session with
+        another owner (or none) fails with ``SessionOwnerError``, storing nothing.
+        ``None``, for code acting on its own, checks and records no owner.
         """
         if not isinstance(text, str):
             raise TypeError(f"turn text must be a str, got {type(text).__name__}")
@@ -115,7 +121,9 @@ class AgentSession:
             raise ConfigurationError("a turn has either an inbound event or a trigger, not both")
         if turn_id is not None and (not isinstance(turn_id, str) or not turn_id):
             raise ConfigurationError("turn_id must be a non-empty string")
-        return self._start(text, event, trigger, replace, turn_id, frozenset())
+        if owner is not None and (not isinstance(owner, str) or not owner):
+            raise ConfigurationError(f"owner must be a non-empty str or None, got {owner!r}")
+        return self._start(text, event, trigger, replace, turn_id, frozenset(), owner)
 
     def open_child_turn(
         self, task: str, trigger: Proactive, turn_id: str, deny: frozenset[str]
@@ -123,7 +131,7 @@ class AgentSession:
         """Open (or redeliver) turn ``turn_id`` as a child of another turn's tool call:
         ``trigger`` names the parent agent and ``deny`` carries the parent's denied
         tools. ``turnkit.subagent`` runs child turns through this."""
-        return self._start(task, None, trigger, False, turn_id, deny)
+        return self._start(task, None, trigger, False, turn_id, deny, None)
 
     def _start(
         self,
@@ -133,6 +141,7 @@ class AgentSession:
         replace: bool,
         turn_id: str | None,
         deny: frozenset[str],
+        owner: str | None,
     ) -> str:
         """``start`` after its checks; ``deny`` adds tools a new turn may not use (a
         subagent's child inherits its parent's denials)."""
@@ -154,7 +163,12 @@ class AgentSession:
         source = trigger.source if trigger is not None else None
         return self._enqueue(
             TurnRequest(
-                turn_id=tid, opening=opening, event=event, source=source, inherited_deny=deny
+                turn_id=tid,
+                opening=opening,
+                event=event,
+                source=source,
+                inherited_deny=deny,
+                owner=owner,
             )
         )
 
@@ -190,11 +204,14 @@ class AgentSession:
         trigger: Proactive | None = None,
         replace: bool = False,
         turn_id: str | None = None,
+        owner: str | None = None,
     ) -> str:
         """Start a turn and wait for its answer; raise ``TurnFailedError`` if it fails,
         ``TurnSuspendedError`` (carrying the request) if it parks for input and
         ``TurnCancelledError`` if it is cancelled."""
-        tid = self.start(text, event=event, trigger=trigger, replace=replace, turn_id=turn_id)
+        tid = self.start(
+            text, event=event, trigger=trigger, replace=replace, turn_id=turn_id, owner=owner
+        )
         result = await self.result(tid)
         if result.status == "suspended" and result.request is not None:
             raise TurnSuspendedError(result.turn_id, result.request)

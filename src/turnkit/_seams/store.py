@@ -74,8 +74,11 @@ class Transaction(Protocol):
         generation to ``generation + 1``. Refused if the live generation is not
         ``generation`` (someone else reset it first)."""
 
-    def open_turn(self, record: TurnRecord) -> None:
-        """Record a new running turn and mark the session ``running`` for ``record.agent``."""
+    def open_turn(self, record: TurnRecord, *, owner: str | None = None) -> None:
+        """Record a new running turn and mark the session ``running`` for ``record.agent``.
+
+        A session this creates is recorded as ``owner``'s; an existing session keeps
+        the owner it has (the engine refuses a turn of another owner before this)."""
 
     def set_turn_status(
         self,
@@ -154,11 +157,17 @@ class Store(Protocol):
     async def sessions(self) -> list[SessionInfo]: ...
 
     async def session_page(
-        self, *, agent: str | None = None, limit: int, after: SessionKey | None = None
+        self,
+        *,
+        agent: str | None = None,
+        limit: int,
+        after: SessionKey | None = None,
+        owner: str | None = None,
     ) -> list[SessionInfo]:
-        """At most ``limit`` sessions (of ``agent``, if given), most recently updated
-        first (ties by id), strictly after the ``(updated_at, session_id)`` key
-        ``after``: keyset paging that stays stable while sessions are added."""
+        """At most ``limit`` sessions (of ``agent`` and owned by ``owner``, if given),
+        most recently updated first (ties by id), strictly after the
+        ``(updated_at, session_id)`` key ``after``: keyset paging that stays stable
+        while sessions are added."""
 
     async def unfinished_turns(self) -> list[TurnRecord]:
         """Turns opened but never finished (a process died under them), oldest first."""

@@ -61,6 +61,9 @@ class SessionInfo:
     status: SessionStatus
     updated_at: float
     preview: str | None = None
+    #: Who opened the session (a principal's id, see ``AgentSession.start``);
+    #: ``None`` for a session opened from code or before owners were recorded.
+    owner: str | None = None
 
 
 def preview_of(text: object) -> str | None:
@@ -79,10 +82,19 @@ SessionKey = tuple[float, str]
 
 
 def newest_first(
-    infos: list[SessionInfo], *, agent: str | None, limit: int, after: SessionKey | None
+    infos: list[SessionInfo],
+    *,
+    agent: str | None,
+    limit: int,
+    after: SessionKey | None,
+    owner: str | None = None,
 ) -> list[SessionInfo]:
     """``session_page`` over rows already in memory (the in-memory store's way)."""
-    rows = [i for i in infos if agent is None or i.agent == agent]
+    rows = [
+        i
+        for i in infos
+        if (agent is None or i.agent == agent) and (owner is None or i.owner == owner)
+    ]
     rows.sort(key=lambda i: (-i.updated_at, i.session_id))
     if after is not None:
         rows = [i for i in rows if (-i.updated_at, i.session_id) > (-after[0], after[1])]
@@ -109,3 +121,5 @@ class SessionSnapshot:
     #: How many times the session was reset: its live history is generation ``generation``.
     generation: int = 0
     from_index: int = 0
+    #: Who opened the session (``None``: nobody in particular, or no session yet).
+    owner: str | None = None

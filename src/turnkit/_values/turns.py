@@ -44,6 +44,10 @@ class TurnRequest:
     #: Events already logged for this turn that its delivery tells observers first
     #: (a resume's ``input.answered``); a redelivery of the turn carries none.
     announce: tuple[TurnEvent, ...] = ()
+    #: Who opens the turn (a principal's id): a new session is recorded as theirs,
+    #: and a session another owner opened refuses the turn. ``None``: trusted code,
+    #: which claims nothing.
+    owner: str | None = None
     cancel: CancelSignal = field(default_factory=CancelSignal, compare=False)
 
 

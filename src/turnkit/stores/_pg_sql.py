@@ -308,7 +308,8 @@ _ACQUIRE_SQL = (
 
 # A delivery's whole read in one statement, so in one snapshot: the session, the
 # next event number, the transcript from an index (as one JSON array's items), the
-# turn's memoized steps (as one JSON object's members) and the turn's record.
+# turn's memoized steps (as one JSON object's members), the turn's record and, last,
+# the session's owner.
 _LOAD_SQL = (
     "SELECT s.agent, s.generation, "
     # Event numbers carry on across resets: with no live event, the archive's last.
@@ -319,7 +320,7 @@ _LOAD_SQL = (
     "WHERE session_id = %s AND idx >= %s), "
     "(SELECT string_agg(to_json(step_id)::text || ':' || result, ',') FROM turnkit_steps "
     "WHERE session_id = %s AND turn_id = %s), "
-    f"{_TURN_COLUMNS_T} FROM (SELECT) AS one "
+    f"{_TURN_COLUMNS_T}, s.owner FROM (SELECT) AS one "
     "LEFT JOIN turnkit_sessions s ON s.session_id = %s "
     "LEFT JOIN turnkit_turns t ON t.session_id = %s AND t.turn_id = %s"
 )

@@ -103,7 +103,7 @@ class _Writes:
         for sql, params in archive_sql.reset_statements(self._sid, agent, generation, time.time()):
             self.writes.append((_pg(sql), params))
 
-    def open_turn(self, record: TurnRecord) -> None:
+    def open_turn(self, record: TurnRecord, *, owner: str | None = None) -> None:
         now = time.time()
         self.writes.append(
             (
@@ -122,10 +122,10 @@ class _Writes:
         self.writes.append(
             (
                 "INSERT INTO turnkit_sessions (session_id, agent, status, created_at, "
-                "updated_at) VALUES (%s, %s, 'running', %s, %s) ON CONFLICT (session_id) "
-                "DO UPDATE SET agent = excluded.agent, status = 'running', "
-                "updated_at = excluded.updated_at",
-                (self._sid, record.agent, now, now),
+                "updated_at, owner) VALUES (%s, %s, 'running', %s, %s, %s) "
+                "ON CONFLICT (session_id) DO UPDATE SET agent = excluded.agent, "
+                "status = 'running', updated_at = excluded.updated_at",
+                (self._sid, record.agent, now, now, owner),
             )
         )
 

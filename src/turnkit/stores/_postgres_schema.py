@@ -162,6 +162,13 @@ MIGRATIONS: list[tuple[str, ...]] = [
         "INSERT INTO turnkit_store (id, store_id) "
         "VALUES (1, replace(gen_random_uuid()::text, '-', ''))",
     ),
+    # v6: who opened each session (NULL: opened from code, or before owners were kept),
+    # and the session list of one owner from an index.
+    (
+        "ALTER TABLE turnkit_sessions ADD COLUMN owner text",
+        "CREATE INDEX turnkit_sessions_owned ON turnkit_sessions "
+        "(owner, agent, updated_at DESC, session_id) WHERE owner IS NOT NULL",
+    ),
 ]
 
 

@@ -44,9 +44,13 @@ def turn_from_row(row: Sequence[Any]) -> TurnRecord:
     )
 
 
+#: The ``turnkit_sessions`` columns a session list selects (``with_previews`` adds one).
+SESSION_COLUMNS = "session_id, agent, status, updated_at, owner"
+
+
 def with_previews(sessions_sql: str, text_of: str) -> str:
-    """``sessions_sql`` (selecting ``session_id, agent, status, updated_at``, ordered
-    and limited as it likes) with a fifth column: the start of each session's first
+    """``sessions_sql`` (selecting ``SESSION_COLUMNS``, ordered and limited as it
+    likes) with one more column: the start of each session's first
     message's text, read by primary key for the rows it returns and no others.
     ``text_of`` is the dialect's expression for the ``text`` field of the JSON body
     ``m.body``."""
@@ -55,20 +59,21 @@ def with_previews(sessions_sql: str, text_of: str) -> str:
         "WHERE m.session_id = p.session_id AND m.idx = 0"
     )
     return (
-        f"SELECT p.session_id, p.agent, p.status, p.updated_at, ({first}) "
+        f"SELECT p.session_id, p.agent, p.status, p.updated_at, p.owner, ({first}) "
         f"FROM ({sessions_sql}) p ORDER BY p.updated_at DESC, p.session_id"
     )
 
 
 def session_info(row: Sequence[Any]) -> SessionInfo:
     """A ``SessionInfo`` from a row of a ``with_previews`` query."""
-    sid, agent, status, updated_at, first_text = row
+    sid, agent, status, updated_at, owner, first_text = row
     return SessionInfo(
         session_id=sid,
         agent=agent,
         status=status,
         updated_at=updated_at,
         preview=preview_of(first_text),
+        owner=owner,
     )
 
 
@@ -79,12 +84,17 @@ def session_page_sql(
     *,
     placeholder: str,
     text_of: str,
+    owner: str | None = None,
 ) -> tuple[str, tuple[Any, ...]]:
     """The ``session_page`` query, the same on both SQL stores but for the placeholder
     and the JSON expression; with an agent it walks the ``(agent, updated_at DESC,
-    session_id)`` index, and previews are read for the page's rows only."""
+    session_id)`` index (with an owner too, the ``(owner, agent, …)`` one), and
+    previews are read for the page's rows only."""
     where: list[str] = []
     params: list[Any] = []
+    if owner is not None:
+        where.append(f"owner = {placeholder}")
+        params.append(owner)
     if agent is not None:
         where.append(f"agent = {placeholder}")
         params.append(agent)
@@ -94,7 +104,7 @@ def session_page_sql(
             f"AND session_id > {placeholder}))"
         )
         params += [after[0], after[0], after[1]]
-    sql = "SELECT session_id, agent, status, updated_at FROM turnkit_sessions"
+    sql = f"SELECT {SESSION_COLUMNS} FROM turnkit_sessions"
     if where:
         sql += " WHERE " + " AND ".join(where)
     sql += f" ORDER BY updated_at DESC, session_id LIMIT {placeholder}"

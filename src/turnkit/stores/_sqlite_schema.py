@@ -127,6 +127,13 @@ MIGRATIONS: list[tuple[str, ...]] = [
         "store_id TEXT NOT NULL)",
         "INSERT INTO turnkit_store (id, store_id) VALUES (1, lower(hex(randomblob(16))))",
     ),
+    # v6: who opened each session (NULL: opened from code, or before owners were kept),
+    # and the session list of one owner from an index.
+    (
+        "ALTER TABLE turnkit_sessions ADD COLUMN owner TEXT",
+        "CREATE INDEX turnkit_sessions_owned ON turnkit_sessions "
+        "(owner, agent, updated_at DESC, session_id) WHERE owner IS NOT NULL",
+    ),
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -50,6 +50,8 @@ class _SessionData:
     events: list[tuple[int, str, bytes]] = field(default_factory=list)
     turns: dict[str, TurnRecord] = field(default_factory=dict)
     generation: int = 0
+    #: Who opened the session (set once, when its first turn opened it).
+    owner: str | None = None
     #: Retired generations: their transcripts (encoded, as live ones are kept).
     archive: dict[int, list[bytes]] = field(default_factory=dict)
     #: The last event number of the retired generations: numbering carries on after it.
@@ -117,9 +119,11 @@ class _MemoryTransaction:
         d.agent = agent
         self._touch("new")
 
-    def open_turn(self, record: TurnRecord) -> None:
+    def open_turn(self, record: TurnRecord, *, owner: str | None = None) -> None:
         if record.turn_id in self._data.turns:
             raise StoreError(f"session {self._session_id}: turn {record.turn_id} already exists")
+        if self._data.agent is None:  # the turn creates the session
+            self._data.owner = owner
         self._data.turns[record.turn_id] = replace(
             record, opening=_copy(record.opening), event=_copy(record.event)
         )
@@ -192,6 +196,7 @@ class _MemorySession:
             next_seq=last_seq + 1,
             generation=d.generation,
             from_index=from_index,
+            owner=d.owner,
         )
 
     async def commit(self, work: Callable[[Any], T]) -> T:
@@ -255,15 +260,23 @@ class MemoryStore:
                 status=d.status,
                 updated_at=d.updated_at,
                 preview=_preview(d.messages),
+                owner=d.owner,
             )
             for sid, d in sorted(self._sessions.items())
             if d.agent is not None
         ]
 
     async def session_page(
-        self, *, agent: str | None = None, limit: int, after: SessionKey | None = None
+        self,
+        *,
+        agent: str | None = None,
+        limit: int,
+        after: SessionKey | None = None,
+        owner: str | None = None,
     ) -> list[SessionInfo]:
-        return newest_first(await self.sessions(), agent=agent, limit=limit, after=after)
+        return newest_first(
+            await self.sessions(), agent=agent, limit=limit, after=after, owner=owner
+        )
 
     async def unfinished_turns(self) -> list[TurnRecord]:
         found = [

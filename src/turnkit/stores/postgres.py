@@ -48,8 +48,8 @@ from .._values.records import SessionInfo, SessionKey, SessionSnapshot, SessionS
 from . import _archive_sql as archive_sql
 from ._locks import SessionLocks
 from ._postgres_schema import migrate, read_store_id
+from ._sql_rows import SESSION_COLUMNS, session_info, session_page_sql, with_previews
 from ._sql_rows import TURN_COLUMNS as _TURN_COLUMNS
-from ._sql_rows import session_info, session_page_sql, with_previews
 from ._sql_rows import turn_from_row as _turn_from_row
 
 try:
@@ -155,6 +155,7 @@ class _PgSession:
             next_seq=(int(seq) if seq is not None else 0) + 1,
             generation=int(generation) if generation is not None else 0,
             from_index=from_index,
+            owner=_text(res.get_value(0, 17)),
         )
 
     async def commit(self, work: Callable[[Any], T]) -> T:
@@ -587,7 +588,7 @@ class PostgresStore:
         async def read(conn: psycopg.AsyncConnection[Any]) -> list[SessionInfo]:
             cur = await conn.execute(
                 with_previews(
-                    "SELECT session_id, agent, status, updated_at FROM turnkit_sessions",
+                    f"SELECT {SESSION_COLUMNS} FROM turnkit_sessions",
                     _TEXT_OF,
                 )
             )
@@ -597,9 +598,16 @@ class PostgresStore:
         return await self._read("the session list", read)
 
     async def session_page(
-        self, *, agent: str | None = None, limit: int, after: SessionKey | None = None
+        self,
+        *,
+        agent: str | None = None,
+        limit: int,
+        after: SessionKey | None = None,
+        owner: str | None = None,
     ) -> list[SessionInfo]:
-        sql, params = session_page_sql(agent, limit, after, placeholder="%s", text_of=_TEXT_OF)
+        sql, params = session_page_sql(
+            agent, limit, after, placeholder="%s", text_of=_TEXT_OF, owner=owner
+        )
 
         async def read(conn: psycopg.AsyncConnection[Any]) -> list[SessionInfo]:
             cur = await conn.execute(sql, params)

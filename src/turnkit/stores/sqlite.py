@@ -34,9 +34,9 @@ from .._values.records import (
 )
 from . import _archive_sql as archive_sql
 from ._locks import SessionLocks
+from ._sql_rows import SESSION_COLUMNS, session_info, session_page_sql, with_previews
 from ._sql_rows import TURN_COLUMNS as _TURN_COLUMNS
 from ._sql_rows import dumps as _dumps
-from ._sql_rows import session_info, session_page_sql, with_previews
 from ._sql_rows import turn_from_row as _turn_from_row
 from ._sqlite_schema import migrate, read_store_id
 
@@ -145,7 +145,7 @@ class _SqliteTransaction:
                     "(another reset came first)"
                 ) from exc
 
-    def open_turn(self, record: TurnRecord) -> None:
+    def open_turn(self, record: TurnRecord, *, owner: str | None = None) -> None:
         _check_open(self._conn)
         now = time.time()
         self._conn.execute(
@@ -161,10 +161,10 @@ class _SqliteTransaction:
             ),
         )
         self._conn.execute(
-            "INSERT INTO turnkit_sessions (session_id, agent, status, created_at, updated_at) "
-            "VALUES (?, ?, 'running', ?, ?) ON CONFLICT (session_id) DO UPDATE SET "
+            "INSERT INTO turnkit_sessions (session_id, agent, status, created_at, updated_at, "
+            "owner) VALUES (?, ?, 'running', ?, ?, ?) ON CONFLICT (session_id) DO UPDATE SET "
             "agent = excluded.agent, status = 'running', updated_at = excluded.updated_at",
-            (self._sid, record.agent, now, now),
+            (self._sid, record.agent, now, now, owner),
         )
 
     def set_turn_status(
@@ -242,7 +242,8 @@ class _SqliteSession:
             (self._sid, self._sid),
         ).fetchone()
         agent_row = conn.execute(
-            "SELECT agent, generation FROM turnkit_sessions WHERE session_id = ?", (self._sid,)
+            "SELECT agent, generation, owner FROM turnkit_sessions WHERE session_id = ?",
+            (self._sid,),
         ).fetchone()
         return SessionSnapshot(
             messages=messages,
@@ -253,6 +254,7 @@ class _SqliteSession:
             next_seq=(seq_row[0] or 0) + 1,
             generation=agent_row[1] if agent_row else 0,
             from_index=from_index,
+            owner=agent_row[2] if agent_row else None,
         )
 
     async def commit(self, work: Callable[[Any], T]) -> T:
@@ -491,16 +493,23 @@ class SqliteStore:
         with _reading("the session list"):
             rows = self.connection.execute(
                 with_previews(
-                    "SELECT session_id, agent, status, updated_at FROM turnkit_sessions",
+                    f"SELECT {SESSION_COLUMNS} FROM turnkit_sessions",
                     _TEXT_OF,
                 )
             ).fetchall()
         return sorted((session_info(r) for r in rows), key=lambda i: i.session_id)
 
     async def session_page(
-        self, *, agent: str | None = None, limit: int, after: SessionKey | None = None
+        self,
+        *,
+        agent: str | None = None,
+        limit: int,
+        after: SessionKey | None = None,
+        owner: str | None = None,
     ) -> list[SessionInfo]:
-        sql, params = session_page_sql(agent, limit, after, placeholder="?", text_of=_TEXT_OF)
+        sql, params = session_page_sql(
+            agent, limit, after, placeholder="?", text_of=_TEXT_OF, owner=owner
+        )
         with _reading("the session list"):
             rows = self.connection.execute(sql, params).fetchall()
         return [session_info(r) for r in rows]

@@ -106,9 +106,14 @@ class CrashingStore:
         return await self.inner.sessions()
 
     async def session_page(
-        self, *, agent: str | None = None, limit: int, after: SessionKey | None = None
+        self,
+        *,
+        agent: str | None = None,
+        limit: int,
+        after: SessionKey | None = None,
+        owner: str | None = None,
     ) -> list[SessionInfo]:
-        return await self.inner.session_page(agent=agent, limit=limit, after=after)
+        return await self.inner.session_page(agent=agent, limit=limit, after=after, owner=owner)
 
     async def unfinished_turns(self) -> list[TurnRecord]:
         return await self.inner.unfinished_turns()

@@ -33,7 +33,7 @@ import pytest
 from .._engine.agent import Agent
 from .._engine.context import ToolContext
 from .._engine.tools import tool
-from .._errors import FatalToolError, StoreError
+from .._errors import FatalToolError, SessionOwnerError, StoreError
 from .._runtime.runtime import Runtime
 from .._seams.store import SessionStore, Store, Transaction
 from .._values.events import TurnCompletedEvent, TurnStartedEvent
@@ -53,6 +53,7 @@ __all__ = [
     "test_conformance_a_crash_at_any_commit_is_recovered_by_redelivery",
     "test_conformance_a_failed_commit_reraises_unchanged",
     "test_conformance_a_taken_position_or_step_is_refused",
+    "test_conformance_a_turn_of_another_owner_is_refused",
     "test_conformance_commit_writes_read_back",
     "test_conformance_data_survives_reopening",
     "test_conformance_events_filter_by_turn_and_sequence",
@@ -63,6 +64,7 @@ __all__ = [
     "test_conformance_session_pages_newest_first_by_key",
     "test_conformance_sessions_are_isolated_and_listed",
     "test_conformance_sessions_carry_a_preview_of_their_first_message",
+    "test_conformance_sessions_record_their_owner",
     "test_conformance_sql_handle_or_its_honest_absence",
     "test_conformance_the_store_keeps_one_identity",
     "test_conformance_turn_with_tools_checkpoints_and_replays",
@@ -106,12 +108,14 @@ def _record(
     )
 
 
-async def _open_turn(session: SessionStore, turn_id: str, index: int = 0, **kw: Any) -> None:
+async def _open_turn(
+    session: SessionStore, turn_id: str, index: int = 0, owner: str | None = None, **kw: Any
+) -> None:
     opening = UserMessage(text=f"open {turn_id}", turn_id=turn_id)
 
     def work(tx: Transaction) -> None:
         tx.append_message(index, opening)
-        tx.open_turn(_record(session.session_id, turn_id, **kw))
+        tx.open_turn(_record(session.session_id, turn_id, **kw), owner=owner)
 
     await session.commit(work)
 
@@ -506,6 +510,58 @@ async def test_conformance_reset_archives_a_generation(conformance_store: StoreU
         assert [e.seq for e in await session.events()] == [2]
         await session.commit(lambda tx: tx.archive_generation(2, "a"))
         assert (await session.load()).next_seq == 3
+
+
+@pytest.mark.asyncio
+async def test_conformance_sessions_record_their_owner(conformance_store: StoreUnderTest) -> None:
+    """The turn that creates a session records its owner; later turns, resets and
+    reopening keep it; the session list carries it and filters by it."""
+    async with _opened(conformance_store) as store:
+        mine, code = store.session("mine"), store.session("code")
+        assert (await mine.load()).owner is None  # no session yet
+        await _open_turn(mine, "t1", owner="alice")
+        await _open_turn(code, "t1")  # opened from code: nobody's
+        await _open_turn(store.session("bobs"), "t1", owner="bob", agent="b")
+        await mine.commit(lambda tx: tx.set_turn_status("t1", "completed"))
+        await _open_turn(mine, "t2", index=1, owner="bob")  # an existing session keeps its owner
+        assert (await mine.load("t2")).owner == "alice"
+        assert (await code.load()).owner is None
+        await mine.commit(lambda tx: tx.archive_generation(0, "a"))
+        await _open_turn(mine, "t3", owner="carol")
+        assert (await mine.load()).owner == "alice"
+    async with _opened(conformance_store) as store:
+        assert (await store.session("mine").load()).owner == "alice"
+        expected = {"mine": "alice", "code": None, "bobs": "bob"}
+        for listing in (await store.sessions(), await store.session_page(limit=10)):
+            assert {i.session_id: i.owner for i in listing} == expected
+        assert [i.session_id for i in await store.session_page(limit=10, owner="alice")] == ["mine"]
+        assert [i.session_id for i in await store.session_page(limit=10, owner="bob")] == ["bobs"]
+        assert await store.session_page(agent="a", limit=10, owner="bob") == []
+        assert await store.session_page(limit=10, owner="nobody") == []
+
+
+@pytest.mark.asyncio
+async def test_conformance_a_turn_of_another_owner_is_refused(
+    conformance_store: StoreUnderTest,
+) -> None:
+    """``start(owner=…)`` on a session another owner opened (or code opened) fails
+    with ``SessionOwnerError`` and stores nothing; code (no owner) may use any."""
+    async with Runtime(_order_agent([]), store=conformance_store.factory()) as rt:
+        session = rt.session("a", "s1")
+        assert await session.turn("order x", owner="alice") == "x is on its way"
+        before = (await session.messages(), await session.events())
+        for intruder in ("bob", "alice "):
+            with pytest.raises(SessionOwnerError, match="not opened by"):
+                await session.turn("order y", owner=intruder)
+        assert (await session.messages(), await session.events()) == before
+        code = rt.session("a", "s2")
+        await code.turn("order z")
+        with pytest.raises(SessionOwnerError):
+            await code.turn("order z", owner="alice")  # nobody's is not alice's
+        await session.turn("order w")  # code acts on alice's session
+        assert await session.turn("order v", owner="alice") == "x is on its way"
+        infos = {i.session_id: i.owner for i in await rt.sessions()}
+        assert infos == {"s1": "alice", "s2": None}
 
 
 # -- the engine on the store ---------------------------------------------------------
