@@ -26,7 +26,7 @@ from turnkit import (
     tool,
 )
 from turnkit._runtime.children import _stored_parent_answer
-from turnkit._values.inputs import input_step_id
+from turnkit._values.step_ids import input_step_id
 from turnkit.testing import CrashingStore, RecordingSink, ScriptedModel, ScriptedReply, tool_call
 
 

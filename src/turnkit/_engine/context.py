@@ -9,15 +9,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from .._errors import FatalToolError
+from .._values.checkpoints import InputAnswer
 from .._values.inbound import InboundEvent
-from .._values.inputs import (
-    Answerer,
-    Answerers,
-    InputRequest,
-    as_answerers,
-    check_schema,
-    input_step_id,
-)
+from .._values.inputs import Answerer, Answerers, InputRequest, as_answerers, check_schema
+from .._values.step_ids import input_step_id
 from .._values.turns import TurnResult
 
 if TYPE_CHECKING:
@@ -140,7 +135,7 @@ class ToolContext:
             raise FatalToolError(f"ctx.request_input: prompt must be a str, got {prompt!r}")
         answer = self._steps.get(input_step_id(self.turn_id, input_id))
         if answer is not None:
-            return answer["value"]
+            return InputAnswer.from_dict(answer).value
         try:
             if schema is not None:
                 check_schema(schema)

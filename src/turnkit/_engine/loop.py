@@ -24,6 +24,7 @@ from .._errors import (
 )
 from .._seams.sink import EventSink
 from .._seams.store import NoHandle, SessionStore, Transaction
+from .._values.checkpoints import SuspendCheckpoint, ToolStepResult
 from .._values.events import (
     ENDING_EVENT_TYPES,
     ActionCompletedEvent,
@@ -41,8 +42,9 @@ from .._values.events import (
 from .._values.inbound import InboundEvent
 from .._values.inputs import InputRequest
 from .._values.messages import AssistantMessage, Message, ModelReply, ToolCall, ToolMessage
-from .._values.policy import TurnPolicy, policy_step_id
+from .._values.policy import TurnPolicy
 from .._values.records import TurnRecord
+from .._values.step_ids import model_step_id, policy_step_id, tool_step_id
 from .._values.turns import TurnCancelled, TurnFailure, TurnRequest, TurnResult, result_from_record
 from .agent import Agent
 from .context import ChildTurns, ToolContext, TurnParked
@@ -53,10 +55,8 @@ from .position import (
     RunTools,
     count_model_steps,
     has_opening_message,
-    model_step_id,
     next_step,
     stale_calls,
-    tool_step_id,
 )
 from .tool_call import ToolRaised, copy_input, fatal, input_error, run_local, run_remote
 from .tool_results import error_result, error_text
@@ -269,11 +269,8 @@ class TurnRunner:
 
         def write(tx: Transaction) -> None:
             for offset, (call, message) in enumerate(zip(owed, messages, strict=True)):
-                tx.put_step(
-                    tool_step_id(assistant_index, call.id),
-                    self.turn_id,
-                    {"result": message.result, "error": f"cancelled: {reason}"},
-                )
+                stored = ToolStepResult(result=message.result, error=f"cancelled: {reason}")
+                tx.put_step(tool_step_id(assistant_index, call.id), self.turn_id, stored.to_dict())
                 tx.append_message(index + offset, message)
             tx.request_cancel(self.turn_id, reason)
             tx.set_turn_status(self.turn_id, "cancelled")
@@ -397,9 +394,8 @@ class TurnRunner:
 
         def write(tx: Transaction) -> None:
             for offset, (step_id, msg) in enumerate(closing):
-                tx.put_step(
-                    step_id, msg.turn_id, {"result": msg.result, "error": msg.result["error"]}
-                )
+                stored = ToolStepResult(result=msg.result, error=msg.result["error"])
+                tx.put_step(step_id, msg.turn_id, stored.to_dict())
                 tx.append_message(index + offset, msg)
             if crashed is not None:
                 tx.set_turn_status(crashed.turn_id, "failed", error=SUPERSEDED_ERROR)
@@ -457,15 +453,14 @@ class TurnRunner:
         process needs to replay the turn as it was opened."""
         # The stored opening (a redelivery may have been started with other text).
         opening = self._record.opening if self._record else self.request.opening.to_dict()
-        checkpoint = {
-            "request": request.to_dict(),
-            "call_id": call.id,
-            "opening_text": str(opening.get("text", "")),
-            "event": self.event.to_dict() if self.event else None,
-            "policy": self.policy.to_dict(),
-            # A grant answers only the generation it was issued in (see approvals).
-            "generation": self.generation,
-        }
+        checkpoint = SuspendCheckpoint(
+            request=request,
+            call_id=call.id,
+            opening_text=str(opening.get("text", "")),
+            event=self.event,
+            policy=self.policy,
+            generation=self.generation,
+        ).to_dict()
 
         def write(tx: Transaction) -> None:
             tx.set_turn_status(self.turn_id, "suspended", pending=checkpoint)
@@ -555,7 +550,8 @@ class TurnRunner:
         cached = self.steps.get(step_id)
         if cached is not None:
             # Memoized but its message is missing: record it, never run the tool again.
-            await self._commit_tool(step_id, call, cached["result"], cached["error"], memo=True)
+            memo = ToolStepResult.from_dict(cached)
+            await self._commit_tool(step_id, call, memo.result, memo.error, memo=True)
             return
         # A tool the turn's policy denies is as unknown as one the agent never had.
         tool = self.agent.tool(call.name) if self.policy.allows(call.name) else None
@@ -628,7 +624,8 @@ class TurnRunner:
             seq=row.seq,
         )
         if not row.memo:
-            tx.put_step(row.step_id, self.turn_id, {"result": row.value, "error": row.error})
+            stored = ToolStepResult(result=row.value, error=row.error)
+            tx.put_step(row.step_id, self.turn_id, stored.to_dict())
         tx.append_message(row.index, message)
         tx.log_event(event)
         return message, event

@@ -51,14 +51,6 @@ class Finished:
 NextStep: TypeAlias = AppendOpening | CallModel | RunTools | Finished
 
 
-def model_step_id(index: int) -> str:
-    return f"model:{index}"
-
-
-def tool_step_id(assistant_index: int, call_id: str) -> str:
-    return f"tool:{assistant_index}:{call_id}"
-
-
 def _latest_assistant(
     transcript: Sequence[Message],
 ) -> tuple[int, AssistantMessage, set[str]] | None:

@@ -22,7 +22,6 @@ import jsonschema
 
 from .._errors import ResumeAuthorizationError
 from .._values.inputs import Answerer, InputRequest
-from .._values.records import TurnRecord
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -144,13 +143,6 @@ class GrantSealer:
             "the grant was not issued by grant_answer in this runtime (or was altered); "
             "get one with `await turnkit.grant_answer(session, resume, authorize_answer)`"
         )
-
-
-def parked_generation(record: TurnRecord) -> int:
-    """The generation a parked turn waits in, from its suspend checkpoint. The record
-    is live (a reset archives every turn row), so this is the session's generation."""
-    pending = record.pending or {}
-    return int(pending.get("generation", 0))
 
 
 def check_answerer(

@@ -16,12 +16,14 @@ from typing import Any, Protocol
 from .._engine.context import ToolContext
 from .._errors import FatalToolError
 from .._seams.sink import EventSink
+from .._values.checkpoints import InputAnswer, checkpoint_of
 from .._values.events import SubagentEvent, TurnEvent
 from .._values.inbound import Proactive
-from .._values.inputs import InputRequest, input_step_id
+from .._values.inputs import InputRequest
 from .._values.records import TERMINAL_TURN_STATUSES, TurnRecord
+from .._values.step_ids import input_step_id, relayed_input_id
 from .._values.turns import TurnResult, result_from_record
-from .approvals import Grant, GrantSealer, parked_generation
+from .approvals import Grant, GrantSealer
 
 
 class ChildSession(Protocol):
@@ -134,29 +136,30 @@ async def _pass_on_answer(
 ) -> None:
     """Ask the parent's answerer the child's question (parking the parent the first
     time), then resume the child with the answer the parent's turn stored."""
-    parent_input = f"{ctx.step_id}/{request.id}"
+    parent_input = relayed_input_id(ctx.step_id, request.id)
     await ctx.request_input(
         parent_input,
         request.prompt,
         schema=request.schema,
         answerers=request.answerers or None,
     )
-    answer = _stored_parent_answer(ctx, parent_input)
+    answer = InputAnswer.from_dict(_stored_parent_answer(ctx, parent_input))
     record = await child.turn_record(request.turn_id)
-    if record is None or record.status != "suspended" or record.pending is None:
+    checkpoint = checkpoint_of(record) if record is not None else None
+    if record is None or record.status != "suspended" or checkpoint is None:
         return  # answered some other way meanwhile: just read how the child goes on
-    waiting = InputRequest.from_dict(record.pending["request"])
+    waiting = checkpoint.request
     if waiting.id != request.id:
         return
     # The parent's resume was checked against these same answerers, and its answer
     # is stored with the parent's turn: vouch for it to the child, in the
     # generation the child waits in.
-    by = answer.get("by")
+    by = answer.by
     granted = next(
         (
             sealer.issue(
                 session_id=child.session_id,
-                generation=parked_generation(record),
+                generation=checkpoint.generation,
                 request=waiting,
                 answerer=a,
                 by=by,
@@ -166,7 +169,7 @@ async def _pass_on_answer(
         ),
         None,
     )
-    await child.resume(request.turn_id, request.id, answer["value"], by=by, granted=granted)
+    await child.resume(request.turn_id, request.id, answer.value, by=by, granted=granted)
 
 
 def _stored_parent_answer(ctx: ToolContext, parent_input: str) -> dict[str, Any]:

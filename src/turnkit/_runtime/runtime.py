@@ -31,9 +31,10 @@ from .._errors import (
 )
 from .._seams.sink import EventSink, LocalEventSink
 from .._seams.store import NO_MESSAGES, SessionStore, Store, Transaction
+from .._values.checkpoints import InputAnswer, checkpoint_of
 from .._values.events import InputAnsweredEvent, TurnEvent
 from .._values.inbound import InboundEvent, Proactive
-from .._values.inputs import InputRequest, input_step_id
+from .._values.inputs import InputRequest
 from .._values.messages import (
     Message,
     OpeningMessage,
@@ -41,10 +42,10 @@ from .._values.messages import (
     UserMessage,
     message_from_dict,
 )
-from .._values.policy import TurnPolicy
 from .._values.records import SessionInfo, SessionStatus, TurnRecord
+from .._values.step_ids import input_step_id
 from .._values.turns import ResetResult, TurnRequest, TurnResult, result_from_record
-from .approvals import Grant, GrantSealer, check_answer, check_answerer, parked_generation
+from .approvals import Grant, GrantSealer, check_answer, check_answerer
 from .children import RuntimeChildren
 from .observe import TurnStream, event_filter, finished_record, session_events, turn_events
 
@@ -235,9 +236,10 @@ class AgentSession:
     async def _parked_input(self) -> tuple[InputRequest, int] | None:
         """The request this session is parked on and the generation it waits in."""
         record = await self._store.parked()
-        if record is None or record.pending is None:
+        checkpoint = checkpoint_of(record) if record is not None else None
+        if checkpoint is None:
             return None
-        return InputRequest.from_dict(record.pending["request"]), parked_generation(record)
+        return checkpoint.request, checkpoint.generation
 
     async def resume(
         self,
@@ -267,7 +269,8 @@ class AgentSession:
             )
         async with self._store.writer():
             record = await self._store.parked()
-            if record is None or record.pending is None:
+            checkpoint = checkpoint_of(record) if record is not None else None
+            if record is None or checkpoint is None:
                 raise ResumeConflictError(
                     f"session {self.session_id} is not waiting for input (turn {turn_id})"
                 )
@@ -275,7 +278,7 @@ class AgentSession:
                 raise ResumeConflictError(
                     f"session {self.session_id} waits on turn {record.turn_id}, not {turn_id}"
                 )
-            request = InputRequest.from_dict(record.pending["request"])
+            request = checkpoint.request
             if request.id != input_id:
                 raise ResumeConflictError(
                     f"turn {turn_id} waits for input {request.id!r}, not {input_id!r}"
@@ -283,7 +286,7 @@ class AgentSession:
             check_answerer(
                 request,
                 session_id=self.session_id,
-                generation=parked_generation(record),
+                generation=checkpoint.generation,
                 by=by,
                 granted=granted,
                 sealer=self.runtime._grants,
@@ -311,8 +314,10 @@ class AgentSession:
                 seq=(await self._store.load(turn_id, from_index=NO_MESSAGES)).next_seq,
             )
 
+            answer = InputAnswer(value=value, by=by)
+
             def write(tx: Transaction) -> None:
-                tx.put_step(input_step_id(turn_id, input_id), turn_id, {"value": value, "by": by})
+                tx.put_step(input_step_id(turn_id, input_id), turn_id, answer.to_dict())
                 tx.set_turn_status(turn_id, "running")
                 tx.log_event(answered)
 
@@ -322,11 +327,13 @@ class AgentSession:
         event = InboundEvent.from_dict(record.event) if record.event else None
         if not isinstance(opening, UserMessage | TriggerMessage):
             raise TurnError(f"turn {turn_id} has no opening message to replay")
-        saved = record.pending.get("policy")
-        policy = TurnPolicy.from_dict(saved) if saved is not None else None
         return self._enqueue(
             TurnRequest(
-                turn_id=turn_id, opening=opening, event=event, policy=policy, announce=(answered,)
+                turn_id=turn_id,
+                opening=opening,
+                event=event,
+                policy=checkpoint.policy,
+                announce=(answered,),
             )
         )
 

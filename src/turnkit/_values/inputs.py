@@ -142,11 +142,6 @@ def as_answerers(value: Answerer | Sequence[Answerer] | None) -> tuple[Answerer,
     return out
 
 
-def input_step_id(turn_id: str, input_id: str) -> str:
-    """Where a resume stores the answer: ``input:<turn_id>:<id>``."""
-    return f"input:{turn_id}:{input_id}"
-
-
 @dataclass(frozen=True, kw_only=True)
 class AnswerCheck:
     """What ``authorize_answer`` decides on: may ``by`` (with ``principal``) answer for

@@ -129,8 +129,3 @@ def resolve_policy(
         system=system or None,
         deny_tools=frozenset(surface.deny_tools) if surface is not None else frozenset(),
     )
-
-
-def policy_step_id(turn_id: str) -> str:
-    """The memo row that keeps a turn's policy (one per turn, like its input answers)."""
-    return f"policy:{turn_id}"

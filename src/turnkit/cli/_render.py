@@ -14,9 +14,19 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from .._channels.printable import printable
+from .._errors import MessageDecodeError
+from .._values.checkpoints import InputAnswer, ToolStepResult
 from .._values.inputs import Answerer, InputRequest
-from .._values.messages import AssistantMessage, Message, ToolMessage, TriggerMessage
+from .._values.messages import (
+    AssistantMessage,
+    Message,
+    ModelReply,
+    ToolMessage,
+    TriggerMessage,
+)
+from .._values.policy import TurnPolicy
 from .._values.records import SessionInfo
+from .._values.step_ids import INPUT, MODEL, POLICY, TOOL, step_kind, step_position
 from ._show import ArchiveView, SessionView, TurnView, utc
 
 #: Longest a tool input, result or step value is shown in text output.
@@ -169,32 +179,37 @@ def _ordered(steps: dict[str, Any]) -> list[tuple[str, Any]]:
     """Steps in the order they happened: the policy, then by transcript position."""
 
     def key(step_id: str) -> tuple[int, int, str]:
-        kind, _, rest = step_id.partition(":")
-        position = rest.split(":", 1)[0]
-        order = {"policy": 0, "input": 2}.get(kind, 1)
-        return (order, int(position) if position.isdigit() else 0, step_id)
+        order = {POLICY: 0, INPUT: 2}.get(step_kind(step_id), 1)
+        return (order, step_position(step_id) or 0, step_id)
 
     return sorted(steps.items(), key=lambda item: key(item[0]))
 
 
 def _step_summary(step_id: str, value: Any) -> str:
-    """One line saying what a memoized step holds."""
-    kind = step_id.partition(":")[0]
-    if kind == "model" and isinstance(value, dict):
-        calls = [c.get("name", "?") for c in value.get("tool_calls") or []]
-        said = compact(value.get("text") or "", 80)
+    """One line saying what a memoized step holds (a form it cannot read, as stored)."""
+    try:
+        return _summary_of(step_kind(step_id), value)
+    except MessageDecodeError:
+        return compact(value)
+
+
+def _summary_of(kind: str, value: Any) -> str:
+    if kind == MODEL:
+        reply = ModelReply.from_dict(value)
+        said = compact(reply.text, 80)
         shown = f'"{said}"' if said else "(no text)"
-        return f"reply {shown}" + (f" → {', '.join(calls)}" if calls else "")
-    if kind == "tool" and isinstance(value, dict):
-        if value.get("error"):
-            return f"✗ {compact(value['error'])}"
-        return f"result {compact(value.get('result'))}"
-    if kind == "input" and isinstance(value, dict):
-        return f"answer {compact(value.get('value'))} by {value.get('by')}"
-    if kind == "policy" and isinstance(value, dict):
-        denied = ", ".join(value.get("deny_tools") or []) or "none"
-        source = value.get("source") or "none (started from code)"
-        return f"source {source}, tools denied: {denied}"
+        calls = ", ".join(c.name or "?" for c in reply.tool_calls)
+        return f"reply {shown}" + (f" → {calls}" if calls else "")
+    if kind == TOOL:
+        step = ToolStepResult.from_dict(value)
+        return f"✗ {compact(step.error)}" if step.error else f"result {compact(step.result)}"
+    if kind == INPUT:
+        answer = InputAnswer.from_dict(value)
+        return f"answer {compact(answer.value)} by {answer.by}"
+    if kind == POLICY:
+        policy = TurnPolicy.from_dict(value)
+        denied = ", ".join(sorted(policy.deny_tools)) or "none"
+        return f"source {policy.source or 'none (started from code)'}, tools denied: {denied}"
     return compact(value)
 
 

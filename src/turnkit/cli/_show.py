@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from .._seams.store import SessionStore, Store
+from .._values.checkpoints import SuspendCheckpoint
 from .._values.events import InputAnsweredEvent
 from .._values.inputs import InputRequest
 from .._values.messages import JsonObject, Message
@@ -173,7 +174,7 @@ def parked_request(record: TurnRecord | None) -> InputRequest | None:
     """The request in a suspended turn's checkpoint (``None`` if there is none)."""
     if record is None or not record.pending or "request" not in record.pending:
         return None
-    return InputRequest.from_dict(record.pending["request"])
+    return SuspendCheckpoint.from_dict(record.pending).request
 
 
 def session_json(view: SessionView, store: str) -> JsonObject:

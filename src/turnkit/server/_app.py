@@ -35,8 +35,8 @@ from .._errors import (
 )
 from .._runtime.runtime import AgentSession, Runtime
 from .._seams.store import SessionStore
+from .._values.checkpoints import checkpoint_of
 from .._values.inbound import InboundEvent, User
-from .._values.inputs import InputRequest
 from ._bodies import (
     HttpError,
     empty_body,
@@ -243,11 +243,10 @@ class _Api:
     async def pending(self, request: Request, principal: Principal) -> Response:
         store = await self._readable(request)
         record = await store.parked()
-        if record is None or record.pending is None:
+        checkpoint = checkpoint_of(record) if record is not None else None
+        if checkpoint is None:
             return JSONResponse({"request": None})
-        return JSONResponse(
-            {"request": InputRequest.from_dict(record.pending["request"]).to_dict()}
-        )
+        return JSONResponse({"request": checkpoint.request.to_dict()})
 
     async def transcript(self, request: Request, principal: Principal) -> Response:
         store = await self._readable(request)

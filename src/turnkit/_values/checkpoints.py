@@ -1,0 +1,113 @@
+"""The durable records the engine writes besides messages and events, as typed values.
+
+A parked turn's suspend checkpoint, a tool step's memoized result and the answer a
+resume stores are each built and read through one frozen dataclass here, whose
+``to_dict``/``from_dict`` are the stored form. Those forms are what existing stores
+hold, so they must keep decoding unchanged; fields added later get a default.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .._errors import MessageDecodeError
+from .inbound import InboundEvent
+from .inputs import InputRequest
+from .messages import JsonObject
+from .policy import TurnPolicy
+from .records import TurnRecord
+
+
+@dataclass(frozen=True, kw_only=True)
+class SuspendCheckpoint:
+    """What a parked turn waits for, and what a resume in another process needs to
+    replay it as it was opened. Kept as the turn record's ``pending``."""
+
+    request: InputRequest
+    #: The call whose tool asked (``request.call_id``).
+    call_id: str
+    #: The stored opening's text (a redelivery may have been started with another).
+    opening_text: str
+    event: InboundEvent | None
+    #: ``None`` only in a checkpoint written before policies were stored with it.
+    policy: TurnPolicy | None
+    #: The session's generation: a grant answers only the one it was issued in.
+    generation: int = 0
+
+    def to_dict(self) -> JsonObject:
+        return {
+            "request": self.request.to_dict(),
+            "call_id": self.call_id,
+            "opening_text": self.opening_text,
+            "event": self.event.to_dict() if self.event is not None else None,
+            "policy": self.policy.to_dict() if self.policy is not None else None,
+            "generation": self.generation,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any) -> SuspendCheckpoint:
+        if not isinstance(data, dict) or "request" not in data:
+            raise MessageDecodeError("suspend checkpoint: expected a JSON object with a request")
+        request = InputRequest.from_dict(data["request"])
+        event, policy = data.get("event"), data.get("policy")
+        generation = data.get("generation", 0)
+        if isinstance(generation, bool) or not isinstance(generation, int):
+            raise MessageDecodeError(
+                f"suspend checkpoint: generation must be an integer, got {generation!r}"
+            )
+        return cls(
+            request=request,
+            call_id=str(data.get("call_id", request.call_id)),
+            opening_text=str(data.get("opening_text", "")),
+            event=InboundEvent.from_dict(event) if event is not None else None,
+            policy=TurnPolicy.from_dict(policy) if policy is not None else None,
+            generation=generation,
+        )
+
+
+def checkpoint_of(record: TurnRecord) -> SuspendCheckpoint | None:
+    """The suspend checkpoint a turn record keeps, if it keeps one."""
+    return SuspendCheckpoint.from_dict(record.pending) if record.pending is not None else None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ToolStepResult:
+    """A tool step's memoized result: the JSON the model reads, and the error text
+    when the call failed (``result`` is then the error result shown to the model)."""
+
+    result: Any
+    error: str | None = None
+
+    def to_dict(self) -> JsonObject:
+        return {"result": self.result, "error": self.error}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> ToolStepResult:
+        if not isinstance(data, dict) or "result" not in data:
+            raise MessageDecodeError("tool step: expected a JSON object with a result")
+        error = data.get("error")
+        if error is not None and not isinstance(error, str):
+            raise MessageDecodeError(f"tool step: error must be a string or null, got {error!r}")
+        return cls(result=data["result"], error=error)
+
+
+@dataclass(frozen=True, kw_only=True)
+class InputAnswer:
+    """The answer a resume stores for one input request, and who gave it (the
+    verified ``by``, or ``None`` for an anonymous answerer)."""
+
+    value: Any
+    by: str | None = None
+
+    def to_dict(self) -> JsonObject:
+        return {"value": self.value, "by": self.by}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> InputAnswer:
+        if not isinstance(data, dict) or "value" not in data:
+            raise MessageDecodeError("input answer: expected a JSON object with a value")
+        by = data.get("by")
+        if by is not None and not isinstance(by, str):
+            raise MessageDecodeError(f"input answer: by must be a string or null, got {by!r}")
+        return cls(value=data["value"], by=by)

@@ -1,0 +1,53 @@
+"""Every step id's format, in one place: the keys of a turn's memoized steps.
+
+A step id names one durable result within a session (``docs/architecture.md``,
+"Step ids"); it is also the seed of a remote tool's idempotency key, so these
+formats are part of what is stored and must never change.
+"""
+
+from __future__ import annotations
+
+MODEL = "model"
+TOOL = "tool"
+INPUT = "input"
+POLICY = "policy"
+
+
+def model_step_id(index: int) -> str:
+    """A model step: ``model:<n>``, ``n`` the position its assistant message takes."""
+    return f"{MODEL}:{index}"
+
+
+def tool_step_id(assistant_index: int, call_id: str) -> str:
+    """A tool step: ``tool:<n>:<call_id>``, ``n`` the position of the calling message."""
+    return f"{TOOL}:{assistant_index}:{call_id}"
+
+
+def input_step_id(turn_id: str, input_id: str) -> str:
+    """Where a resume stores the answer: ``input:<turn_id>:<id>``."""
+    return f"{INPUT}:{turn_id}:{input_id}"
+
+
+def policy_step_id(turn_id: str) -> str:
+    """The memo row that keeps a turn's policy (one per turn, like its input answers)."""
+    return f"{POLICY}:{turn_id}"
+
+
+def relayed_input_id(step_id: str, input_id: str) -> str:
+    """The input id under which a parent turn asks a child turn's question
+    ``input_id``: ``<parent call's step id>/<id>``, unique per call and question."""
+    return f"{step_id}/{input_id}"
+
+
+def step_kind(step_id: str) -> str:
+    """``model``, ``tool``, ``input`` or ``policy`` (what precedes the first colon)."""
+    return step_id.partition(":")[0]
+
+
+def step_position(step_id: str) -> int | None:
+    """The transcript position a model or tool step id carries, else ``None``."""
+    kind, _, rest = step_id.partition(":")
+    if kind not in (MODEL, TOOL):
+        return None
+    position = rest.split(":", 1)[0]
+    return int(position) if position.isdigit() else None
