@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+import subprocess
+import sys
+from typing import Annotated, Any
 
 import pytest
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 import turnkit
 from turnkit import (
@@ -38,6 +40,163 @@ def test_tool_schema_comes_from_name_docstring_and_hints() -> None:
     assert set(schema["properties"]) == {"item", "qty", "to", "express"}  # ctx is hidden
     assert schema["properties"]["qty"]["type"] == "integer"
     assert schema["additionalProperties"] is False
+
+
+async def test_annotated_constraints_reach_the_schema_and_the_validation(
+    open_runtime: Any,
+) -> None:
+    ran: list[int] = []
+
+    @tool
+    def buy(quantity: Annotated[int, Field(ge=1, description="How many")], item: str) -> int:
+        """Buy some of an item."""
+        ran.append(quantity)
+        return quantity
+
+    quantity = buy.spec.input_schema["properties"]["quantity"]
+    assert quantity["minimum"] == 1 and quantity["description"] == "How many"
+    model = ScriptedModel(
+        [
+            ScriptedReply(tool_calls=[tool_call("buy", {"quantity": 0, "item": "pen"})]),
+            ScriptedReply(tool_calls=[tool_call("buy", {"quantity": 2, "item": "pen"})]),
+            "bought",
+        ]
+    )
+    rt = await open_runtime(turnkit.Agent(name="a", model=model, tools=[buy]))
+    session = rt.session("a", "s1")
+    assert await session.turn("buy pens") == "bought"
+    refused, accepted = [m for m in await session.messages() if isinstance(m, turnkit.ToolMessage)]
+    # The model reads why its input was refused, and the tool never saw the 0.
+    assert refused.is_error and refused.result == {
+        "error": "invalid input: quantity: Input should be greater than or equal to 1"
+    }
+    assert accepted.result == 2 and ran == [2]
+
+
+GOOGLE = """Book a table.
+
+    Picks the first free one.
+
+    Args:
+        guests: How many people
+            will come.
+        day: The day, as YYYY-MM-DD.
+        ctx: The tool context (not shown to the model).
+
+    Returns:
+        The booking's id.
+    """
+
+NUMPY = """Book a table.
+
+    Picks the first free one.
+
+    Parameters
+    ----------
+    guests : int
+        How many people
+        will come.
+    day : str
+        The day, as YYYY-MM-DD.
+
+    Returns
+    -------
+    str
+        The booking's id.
+    """
+
+SPHINX = """Book a table.
+
+    Picks the first free one.
+
+    :param guests: How many people
+        will come.
+    :param str day: The day, as YYYY-MM-DD.
+    :returns: The booking's id.
+    """
+
+
+@pytest.mark.parametrize("docstring", [GOOGLE, NUMPY, SPHINX], ids=["google", "numpy", "sphinx"])
+def test_parameter_descriptions_come_from_the_docstring(docstring: str) -> None:
+    def book(guests: int, day: str, ctx: ToolContext) -> str:
+        return day
+
+    book.__doc__ = docstring
+    booked = tool(book)
+    props = booked.spec.input_schema["properties"]
+    assert props["guests"]["description"] == "How many people\nwill come."
+    assert props["day"]["description"] == "The day, as YYYY-MM-DD."
+    # The parameters moved into the schema; the rest of the docstring describes the tool.
+    assert booked.spec.description == (
+        "Book a table.\n\nPicks the first free one.\n\nReturns: The booking's id."
+    )
+
+
+def test_an_explicit_field_description_wins_over_the_docstring() -> None:
+    @tool
+    def book(
+        guests: Annotated[int, Field(ge=1, description="Party size")],
+        day: str = Field("today", description="When"),
+        note: Annotated[str, Field(max_length=3)] = "",
+    ) -> str:
+        """Book a table.
+
+        Args:
+            guests: From the docstring.
+            day: From the docstring too.
+            note: A short note.
+        """
+        return day
+
+    props = book.spec.input_schema["properties"]
+    assert props["guests"]["description"] == "Party size" and props["guests"]["minimum"] == 1
+    assert props["day"]["description"] == "When" and props["day"]["default"] == "today"
+    assert props["note"]["description"] == "A short note." and props["note"]["maxLength"] == 3
+    assert book.spec.description == "Book a table."
+    with pytest.raises(ValueError, match="note: String should have at most 3 characters"):
+        book.run({"guests": 2, "note": "long"}, None)
+
+
+def test_a_docstring_describing_what_the_function_lacks_is_refused() -> None:
+    def stale(guests: int) -> int:
+        """Book a table.
+
+        Args:
+            guests: How many.
+            day: Which day.
+        """
+        return guests
+
+    def sections_only(guests: int) -> int:
+        """:param guests: How many."""
+        return guests
+
+    with pytest.raises(ToolDefinitionError, match="describes 'day', which the function does not"):
+        tool(stale)
+    with pytest.raises(ToolDefinitionError, match="no description"):
+        tool(sections_only)
+    # An explicit description is enough; the parameters still come from the docstring.
+    named = tool(description="Book.")(sections_only)
+    assert named.spec.description == "Book."
+    assert named.spec.input_schema["properties"]["guests"]["description"] == "How many."
+
+
+def test_a_docstring_without_sections_is_the_description_as_written() -> None:
+    @tool
+    def note() -> None:
+        """Keep a note.
+
+        Example: not a section, only a line with a colon.
+        """
+
+    assert note.spec.description == (
+        "Keep a note.\n\nExample: not a section, only a line with a colon."
+    )
+
+
+def test_importing_turnkit_does_not_load_the_docstring_parser() -> None:
+    check = "import sys, turnkit; assert 'docstring_parser' not in sys.modules"
+    subprocess.run([sys.executable, "-c", check], check=True)
 
 
 def test_async_def_is_remote_and_overrides_apply() -> None:

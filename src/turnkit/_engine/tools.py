@@ -12,14 +12,26 @@ import inspect
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeAlias, cast, get_type_hints, overload
+from typing import (
+    TYPE_CHECKING,
+    Annotated,
+    Any,
+    TypeAlias,
+    cast,
+    get_args,
+    get_origin,
+    get_type_hints,
+    overload,
+)
 
 import pydantic
+from pydantic.fields import FieldInfo
 
 from .._errors import ToolDefinitionError
 from .._seams.model import ToolSpec
 from .._values.inbound import User
 from .._values.messages import JsonObject
+from .docstrings import ToolDoc, read_tool_doc
 
 if TYPE_CHECKING:
     from .context import ToolContext
@@ -100,15 +112,35 @@ def _validation_message(exc: pydantic.ValidationError) -> str:
     return "invalid input: " + "; ".join(parts)
 
 
-class _FunctionTool:
-    """Adapts a typed Python function to ``run(input, ctx)``, validating input with pydantic."""
+def _has_description(hint: Any, default: Any) -> bool:
+    """Whether the parameter carries its own ``Field(description=...)``, in an
+    ``Annotated`` hint or as its default: that wins over the docstring."""
+    infos = [default] if isinstance(default, FieldInfo) else []
+    if get_origin(hint) is Annotated:
+        infos += [m for m in get_args(hint)[1:] if isinstance(m, FieldInfo)]
+    return any(info.description is not None for info in infos)
 
-    def __init__(self, fn: Callable[..., Any], name: str) -> None:
+
+def _described(hint: Any, default: Any, doc: str | None) -> Any:
+    """``hint`` with the docstring's description of the parameter, unless it has one."""
+    if doc is None or _has_description(hint, default):
+        return hint
+    return cast(Any, Annotated)[hint, pydantic.Field(description=doc)]
+
+
+class _FunctionTool:
+    """Adapts a typed Python function to ``run(input, ctx)``, validating input with pydantic.
+
+    ``Annotated`` constraints (``Annotated[int, Field(ge=1)]``) reach both the schema
+    the model reads and the validation its input gets.
+    """
+
+    def __init__(self, fn: Callable[..., Any], name: str, doc: ToolDoc) -> None:
         self.fn = fn
         self.name = name
         sig = inspect.signature(fn)
         try:
-            hints = get_type_hints(fn)
+            hints = get_type_hints(fn, include_extras=True)
         except Exception as exc:
             raise ToolDefinitionError(f"tool {name!r}: cannot resolve type hints: {exc}") from exc
         from .context import ToolContext
@@ -133,7 +165,13 @@ class _FunctionTool:
                     "(names starting with '_' or 'model_' are reserved by pydantic)"
                 )
             default = ... if param.default is param.empty else param.default
-            field_defs[pname] = (hint, default)
+            field_defs[pname] = (_described(hint, default, doc.params.get(pname)), default)
+        unknown = sorted(set(doc.params) - set(sig.parameters))
+        if unknown:
+            raise ToolDefinitionError(
+                f"tool {name!r}: its docstring describes {', '.join(map(repr, unknown))}, "
+                "which the function does not take"
+            )
         config = pydantic.ConfigDict(extra="forbid")
         self.model = pydantic.create_model(f"{name}_input", __config__=config, **field_defs)
         schema = self.model.model_json_schema()
@@ -163,14 +201,17 @@ def _from_function(fn: Callable[..., Any], name: str | None, description: str | 
         raise ToolDefinitionError(f"@tool needs a function, got {type(fn).__name__}")
     _refuse_generators(fn, name or str(getattr(fn, "__name__", "?")))
     tool_name = check_tool_name(name or fn.__name__)
-    doc = description if description is not None else inspect.getdoc(fn)
-    if not doc:
+    docstring = inspect.getdoc(fn)
+    doc = read_tool_doc(docstring) if docstring else ToolDoc("")
+    text = description if description is not None else doc.description
+    if not text:
         raise ToolDefinitionError(
-            f"tool {tool_name!r} has no description: give the function a docstring"
+            f"tool {tool_name!r} has no description: give the function a docstring "
+            "that says what it does (before any Args section)"
         )
-    adapter = _FunctionTool(fn, tool_name)
+    adapter = _FunctionTool(fn, tool_name, doc)
     run: RunFn = adapter.run_async if adapter.is_async else adapter.run_sync
-    spec = ToolSpec(name=tool_name, description=doc, input_schema=adapter.schema)
+    spec = ToolSpec(name=tool_name, description=text, input_schema=adapter.schema)
     return Tool(spec, run, needs_store=adapter.ctx_param is not None)
 
 
@@ -192,8 +233,10 @@ def tool(
     """Declare a tool from a typed function.
 
     The name comes from the function, the description from its docstring and the
-    input schema from its type hints. A parameter typed ``ToolContext`` (or named
-    ``ctx``) receives the context and is not shown to the model.
+    input schema from its type hints (``Annotated`` constraints included), with each
+    parameter described by the docstring's ``Args`` section unless its ``Field`` has
+    a description. A parameter typed ``ToolContext`` (or named ``ctx``) receives the
+    context and is not shown to the model.
     """
     if fn is not None:
         return _from_function(fn, name, description)
