@@ -6,25 +6,22 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import logging
 import select
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
 import psycopg
-from psycopg import errors as pg_errors
-from psycopg import generators as pg_generators
-from psycopg.pq import ExecStatus
 from psycopg.pq.abc import PGresult
 
 from .._errors import StoreError
+from . import _pg_wire as wire
 from ._pg_sql import (
     _ACQUIRE_SQL,
     _LOAD_SQL,
     _connection_lost,
-    _encode,
     _NoConnection,
-    _numbered,
     _rollback_quietly_async,
 )
 from ._pg_writes import (
@@ -32,16 +29,13 @@ from ._pg_writes import (
     _Rows,
 )
 
-if TYPE_CHECKING:
-    from .postgres import PostgresStore
-
-
 T = TypeVar("T")
 log = logging.getLogger("turnkit.stores.postgres")
 
-
-_WAIT_W = 2  # psycopg's Wait.W bit
-_READY_R = 1  # psycopg's Ready.R
+#: Opens a new connection to the store's database (the store must be open).
+Connect = Callable[[], Awaitable[psycopg.AsyncConnection[Any]]]
+#: A session's writer fence: its id and the token of its current acquisition.
+Fence = tuple[str, str]
 
 
 class _Sender:
@@ -73,15 +67,8 @@ class _Sender:
                 self.suspect = True  # idle, yet the server spoke: it is hanging up
                 self._unwatch()
             return
-        # Read what came; wake the commit only once a whole result is in. This also
-        # skips a stale call, queued by the loop's poll before the query was sent.
-        pgconn = self.conn.pgconn
-        try:
-            pgconn.consume_input()
-            if pgconn.is_busy():
-                return
-        except psycopg.Error:
-            pass  # the commit's own read raises it
+        # The request reads what came (a stale call, queued by the loop's poll
+        # before the request was sent, just finds nothing).
         self._waiter = None
         if not waiter.done():
             waiter.set_result(None)
@@ -100,69 +87,35 @@ class _Sender:
         readable, _, _ = select.select([self._fd], [], [], 0)
         return not readable
 
-    async def query(self, query: bytes) -> list[PGresult]:
-        """``_query`` on this connection, waited on through the standing reader."""
-        results = await self.results(query)
-        for res in results:
-            if res.status == ExecStatus.FATAL_ERROR:
-                raise pg_errors.error_from_result(res, encoding=self.conn.info.encoding)
+    async def query(self, statements: Sequence[wire.Statement]) -> list[PGresult]:
+        """``results``, with the first error raised."""
+        results = await self.results(statements)
+        wire.raise_first_error(results, self.conn.info.encoding)
         return results
 
-    async def results(self, query: bytes) -> list[PGresult]:
-        """Send ``query`` and return its results, an error among them left unraised."""
+    async def results(self, statements: Sequence[wire.Statement]) -> list[PGresult]:
+        """Send ``statements`` as one pipelined request and return their results
+        (one per statement), an error among them left unraised."""
         pgconn = self.conn.pgconn
+        got = wire.Results()
         self._busy = True
         try:
-            pgconn.send_query(query)
-            results = await self._drive(pg_generators.execute(pgconn))
-        except psycopg.Error:
-            raise
+            wire.send(pgconn, statements)
+            await wire.flush(pgconn, self._loop)
+            while not got.feed(pgconn):
+                waiter = self._waiter = self._loop.create_future()
+                await waiter
         except BaseException:
-            self.suspect = True  # cancelled mid-query, say: its state is unknown
+            self.suspect = True  # lost or cancelled mid-request: its state is unknown
             raise
         finally:
             self._busy = False
             self._waiter = None
-        return results
-
-    async def _drive(self, gen: Any) -> list[PGresult]:
-        try:
-            state = next(gen)
-            while True:
-                if state & _WAIT_W:
-                    # The query did not fit the socket's buffer: rare, so waited on
-                    # the plain way.
-                    ready = await _wait_writable(self._loop, self._fd, state)
-                else:
-                    waiter = self._waiter = self._loop.create_future()
-                    await waiter
-                    ready = _READY_R
-                state = gen.send(ready)
-        except StopIteration as done:
-            return cast(list[PGresult], done.value)
+        return got.results
 
     async def close(self) -> None:
         self._unwatch()
         await self.conn.close()
-
-
-async def _wait_writable(loop: asyncio.AbstractEventLoop, fd: int, state: int) -> int:
-    """Wait until ``fd`` can take more of a query; the ``Ready`` bits to send on."""
-    readable, writable, _ = select.select([fd] if state & 1 else [], [fd], [], 0)
-    if readable or writable:
-        return (1 if readable else 0) | (2 if writable else 0)
-    future: asyncio.Future[None] = loop.create_future()
-
-    def wake() -> None:
-        if not future.done():
-            future.set_result(None)
-
-    loop.add_writer(fd, wake)
-    try:
-        await future
-    finally:
-        loop.remove_writer(fd)
-    return 2
 
 
 #: The sessions whose ``writer()`` the current task holds.
@@ -183,14 +136,14 @@ class _LockChannel:
     it held: a delivery that still runs is then fenced off at its next commit if
     another process takes its session over, exactly as when the connection dies."""
 
-    def __init__(self, store: PostgresStore) -> None:
-        self._store = store
+    def __init__(self, connect: Connect) -> None:
+        self._connect = connect
         self.sender: _Sender | None = None
-        self._queue: list[tuple[str, asyncio.Future[PGresult] | None]] = []
+        self._queue: list[tuple[wire.Statement, asyncio.Future[PGresult] | None]] = []
         self._pumping = False
         self._tasks: set[asyncio.Task[None]] = set()
 
-    async def run(self, statements: Sequence[str]) -> list[PGresult]:
+    async def run(self, statements: Sequence[wire.Statement]) -> list[PGresult]:
         """Run ``statements`` in order in the next batch; their results."""
         loop = asyncio.get_running_loop()
         futures = [loop.create_future() for _ in statements]
@@ -198,7 +151,7 @@ class _LockChannel:
         self._kick()
         return [await future for future in futures]
 
-    def post(self, statement: str) -> None:
+    def post(self, statement: wire.Statement) -> None:
         """Run ``statement`` in the next batch, unwaited (a failure is logged)."""
         self._queue.append((statement, None))
         self._kick()
@@ -218,16 +171,13 @@ class _LockChannel:
         finally:
             self._pumping = False
 
-    async def _send(self, batch: list[tuple[str, asyncio.Future[PGresult] | None]]) -> None:
+    async def _send(
+        self, batch: list[tuple[wire.Statement, asyncio.Future[PGresult] | None]]
+    ) -> None:
         try:
             sender = await self._connection()
-            results = await sender.results(_encode([statement for statement, _ in batch]))
-            if len(results) != len(batch) or any(
-                r.status == ExecStatus.FATAL_ERROR for r in results
-            ):
-                bad = [r for r in results if r.status == ExecStatus.FATAL_ERROR]
-                if bad:
-                    raise pg_errors.error_from_result(bad[0], encoding=sender.conn.info.encoding)
+            results = await sender.query([statement for statement, _ in batch])
+            if len(results) != len(batch):
                 raise psycopg.InterfaceError(f"{len(results)} results for {len(batch)} statements")
         except BaseException as exc:
             await self._drop()
@@ -252,16 +202,19 @@ class _LockChannel:
             if self.sender.usable(loop):
                 return self.sender
             await self._drop()
-        store = self._store
-        if store._apool is None:
-            raise store._not_open()
-        conn = await psycopg.AsyncConnection.connect(store.dsn, **store._connect_kwargs())
+        conn = await self._connect()
         try:
             # Losing an acquisition in a server crash is harmless: a holder whose token
             # did not survive has committed nothing after it, and is fenced off.
             await conn.execute(b"SET synchronous_commit = off")
-            await conn.execute(b"PREPARE turnkit_acquire AS " + _numbered(_ACQUIRE_SQL))
-            await conn.execute(b"PREPARE turnkit_load AS " + _numbered(_LOAD_SQL))
+            await wire.exchange(
+                conn,
+                [
+                    wire.Prepare(b"turnkit_acquire", wire.numbered(_ACQUIRE_SQL)),
+                    wire.Prepare(b"turnkit_load", wire.numbered(_LOAD_SQL)),
+                    wire.Prepare(b"turnkit_unlock", wire.numbered(_UNLOCK_SQL)),
+                ],
+            )
         except BaseException:
             await conn.close()
             raise
@@ -279,34 +232,39 @@ class _LockChannel:
         await self._drop()
 
 
-_Queued = tuple[str, bytes, "asyncio.Future[None]", "tuple[str | None, _Rows] | None"]
+_UNLOCK_SQL = "SELECT pg_advisory_unlock(%s::bigint)"
+
+_Queued = tuple[
+    str, list[wire.Statement], "asyncio.Future[None]", "tuple[Fence | None, _Rows] | None"
+]
 
 
-def _merged(group: list[_Queued]) -> bytes:
-    """A group's commits as one query: the step, message and event rows of those that
-    have only such rows share one INSERT per table (and one statement checks all
+def _merged(group: list[_Queued]) -> list[wire.Statement]:
+    """A group's commits as one request: the step, message and event rows of those
+    that have only such rows share one INSERT per table (and one statement checks all
     their fences), which saves the server most of its per-statement work; the others
     go in as they are."""
     fences: list[str] = []
     rows = _Rows()
-    alone: list[bytes] = []
-    for _, query, _, merge in group:
+    alone: list[wire.Statement] = []
+    for _, statements, _, merge in group:
         if merge is None:
-            alone.append(query)
+            alone += statements
             continue
         fence, mine = merge
         if fence is not None:
-            fences.append(fence)
-        rows.steps += mine.steps
-        rows.messages += mine.messages
-        rows.events += mine.events
-    statements = rows.statements()
+            fences += fence
+        rows.extend(mine)
+    merged = rows.statements()
     if fences:
-        statements.insert(
-            0, f"SELECT turnkit_fence(s, t) FROM (VALUES {', '.join(fences)}) AS f(s, t)"
-        )
-    parts = [_encode(statements)] if statements else []
-    return b";\n".join(parts + alone)
+        merged.insert(0, wire.Query(_fences_sql(len(fences) // 2), tuple(map(wire.value, fences))))
+    return merged + alone
+
+
+@functools.cache
+def _fences_sql(n: int) -> bytes:
+    pairs = ", ".join(f"(${2 * i + 1}::text, ${2 * i + 2}::text)" for i in range(n))
+    return f"SELECT turnkit_fence(s, t) FROM (VALUES {pairs}) AS f(s, t)".encode()
 
 
 class _GroupCommitter:
@@ -322,8 +280,8 @@ class _GroupCommitter:
     taken position) is raised to that session only. A connection lost under a group
     fails all of its commits, each as a ``StoreError``, as it would have alone."""
 
-    def __init__(self, store: PostgresStore, senders: int) -> None:
-        self._store = store
+    def __init__(self, connect: Connect, senders: int) -> None:
+        self._connect = connect
         self._senders = senders
         self._busy = 0
         self._queue: list[_Queued] = []
@@ -340,23 +298,31 @@ class _GroupCommitter:
             await asyncio.wait(waits)
 
     async def commit(
-        self, sid: str, query: bytes, merge: tuple[str | None, _Rows] | None = None
+        self,
+        sid: str,
+        statements: list[wire.Statement],
+        merge: tuple[Fence | None, _Rows] | None = None,
     ) -> None:
-        """Commit ``query``; ``merge`` (its fence row and its rows) if its writes are
+        """Commit ``statements``; ``merge`` (its fence and its rows) if its writes are
         only step, message and event rows, which a group may merge with others'."""
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._inflight[done] = sid
         try:
-            await self._commit(sid, query, merge)
+            await self._commit(sid, statements, merge)
         finally:
             del self._inflight[done]
             done.set_result(None)
 
-    async def _commit(self, sid: str, query: bytes, merge: tuple[str | None, _Rows] | None) -> None:
+    async def _commit(
+        self,
+        sid: str,
+        statements: list[wire.Statement],
+        merge: tuple[Fence | None, _Rows] | None,
+    ) -> None:
         if self._busy < self._senders and not self._queue:
             self._busy += 1
             try:
-                failed = await self._run(query)
+                failed = await self._run(statements)
             finally:
                 self._busy -= 1
                 self._kick()
@@ -365,7 +331,7 @@ class _GroupCommitter:
                 raise _commit_error(sid, lost, exc) from exc
             return
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._queue.append((sid, query, future, merge))
+        self._queue.append((sid, statements, future, merge))
         self._kick()
         await future
 
@@ -389,8 +355,8 @@ class _GroupCommitter:
 
     async def _send_group(self, group: list[_Queued]) -> None:
         try:
-            query = group[0][1] if len(group) == 1 else _merged(group)
-            failed = await self._run(query)
+            statements = group[0][1] if len(group) == 1 else _merged(group)
+            failed = await self._run(statements)
             if failed is None:
                 for _, _, future, _ in group:
                     if not future.done():
@@ -402,8 +368,8 @@ class _GroupCommitter:
                     if not future.done():
                         future.set_exception(_commit_error(sid, lost, exc))
                 return
-            for sid, query, future, _ in group:  # find whose it was: each alone
-                alone = await self._run(query)
+            for sid, mine, future, _ in group:  # find whose it was: each alone
+                alone = await self._run(mine)
                 if future.done():
                     continue
                 if alone is None:
@@ -431,15 +397,11 @@ class _GroupCommitter:
             if sender.usable(loop):
                 return sender
             await _close_quietly(sender)
-        store = self._store
-        if store._apool is None:
-            raise store._not_open()
-        conn = await psycopg.AsyncConnection.connect(store.dsn, **store._connect_kwargs())
-        return _Sender(conn, loop)
+        return _Sender(await self._connect(), loop)
 
-    async def _run(self, query: bytes) -> tuple[BaseException, bool] | None:
-        """Send ``query`` on one of the committer's connections; the error and whether
-        the connection was lost, or ``None`` if it committed."""
+    async def _run(self, statements: list[wire.Statement]) -> tuple[BaseException, bool] | None:
+        """Send ``statements`` on one of the committer's connections; the error and
+        whether the connection was lost, or ``None`` if they committed."""
         try:
             sender = await self._sender()
         except Exception as exc:
@@ -447,7 +409,7 @@ class _GroupCommitter:
             failure.__cause__ = exc
             return failure, False
         try:
-            await sender.query(query)
+            await sender.query(statements)
         except Exception as exc:
             conn = sender.conn
             lost = _connection_lost(conn)

@@ -1,33 +1,27 @@
-"""PostgresStore's SQL on the wire: ``?`` placeholders, literal rendering for the
-one-query commits, prepared statements run from the event loop, and the fixed
-queries (load, turn, status, writer acquire)."""
+"""PostgresStore's SQL: ``?`` placeholders for portable tools, prepared reads run
+from the event loop, connection checks, and the fixed queries (load, turn, status,
+writer acquire)."""
 
 from __future__ import annotations
 
 import functools
 import hashlib
 import logging
-import math
 import re
 import select
 import weakref
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import psycopg
-from psycopg import errors as pg_errors
-from psycopg import generators as pg_generators
 from psycopg.pq import ExecStatus, TransactionStatus
 from psycopg.pq.abc import PGresult
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from .._values.records import TurnRecord
+from . import _pg_wire as wire
 from ._sql_rows import TURN_COLUMNS as _TURN_COLUMNS
 from ._sql_rows import turn_from_row as _turn_from_row
-
-if TYPE_CHECKING:
-    pass
-
 
 T = TypeVar("T")
 log = logging.getLogger("turnkit.stores.postgres")
@@ -153,108 +147,7 @@ async def _rollback_quietly_async(conn: psycopg.AsyncConnection[Any]) -> None:
         log.debug("rollback after a failed commit failed too", exc_info=True)
 
 
-# -- the event loop's queries ---------------------------------------------------------
-#
-# The hot path (a delivery's load, the writer lock, every engine-only commit) sends
-# each request as one simple-protocol query, its values quoted by libpq, and reads
-# the raw results: psycopg's cursor layer costs several times the CPU of the round
-# trip itself, and with many sessions in one process that CPU is what bounds the
-# turns per second. Values are only ever str, int, float or None.
-
-
-@functools.cache
-def _template(sql: str) -> tuple[str, ...]:
-    """``sql`` cut at its ``%s`` placeholders (``%%`` read as ``%``)."""
-    out = [""]
-    for part in re.split(r"(%s|%%)", sql):
-        if part == "%s":
-            out.append("")
-        elif part == "%%":
-            out[-1] += "%"
-        else:
-            out[-1] += part
-    return tuple(out)
-
-
-def _literal(value: Any) -> str:
-    """``value`` as a SQL literal. Strings use the ``E''`` form, whose escaping (quotes
-    and backslashes doubled) means the same whatever ``standard_conforming_strings``
-    says; the query is sent as UTF-8, the connections' client encoding. A NUL, which
-    no text field can hold, is refused when the whole query is encoded (``_encode``)."""
-    if type(value) is str:
-        return "E'" + value.replace("\\", "\\\\").replace("'", "''") + "'"
-    if type(value) is int:
-        return int.__repr__(value)
-    if value is None:
-        return "NULL"
-    if isinstance(value, str):
-        return _literal(str.__str__(value))
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return int.__repr__(value)
-    if isinstance(value, float):
-        text = float.__repr__(value)
-        return text if math.isfinite(value) else f"'{text}'::float8"
-    raise TypeError(f"PostgresStore cannot send a {type(value).__name__} as a literal")
-
-
-def _render(sql: str, params: Sequence[Any]) -> str:
-    """One statement with its values inlined as SQL literals."""
-    parts = _template(sql)
-    if len(parts) != len(params) + 1:
-        raise ValueError(f"{len(params)} values for {len(parts) - 1} placeholders: {sql}")
-    out = [parts[0]]
-    for value, part in zip(params, parts[1:], strict=True):
-        out.append(_literal(value))
-        out.append(part)
-    return "".join(out)
-
-
-def _encode(statements: Sequence[str]) -> bytes:
-    """Statements as one simple-protocol query, in UTF-8."""
-    query = ";\n".join(statements)
-    if "\0" in query:
-        raise psycopg.DataError("PostgreSQL text fields cannot contain NUL (0x00) bytes")
-    return query.encode()
-
-
-async def _query(conn: psycopg.AsyncConnection[Any], query: bytes) -> list[PGresult]:
-    """Send ``query`` (one or more statements) and return its results; the first error
-    is raised as psycopg would raise it. The caller owns ``conn`` for the duration."""
-    conn.pgconn.send_query(query)
-    return await _results(conn)
-
-
-async def _results(conn: psycopg.AsyncConnection[Any]) -> list[PGresult]:
-    results: list[PGresult] = await conn.wait(pg_generators.execute(conn.pgconn))
-    for res in results:
-        if res.status == ExecStatus.FATAL_ERROR:
-            raise pg_errors.error_from_result(res, encoding=conn.info.encoding)
-    return results
-
-
-@functools.cache
-def _numbered(sql: str) -> bytes:
-    """``sql`` with ``$1``, ``$2``, ... for its ``%s`` placeholders."""
-    parts = _template(sql)
-    return (parts[0] + "".join(f"${i}{part}" for i, part in enumerate(parts[1:], 1))).encode()
-
-
-def _param(value: Any) -> bytes | None:
-    """``value`` as a text-format parameter."""
-    if value is None:
-        return None
-    if isinstance(value, str):
-        if "\0" in value:
-            raise psycopg.DataError("PostgreSQL text fields cannot contain NUL (0x00) bytes")
-        return value.encode()
-    if isinstance(value, bool):
-        return b"true" if value else b"false"
-    if isinstance(value, int | float):
-        return repr(value).encode()
-    raise TypeError(f"PostgresStore cannot send a {type(value).__name__} as a parameter")
-
+# -- the event loop's reads ----------------------------------------------------------
 
 # The statements each connection has prepared (they die with it).
 _prepared_on: weakref.WeakKeyDictionary[Any, set[bytes]] = weakref.WeakKeyDictionary()
@@ -263,19 +156,21 @@ _prepared_on: weakref.WeakKeyDictionary[Any, set[bytes]] = weakref.WeakKeyDictio
 async def _run_prepared(
     conn: psycopg.AsyncConnection[Any], name: bytes, sql: str, params: Sequence[Any]
 ) -> PGresult:
-    """Run one statement as a server-side prepared statement, preparing it the first
-    time this connection sees it: a read that is planned once per connection rather
-    than once per delivery (a delivery's load costs several times more to plan than
-    to run)."""
-    values = [_param(p) for p in params]
+    """Run one statement as a server-side prepared statement, preparing it (in the
+    same round trip) the first time this connection sees it: a read that is planned
+    once per connection rather than once per delivery (a delivery's load costs
+    several times more to plan than to run)."""
+    run = wire.execute(name, params)
     names = _prepared_on.setdefault(conn, set())
-    if name not in names:
-        conn.pgconn.send_prepare(name, _numbered(sql))
-        await _results(conn)
+    if name in names:
+        (res,) = await wire.exchange(conn, [run])
+        return res
+    prepare = wire.Prepare(name, wire.numbered(sql))
+    results = await wire.exchange(conn, [prepare, run], check=False)
+    if results[0].status == ExecStatus.COMMAND_OK:
         names.add(name)
-    conn.pgconn.send_query_prepared(name, values)
-    (res,) = await _results(conn)
-    return res
+    wire.raise_first_error(results, conn.info.encoding)
+    return results[1]
 
 
 def _text(value: bytes | None) -> str | None:

@@ -4,14 +4,16 @@ handle a local tool sees as ``ctx.store``."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg import errors as pg_errors
 from psycopg.pq import TransactionStatus
+from psycopg_pool import ConnectionPool
 
 from .._errors import FatalToolError, SessionBusyError, StoreError
 from .._seams.store import StoreHandle
@@ -19,23 +21,18 @@ from .._values.events import TurnEvent
 from .._values.messages import JsonObject, Message
 from .._values.records import TERMINAL_TURN_STATUSES, TurnRecord, TurnStatus, session_status_after
 from . import _archive_sql as archive_sql
+from . import _pg_wire as wire
 from ._pg_sql import (
     _ABORTED,
     _ENDED,
     _TRANSACTION_CONTROL,
     _connection_lost,
-    _literal,
     _NoConnection,
     _pg,
-    _render,
     qmark_to_pyformat,
 )
 from ._postgres_schema import FENCE_SQLSTATE, MISSING_SQLSTATE
 from ._sql_rows import dumps as _dumps
-
-if TYPE_CHECKING:
-    from .postgres import PostgresStore
-
 
 T = TypeVar("T")
 log = logging.getLogger("turnkit.stores.postgres")
@@ -59,9 +56,9 @@ class _Writes:
         self._sid = session_id
         self.writes: list[_Write] = []
 
-    def statements(self) -> list[str]:
-        """Every write as one SQL statement, values inlined."""
-        return [_render(sql, params) for sql, params in self.writes]
+    def statements(self) -> list[wire.Statement]:
+        """Every write as one statement, its values bound."""
+        return [wire.query(sql, params) for sql, params in self.writes]
 
     def append_message(self, index: int, message: Message) -> None:
         self.writes.append(
@@ -171,67 +168,71 @@ class _LoopTransaction(_Writes):
 
     Engine-only commits (model steps, remote tools' results, events, turn moves)
     never touch ``handle``, so they run here and their rows go out in one
-    asynchronous pipeline. Asking for ``handle`` stops ``work`` at once."""
+    pipelined request. Asking for ``handle`` stops ``work`` at once."""
 
-    def __init__(self, session_id: str, sid_literal: str) -> None:
+    def __init__(self, session_id: str) -> None:
         super().__init__(session_id)
-        self._sid_lit = sid_literal
         self.rows = _Rows()
 
     @property
     def handle(self) -> StoreHandle:
         raise _NeedsConnection
 
-    # The rows of every step, rendered as they come: the hot path. Each table's rows
-    # go in as one multi-row INSERT (see ``statements``).
+    # The rows of every step: the hot path. Each table's rows go in as one
+    # multi-row INSERT (see ``statements``).
 
     def append_message(self, index: int, message: Message) -> None:
-        self.rows.messages.append(
-            f"({self._sid_lit}, {_literal(index)}, {_literal(message.turn_id)}, "
-            f"{_literal(_dumps(message.to_dict()))})"
-        )
+        self.rows.messages += (self._sid, index, message.turn_id, _dumps(message.to_dict()))
 
     def put_step(self, step_id: str, turn_id: str, result: Any) -> None:
-        self.rows.steps.append(
-            f"({self._sid_lit}, {_literal(turn_id)}, {_literal(step_id)}, "
-            f"{_literal(_dumps(result))})"
-        )
+        self.rows.steps += (self._sid, turn_id, step_id, _dumps(result))
 
     def log_event(self, event: TurnEvent) -> None:
-        self.rows.events.append(
-            f"({self._sid_lit}, {_literal(event.seq)}, {_literal(event.turn_id)}, "
-            f"{_literal(_dumps(event.to_dict()))})"
-        )
+        self.rows.events += (self._sid, event.seq, event.turn_id, _dumps(event.to_dict()))
 
-    def statements(self) -> list[str]:
+    def statements(self) -> list[wire.Statement]:
         return [*self.rows.statements(), *super().statements()]
 
 
 class _Rows:
-    """A commit's step, message and event rows, as SQL row literals: rows of several
-    commits can share one INSERT per table (see ``_GroupCommitter``)."""
+    """A commit's step, message and event rows (four values a row, in column order):
+    rows of several commits can share one INSERT per table (see ``_GroupCommitter``)."""
 
     __slots__ = ("events", "messages", "steps")
 
     def __init__(self) -> None:
-        self.steps: list[str] = []
-        self.messages: list[str] = []
-        self.events: list[str] = []
+        self.steps: list[Any] = []
+        self.messages: list[Any] = []
+        self.events: list[Any] = []
 
-    def statements(self) -> list[str]:
-        out = []
-        if self.steps:
-            out.append(_STEPS_INSERT + ", ".join(self.steps))
-        if self.messages:
-            out.append(_MESSAGES_INSERT + ", ".join(self.messages))
-        if self.events:
-            out.append(_EVENTS_INSERT + ", ".join(self.events))
+    def extend(self, other: _Rows) -> None:
+        self.steps += other.steps
+        self.messages += other.messages
+        self.events += other.events
+
+    def statements(self) -> list[wire.Statement]:
+        out: list[wire.Statement] = []
+        for table, values in (
+            (_STEPS_INSERT, self.steps),
+            (_MESSAGES_INSERT, self.messages),
+            (_EVENTS_INSERT, self.events),
+        ):
+            if values:
+                sql = _multi_row(table, len(values) // 4)
+                out.append(wire.Query(sql, tuple(map(wire.value, values))))
         return out
 
 
 _STEPS_INSERT = "INSERT INTO turnkit_steps (session_id, turn_id, step_id, result) VALUES "
 _MESSAGES_INSERT = "INSERT INTO turnkit_messages (session_id, idx, turn_id, body) VALUES "
 _EVENTS_INSERT = "INSERT INTO turnkit_events (session_id, seq, turn_id, body) VALUES "
+
+
+@functools.cache
+def _multi_row(insert: str, rows: int) -> bytes:
+    """``insert`` (up to its ``VALUES``) for ``rows`` rows of four values."""
+    tuples = (f"(${4 * r + 1}, ${4 * r + 2}, ${4 * r + 3}, ${4 * r + 4})" for r in range(rows))
+    return (insert + ", ".join(tuples)).encode()
 
 
 class _PgHandle:
@@ -278,9 +279,10 @@ class _PgTransaction(_Writes):
     tool first touches ``ctx.store``; a tool that never does leaves its rows
     buffered, to be sent from the event loop like any engine-only commit."""
 
-    def __init__(self, store: PostgresStore, session_id: str) -> None:
+    def __init__(self, session_id: str, pool: ConnectionPool[Any], timeout: float) -> None:
         super().__init__(session_id)
-        self._store = store
+        self._pool = pool
+        self._timeout = timeout
         self._conn: psycopg.Connection[Any] | None = None
         self._begun = False
         self.checkout_failed: BaseException | None = None
@@ -300,7 +302,7 @@ class _PgTransaction(_Writes):
             if self.checkout_failed is not None:
                 raise self._no_connection(self.checkout_failed)
             try:
-                self._conn = self._store.sync_pool.getconn(timeout=self._store.connect_timeout)
+                self._conn = self._pool.getconn(timeout=self._timeout)
             except Exception as exc:
                 self.checkout_failed = exc
                 raise self._no_connection(exc) from exc
@@ -312,7 +314,7 @@ class _PgTransaction(_Writes):
     def release(self) -> None:
         conn, self._conn = self._conn, None
         if conn is not None:
-            self._store.sync_pool.putconn(conn)
+            self._pool.putconn(conn)
 
     def begin(self) -> None:
         if not self._begun:

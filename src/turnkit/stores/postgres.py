@@ -60,6 +60,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     raise ImportError(
         "PostgresStore needs psycopg 3 and psycopg-pool: pip install 'turnkit[postgres]'"
     ) from exc
+from . import _pg_wire as wire
 from ._pg_commit import (
     _GroupCommitter,
     _holding,
@@ -74,8 +75,6 @@ from ._pg_sql import (
     _check_idle_async,
     _check_idle_connection,
     _connection_lost,
-    _encode,
-    _literal,
     _lock_key,
     _pg,
     _rollback_quietly,
@@ -105,7 +104,6 @@ class _PgSession:
     def __init__(self, store: PostgresStore, session_id: str) -> None:
         self._store = store
         self._sid = session_id
-        self._sid_lit = _literal(session_id)
 
     @property
     def session_id(self) -> str:
@@ -122,10 +120,9 @@ class _PgSession:
             )
         # A delivery's first load: the writer lock and the load in one round trip.
         await store._committer.settled(self._sid)
-        sid = self._sid_lit
-        tid = _literal(turn_id)
-        args = ", ".join([sid, sid, sid, _literal(from_index), sid, tid, sid, sid, tid])
-        res = await store._acquire(self._sid, f"EXECUTE turnkit_load({args})")
+        sid = self._sid
+        params = (sid, sid, sid, from_index, sid, turn_id, sid, sid, turn_id)
+        res = await store._acquire(self._sid, wire.execute(b"turnkit_load", params))
         assert res is not None
         try:
             return self._snapshot(res, from_index)
@@ -163,7 +160,7 @@ class _PgSession:
         if store._must_acquire(self._sid):
             await store._acquire(self._sid)
         token = store._tokens.get(self._sid)
-        tx = _LoopTransaction(self._sid, self._sid_lit)
+        tx = _LoopTransaction(self._sid)
         try:
             result = work(tx)
             writes: _Writes = tx
@@ -185,7 +182,7 @@ class _PgSession:
     def _commit_on_thread(
         self, work: Callable[[Any], T], token: str | None
     ) -> tuple[T, _PgTransaction]:
-        tx = _PgTransaction(self._store, self._sid)
+        tx = _PgTransaction(self._sid, self._store.sync_pool, self._store.connect_timeout)
         try:
             try:
                 result = work(tx)
@@ -205,19 +202,17 @@ class _PgSession:
             tx.release()
         return result, tx
 
-    async def _flush(self, statements: list[str], token: str | None, rows: _Rows | None) -> None:
-        """The fence and ``statements`` as one multi-statement query (one implicit
+    async def _flush(
+        self, statements: list[wire.Statement], token: str | None, rows: _Rows | None
+    ) -> None:
+        """The fence and ``statements`` as one pipelined request (one implicit
         transaction: any failing statement undoes them all), sent by the store's
         group committer."""
-        fence = f"({self._sid_lit}, {_literal(token)})" if token is not None else None
+        fence = (self._sid, token) if token is not None else None
         if fence is not None:
-            statements.insert(0, f"SELECT turnkit_fence{fence}")
-        try:
-            query = _encode(statements)
-        except (psycopg.Error, UnicodeError) as exc:
-            raise StoreError(f"session {self._sid}: commit failed: {exc}") from exc
+            statements.insert(0, wire.query("SELECT turnkit_fence(%s, %s)", fence))
         merge = (fence, rows) if rows is not None else None
-        await self._store._committer.commit(self._sid, query, merge)
+        await self._store._committer.commit(self._sid, statements, merge)
 
     async def turn(self, turn_id: str) -> TurnRecord | None:
         async def read(conn: psycopg.AsyncConnection[Any]) -> TurnRecord | None:
@@ -353,7 +348,7 @@ class PostgresStore:
         self._pool: ConnectionPool[Any] | None = None
         self._store_id: str | None = None
         self._executor: ThreadPoolExecutor | None = None
-        self._lockch = _LockChannel(self)
+        self._lockch = _LockChannel(self._connect)
         self._locks = SessionLocks()
         self._tokens: dict[str, str] = {}
         #: Sessions whose writer() is held but whose lock is not taken yet.
@@ -361,7 +356,7 @@ class PostgresStore:
         #: The lock connection that took each held session's lock.
         self._held: dict[str, _Sender] = {}
         self.commit_senders = commit_senders
-        self._committer = _GroupCommitter(self, senders=min(commit_senders, max_size))
+        self._committer = _GroupCommitter(self._connect, senders=min(commit_senders, max_size))
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -374,6 +369,12 @@ class PostgresStore:
             "application_name": f"turnkit-{self.schema}"[:63],
             "connect_timeout": max(1, int(self.connect_timeout)),
         }
+
+    async def _connect(self) -> psycopg.AsyncConnection[Any]:
+        """A new connection of the store's own (the lock and commit connections)."""
+        if self._apool is None:
+            raise self._not_open()
+        return await psycopg.AsyncConnection.connect(self.dsn, **self._connect_kwargs())
 
     def _not_open(self) -> StoreError:
         return StoreError(
@@ -532,7 +533,7 @@ class PostgresStore:
                 if sender is not None and sender is self._lockch.sender and not sender.suspect:
                     # (A lock whose connection is gone went with it.)
                     key = _lock_key(self.schema, session_id)
-                    self._lockch.post(f"SELECT pg_advisory_unlock({key})")
+                    self._lockch.post(wire.execute(b"turnkit_unlock", (key,)))
 
     def _must_acquire(self, session_id: str) -> bool:
         """Whether the caller holds ``writer()`` of this session and its lock is not
@@ -540,7 +541,9 @@ class PostgresStore:
         read in another task never does)."""
         return session_id in self._pending and session_id in _holding.get()
 
-    async def _acquire(self, session_id: str, load: str | None = None) -> PGresult | None:
+    async def _acquire(
+        self, session_id: str, load: wire.Statement | None = None
+    ) -> PGresult | None:
         """Take the writer lock of a session whose ``writer()`` is held, polling while
         another process has it; with ``load``, run that statement right after the
         acquisition, in the same round trip, and return its result."""
@@ -550,9 +553,8 @@ class PostgresStore:
         key = _lock_key(self.schema, session_id)
         while True:
             token = uuid.uuid4().hex
-            acquire = (
-                f"EXECUTE turnkit_acquire({key}, {_literal(session_id)}, {_literal(token)}, "
-                f"{_literal(self.holder)}, {_literal(time.time())})"
+            acquire = wire.execute(
+                b"turnkit_acquire", (key, session_id, token, self.holder, time.time())
             )
             try:
                 results = await self._lockch.run([acquire, load] if load else [acquire])
