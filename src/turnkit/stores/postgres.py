@@ -10,7 +10,7 @@ private worker thread, where a local tool's synchronous SQL joins the step's
 transaction on a connection of a second, blocking pool.
 
 A step commit is one round trip: the writer fence and the step's rows go as one
-simple-protocol query (one implicit transaction), on the group committer's own
+pipelined request with bound values (one implicit transaction), on the group committer's own
 connections; a local tool that touches ``ctx.store`` first opens the transaction
 and runs its statements one by one. A session has one writer across every process:
 a delivery holds a session-level advisory lock (taken with its first load, in the
@@ -20,9 +20,9 @@ lost its lock (its lock connection died) can never interleave a step with the ne
 holder's.
 
 This module holds the store and its sessions; the SQL it sends is in ``_pg_sql``,
-the transactions and the tool handle in ``_pg_writes``, and the loop's commit
-paths (commit connections, the lock connection, the group committer) in
-``_pg_commit``.
+how requests go on the wire in ``_pg_wire``, the transactions and the tool handle
+in ``_pg_writes``, and the loop's commit paths (commit connections, the lock
+connection, the group committer) in ``_pg_commit``.
 """
 
 from __future__ import annotations
