@@ -22,8 +22,8 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 #: Fence languages that are Python: every such block is run.
 PYTHON = {"python", "py", "python3"}
-#: Fence languages that are not Python (shell sessions, output, file trees, data).
-NOT_PYTHON = {"", "sh", "text", "json"}
+#: Fence languages that are not Python (shell sessions, output, file trees, data, SQL).
+NOT_PYTHON = {"", "sh", "text", "json", "sql"}
 FENCE = re.compile(r"^\s*```(?P<info>[^`]*)$")
 
 

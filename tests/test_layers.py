@@ -123,3 +123,37 @@ def test_core_layers_import_only_the_layers_below_them() -> None:
                 assert target.split(".")[0] in allowed_outside, (
                     f"{module_name(path)} imports {target}"
                 )
+
+
+def test_the_package_has_no_import_cycle() -> None:
+    """No module reaches itself through its imports, ``TYPE_CHECKING`` ones and
+    imports inside functions included (a package's own ``__init__`` re-exporting its
+    modules is not a cycle through them)."""
+    graph: dict[str, set[str]] = {}
+    for path in sources():
+        here = module_name(path)
+        graph[here] = {t for t in imports(path) if t.split(".")[0] == "turnkit" and t != here}
+    cycle = _find_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def _find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """A cycle of ``graph`` as a path that ends where it starts, or ``None``
+    (a depth-first walk; ``done`` holds modules already shown to reach no cycle)."""
+    done: set[str] = set()
+    for start in sorted(graph):
+        if start in done:
+            continue
+        path = [start]
+        stack = [iter(sorted(graph[start]))]
+        while stack:
+            step = next(stack[-1], None)
+            if step is None:
+                stack.pop()
+                done.add(path.pop())
+            elif step in path:
+                return [*path[path.index(step) :], step]
+            elif step not in done and step in graph:
+                path.append(step)
+                stack.append(iter(sorted(graph[step])))
+    return None

@@ -23,7 +23,7 @@ from .._errors import (
     StoreError,
 )
 from .._seams.sink import EventSink
-from .._seams.store import NoHandle, SessionStore, Transaction
+from .._seams.store import NoHandle, SessionStore, StoreHandle, Transaction
 from .._values.checkpoints import SuspendCheckpoint, ToolStepResult
 from .._values.events import (
     ENDING_EVENT_TYPES,
@@ -58,7 +58,15 @@ from .position import (
     next_step,
     stale_calls,
 )
-from .tool_call import ToolRaised, copy_input, fatal, input_error, run_local, run_remote
+from .tool_call import (
+    ToolRaised,
+    copy_input,
+    fatal,
+    input_error,
+    run_local,
+    run_remote,
+    transient,
+)
 from .tool_results import error_result, error_text
 from .tools import Tool
 
@@ -572,10 +580,12 @@ class TurnRunner:
     async def _local_tool_step(self, tool: Tool, step_id: str, call: ToolCall) -> None:
         """Run a ``def`` tool inside the very commit that records what it returned."""
         index, seq = len(self.transcript), self.next_seq
+        handles: list[StoreHandle] = []
 
         def work(tx: Transaction) -> tuple[ToolMessage, ActionCompletedEvent]:
             # Only a tool that can see ctx.store is handed the transaction's handle.
             handle = tx.handle if tool.needs_store else _NO_CONTEXT_HANDLE
+            handles.append(handle)
             ctx = self._context(handle, call, step_id, local=True)
             value = run_local(tool, copy_input(call.input), ctx)
             return self._write_tool(tx, _ToolRow(index, seq, step_id, call, value, None, False))
@@ -583,7 +593,14 @@ class TurnRunner:
         try:
             message, event = await self.store.commit(work)
         except ToolRaised as raised:
-            # The transaction rolled back, undoing the tool's own writes; record the error.
+            # The transaction rolled back, undoing the tool's own writes.
+            if handles and transient(handles[-1], raised.original):
+                raise StoreError(
+                    f"turn {self.turn_id}: tool {tool.name!r} hit a passing database "
+                    f"failure ({error_text(raised.original)}); the step was not recorded: "
+                    "deliver the turn again"
+                ) from raised.original
+            # The tool's own exception: its error result.
             text = error_text(raised.original)
             await self._commit_tool(step_id, call, error_result(text), text)
             return

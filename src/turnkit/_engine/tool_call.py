@@ -1,7 +1,8 @@
 """Running one tool call: local tools inside a transaction, remote ones awaited outside.
 
 These functions decide only what a call *returned*; committing it is the engine's
-job. A tool exception becomes an error result, ``FatalToolError`` fails the turn.
+job. A tool exception becomes an error result, ``FatalToolError`` fails the turn,
+and a passing failure of the store's database fails the step unrecorded.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import inspect
 from typing import Any
 
 from .._errors import FatalToolError
+from .._seams.store import StoreHandle
 from .._values.messages import ToolCall
 from .._values.turns import TurnFailure
 from .context import ToolContext
@@ -48,6 +50,21 @@ def input_error(call: ToolCall) -> str | None:
     state = call.provider_state
     problem = state.get(INPUT_ERROR_KEY) if state else None
     return problem if isinstance(problem, str) and problem else None
+
+
+def transient(handle: StoreHandle, exc: BaseException) -> bool:
+    """Whether a local tool's exception is the store's database failing for a passing
+    reason (``handle.transient``), checked on it and on the causes it was raised
+    ``from``: a tool that wraps a lock timeout in an error of its own still did not
+    answer. Such a step is failed unrecorded, so a redelivery runs the tool again."""
+    seen: BaseException | None = exc
+    for _ in range(16):  # a cause chain is short; never loop on a cycle
+        if seen is None:
+            return False
+        if handle.transient(seen):
+            return True
+        seen = seen.__cause__
+    return False
 
 
 def fatal(tool: Tool, exc: FatalToolError) -> TurnFailure:

@@ -40,12 +40,21 @@ class StoreHandle(Protocol):
     ``unwrap()`` returns the backend's own connection inside the open step
     transaction (``None`` where there is none). ``execute(sql, params)`` runs one
     statement in that transaction with ``?`` placeholders and returns the rows it
-    produced (empty for writes).
+    produced (empty for writes). ``transient(exc)`` tells the engine whether an
+    exception a local tool raised is the database failing for a passing reason.
     """
 
     def unwrap(self) -> Any: ...
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]: ...
+
+    def transient(self, exc: BaseException) -> bool:
+        """Whether ``exc`` (raised by a local tool, or the cause it wraps) is this
+        backend's database failing for a passing reason (a lock timeout, a
+        serialization failure, a lost connection) rather than the tool's own answer.
+        The engine then fails the step without recording it, so a redelivery runs
+        the tool again; any other exception becomes the tool's error result."""
+        ...
 
 
 @runtime_checkable
@@ -185,3 +194,6 @@ class NoHandle:
     def execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         # A deployment mistake the model cannot correct, so it fails the turn.
         raise FatalToolError(f"ctx.store.execute is unavailable: {self._reason}")
+
+    def transient(self, exc: BaseException) -> bool:
+        return False  # no database behind it

@@ -1,11 +1,11 @@
-"""PostgresStore's commit paths from the event loop: the committer's own
-connections (``_Sender``), the lock connection that batches every session's writer
-lock, and the group committer that merges concurrent sessions' step commits."""
+"""PostgresStore's commit paths from the event loop: connections of the store's own
+that stay registered with the loop (``_Sender``), and the group committer that
+merges concurrent sessions' step commits."""
 
 from __future__ import annotations
 
 import asyncio
-import contextvars
+import contextlib
 import functools
 import logging
 import select
@@ -18,8 +18,6 @@ from psycopg.pq.abc import PGresult
 from .._errors import StoreError
 from . import _pg_wire as wire
 from ._pg_sql import (
-    _ACQUIRE_SQL,
-    _LOAD_SQL,
     _connection_lost,
     _NoConnection,
     _rollback_quietly_async,
@@ -67,8 +65,11 @@ class _Sender:
                 self.suspect = True  # idle, yet the server spoke: it is hanging up
                 self._unwatch()
             return
-        # The request reads what came (a stale call, queued by the loop's poll
-        # before the request was sent, just finds nothing).
+        # Read what came now, so the loop's next poll does not see the socket
+        # readable again once the request has ended (which would look like a
+        # hang-up); the request then takes the results.
+        with contextlib.suppress(psycopg.Error):  # the request's own read raises it
+            self.conn.pgconn.consume_input()
         self._waiter = None
         if not waiter.done():
             waiter.set_result(None)
@@ -117,122 +118,6 @@ class _Sender:
         self._unwatch()
         await self.conn.close()
 
-
-#: The sessions whose ``writer()`` the current task holds.
-_holding: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar(
-    "turnkit_pg_holding", default=frozenset()
-)
-
-
-class _LockChannel:
-    """The process's lock connection. The writer acquisitions of every session (each
-    with its delivery's load, when it has one) and their releases are batched on it:
-    what arrives while a batch is out goes in the next one, one multi-statement query,
-    so many sessions share a round trip. A release is posted and never waited for;
-    the connection's order keeps it ahead of a later acquisition of the same session.
-
-    Each operation is one statement that only a broken connection or schema makes
-    fail. If a batch fails anyway, the connection is dropped, and with it every lock
-    it held: a delivery that still runs is then fenced off at its next commit if
-    another process takes its session over, exactly as when the connection dies."""
-
-    def __init__(self, connect: Connect) -> None:
-        self._connect = connect
-        self.sender: _Sender | None = None
-        self._queue: list[tuple[wire.Statement, asyncio.Future[PGresult] | None]] = []
-        self._pumping = False
-        self._tasks: set[asyncio.Task[None]] = set()
-
-    async def run(self, statements: Sequence[wire.Statement]) -> list[PGresult]:
-        """Run ``statements`` in order in the next batch; their results."""
-        loop = asyncio.get_running_loop()
-        futures = [loop.create_future() for _ in statements]
-        self._queue.extend(zip(statements, futures, strict=True))
-        self._kick()
-        return [await future for future in futures]
-
-    def post(self, statement: wire.Statement) -> None:
-        """Run ``statement`` in the next batch, unwaited (a failure is logged)."""
-        self._queue.append((statement, None))
-        self._kick()
-
-    def _kick(self) -> None:
-        if not self._pumping and self._queue:
-            self._pumping = True
-            task = asyncio.get_running_loop().create_task(self._pump())
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-
-    async def _pump(self) -> None:
-        try:
-            while self._queue:
-                batch, self._queue = self._queue, []
-                await self._send(batch)
-        finally:
-            self._pumping = False
-
-    async def _send(
-        self, batch: list[tuple[wire.Statement, asyncio.Future[PGresult] | None]]
-    ) -> None:
-        try:
-            sender = await self._connection()
-            results = await sender.query([statement for statement, _ in batch])
-            if len(results) != len(batch):
-                raise psycopg.InterfaceError(f"{len(results)} results for {len(batch)} statements")
-        except BaseException as exc:
-            await self._drop()
-            failure = StoreError(f"the writer lock connection failed: {exc}")
-            for _, future in batch:
-                if future is not None and not future.done():
-                    future.set_exception(failure)
-            if any(future is None for _, future in batch):
-                log.warning(
-                    "releasing writer locks failed (they went with the connection): %s", exc
-                )
-            if not isinstance(exc, Exception):
-                raise
-            return
-        for (_, future), res in zip(batch, results, strict=True):
-            if future is not None and not future.done():
-                future.set_result(res)
-
-    async def _connection(self) -> _Sender:
-        loop = asyncio.get_running_loop()
-        if self.sender is not None:
-            if self.sender.usable(loop):
-                return self.sender
-            await self._drop()
-        conn = await self._connect()
-        try:
-            # Losing an acquisition in a server crash is harmless: a holder whose token
-            # did not survive has committed nothing after it, and is fenced off.
-            await conn.execute(b"SET synchronous_commit = off")
-            await wire.exchange(
-                conn,
-                [
-                    wire.Prepare(b"turnkit_acquire", wire.numbered(_ACQUIRE_SQL)),
-                    wire.Prepare(b"turnkit_load", wire.numbered(_LOAD_SQL)),
-                    wire.Prepare(b"turnkit_unlock", wire.numbered(_UNLOCK_SQL)),
-                ],
-            )
-        except BaseException:
-            await conn.close()
-            raise
-        self.sender = _Sender(conn, loop)
-        return self.sender
-
-    async def _drop(self) -> None:
-        sender, self.sender = self.sender, None
-        if sender is not None:
-            await _close_quietly(sender)
-
-    async def close(self) -> None:
-        while self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
-        await self._drop()
-
-
-_UNLOCK_SQL = "SELECT pg_advisory_unlock(%s::bigint)"
 
 _Queued = tuple[
     str, list[wire.Statement], "asyncio.Future[None]", "tuple[Fence | None, _Rows] | None"

@@ -271,6 +271,27 @@ class _PgHandle:
         self._tx.check_open()
         return rows
 
+    def transient(self, exc: BaseException) -> bool:
+        """A lock timeout, a serialization failure or deadlock, the server shutting
+        down, or a lost connection: a retry may well succeed."""
+        if not isinstance(exc, psycopg.Error):
+            return False
+        state = exc.sqlstate or ""
+        if state in _TRANSIENT_STATES or state[:2] in _TRANSIENT_CLASSES:
+            return True
+        conn = self._tx.opened
+        return isinstance(exc, psycopg.OperationalError) and (
+            conn is None or _connection_lost(conn)
+        )
+
+
+#: SQLSTATEs of passing failures: lock_not_available (``lock_timeout``), the server
+#: shutting down or restarting, too many connections.
+_TRANSIENT_STATES = frozenset({"55P03", "57P01", "57P02", "57P03", "53300"})
+#: ... and whole classes: connection exceptions, transaction rollbacks
+#: (serialization failure, deadlock).
+_TRANSIENT_CLASSES = frozenset({"08", "40"})
+
 
 class _PgTransaction(_Writes):
     """A commit whose ``work`` uses ``tx.handle``, run on a worker thread.

@@ -192,11 +192,20 @@ def migrate(conn: Any, schema: str, migrations: list[tuple[str, ...]] = MIGRATIO
     with conn.transaction():
         # One migrator at a time per schema, across every process.
         conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"turnkit-migrate:{schema}",))
-        conn.execute(f"CREATE SCHEMA IF NOT EXISTS {quoted}")
-        conn.execute(
-            f"CREATE TABLE IF NOT EXISTS {quoted}.turnkit_schema "
-            "(id integer PRIMARY KEY CHECK (id = 1), version integer NOT NULL)"
-        )
+        # Created only when missing: a role that owns (or may create in) an existing
+        # schema needs no CREATE privilege on the database, and an up-to-date schema
+        # needs no CREATE at all.
+        exists = "SELECT 1 FROM pg_namespace WHERE nspname = %s"
+        if conn.execute(exists, (schema,)).fetchone() is None:
+            conn.execute(f"CREATE SCHEMA {quoted}")
+        if (
+            conn.execute("SELECT to_regclass(%s)", (f"{quoted}.turnkit_schema",)).fetchone()[0]
+            is None
+        ):
+            conn.execute(
+                f"CREATE TABLE {quoted}.turnkit_schema "
+                "(id integer PRIMARY KEY CHECK (id = 1), version integer NOT NULL)"
+            )
         row = conn.execute(f"SELECT version FROM {quoted}.turnkit_schema WHERE id = 1").fetchone()
         version = int(row[0]) if row else 0
         if version > len(migrations):

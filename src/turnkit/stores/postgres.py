@@ -34,19 +34,17 @@ import json
 import logging
 import os
 import socket
-import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 from typing import Any, TypeVar, cast
 
-from .._errors import ConfigurationError, SessionBusyError, StoreError
+from .._errors import ConfigurationError, StoreError
 from .._values.events import TurnEvent, event_from_dict
 from .._values.messages import Message, message_from_dict
 from .._values.records import SessionInfo, SessionKey, SessionSnapshot, SessionStatus, TurnRecord
 from . import _archive_sql as archive_sql
-from ._locks import SessionLocks
 from ._postgres_schema import migrate, read_store_id
 from ._sql_rows import SESSION_COLUMNS, session_info, session_page_sql, with_previews
 from ._sql_rows import TURN_COLUMNS as _TURN_COLUMNS
@@ -54,6 +52,7 @@ from ._sql_rows import turn_from_row as _turn_from_row
 
 try:
     import psycopg
+    from psycopg import conninfo
     from psycopg.pq.abc import PGresult
     from psycopg_pool import AsyncConnectionPool, ConnectionPool
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
@@ -61,12 +60,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         "PostgresStore needs psycopg 3 and psycopg-pool: pip install 'turnkit[postgres]'"
     ) from exc
 from . import _pg_wire as wire
-from ._pg_commit import (
-    _GroupCommitter,
-    _holding,
-    _LockChannel,
-    _Sender,
-)
+from ._pg_commit import _GroupCommitter
 from ._pg_sql import (
     _LOAD_SQL,
     _SCHEMA_NAME,
@@ -75,7 +69,6 @@ from ._pg_sql import (
     _check_idle_async,
     _check_idle_connection,
     _connection_lost,
-    _lock_key,
     _pg,
     _rollback_quietly,
     _rollback_quietly_async,
@@ -84,6 +77,7 @@ from ._pg_sql import (
     _turn_row,
     qmark_to_pyformat,  # noqa: F401 - public for portable tools
 )
+from ._pg_writer import Writers
 from ._pg_writes import (
     _commit_error,
     _LoopTransaction,
@@ -110,11 +104,11 @@ class _PgSession:
         return self._sid
 
     def writer(self) -> AbstractAsyncContextManager[None]:
-        return self._store._writer(self._sid)
+        return self._store._writers.hold(self._sid)
 
     async def load(self, turn_id: str | None = None, *, from_index: int = 0) -> SessionSnapshot:
         store = self._store
-        if not store._must_acquire(self._sid):
+        if not store._writers.must_claim(self._sid):
             return await store._read(
                 f"session {self._sid}", self._load, turn_id, from_index, of=self._sid
             )
@@ -122,7 +116,7 @@ class _PgSession:
         await store._committer.settled(self._sid)
         sid = self._sid
         params = (sid, sid, sid, from_index, sid, turn_id, sid, sid, turn_id)
-        res = await store._acquire(self._sid, wire.execute(b"turnkit_load", params))
+        res = await store._writers.acquire(self._sid, wire.execute(b"turnkit_load", params))
         assert res is not None
         try:
             return self._snapshot(res, from_index)
@@ -157,9 +151,9 @@ class _PgSession:
 
     async def commit(self, work: Callable[[Any], T]) -> T:
         store = self._store
-        if store._must_acquire(self._sid):
-            await store._acquire(self._sid)
-        token = store._tokens.get(self._sid)
+        if store._writers.must_claim(self._sid):
+            await store._writers.acquire(self._sid)
+        token = store._writers.tokens.get(self._sid)
         tx = _LoopTransaction(self._sid)
         try:
             result = work(tx)
@@ -341,34 +335,37 @@ class PostgresStore:
         self.schema = schema
         self.min_size = min_size
         self.max_size = max_size
-        self.busy_timeout = busy_timeout
         self.connect_timeout = connect_timeout
         self.holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._apool: AsyncConnectionPool[Any] | None = None
+        self._kwargs: dict[str, Any] | None = None
         self._pool: ConnectionPool[Any] | None = None
         self._store_id: str | None = None
         self._executor: ThreadPoolExecutor | None = None
-        self._lockch = _LockChannel(self._connect)
-        self._locks = SessionLocks()
-        self._tokens: dict[str, str] = {}
-        #: Sessions whose writer() is held but whose lock is not taken yet.
-        self._pending: set[str] = set()
-        #: The lock connection that took each held session's lock.
-        self._held: dict[str, _Sender] = {}
+        self._writers = Writers(self._connect, schema, self.holder, busy_timeout)
         self.commit_senders = commit_senders
         self._committer = _GroupCommitter(self._connect, senders=min(commit_senders, max_size))
 
     # -- lifecycle ---------------------------------------------------------------
 
     def _connect_kwargs(self) -> dict[str, Any]:
-        path = f"{self.schema},public" if self.schema != "public" else "public"
-        return {
-            "autocommit": True,
-            "client_encoding": "utf8",
-            "options": f"-c search_path={path}",
-            "application_name": f"turnkit-{self.schema}"[:63],
-            "connect_timeout": max(1, int(self.connect_timeout)),
-        }
+        """What every connection of the store adds to the DSN: its search path is
+        appended to the user's ``options`` (from the DSN, else ``PGOPTIONS``), so
+        settings such as ``-c lock_timeout=300`` stay, and the user's
+        ``application_name`` is kept if there is one."""
+        if self._kwargs is None:
+            given = conninfo.conninfo_to_dict(self.dsn)
+            path = f"{self.schema},public" if self.schema != "public" else "public"
+            theirs = str(given.get("options") or os.environ.get("PGOPTIONS") or "").strip()
+            name = given.get("application_name") or os.environ.get("PGAPPNAME")
+            self._kwargs = {
+                "autocommit": True,
+                "client_encoding": "utf8",
+                "options": f"{theirs} -c search_path={path}".strip(),
+                "application_name": str(name or f"turnkit-{self.schema}"[:63]),
+                "connect_timeout": max(1, int(self.connect_timeout)),
+            }
+        return self._kwargs
 
     async def _connect(self) -> psycopg.AsyncConnection[Any]:
         """A new connection of the store's own (the lock and commit connections)."""
@@ -457,7 +454,7 @@ class PostgresStore:
 
     async def close(self) -> None:
         await self._committer.close()
-        await self._lockch.close()
+        await self._writers.close()
         apool, self._apool = self._apool, None
         if apool is not None:
             await apool.close()
@@ -492,8 +489,8 @@ class PostgresStore:
         """Run ``fn(conn, *args)`` on a connection of the event loop's pool, once the
         step commits in flight of session ``of`` (of every session if ``None``) have
         ended: a read never misses a commit this process sent before it."""
-        if of is not None and self._must_acquire(of):
-            await self._acquire(of)
+        if of is not None and self._writers.must_lock(of):
+            await self._writers.acquire(of, claim=False)
         await self._committer.settled(of)
         pool = self.async_pool
         try:
@@ -513,73 +510,23 @@ class PostgresStore:
         finally:
             await pool.putconn(conn)
 
-    # -- the single writer -------------------------------------------------------
+    @property
+    def busy_timeout(self) -> float:
+        """Seconds a delivery waits for a session another process is running."""
+        return self._writers.busy_timeout
 
-    @asynccontextmanager
-    async def _writer(self, session_id: str) -> AsyncIterator[None]:
-        """Hold the session for one delivery. The lock itself is taken by the
-        delivery's first load, read or commit (a load takes it in the same round
-        trip), and released without waiting when the delivery ends."""
-        async with self._locks.hold(session_id):
-            self._pending.add(session_id)
-            holding = _holding.set(_holding.get() | {session_id})
-            try:
-                yield
-            finally:
-                _holding.reset(holding)
-                self._pending.discard(session_id)
-                self._tokens.pop(session_id, None)
-                sender = self._held.pop(session_id, None)
-                if sender is not None and sender is self._lockch.sender and not sender.suspect:
-                    # (A lock whose connection is gone went with it.)
-                    key = _lock_key(self.schema, session_id)
-                    self._lockch.post(wire.execute(b"turnkit_unlock", (key,)))
+    @busy_timeout.setter
+    def busy_timeout(self, seconds: float) -> None:
+        self._writers.busy_timeout = seconds
 
-    def _must_acquire(self, session_id: str) -> bool:
-        """Whether the caller holds ``writer()`` of this session and its lock is not
-        taken yet (only the holder's own reads and commits take it: an observer's
-        read in another task never does)."""
-        return session_id in self._pending and session_id in _holding.get()
-
-    async def _acquire(
-        self, session_id: str, load: wire.Statement | None = None
-    ) -> PGresult | None:
-        """Take the writer lock of a session whose ``writer()`` is held, polling while
-        another process has it; with ``load``, run that statement right after the
-        acquisition, in the same round trip, and return its result."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.busy_timeout
-        delay = 0.005
-        key = _lock_key(self.schema, session_id)
-        while True:
-            token = uuid.uuid4().hex
-            acquire = wire.execute(
-                b"turnkit_acquire", (key, session_id, token, self.holder, time.time())
-            )
-            try:
-                results = await self._lockch.run([acquire, load] if load else [acquire])
-            except StoreError as exc:
-                raise StoreError(
-                    f"session {session_id}: cannot take the writer lock: {exc}"
-                ) from exc
-            if results[0].ntuples:
-                self._tokens[session_id] = token
-                if self._lockch.sender is not None:
-                    self._held[session_id] = self._lockch.sender
-                self._pending.discard(session_id)
-                return results[1] if load else None
-            if loop.time() >= deadline:
-                raise SessionBusyError(
-                    f"session {session_id} is being run by another process; waited "
-                    f"{self.busy_timeout:g}s for it (deliver the turn again later)"
-                )
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 0.2)
+    @property
+    def _tokens(self) -> dict[str, str]:
+        """The writer token of each session this process holds and has claimed."""
+        return self._writers.tokens
 
     @property
     def _lock_conn(self) -> psycopg.AsyncConnection[Any] | None:
-        sender = self._lockch.sender
-        return sender.conn if sender is not None else None
+        return self._writers.lock_conn
 
     # -- the Store protocol ------------------------------------------------------
 

@@ -95,6 +95,16 @@ class _SqliteHandle:
         _check_open(self._conn)
         return rows
 
+    def transient(self, exc: BaseException) -> bool:
+        """A database that stayed locked (``SQLITE_BUSY``) or a locked table
+        (``SQLITE_LOCKED``): another connection's work, gone on a retry."""
+        code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
+        return isinstance(exc, sqlite3.OperationalError) and code in _TRANSIENT_CODES
+
+
+#: SQLite's primary result codes for a lock another connection holds.
+_TRANSIENT_CODES = frozenset({sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED})
+
 
 class _SqliteTransaction:
     def __init__(self, conn: sqlite3.Connection, session_id: str) -> None:
