@@ -374,7 +374,7 @@ async def test_a_reset_that_fails_midway_leaves_the_old_generation_whole(
     make_store: Any, store_kind: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
     if store_kind == "memory":
-        pytest.skip("the in-memory store has no rollback by design")
+        pytest.skip("no trigger can make the in-memory store's reset fail midway")
     agent = turnkit.Agent(name="a", model=ScriptedModel(respond=lambda m: "ok"))
     async with turnkit.Runtime(agent, store=make_store()) as rt:
         session = rt.session("a", "s1")

@@ -14,7 +14,6 @@ from turnkit.testing.conformance import StoreUnderTest
 
 @pytest.fixture
 def conformance_store(store_kind: str, make_store: object) -> StoreUnderTest:
-    # The in-memory store has no rollback and no SQL handle by design; the suite then
-    # checks that it lacks them honestly.
-    durable = store_kind != "memory"
-    return StoreUnderTest(factory=make_store, rollback=durable, sql=durable)  # type: ignore[arg-type]
+    # The in-memory store has no SQL handle by design; the suite then checks that it
+    # lacks one honestly.
+    return StoreUnderTest(factory=make_store, sql=store_kind != "memory")  # type: ignore[arg-type]

@@ -556,48 +556,6 @@ async def test_remote_tool_store_handle_refuses_with_a_clear_error(open_runtime:
     assert "async (remote)" in (result.error or "") and "plain `def`" in (result.error or "")
 
 
-async def test_a_memoized_step_without_its_message_is_recorded_not_rerun(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    from turnkit.stores import MemoryStore, memory
-
-    ran: list[int] = []
-
-    @tool
-    def charge() -> str:
-        """Charge once."""
-        ran.append(1)
-        return "charged"
-
-    original = memory._MemoryTransaction.append_message
-    refused: list[int] = []
-
-    def refuse_first_tool_message(self: Any, index: int, message: Any) -> None:
-        if isinstance(message, ToolMessage) and not refused:
-            refused.append(index)
-            raise turnkit.StoreError("simulated write refusal after the memo was written")
-        original(self, index, message)
-
-    monkeypatch.setattr(memory._MemoryTransaction, "append_message", refuse_first_tool_message)
-    model = ScriptedModel(
-        respond=lambda m: (
-            ScriptedReply(tool_calls=[tool_call("charge", id="c1")])
-            if isinstance(m[-1], UserMessage)
-            else "done"
-        )
-    )
-    async with turnkit.Runtime(agent(model, charge), store=MemoryStore()) as rt:
-        session = rt.session("a", "s1")
-        tid = session.start("pay")
-        with pytest.raises(turnkit.StoreError):
-            await session.result(tid)
-        session.start("pay", turn_id=tid)
-        assert (await session.result(tid)).text == "done"
-        msgs = await session.messages()
-    assert ran == [1]  # the memo answered; the tool did not run twice
-    assert [m.role for m in msgs] == ["user", "assistant", "tool", "assistant"]
-
-
 async def test_provider_state_is_stored_on_the_assistant_message_and_sent_back(
     open_runtime: Any,
 ) -> None:

@@ -41,7 +41,7 @@ from .._values.events import (
 )
 from .._values.inbound import InboundEvent
 from .._values.inputs import InputRequest
-from .._values.messages import AssistantMessage, Message, ModelReply, ToolCall, ToolMessage
+from .._values.messages import AssistantMessage, Message, ToolCall, ToolMessage
 from .._values.policy import TurnPolicy
 from .._values.records import TurnRecord
 from .._values.step_ids import model_step_id, policy_step_id, tool_step_id
@@ -482,19 +482,16 @@ class TurnRunner:
     # -- model steps -------------------------------------------------------------
 
     async def _model_step(self, index: int) -> None:
+        # A step's result commits with its message, so this step was never answered.
         step_id = model_step_id(index)
-        cached = self.steps.get(step_id)
-        if cached is not None:
-            reply = ModelReply.from_dict(cached)  # memoized: never asked twice, no deltas
-        else:
-            reply = await ask_model(
-                self.agent,
-                self.policy,
-                self.transcript,
-                self._text_delta,
-                self._reasoning_delta,
-                self._cancel_reason,
-            )
+        reply = await ask_model(
+            self.agent,
+            self.policy,
+            self.transcript,
+            self._text_delta,
+            self._reasoning_delta,
+            self._cancel_reason,
+        )
         message = AssistantMessage(
             text=reply.text,
             turn_id=self.turn_id,
@@ -518,8 +515,7 @@ class TurnRunner:
             )
 
         def write(tx: Transaction) -> None:
-            if cached is None:
-                tx.put_step(step_id, self.turn_id, reply.to_dict())
+            tx.put_step(step_id, self.turn_id, reply.to_dict())
             tx.append_message(index, message)
             if final:
                 tx.set_turn_status(self.turn_id, "completed", text=reply.text)
@@ -555,12 +551,6 @@ class TurnRunner:
 
     async def _tool_step(self, assistant_index: int, call: ToolCall) -> None:
         step_id = tool_step_id(assistant_index, call.id)
-        cached = self.steps.get(step_id)
-        if cached is not None:
-            # Memoized but its message is missing: record it, never run the tool again.
-            memo = ToolStepResult.from_dict(cached)
-            await self._commit_tool(step_id, call, memo.result, memo.error, memo=True)
-            return
         # A tool the turn's policy denies is as unknown as one the agent never had.
         tool = self.agent.tool(call.name) if self.policy.allows(call.name) else None
         problem = input_error(call)
@@ -588,7 +578,7 @@ class TurnRunner:
             handles.append(handle)
             ctx = self._context(handle, call, step_id, local=True)
             value = run_local(tool, copy_input(call.input), ctx)
-            return self._write_tool(tx, _ToolRow(index, seq, step_id, call, value, None, False))
+            return self._write_tool(tx, _ToolRow(index, seq, step_id, call, value, None))
 
         try:
             message, event = await self.store.commit(work)
@@ -609,10 +599,10 @@ class TurnRunner:
         self._after_tool(message, event)
 
     async def _commit_tool(
-        self, step_id: str, call: ToolCall, value: Any, error: str | None, *, memo: bool = False
+        self, step_id: str, call: ToolCall, value: Any, error: str | None
     ) -> None:
         """Commit a tool step whose result is already known."""
-        row = _ToolRow(len(self.transcript), self.next_seq, step_id, call, value, error, memo)
+        row = _ToolRow(len(self.transcript), self.next_seq, step_id, call, value, error)
 
         def work(tx: Transaction) -> tuple[ToolMessage, ActionCompletedEvent]:
             return self._write_tool(tx, row)
@@ -640,9 +630,8 @@ class TurnRunner:
             error=row.error,
             seq=row.seq,
         )
-        if not row.memo:
-            stored = ToolStepResult(result=row.value, error=row.error)
-            tx.put_step(row.step_id, self.turn_id, stored.to_dict())
+        stored = ToolStepResult(result=row.value, error=row.error)
+        tx.put_step(row.step_id, self.turn_id, stored.to_dict())
         tx.append_message(row.index, message)
         tx.log_event(event)
         return message, event
@@ -672,7 +661,6 @@ class _ToolRow:
     call: ToolCall
     value: Any
     error: str | None
-    memo: bool
 
 
 def _detached(message: AssistantMessage) -> AssistantMessage:

@@ -1,8 +1,8 @@
 """``MemoryStore``: sessions kept in process memory, for tests and throwaway demos.
 
-It honours the seam's contract except what memory cannot give: there is no
-connection for tools (``ctx.store.unwrap()`` is ``None``) and no rollback, so
-exactly-once app writes need a SQL store. Everything is kept as encoded JSON, as a
+It honours the seam's contract, commit and rollback included, except what memory
+cannot give: there is no connection for tools (``ctx.store.unwrap()`` is
+``None``), so exactly-once app writes need a SQL store. Everything is kept as encoded JSON, as a
 durable store would keep it, so what passes here also survives a real store.
 """
 
@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any, TypeVar
 
 from pydantic_core import from_json, to_json
@@ -70,11 +71,31 @@ def _copy(value: Any) -> Any:
 
 
 class _MemoryTransaction:
-    """Applies each write at once: memory has no rollback."""
+    """Applies each write at once and keeps how to undo it, so that a commit whose work
+    raises leaves the session as it found it (``rollback``), as a SQL store would."""
 
     def __init__(self, data: _SessionData, session_id: str) -> None:
         self._data = data
         self._session_id = session_id
+        #: The session's fields as the commit found them: its scalars, and which
+        #: containers are live (a reset swaps them for new ones).
+        self._fields = dict(vars(data))
+        #: Undoes each write made to a container, in the order they were made.
+        self._undo: list[Callable[[], object]] = []
+
+    def rollback(self) -> None:
+        for undo in reversed(self._undo):
+            undo()
+        vars(self._data).update(self._fields)
+
+    def _put_turn(self, record: TurnRecord) -> None:
+        turns, turn_id = self._data.turns, record.turn_id
+        before = turns.get(turn_id)
+        turns[turn_id] = record
+        if before is None:
+            self._undo.append(partial(turns.pop, turn_id))
+        else:
+            self._undo.append(partial(turns.__setitem__, turn_id, before))
 
     @property
     def handle(self) -> StoreHandle:
@@ -86,24 +107,29 @@ class _MemoryTransaction:
                 f"session {self._session_id}: message index {index} is not the next "
                 f"position {len(self._data.messages)}"
             )
-        self._data.messages.append(_encode(message.to_dict(), "a message"))
+        messages = self._data.messages
+        messages.append(_encode(message.to_dict(), "a message"))
+        self._undo.append(messages.pop)
 
     def put_step(self, step_id: str, turn_id: str, result: Any) -> None:
-        if step_id in self._data.steps:
+        steps = self._data.steps
+        if step_id in steps:
             raise StoreError(f"session {self._session_id}: step {step_id} is already stored")
-        self._data.steps[step_id] = (turn_id, _encode(result, f"step {step_id}"))
+        steps[step_id] = (turn_id, _encode(result, f"step {step_id}"))
+        self._undo.append(partial(steps.pop, step_id))
 
     def log_event(self, event: TurnEvent) -> None:
         events = self._data.events
         if event.seq is None or (events and event.seq <= events[-1][0]):
             raise StoreError(f"session {self._session_id}: event seq {event.seq} is not increasing")
         events.append((event.seq, event.turn_id, _encode(event.to_dict(), "an event")))
+        self._undo.append(events.pop)
 
     def request_cancel(self, turn_id: str, reason: str) -> None:
         record = self._data.turns.get(turn_id)
         if record is None:
             raise StoreError(f"session {self._session_id}: no turn {turn_id} to cancel")
-        self._data.turns[turn_id] = replace(record, cancel_reason=record.cancel_reason or reason)
+        self._put_turn(replace(record, cancel_reason=record.cancel_reason or reason))
 
     def archive_generation(self, generation: int, agent: str) -> None:
         d = self._data
@@ -113,6 +139,7 @@ class _MemoryTransaction:
                 f"({d.generation}); another reset came first"
             )
         d.archive[generation] = d.messages
+        self._undo.append(partial(d.archive.pop, generation))
         d.archived_seq = d.events[-1][0] if d.events else d.archived_seq
         d.messages, d.steps, d.events, d.turns = [], {}, [], {}
         d.generation = generation + 1
@@ -124,9 +151,7 @@ class _MemoryTransaction:
             raise StoreError(f"session {self._session_id}: turn {record.turn_id} already exists")
         if self._data.agent is None:  # the turn creates the session
             self._data.owner = owner
-        self._data.turns[record.turn_id] = replace(
-            record, opening=_copy(record.opening), event=_copy(record.event)
-        )
+        self._put_turn(replace(record, opening=_copy(record.opening), event=_copy(record.event)))
         self._data.agent = record.agent
         self._touch("running")
 
@@ -148,13 +173,15 @@ class _MemoryTransaction:
             if status == "suspended" and pending is not None
             else None
         )
-        self._data.turns[turn_id] = replace(
-            record,
-            status=status,
-            text=text,
-            error=error,
-            finished_at=time.time() if terminal else None,
-            pending=kept,
+        self._put_turn(
+            replace(
+                record,
+                status=status,
+                text=text,
+                error=error,
+                finished_at=time.time() if terminal else None,
+                pending=kept,
+            )
         )
         self._touch(session_status_after(status))
 
@@ -200,7 +227,12 @@ class _MemorySession:
         )
 
     async def commit(self, work: Callable[[Any], T]) -> T:
-        return work(_MemoryTransaction(self._data, self._session_id))
+        tx = _MemoryTransaction(self._data, self._session_id)
+        try:
+            return work(tx)
+        except BaseException:
+            tx.rollback()
+            raise
 
     async def turn(self, turn_id: str) -> TurnRecord | None:
         return self._data.turns.get(turn_id)

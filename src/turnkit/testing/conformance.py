@@ -10,14 +10,14 @@ test modules and providing one fixture::
 
     @pytest.fixture
     def conformance_store(tmp_path):
-        return StoreUnderTest(factory=lambda: MyStore(tmp_path / "db"), rollback=True)
+        return StoreUnderTest(factory=lambda: MyStore(tmp_path / "db"))
 
 ``factory()`` must return a new, unopened store object over the *same* data each
-time it is called, the way a new process would see it. Set ``rollback=False`` or
-``sql=False`` for a backend that, by design, lacks a rollback or a SQL handle: the
-suite then checks that it lacks them honestly (writes stay, ``unwrap()`` is
-``None`` and ``execute`` raises ``FatalToolError``). SQL handles are driven with
-``?`` placeholders and portable SQL. Needs pytest and pytest-asyncio.
+time it is called, the way a new process would see it. Every store rolls a failed
+commit back. Set ``sql=False`` for a backend that, by design, lacks a SQL handle:
+the suite then checks that it lacks one honestly (``unwrap()`` is ``None`` and
+``execute`` raises ``FatalToolError``). SQL handles are driven with ``?``
+placeholders and portable SQL. Needs pytest and pytest-asyncio.
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ __all__ = [
     "StoreUnderTest",
     "test_conformance_a_crash_at_any_commit_is_recovered_by_redelivery",
     "test_conformance_a_failed_commit_reraises_unchanged",
+    "test_conformance_a_failed_commit_undoes_every_kind_of_write",
     "test_conformance_a_taken_position_or_step_is_refused",
     "test_conformance_a_turn_of_another_owner_is_refused",
     "test_conformance_commit_writes_read_back",
@@ -79,8 +80,6 @@ class StoreUnderTest:
     """A backend for the suite: how to make it, and what it offers by design."""
 
     factory: Callable[[], Store]
-    #: A failed ``commit`` undoes the writes ``work`` made before raising.
-    rollback: bool = True
     #: ``tx.handle`` is a SQL connection: ``execute`` (with ``?``) joins the transaction.
     sql: bool = True
 
@@ -178,10 +177,44 @@ async def test_conformance_a_failed_commit_reraises_unchanged(
             await session.commit(work)
         assert caught.value is boom  # the engine tells tool failures apart by type
         snap = await session.load("t1")
-        if conformance_store.rollback:
-            assert len(snap.messages) == 1 and snap.steps == {}
-        else:  # lacking by design: what work wrote before raising stays
-            assert len(snap.messages) == 2 and "model:1" in snap.steps
+        assert len(snap.messages) == 1 and snap.steps == {}
+
+
+@pytest.mark.asyncio
+async def test_conformance_a_failed_commit_undoes_every_kind_of_write(
+    conformance_store: StoreUnderTest,
+) -> None:
+    async with _opened(conformance_store) as store:
+        session = store.session("s1")
+        await _open_turn(session, "t1")
+        started = TurnStartedEvent(turn_id="t1", session_id="s1", text="open t1", seq=1)
+        await session.commit(lambda tx: tx.log_event(started))
+        before = await session.load("t1")
+
+        def everything(tx: Transaction) -> None:
+            tx.put_step("model:1", "t1", {"text": "x"})
+            tx.append_message(1, AssistantMessage(text="x", turn_id="t1"))
+            tx.log_event(TurnCompletedEvent(turn_id="t1", session_id="s1", text="x", seq=2))
+            tx.request_cancel("t1", "requested")
+            tx.set_turn_status("t1", "suspended", pending={"request": {"id": "ok"}})
+            tx.append_message(2, UserMessage(text="open t2", turn_id="t2"))
+            tx.open_turn(_record("s1", "t2", created_at=2.0))
+            raise _Boom("after every kind of write")
+
+        def reset(tx: Transaction) -> None:
+            tx.archive_generation(0, "a")
+            tx.append_message(0, UserMessage(text="open t3", turn_id="t3"))
+            raise _Boom("after the reset")
+
+        for work in (everything, reset):
+            with pytest.raises(_Boom):
+                await session.commit(work)
+            assert await session.load("t1") == before
+            assert await session.status() == "running"
+            assert await session.events() == [started]
+            assert await session.parked() is None and await session.turn("t2") is None
+            assert [t.turn_id for t in await session.unfinished()] == ["t1"]
+            assert await session.generations() == []
 
 
 @pytest.mark.asyncio
@@ -205,10 +238,7 @@ async def test_conformance_a_taken_position_or_step_is_refused(
             await session.commit(repeated_step)
         snap = await session.load("t1")
         assert snap.messages == [UserMessage(text="open t1", turn_id="t1")]
-        if conformance_store.rollback:
-            assert snap.steps == {}
-        else:
-            assert snap.steps == {"model:1": {"text": "first"}}
+        assert snap.steps == {}
 
 
 @pytest.mark.asyncio
@@ -419,8 +449,7 @@ async def test_conformance_sql_handle_or_its_honest_absence(
         def read(tx: Transaction) -> list[tuple[Any, ...]]:
             return tx.handle.execute("SELECT k FROM conformance_rows ORDER BY k")
 
-        expected = [("a",)] if conformance_store.rollback else [("a",), ("b",)]
-        assert await session.commit(read) == expected
+        assert await session.commit(read) == [("a",)]
 
 
 @pytest.mark.asyncio
@@ -662,9 +691,8 @@ async def test_conformance_a_crash_at_any_commit_is_recovered_by_redelivery(
                 "tool",
                 "assistant",
             ], where
-            if conformance_store.rollback:
-                # Only a kill after the tool ran but before its commit reruns it.
-                assert 1 <= len(placed) <= 2, where
+            # Only a kill after the tool ran but before its commit reruns it.
+            assert 1 <= len(placed) <= 2, where
             assert not any(isinstance(m, ToolMessage) and m.is_error for m in messages), where
 
 
