@@ -245,3 +245,58 @@ async def test_a_refused_resume_writes_nothing_at_all(pg_dsn: str, pg_schema: st
             assert snapshot(pg_dsn, pg_schema) == before, error
         resumed = await session.resume(parked.turn_id, "approve", {"ok": True}, by="U1")
         assert (await session.result(resumed)).status == "completed"
+
+
+# -- the store's own statements name their schema -----------------------------------------
+
+
+def test_shared_statements_are_rendered_for_the_stores_schema() -> None:
+    from turnkit.stores._pg_sql import pg
+
+    rendered = pg("SELECT body FROM turnkit_messages m WHERE m.session_id = ? AND x = '?'", "s1")
+    assert rendered == (
+        "SELECT body FROM \"s1\".turnkit_messages m WHERE m.session_id = %s AND x = '?'"
+    )
+    assert pg("SELECT turnkit_fence(?, ?)", "app") == 'SELECT "app".turnkit_fence(%s, %s)'
+
+
+async def test_a_tool_that_moves_search_path_cannot_redirect_the_steps_rows(
+    pg_dsn: str, pg_schema: str
+) -> None:
+    """The step's own rows name the store's schema, so a local tool that points
+    ``search_path`` elsewhere inside the step's transaction changes only its own
+    statements."""
+    elsewhere = f"{pg_schema}_elsewhere"
+
+    def wander(ctx: ToolContext) -> str:
+        """Moves search_path to an empty schema, then writes a row there."""
+        ctx.store.execute(f'SET LOCAL search_path TO "{elsewhere}"')
+        ctx.store.execute("CREATE TABLE notes (text text)")
+        ctx.store.execute("INSERT INTO notes VALUES (?)", ("hi",))
+        return "wandered"
+
+    t = tool(wander)
+
+    def respond(messages: Any) -> Any:
+        if isinstance(messages[-1], UserMessage):
+            return ScriptedReply(tool_calls=[tool_call(t.name)])
+        return "done"
+
+    with admin(pg_dsn) as conn:
+        conn.execute(f'CREATE SCHEMA "{elsewhere}"')
+    try:
+        agent = turnkit.Agent(name="a", model=ScriptedModel(respond=respond), tools=[t])
+        async with turnkit.Runtime(agent, store=PostgresStore(pg_dsn, schema=pg_schema)) as rt:
+            session = rt.session("a", "s1")
+            assert await session.turn("go") == "done"
+            assert [m.role for m in await session.messages()] == [
+                "user",
+                "assistant",
+                "tool",
+                "assistant",
+            ]
+        with admin(pg_dsn) as conn:
+            assert conn.execute(f'SELECT text FROM "{elsewhere}".notes').fetchall() == [("hi",)]
+    finally:
+        with admin(pg_dsn) as conn:
+            conn.execute(f'DROP SCHEMA "{elsewhere}" CASCADE')

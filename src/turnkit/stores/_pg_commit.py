@@ -21,6 +21,7 @@ from ._pg_sql import (
     _connection_lost,
     _NoConnection,
     _rollback_quietly_async,
+    pg_wire,
 )
 from ._pg_writes import (
     _commit_error,
@@ -124,7 +125,7 @@ _Queued = tuple[
 ]
 
 
-def _merged(group: list[_Queued]) -> list[wire.Statement]:
+def _merged(group: list[_Queued], schema: str) -> list[wire.Statement]:
     """A group's commits as one request: the step, message and event rows of those
     that have only such rows share one INSERT per table (and one statement checks all
     their fences), which saves the server most of its per-statement work; the others
@@ -140,16 +141,17 @@ def _merged(group: list[_Queued]) -> list[wire.Statement]:
         if fence is not None:
             fences += fence
         rows.extend(mine)
-    merged = rows.statements()
+    merged = rows.statements(schema)
     if fences:
-        merged.insert(0, wire.Query(_fences_sql(len(fences) // 2), tuple(map(wire.value, fences))))
+        merged.insert(0, wire.Query(_fences_sql(len(fences) // 2, schema), wire.values(fences)))
     return merged + alone
 
 
 @functools.cache
-def _fences_sql(n: int) -> bytes:
-    pairs = ", ".join(f"(${2 * i + 1}::text, ${2 * i + 2}::text)" for i in range(n))
-    return f"SELECT turnkit_fence(s, t) FROM (VALUES {pairs}) AS f(s, t)".encode()
+def _fences_sql(n: int, schema: str) -> bytes:
+    """One statement checking ``n`` commits' writer fences."""
+    pairs = ", ".join(["(?::text, ?::text)"] * n)
+    return pg_wire(f"SELECT turnkit_fence(s, t) FROM (VALUES {pairs}) AS f(s, t)", schema)
 
 
 class _GroupCommitter:
@@ -165,8 +167,9 @@ class _GroupCommitter:
     taken position) is raised to that session only. A connection lost under a group
     fails all of its commits, each as a ``StoreError``, as it would have alone."""
 
-    def __init__(self, connect: Connect, senders: int) -> None:
+    def __init__(self, connect: Connect, schema: str, senders: int) -> None:
         self._connect = connect
+        self._schema = schema
         self._senders = senders
         self._busy = 0
         self._queue: list[_Queued] = []
@@ -240,7 +243,7 @@ class _GroupCommitter:
 
     async def _send_group(self, group: list[_Queued]) -> None:
         try:
-            statements = group[0][1] if len(group) == 1 else _merged(group)
+            statements = group[0][1] if len(group) == 1 else _merged(group, self._schema)
             failed = await self._run(statements)
             if failed is None:
                 for _, _, future, _ in group:

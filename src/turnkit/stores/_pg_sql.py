@@ -1,6 +1,7 @@
-"""PostgresStore's SQL: ``?`` placeholders for portable tools, prepared reads run
-from the event loop, connection checks, and the fixed queries (load, turn, status,
-writer acquire)."""
+"""PostgresStore's SQL: rendering the shared ``?``-style statements for PostgreSQL
+(also what lets portable tools' ``?`` run), prepared reads run from the event loop,
+connection checks, and the statements only PostgreSQL says (the one-statement load
+and the writer acquire)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from .._values.records import TurnRecord
 from . import _pg_wire as wire
+from . import _sql as sql
 from ._sql_rows import TURN_COLUMNS as _TURN_COLUMNS
 from ._sql_rows import turn_from_row as _turn_from_row
 
@@ -94,10 +96,23 @@ def qmark_to_pyformat(sql: str) -> str:
     return "".join(out)
 
 
+#: turnkit's own tables and functions, wherever a statement names them unqualified.
+_TURNKIT_NAME = re.compile(r'(?<![\w."])turnkit_\w+')
+
+
 @functools.cache
-def _pg(sql: str) -> str:
-    """A shared ``?``-style statement in psycopg's placeholder style."""
-    return qmark_to_pyformat(sql)
+def pg(sql: str, schema: str) -> str:
+    """A ``?``-style statement (see ``_sql``) as PostgreSQL runs it for the store in
+    ``schema``: psycopg's ``%s`` placeholders, and turnkit's tables and functions
+    qualified with the schema, so a local tool that changes ``search_path`` in the
+    step's transaction cannot redirect the store's own statements."""
+    return qmark_to_pyformat(_TURNKIT_NAME.sub(lambda m: f'"{schema}".{m.group(0)}', sql))
+
+
+@functools.cache
+def pg_wire(sql: str, schema: str) -> bytes:
+    """``pg(sql, schema)`` with ``$1``, ``$2``, ... placeholders, for ``_pg_wire``."""
+    return wire.numbered(pg(sql, schema))
 
 
 def _lock_key(schema: str, session_id: str) -> int:
@@ -154,7 +169,7 @@ _prepared_on: weakref.WeakKeyDictionary[Any, set[bytes]] = weakref.WeakKeyDictio
 
 
 async def _run_prepared(
-    conn: psycopg.AsyncConnection[Any], name: bytes, sql: str, params: Sequence[Any]
+    conn: psycopg.AsyncConnection[Any], name: bytes, statement: bytes, params: Sequence[Any]
 ) -> PGresult:
     """Run one statement as a server-side prepared statement, preparing it (in the
     same round trip) the first time this connection sees it: a read that is planned
@@ -165,7 +180,7 @@ async def _run_prepared(
     if name in names:
         (res,) = await wire.exchange(conn, [run])
         return res
-    prepare = wire.Prepare(name, wire.numbered(sql))
+    prepare = wire.Prepare(name, statement)
     results = await wire.exchange(conn, [prepare, run], check=False)
     if results[0].status == ExecStatus.COMMAND_OK:
         names.add(name)
@@ -191,12 +206,10 @@ def _turn_row(res: PGresult, row: int, first: int = 0) -> TurnRecord:
 
 _TURN_COLUMNS_T = ", ".join(f"t.{c.strip()}" for c in _TURN_COLUMNS.split(","))
 
-_TURN_SQL = f"SELECT {_TURN_COLUMNS} FROM turnkit_turns WHERE session_id = %s AND turn_id = %s"
-_STATUS_SQL = "SELECT status FROM turnkit_sessions WHERE session_id = %s"
 _ACQUIRE_SQL = (
-    "WITH l AS (SELECT pg_try_advisory_lock(%s::bigint) AS ok) "
+    "WITH l AS (SELECT pg_try_advisory_lock(?::bigint) AS ok) "
     "INSERT INTO turnkit_writers (session_id, token, holder, since) "
-    "SELECT %s::text, %s::text, %s::text, %s::float8 FROM l WHERE l.ok "
+    "SELECT ?::text, ?::text, ?::text, ?::float8 FROM l WHERE l.ok "
     "ON CONFLICT (session_id) DO UPDATE SET token = excluded.token, "
     "holder = excluded.holder, since = excluded.since RETURNING 1"
 )
@@ -206,18 +219,14 @@ _ACQUIRE_SQL = (
 # turn's memoized steps (as one JSON object's members), the turn's record and, last,
 # the session's owner.
 _LOAD_SQL = (
-    "SELECT s.agent, s.generation, "
-    # Event numbers carry on across resets: with no live event, the archive's last.
-    "coalesce((SELECT max(seq) FROM turnkit_events WHERE session_id = %s), "
-    "(SELECT seq FROM turnkit_archived_events WHERE session_id = %s "
-    "ORDER BY generation DESC, seq DESC LIMIT 1)), "
+    f"SELECT s.agent, s.generation, {sql.LAST_SEQ}, "
     "(SELECT string_agg(body, ',' ORDER BY idx) FROM turnkit_messages "
-    "WHERE session_id = %s AND idx >= %s), "
+    "WHERE session_id = ? AND idx >= ?), "
     "(SELECT string_agg(to_json(step_id)::text || ':' || result, ',') FROM turnkit_steps "
-    "WHERE session_id = %s AND turn_id = %s), "
+    "WHERE session_id = ? AND turn_id = ?), "
     f"{_TURN_COLUMNS_T}, s.owner FROM (SELECT) AS one "
-    "LEFT JOIN turnkit_sessions s ON s.session_id = %s "
-    "LEFT JOIN turnkit_turns t ON t.session_id = %s AND t.turn_id = %s"
+    "LEFT JOIN turnkit_sessions s ON s.session_id = ? "
+    "LEFT JOIN turnkit_turns t ON t.session_id = ? AND t.turn_id = ?"
 )
 
 

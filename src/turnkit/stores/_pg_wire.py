@@ -86,6 +86,10 @@ def numbered(sql: str) -> bytes:
     return "".join(out).encode()
 
 
+def values(params: Sequence[Any]) -> tuple[Value, ...]:
+    return tuple(map(value, params))
+
+
 def query(sql: str, params: Sequence[Any]) -> Query:
     """``sql`` (``%s`` placeholders) with ``params`` bound."""
     return Query(numbered(sql), tuple(value(p) for p in params))

@@ -27,18 +27,18 @@ from .._errors import SessionBusyError, StoreError
 from . import _pg_wire as wire
 from ._locks import SessionLocks
 from ._pg_commit import Connect, _close_quietly, _Sender
-from ._pg_sql import _ACQUIRE_SQL, _LOAD_SQL, _lock_key
+from ._pg_sql import _ACQUIRE_SQL, _LOAD_SQL, _lock_key, pg_wire
 
 log = logging.getLogger("turnkit.stores.postgres")
 
-_LOCK_SQL = "SELECT pg_try_advisory_lock(%s::bigint)"
+_LOCK_SQL = "SELECT pg_try_advisory_lock(?::bigint)"
 _CLAIM_SQL = (
     "INSERT INTO turnkit_writers (session_id, token, holder, since) "
-    "VALUES (%s, %s, %s, %s::float8) "
+    "VALUES (?, ?, ?, ?::float8) "
     "ON CONFLICT (session_id) DO UPDATE SET token = excluded.token, "
     "holder = excluded.holder, since = excluded.since"
 )
-_UNLOCK_SQL = "SELECT pg_advisory_unlock(%s::bigint)"
+_UNLOCK_SQL = "SELECT pg_advisory_unlock(?::bigint)"
 #: Prepared on the lock connection when it opens.
 _PREPARED = {
     b"turnkit_acquire": _ACQUIRE_SQL,
@@ -73,8 +73,9 @@ class _LockChannel:
     it held: a delivery that still runs is then fenced off at its next commit if
     another process takes its session over, exactly as when the connection dies."""
 
-    def __init__(self, connect: Connect) -> None:
+    def __init__(self, connect: Connect, prepared: dict[bytes, bytes]) -> None:
         self._connect = connect
+        self._prepared = prepared
         self.sender: _Sender | None = None
         self._queue: list[_Entry] = []
         self._pumping = False
@@ -166,7 +167,7 @@ class _LockChannel:
             await conn.execute(b"SET synchronous_commit = off")
             await wire.exchange(
                 conn,
-                [wire.Prepare(name, wire.numbered(sql)) for name, sql in _PREPARED.items()],
+                [wire.Prepare(name, statement) for name, statement in self._prepared.items()],
             )
         except BaseException:
             await conn.close()
@@ -191,7 +192,8 @@ class Writers:
     token written yet (unclaimed), or both (a token to fence commits with)."""
 
     def __init__(self, connect: Connect, schema: str, holder: str, busy_timeout: float) -> None:
-        self.channel = _LockChannel(connect)
+        prepared = {name: pg_wire(sql, schema) for name, sql in _PREPARED.items()}
+        self.channel = _LockChannel(connect, prepared)
         self._schema = schema
         self._holder = holder
         self.busy_timeout = busy_timeout

@@ -22,13 +22,15 @@ from .._values.messages import JsonObject, Message
 from .._values.records import TERMINAL_TURN_STATUSES, TurnRecord, TurnStatus, session_status_after
 from . import _archive_sql as archive_sql
 from . import _pg_wire as wire
+from . import _sql as sql
 from ._pg_sql import (
     _ABORTED,
     _ENDED,
     _TRANSACTION_CONTROL,
     _connection_lost,
     _NoConnection,
-    _pg,
+    pg,
+    pg_wire,
     qmark_to_pyformat,
 )
 from ._postgres_schema import FENCE_SQLSTATE, MISSING_SQLSTATE
@@ -47,84 +49,50 @@ class _NeedsConnection(BaseException):
 
 
 _Write = tuple[str, tuple[Any, ...]]
+#: A step commit's writer fence (see ``_pg_writer``).
+FENCE = "SELECT turnkit_fence(?, ?)"
 
 
 class _Writes:
-    """The engine's writes of one commit, buffered as SQL to send in one pipeline."""
+    """The engine's writes of one commit, buffered as the shared ``?``-style
+    statements (``_sql``) and their values, to send in one request."""
 
-    def __init__(self, session_id: str) -> None:
+    def __init__(self, session_id: str, schema: str) -> None:
         self._sid = session_id
+        self.schema = schema
         self.writes: list[_Write] = []
 
     def statements(self) -> list[wire.Statement]:
         """Every write as one statement, its values bound."""
-        return [wire.query(sql, params) for sql, params in self.writes]
+        schema = self.schema
+        return [wire.Query(pg_wire(q, schema), wire.values(p)) for q, p in self.writes]
 
     def append_message(self, index: int, message: Message) -> None:
-        self.writes.append(
-            (
-                "INSERT INTO turnkit_messages (session_id, idx, turn_id, body) "
-                "VALUES (%s, %s, %s, %s)",
-                (self._sid, index, message.turn_id, _dumps(message.to_dict())),
-            )
-        )
+        row = (self._sid, index, message.turn_id, _dumps(message.to_dict()))
+        self.writes.append((sql.INSERT_MESSAGE, row))
 
     def put_step(self, step_id: str, turn_id: str, result: Any) -> None:
-        self.writes.append(
-            (
-                "INSERT INTO turnkit_steps (session_id, turn_id, step_id, result) "
-                "VALUES (%s, %s, %s, %s)",
-                (self._sid, turn_id, step_id, _dumps(result)),
-            )
-        )
+        self.writes.append((sql.INSERT_STEP, (self._sid, turn_id, step_id, _dumps(result))))
 
     def log_event(self, event: TurnEvent) -> None:
-        self.writes.append(
-            (
-                "INSERT INTO turnkit_events (session_id, seq, turn_id, body) "
-                "VALUES (%s, %s, %s, %s)",
-                (self._sid, event.seq, event.turn_id, _dumps(event.to_dict())),
-            )
-        )
+        row = (self._sid, event.seq, event.turn_id, _dumps(event.to_dict()))
+        self.writes.append((sql.INSERT_EVENT, row))
 
     def request_cancel(self, turn_id: str, reason: str) -> None:
-        self.writes.append(
-            (
-                "WITH t AS (" + _pg(archive_sql.REQUEST_CANCEL) + " RETURNING 1) "
-                "SELECT turnkit_expect_one(count(*), %s) FROM t",
-                (reason, self._sid, turn_id, f"session {self._sid}: no turn {turn_id} to cancel"),
-            )
-        )
+        missing = f"session {self._sid}: no turn {turn_id} to cancel"
+        self.writes.append((_REQUEST_CANCEL_CHECKED, (reason, self._sid, turn_id, missing)))
 
     def archive_generation(self, generation: int, agent: str) -> None:
-        for sql, params in archive_sql.reset_statements(self._sid, agent, generation, time.time()):
-            self.writes.append((_pg(sql), params))
+        self.writes += archive_sql.reset_statements(self._sid, agent, generation, time.time())
 
     def open_turn(self, record: TurnRecord, *, owner: str | None = None) -> None:
         now = time.time()
-        self.writes.append(
-            (
-                "INSERT INTO turnkit_turns (session_id, turn_id, agent, status, opening, "
-                "event, created_at) VALUES (%s, %s, %s, 'running', %s, %s, %s)",
-                (
-                    self._sid,
-                    record.turn_id,
-                    record.agent,
-                    _dumps(record.opening),
-                    _dumps(record.event) if record.event is not None else None,
-                    record.created_at or now,
-                ),
-            )
-        )
-        self.writes.append(
-            (
-                "INSERT INTO turnkit_sessions (session_id, agent, status, created_at, "
-                "updated_at, owner) VALUES (%s, %s, 'running', %s, %s, %s) "
-                "ON CONFLICT (session_id) DO UPDATE SET agent = excluded.agent, "
-                "status = 'running', updated_at = excluded.updated_at",
-                (self._sid, record.agent, now, now, owner),
-            )
-        )
+        event = _dumps(record.event) if record.event is not None else None
+        opening = _dumps(record.opening)
+        created = record.created_at or now
+        turn = (self._sid, record.turn_id, record.agent, opening, event, created)
+        self.writes.append((sql.OPEN_TURN, turn))
+        self.writes.append((sql.UPSERT_SESSION, (self._sid, record.agent, now, now, owner)))
 
     def set_turn_status(
         self,
@@ -136,31 +104,27 @@ class _Writes:
         pending: JsonObject | None = None,
     ) -> None:
         now = time.time()
-        terminal = status in TERMINAL_TURN_STATUSES
+        finished = now if status in TERMINAL_TURN_STATUSES else None
         kept = _dumps(pending) if status == "suspended" and pending is not None else None
-        self.writes.append(
-            (
-                "WITH t AS (UPDATE turnkit_turns SET status = %s, text = %s, error = %s, "
-                "finished_at = %s, pending = %s WHERE session_id = %s AND turn_id = %s "
-                "RETURNING 1), "
-                "s AS (UPDATE turnkit_sessions SET status = %s, updated_at = %s "
-                "WHERE session_id = %s AND EXISTS (SELECT 1 FROM t)) "
-                "SELECT turnkit_expect_one(count(*), %s) FROM t",
-                (
-                    status,
-                    text,
-                    error,
-                    now if terminal else None,
-                    kept,
-                    self._sid,
-                    turn_id,
-                    session_status_after(status),
-                    now,
-                    self._sid,
-                    f"session {self._sid}: no turn {turn_id} to update",
-                ),
-            )
-        )
+        missing = f"session {self._sid}: no turn {turn_id} to update"
+        turn = (status, text, error, finished, kept, self._sid, turn_id)
+        session = (session_status_after(status), now, self._sid)
+        self.writes.append((_SET_STATUS_CHECKED, (*turn, *session, missing)))
+
+
+#: PostgreSQL checks an update's row count on the server (``turnkit_expect_one``), so
+#: a pipelined commit fails before its end rather than after.
+_REQUEST_CANCEL_CHECKED = (
+    f"WITH t AS ({archive_sql.REQUEST_CANCEL} RETURNING 1) "
+    "SELECT turnkit_expect_one(count(*), ?) FROM t"
+)
+#: The turn's move and the session's, in one statement (the session moves only if the
+#: turn did), and the turn's row count checked.
+_SET_STATUS_CHECKED = (
+    f"WITH t AS ({sql.SET_TURN_STATUS} RETURNING 1), "
+    f"s AS ({sql.SET_SESSION_STATUS} AND EXISTS (SELECT 1 FROM t)) "
+    "SELECT turnkit_expect_one(count(*), ?) FROM t"
+)
 
 
 class _LoopTransaction(_Writes):
@@ -170,8 +134,8 @@ class _LoopTransaction(_Writes):
     never touch ``handle``, so they run here and their rows go out in one
     pipelined request. Asking for ``handle`` stops ``work`` at once."""
 
-    def __init__(self, session_id: str) -> None:
-        super().__init__(session_id)
+    def __init__(self, session_id: str, schema: str) -> None:
+        super().__init__(session_id, schema)
         self.rows = _Rows()
 
     @property
@@ -191,7 +155,7 @@ class _LoopTransaction(_Writes):
         self.rows.events += (self._sid, event.seq, event.turn_id, _dumps(event.to_dict()))
 
     def statements(self) -> list[wire.Statement]:
-        return [*self.rows.statements(), *super().statements()]
+        return [*self.rows.statements(self.schema), *super().statements()]
 
 
 class _Rows:
@@ -210,29 +174,24 @@ class _Rows:
         self.messages += other.messages
         self.events += other.events
 
-    def statements(self) -> list[wire.Statement]:
+    def statements(self, schema: str) -> list[wire.Statement]:
         out: list[wire.Statement] = []
-        for table, values in (
-            (_STEPS_INSERT, self.steps),
-            (_MESSAGES_INSERT, self.messages),
-            (_EVENTS_INSERT, self.events),
+        for insert, values in (
+            (sql.INSERT_STEP, self.steps),
+            (sql.INSERT_MESSAGE, self.messages),
+            (sql.INSERT_EVENT, self.events),
         ):
             if values:
-                sql = _multi_row(table, len(values) // 4)
-                out.append(wire.Query(sql, tuple(map(wire.value, values))))
+                statement = _multi_row(insert, len(values) // 4, schema)
+                out.append(wire.Query(statement, wire.values(values)))
         return out
 
 
-_STEPS_INSERT = "INSERT INTO turnkit_steps (session_id, turn_id, step_id, result) VALUES "
-_MESSAGES_INSERT = "INSERT INTO turnkit_messages (session_id, idx, turn_id, body) VALUES "
-_EVENTS_INSERT = "INSERT INTO turnkit_events (session_id, seq, turn_id, body) VALUES "
-
-
 @functools.cache
-def _multi_row(insert: str, rows: int) -> bytes:
-    """``insert`` (up to its ``VALUES``) for ``rows`` rows of four values."""
-    tuples = (f"(${4 * r + 1}, ${4 * r + 2}, ${4 * r + 3}, ${4 * r + 4})" for r in range(rows))
-    return (insert + ", ".join(tuples)).encode()
+def _multi_row(insert: str, rows: int, schema: str) -> bytes:
+    """``insert`` (a one-row INSERT of four values) for ``rows`` rows."""
+    head, one = insert.split(" VALUES ")
+    return pg_wire(f"{head} VALUES {', '.join([one] * rows)}", schema)
 
 
 class _PgHandle:
@@ -300,8 +259,10 @@ class _PgTransaction(_Writes):
     tool first touches ``ctx.store``; a tool that never does leaves its rows
     buffered, to be sent from the event loop like any engine-only commit."""
 
-    def __init__(self, session_id: str, pool: ConnectionPool[Any], timeout: float) -> None:
-        super().__init__(session_id)
+    def __init__(
+        self, session_id: str, schema: str, pool: ConnectionPool[Any], timeout: float
+    ) -> None:
+        super().__init__(session_id, schema)
         self._pool = pool
         self._timeout = timeout
         self._conn: psycopg.Connection[Any] | None = None
@@ -354,11 +315,12 @@ class _PgTransaction(_Writes):
         if conn.info.transaction_status == TransactionStatus.INERROR:
             raise FatalToolError(_ABORTED)
         self.check_open()
+        schema = self.schema
         with conn.pipeline():
             if token is not None:
-                conn.execute("SELECT turnkit_fence(%s, %s)", (self._sid, token))
-            for sql, params in self.writes:
-                conn.execute(sql, params)
+                conn.execute(pg(FENCE, schema), (self._sid, token))
+            for statement, params in self.writes:
+                conn.execute(pg(statement, schema), params)
             conn.execute("COMMIT")
         self.flushed = True
 

@@ -45,9 +45,9 @@ from .._values.events import TurnEvent, event_from_dict
 from .._values.messages import Message, message_from_dict
 from .._values.records import SessionInfo, SessionKey, SessionSnapshot, SessionStatus, TurnRecord
 from . import _archive_sql as archive_sql
+from . import _sql as sql
 from ._postgres_schema import migrate, read_store_id
-from ._sql_rows import SESSION_COLUMNS, session_info, session_page_sql, with_previews
-from ._sql_rows import TURN_COLUMNS as _TURN_COLUMNS
+from ._sql_rows import session_info
 from ._sql_rows import turn_from_row as _turn_from_row
 
 try:
@@ -64,21 +64,21 @@ from ._pg_commit import _GroupCommitter
 from ._pg_sql import (
     _LOAD_SQL,
     _SCHEMA_NAME,
-    _STATUS_SQL,
-    _TURN_SQL,
     _check_idle_async,
     _check_idle_connection,
     _connection_lost,
-    _pg,
     _rollback_quietly,
     _rollback_quietly_async,
     _run_prepared,
     _text,
     _turn_row,
+    pg,
+    pg_wire,
     qmark_to_pyformat,  # noqa: F401 - public for portable tools
 )
 from ._pg_writer import Writers
 from ._pg_writes import (
+    FENCE,
     _commit_error,
     _LoopTransaction,
     _NeedsConnection,
@@ -130,7 +130,8 @@ class _PgSession:
     ) -> SessionSnapshot:
         sid = self._sid
         params = (sid, sid, sid, from_index, sid, turn_id, sid, sid, turn_id)
-        res = await _run_prepared(conn, b"turnkit_load", _LOAD_SQL, params)
+        statement = pg_wire(_LOAD_SQL, self._store.schema)
+        res = await _run_prepared(conn, b"turnkit_load", statement, params)
         return self._snapshot(res, from_index)
 
     def _snapshot(self, res: PGresult, from_index: int) -> SessionSnapshot:
@@ -154,7 +155,7 @@ class _PgSession:
         if store._writers.must_claim(self._sid):
             await store._writers.acquire(self._sid)
         token = store._writers.tokens.get(self._sid)
-        tx = _LoopTransaction(self._sid)
+        tx = _LoopTransaction(self._sid, store.schema)
         try:
             result = work(tx)
             writes: _Writes = tx
@@ -176,7 +177,8 @@ class _PgSession:
     def _commit_on_thread(
         self, work: Callable[[Any], T], token: str | None
     ) -> tuple[T, _PgTransaction]:
-        tx = _PgTransaction(self._sid, self._store.sync_pool, self._store.connect_timeout)
+        store = self._store
+        tx = _PgTransaction(self._sid, store.schema, store.sync_pool, store.connect_timeout)
         try:
             try:
                 result = work(tx)
@@ -204,90 +206,66 @@ class _PgSession:
         group committer."""
         fence = (self._sid, token) if token is not None else None
         if fence is not None:
-            statements.insert(0, wire.query("SELECT turnkit_fence(%s, %s)", fence))
+            fenced = wire.Query(pg_wire(FENCE, self._store.schema), wire.values(fence))
+            statements.insert(0, fenced)
         merge = (fence, rows) if rows is not None else None
         await self._store._committer.commit(self._sid, statements, merge)
 
     async def turn(self, turn_id: str) -> TurnRecord | None:
+        statement = pg_wire(sql.TURN, self._store.schema)
+
         async def read(conn: psycopg.AsyncConnection[Any]) -> TurnRecord | None:
-            res = await _run_prepared(conn, b"turnkit_turn", _TURN_SQL, (self._sid, turn_id))
+            res = await _run_prepared(conn, b"turnkit_turn", statement, (self._sid, turn_id))
             return _turn_row(res, 0) if res.ntuples else None
 
         return await self._store._read(f"turn {turn_id}", read, of=self._sid)
 
     async def messages(self) -> list[Message]:
-        async def read(conn: psycopg.AsyncConnection[Any]) -> list[Message]:
-            cur = await conn.execute(
-                "SELECT body FROM turnkit_messages WHERE session_id = %s ORDER BY idx",
-                (self._sid,),
-            )
-            return [message_from_dict(json.loads(r[0])) for r in await cur.fetchall()]
-
-        return await self._store._read(f"session {self._sid}", read, of=self._sid)
+        return await self._select(f"session {self._sid}", sql.MESSAGES, (), _message)
 
     async def events(self, *, turn_id: str | None = None, after: int = 0) -> list[TurnEvent]:
-        async def read(conn: psycopg.AsyncConnection[Any]) -> list[TurnEvent]:
-            if turn_id is None:
-                cur = await conn.execute(
-                    "SELECT body FROM turnkit_events WHERE session_id = %s AND seq > %s "
-                    "ORDER BY seq",
-                    (self._sid, after),
-                )
-            else:
-                cur = await conn.execute(
-                    "SELECT body FROM turnkit_events WHERE session_id = %s AND turn_id = %s "
-                    "AND seq > %s ORDER BY seq",
-                    (self._sid, turn_id, after),
-                )
-            return [event_from_dict(json.loads(r[0])) for r in await cur.fetchall()]
-
-        return await self._store._read(f"events of session {self._sid}", read, of=self._sid)
+        what = f"events of session {self._sid}"
+        if turn_id is None:
+            return await self._select(what, sql.EVENTS, (after,), _event)
+        return await self._select(what, sql.TURN_EVENTS, (turn_id, after), _event)
 
     async def generations(self) -> list[int]:
-        async def read(conn: psycopg.AsyncConnection[Any]) -> list[int]:
-            cur = await conn.execute(_pg(archive_sql.GENERATIONS), (self._sid,))
-            return [int(r[0]) for r in await cur.fetchall()]
-
-        return await self._store._read(f"generations of session {self._sid}", read, of=self._sid)
+        what = f"generations of session {self._sid}"
+        return await self._select(what, archive_sql.GENERATIONS, (), lambda r: int(r[0]))
 
     async def archived_messages(self, generation: int) -> list[Message]:
-        async def read(conn: psycopg.AsyncConnection[Any]) -> list[Message]:
-            cur = await conn.execute(_pg(archive_sql.ARCHIVED_MESSAGES), (self._sid, generation))
-            return [message_from_dict(json.loads(r[0])) for r in await cur.fetchall()]
-
-        return await self._store._read(
-            f"session {self._sid} generation {generation}", read, of=self._sid
-        )
+        what = f"session {self._sid} generation {generation}"
+        return await self._select(what, archive_sql.ARCHIVED_MESSAGES, (generation,), _message)
 
     async def unfinished(self) -> list[TurnRecord]:
-        async def read(conn: psycopg.AsyncConnection[Any]) -> list[TurnRecord]:
-            cur = await conn.execute(
-                f"SELECT {_TURN_COLUMNS} FROM turnkit_turns WHERE session_id = %s "
-                "AND status IN ('running', 'suspended') ORDER BY created_at",
-                (self._sid,),
-            )
-            return [_turn_from_row(r) for r in await cur.fetchall()]
-
-        return await self._store._read(f"session {self._sid}", read, of=self._sid)
+        return await self._select(f"session {self._sid}", sql.UNFINISHED, (), _turn_from_row)
 
     async def parked(self) -> TurnRecord | None:
-        async def read(conn: psycopg.AsyncConnection[Any]) -> TurnRecord | None:
-            cur = await conn.execute(
-                f"SELECT {_TURN_COLUMNS} FROM turnkit_turns WHERE session_id = %s "
-                "AND status = 'suspended' ORDER BY created_at DESC LIMIT 1",
-                (self._sid,),
-            )
-            row = await cur.fetchone()
-            return _turn_from_row(row) if row else None
-
-        return await self._store._read(f"session {self._sid}", read, of=self._sid)
+        found = await self._select(f"session {self._sid}", sql.PARKED, (), _turn_from_row)
+        return found[0] if found else None
 
     async def status(self) -> SessionStatus:
+        statement = pg_wire(sql.STATUS, self._store.schema)
+
         async def read(conn: psycopg.AsyncConnection[Any]) -> SessionStatus:
-            res = await _run_prepared(conn, b"turnkit_status", _STATUS_SQL, (self._sid,))
+            res = await _run_prepared(conn, b"turnkit_status", statement, (self._sid,))
             return cast(SessionStatus, _text(res.get_value(0, 0))) if res.ntuples else "new"
 
         return await self._store._read(f"session {self._sid}", read, of=self._sid)
+
+    async def _select(
+        self, what: str, statement: str, params: tuple[Any, ...], row: Callable[[Any], T]
+    ) -> list[T]:
+        """The rows of a shared ``statement`` whose first value is this session's id."""
+        return await self._store._select(what, statement, (self._sid, *params), row, of=self._sid)
+
+
+def _message(row: Any) -> Message:
+    return message_from_dict(json.loads(row[0]))
+
+
+def _event(row: Any) -> TurnEvent:
+    return event_from_dict(json.loads(row[0]))
 
 
 class PostgresStore:
@@ -344,7 +322,9 @@ class PostgresStore:
         self._executor: ThreadPoolExecutor | None = None
         self._writers = Writers(self._connect, schema, self.holder, busy_timeout)
         self.commit_senders = commit_senders
-        self._committer = _GroupCommitter(self._connect, senders=min(commit_senders, max_size))
+        self._committer = _GroupCommitter(
+            self._connect, schema, senders=min(commit_senders, max_size)
+        )
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -510,6 +490,25 @@ class PostgresStore:
         finally:
             await pool.putconn(conn)
 
+    async def _select(
+        self,
+        what: str,
+        statement: str,
+        params: tuple[Any, ...],
+        row: Callable[[Any], T],
+        *,
+        of: str | None = None,
+    ) -> list[T]:
+        """The rows of a shared ``?``-style ``statement``, each made into ``row(r)``
+        (a value that fails to decode is the read's ``StoreError``)."""
+        query = pg(statement, self.schema)
+
+        async def read(conn: psycopg.AsyncConnection[Any]) -> list[T]:
+            cur = await conn.execute(query, params)
+            return [row(r) for r in await cur.fetchall()]
+
+        return await self._read(what, read, of=of)
+
     @property
     def busy_timeout(self) -> float:
         """Seconds a delivery waits for a session another process is running."""
@@ -534,17 +533,9 @@ class PostgresStore:
         return _PgSession(self, session_id)
 
     async def sessions(self) -> list[SessionInfo]:
-        async def read(conn: psycopg.AsyncConnection[Any]) -> list[SessionInfo]:
-            cur = await conn.execute(
-                with_previews(
-                    f"SELECT {SESSION_COLUMNS} FROM turnkit_sessions",
-                    _TEXT_OF,
-                )
-            )
-            found = [session_info(r) for r in await cur.fetchall()]
-            return sorted(found, key=lambda i: i.session_id)
-
-        return await self._read("the session list", read)
+        query = sql.with_previews(sql.SESSIONS, _TEXT_OF)
+        found = await self._select("the session list", query, (), session_info)
+        return sorted(found, key=lambda i: i.session_id)
 
     async def session_page(
         self,
@@ -554,22 +545,8 @@ class PostgresStore:
         after: SessionKey | None = None,
         owner: str | None = None,
     ) -> list[SessionInfo]:
-        sql, params = session_page_sql(
-            agent, limit, after, placeholder="%s", text_of=_TEXT_OF, owner=owner
-        )
-
-        async def read(conn: psycopg.AsyncConnection[Any]) -> list[SessionInfo]:
-            cur = await conn.execute(sql, params)
-            return [session_info(r) for r in await cur.fetchall()]
-
-        return await self._read("the session list", read)
+        query, params = sql.session_page_sql(agent, limit, after, text_of=_TEXT_OF, owner=owner)
+        return await self._select("the session list", query, params, session_info)
 
     async def unfinished_turns(self) -> list[TurnRecord]:
-        async def read(conn: psycopg.AsyncConnection[Any]) -> list[TurnRecord]:
-            cur = await conn.execute(
-                f"SELECT {_TURN_COLUMNS} FROM turnkit_turns WHERE status = 'running' "
-                "ORDER BY created_at"
-            )
-            return [_turn_from_row(r) for r in await cur.fetchall()]
-
-        return await self._read("unfinished turns", read)
+        return await self._select("unfinished turns", sql.UNFINISHED_TURNS, (), _turn_from_row)

@@ -33,10 +33,10 @@ from .._values.records import (
     session_status_after,
 )
 from . import _archive_sql as archive_sql
+from . import _sql as sql
 from ._locks import SessionLocks
-from ._sql_rows import SESSION_COLUMNS, session_info, session_page_sql, with_previews
-from ._sql_rows import TURN_COLUMNS as _TURN_COLUMNS
 from ._sql_rows import dumps as _dumps
+from ._sql_rows import session_info
 from ._sql_rows import turn_from_row as _turn_from_row
 from ._sqlite_schema import migrate, read_store_id
 
@@ -118,22 +118,17 @@ class _SqliteTransaction:
     def append_message(self, index: int, message: Message) -> None:
         _check_open(self._conn)
         self._conn.execute(
-            "INSERT INTO turnkit_messages (session_id, idx, turn_id, body) VALUES (?, ?, ?, ?)",
-            (self._sid, index, message.turn_id, _dumps(message.to_dict())),
+            sql.INSERT_MESSAGE, (self._sid, index, message.turn_id, _dumps(message.to_dict()))
         )
 
     def put_step(self, step_id: str, turn_id: str, result: Any) -> None:
         _check_open(self._conn)
-        self._conn.execute(
-            "INSERT INTO turnkit_steps (session_id, turn_id, step_id, result) VALUES (?, ?, ?, ?)",
-            (self._sid, turn_id, step_id, _dumps(result)),
-        )
+        self._conn.execute(sql.INSERT_STEP, (self._sid, turn_id, step_id, _dumps(result)))
 
     def log_event(self, event: TurnEvent) -> None:
         _check_open(self._conn)
         self._conn.execute(
-            "INSERT INTO turnkit_events (session_id, seq, turn_id, body) VALUES (?, ?, ?, ?)",
-            (self._sid, event.seq, event.turn_id, _dumps(event.to_dict())),
+            sql.INSERT_EVENT, (self._sid, event.seq, event.turn_id, _dumps(event.to_dict()))
         )
 
     def request_cancel(self, turn_id: str, reason: str) -> None:
@@ -144,11 +139,12 @@ class _SqliteTransaction:
 
     def archive_generation(self, generation: int, agent: str) -> None:
         _check_open(self._conn)
-        for sql, params in archive_sql.reset_statements(self._sid, agent, generation, time.time()):
+        statements = archive_sql.reset_statements(self._sid, agent, generation, time.time())
+        for statement, params in statements:
             try:
-                self._conn.execute(sql, params)
+                self._conn.execute(statement, params)
             except sqlite3.IntegrityError as exc:
-                if sql is not archive_sql.RECORD_GENERATION:
+                if statement is not archive_sql.RECORD_GENERATION:
                     raise
                 raise StoreError(
                     f"session {self._sid}: generation {generation} was already archived "
@@ -159,8 +155,7 @@ class _SqliteTransaction:
         _check_open(self._conn)
         now = time.time()
         self._conn.execute(
-            "INSERT INTO turnkit_turns (session_id, turn_id, agent, status, opening, event, "
-            "created_at) VALUES (?, ?, ?, 'running', ?, ?, ?)",
+            sql.OPEN_TURN,
             (
                 self._sid,
                 record.turn_id,
@@ -170,12 +165,7 @@ class _SqliteTransaction:
                 record.created_at or now,
             ),
         )
-        self._conn.execute(
-            "INSERT INTO turnkit_sessions (session_id, agent, status, created_at, updated_at, "
-            "owner) VALUES (?, ?, 'running', ?, ?, ?) ON CONFLICT (session_id) DO UPDATE SET "
-            "agent = excluded.agent, status = 'running', updated_at = excluded.updated_at",
-            (self._sid, record.agent, now, now, owner),
-        )
+        self._conn.execute(sql.UPSERT_SESSION, (self._sid, record.agent, now, now, owner))
 
     def set_turn_status(
         self,
@@ -191,16 +181,12 @@ class _SqliteTransaction:
         terminal = status in TERMINAL_TURN_STATUSES
         kept = _dumps(pending) if status == "suspended" and pending is not None else None
         cur = self._conn.execute(
-            "UPDATE turnkit_turns SET status = ?, text = ?, error = ?, finished_at = ?, "
-            "pending = ? WHERE session_id = ? AND turn_id = ?",
+            sql.SET_TURN_STATUS,
             (status, text, error, now if terminal else None, kept, self._sid, turn_id),
         )
         if cur.rowcount != 1:
             raise StoreError(f"session {self._sid}: no turn {turn_id} to update")
-        self._conn.execute(
-            "UPDATE turnkit_sessions SET status = ?, updated_at = ? WHERE session_id = ?",
-            (session_status_after(status), now, self._sid),
-        )
+        self._conn.execute(sql.SET_SESSION_STATUS, (session_status_after(status), now, self._sid))
 
 
 class _SqliteSession:
@@ -245,12 +231,7 @@ class _SqliteSession:
             turn = self._read_turn(conn, turn_id)
         # Numbering carries on across resets, so an event id a client kept from an
         # earlier generation never names a newer event.
-        seq_row = conn.execute(
-            "SELECT coalesce((SELECT max(seq) FROM turnkit_events WHERE session_id = ?), "
-            "(SELECT seq FROM turnkit_archived_events WHERE session_id = ? "
-            "ORDER BY generation DESC, seq DESC LIMIT 1))",
-            (self._sid, self._sid),
-        ).fetchone()
+        seq_row = conn.execute(f"SELECT {sql.LAST_SEQ}", (self._sid, self._sid)).fetchone()
         agent_row = conn.execute(
             "SELECT agent, generation, owner FROM turnkit_sessions WHERE session_id = ?",
             (self._sid,),
@@ -315,17 +296,12 @@ class _SqliteSession:
             return self._read_turn(self._store.connection, turn_id)
 
     def _read_turn(self, conn: sqlite3.Connection, turn_id: str) -> TurnRecord | None:
-        row = conn.execute(
-            f"SELECT {_TURN_COLUMNS} FROM turnkit_turns WHERE session_id = ? AND turn_id = ?",
-            (self._sid, turn_id),
-        ).fetchone()
+        row = conn.execute(sql.TURN, (self._sid, turn_id)).fetchone()
         return _turn_from_row(row) if row else None
 
     async def messages(self) -> list[Message]:
         with _reading(f"session {self._sid}"):
-            rows = self._store.connection.execute(
-                "SELECT body FROM turnkit_messages WHERE session_id = ? ORDER BY idx", (self._sid,)
-            ).fetchall()
+            rows = self._store.connection.execute(sql.MESSAGES, (self._sid,)).fetchall()
             return [message_from_dict(json.loads(r[0])) for r in rows]
 
     async def events(self, *, turn_id: str | None = None, after: int = 0) -> list[TurnEvent]:
@@ -335,16 +311,9 @@ class _SqliteSession:
     def _read_events(self, turn_id: str | None, after: int) -> list[TurnEvent]:
         conn = self._store.connection
         if turn_id is None:
-            rows = conn.execute(
-                "SELECT body FROM turnkit_events WHERE session_id = ? AND seq > ? ORDER BY seq",
-                (self._sid, after),
-            ).fetchall()
+            rows = conn.execute(sql.EVENTS, (self._sid, after)).fetchall()
         else:
-            rows = conn.execute(
-                "SELECT body FROM turnkit_events WHERE session_id = ? AND turn_id = ? AND seq > ? "
-                "ORDER BY seq",
-                (self._sid, turn_id, after),
-            ).fetchall()
+            rows = conn.execute(sql.TURN_EVENTS, (self._sid, turn_id, after)).fetchall()
         return [event_from_dict(json.loads(r[0])) for r in rows]
 
     async def generations(self) -> list[int]:
@@ -361,27 +330,17 @@ class _SqliteSession:
 
     async def unfinished(self) -> list[TurnRecord]:
         with _reading(f"session {self._sid}"):
-            rows = self._store.connection.execute(
-                f"SELECT {_TURN_COLUMNS} FROM turnkit_turns WHERE session_id = ? "
-                "AND status IN ('running', 'suspended') ORDER BY created_at",
-                (self._sid,),
-            ).fetchall()
+            rows = self._store.connection.execute(sql.UNFINISHED, (self._sid,)).fetchall()
             return [_turn_from_row(r) for r in rows]
 
     async def parked(self) -> TurnRecord | None:
         with _reading(f"session {self._sid}"):
-            row = self._store.connection.execute(
-                f"SELECT {_TURN_COLUMNS} FROM turnkit_turns WHERE session_id = ? "
-                "AND status = 'suspended' ORDER BY created_at DESC LIMIT 1",
-                (self._sid,),
-            ).fetchone()
+            row = self._store.connection.execute(sql.PARKED, (self._sid,)).fetchone()
             return _turn_from_row(row) if row else None
 
     async def status(self) -> SessionStatus:
         with _reading(f"session {self._sid}"):
-            row = self._store.connection.execute(
-                "SELECT status FROM turnkit_sessions WHERE session_id = ?", (self._sid,)
-            ).fetchone()
+            row = self._store.connection.execute(sql.STATUS, (self._sid,)).fetchone()
         return cast(SessionStatus, row[0]) if row else "new"
 
 
@@ -501,12 +460,7 @@ class SqliteStore:
 
     async def sessions(self) -> list[SessionInfo]:
         with _reading("the session list"):
-            rows = self.connection.execute(
-                with_previews(
-                    f"SELECT {SESSION_COLUMNS} FROM turnkit_sessions",
-                    _TEXT_OF,
-                )
-            ).fetchall()
+            rows = self.connection.execute(sql.with_previews(sql.SESSIONS, _TEXT_OF)).fetchall()
         return sorted((session_info(r) for r in rows), key=lambda i: i.session_id)
 
     async def session_page(
@@ -517,17 +471,12 @@ class SqliteStore:
         after: SessionKey | None = None,
         owner: str | None = None,
     ) -> list[SessionInfo]:
-        sql, params = session_page_sql(
-            agent, limit, after, placeholder="?", text_of=_TEXT_OF, owner=owner
-        )
+        query, params = sql.session_page_sql(agent, limit, after, text_of=_TEXT_OF, owner=owner)
         with _reading("the session list"):
-            rows = self.connection.execute(sql, params).fetchall()
+            rows = self.connection.execute(query, params).fetchall()
         return [session_info(r) for r in rows]
 
     async def unfinished_turns(self) -> list[TurnRecord]:
         with _reading("unfinished turns"):
-            rows = self.connection.execute(
-                f"SELECT {_TURN_COLUMNS} FROM turnkit_turns WHERE status = 'running' "
-                "ORDER BY created_at"
-            ).fetchall()
+            rows = self.connection.execute(sql.UNFINISHED_TURNS).fetchall()
             return [_turn_from_row(r) for r in rows]

@@ -1,0 +1,121 @@
+"""The SQL both SQL stores send, written once in SQLite's ``?`` style.
+
+SQLite runs these statements as they are; PostgreSQL runs them rendered by
+``_pg_sql.pg`` (psycopg's ``%s`` placeholders, turnkit's tables and functions
+qualified with the store's schema). Values always travel as bound parameters.
+What only one dialect can say (PostgreSQL's one-statement load and its
+server-side row-count checks, SQLite's JSON functions) stays in its store.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .._values.records import PREVIEW_READ_CHARS
+from ._sql_rows import TURN_COLUMNS
+
+# -- a step's rows ----------------------------------------------------------------------
+
+INSERT_MESSAGE = "INSERT INTO turnkit_messages (session_id, idx, turn_id, body) VALUES (?, ?, ?, ?)"
+INSERT_STEP = "INSERT INTO turnkit_steps (session_id, turn_id, step_id, result) VALUES (?, ?, ?, ?)"
+INSERT_EVENT = "INSERT INTO turnkit_events (session_id, seq, turn_id, body) VALUES (?, ?, ?, ?)"
+
+# -- turns and sessions -----------------------------------------------------------------
+
+OPEN_TURN = (
+    "INSERT INTO turnkit_turns (session_id, turn_id, agent, status, opening, event, "
+    "created_at) VALUES (?, ?, ?, 'running', ?, ?, ?)"
+)
+#: A session's row as a turn opens: made (with its owner) or moved to ``running``.
+UPSERT_SESSION = (
+    "INSERT INTO turnkit_sessions (session_id, agent, status, created_at, updated_at, "
+    "owner) VALUES (?, ?, 'running', ?, ?, ?) ON CONFLICT (session_id) DO UPDATE SET "
+    "agent = excluded.agent, status = 'running', updated_at = excluded.updated_at"
+)
+SET_TURN_STATUS = (
+    "UPDATE turnkit_turns SET status = ?, text = ?, error = ?, finished_at = ?, "
+    "pending = ? WHERE session_id = ? AND turn_id = ?"
+)
+SET_SESSION_STATUS = "UPDATE turnkit_sessions SET status = ?, updated_at = ? WHERE session_id = ?"
+
+# -- reads ------------------------------------------------------------------------------
+
+#: The last event number a session used (the next one is this plus one): its last
+#: live event's, or with none, its archive's last, so numbers carry on across resets.
+LAST_SEQ = (
+    "coalesce((SELECT max(seq) FROM turnkit_events WHERE session_id = ?), "
+    "(SELECT seq FROM turnkit_archived_events WHERE session_id = ? "
+    "ORDER BY generation DESC, seq DESC LIMIT 1))"
+)
+
+MESSAGES = "SELECT body FROM turnkit_messages WHERE session_id = ? ORDER BY idx"
+EVENTS = "SELECT body FROM turnkit_events WHERE session_id = ? AND seq > ? ORDER BY seq"
+TURN_EVENTS = (
+    "SELECT body FROM turnkit_events WHERE session_id = ? AND turn_id = ? AND seq > ? ORDER BY seq"
+)
+TURN = f"SELECT {TURN_COLUMNS} FROM turnkit_turns WHERE session_id = ? AND turn_id = ?"
+UNFINISHED = (
+    f"SELECT {TURN_COLUMNS} FROM turnkit_turns WHERE session_id = ? "
+    "AND status IN ('running', 'suspended') ORDER BY created_at"
+)
+PARKED = (
+    f"SELECT {TURN_COLUMNS} FROM turnkit_turns WHERE session_id = ? "
+    "AND status = 'suspended' ORDER BY created_at DESC LIMIT 1"
+)
+STATUS = "SELECT status FROM turnkit_sessions WHERE session_id = ?"
+UNFINISHED_TURNS = (
+    f"SELECT {TURN_COLUMNS} FROM turnkit_turns WHERE status = 'running' ORDER BY created_at"
+)
+
+
+# -- session lists ----------------------------------------------------------------------
+
+#: The ``turnkit_sessions`` columns a session list selects (``with_previews`` adds one).
+SESSION_COLUMNS = "session_id, agent, status, updated_at, owner"
+SESSIONS = f"SELECT {SESSION_COLUMNS} FROM turnkit_sessions"
+
+
+def with_previews(sessions_sql: str, text_of: str) -> str:
+    """``sessions_sql`` (selecting ``SESSION_COLUMNS``, ordered and limited as it
+    likes) with one more column: the start of each session's first
+    message's text, read by primary key for the rows it returns and no others.
+    ``text_of`` is the dialect's expression for the ``text`` field of the JSON body
+    ``m.body``."""
+    first = (
+        f"SELECT substr({text_of}, 1, {PREVIEW_READ_CHARS}) FROM turnkit_messages m "
+        "WHERE m.session_id = p.session_id AND m.idx = 0"
+    )
+    return (
+        f"SELECT p.session_id, p.agent, p.status, p.updated_at, p.owner, ({first}) "
+        f"FROM ({sessions_sql}) p ORDER BY p.updated_at DESC, p.session_id"
+    )
+
+
+def session_page_sql(
+    agent: str | None,
+    limit: int,
+    after: tuple[float, str] | None,
+    *,
+    text_of: str,
+    owner: str | None = None,
+) -> tuple[str, tuple[Any, ...]]:
+    """The ``session_page`` query, the same on both SQL stores but for the JSON
+    expression ``text_of``; with an agent it walks the ``(agent, updated_at DESC,
+    session_id)`` index (with an owner too, the ``(owner, agent, …)`` one), and
+    previews are read for the page's rows only."""
+    where: list[str] = []
+    params: list[Any] = []
+    if owner is not None:
+        where.append("owner = ?")
+        params.append(owner)
+    if agent is not None:
+        where.append("agent = ?")
+        params.append(agent)
+    if after is not None:
+        where.append("(updated_at < ? OR (updated_at = ? AND session_id > ?))")
+        params += [after[0], after[0], after[1]]
+    sql = SESSIONS
+    if where:
+        sql += " WHERE " + " AND ".join(where)
+    sql += " ORDER BY updated_at DESC, session_id LIMIT ?"
+    return with_previews(sql, text_of), (*params, limit)
