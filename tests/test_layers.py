@@ -10,6 +10,7 @@ under ``TYPE_CHECKING`` and inside functions count like any other.
 from __future__ import annotations
 
 import ast
+import importlib.util
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -157,3 +158,41 @@ def _find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
                 path.append(step)
                 stack.append(iter(sorted(graph[step])))
     return None
+
+
+#: The psycopg modules its documentation describes (``pq.abc`` holds the libpq
+#: wrapper's types), and its pool: what the PostgreSQL store may import.
+PSYCOPG_PUBLIC = {
+    "psycopg",
+    "psycopg.conninfo",
+    "psycopg.errors",
+    "psycopg.pq",
+    "psycopg.pq.abc",
+    "psycopg_pool",
+}
+
+
+def test_the_postgres_store_uses_only_psycopgs_documented_modules() -> None:
+    for path in sources():
+        for target in _psycopg_imports(path):
+            assert target in PSYCOPG_PUBLIC, f"{module_name(path)} imports {target}"
+
+
+def _psycopg_imports(path: Path) -> Iterator[str]:
+    """The psycopg modules ``path`` imports (``from psycopg import generators`` is
+    the module ``psycopg.generators``)."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            yield from (a.name for a in node.names if a.name.split(".")[0].startswith("psycopg"))
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("psycopg"):
+            module = node.module or ""
+            for alias in node.names:
+                submodule = f"{module}.{alias.name}"
+                yield submodule if _is_module(submodule) else module
+
+
+def _is_module(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:  # its parent is a module, not a package
+        return False
