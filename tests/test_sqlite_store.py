@@ -270,6 +270,50 @@ async def test_a_lock_held_too_long_is_a_store_error_and_the_turn_stays_open(
         assert await session.turn("second") == "ok"
 
 
+async def test_a_tool_step_that_cannot_begin_fails_the_delivery_even_if_the_tool_catches_it(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "tool-lock.db"
+    runs: list[str] = []
+
+    def stubborn(ctx: turnkit.ToolContext) -> str:
+        """Writes through ctx.store and swallows the failure the first time."""
+        if not runs:
+            other = sqlite3.connect(db, isolation_level=None)
+            other.execute("BEGIN IMMEDIATE")  # someone else holds the write lock
+            try:
+                ctx.store.execute("CREATE TABLE app (x INTEGER)")
+            except turnkit.StoreError:
+                runs.append("swallowed")
+                return "pretending all is well"
+            finally:
+                other.execute("ROLLBACK")
+                other.close()
+        ctx.store.execute("CREATE TABLE app (x INTEGER)")
+        runs.append("wrote")
+        return "written"
+
+    t = turnkit.tool(stubborn)
+    model = ScriptedModel([ScriptedReply(tool_calls=[tool_call(t.name)]), "done"])
+    agent = turnkit.Agent(name="a", model=model, tools=[t])
+    async with turnkit.Runtime(agent, store=SqliteStore(db, busy_timeout=0.2)) as rt:
+        session = rt.session("a", "s1")
+        with pytest.raises(turnkit.StoreError, match="cannot begin the tool's step"):
+            await session.result(session.start("go"))
+        # The step did not land as if the tool had succeeded: the turn stays open.
+        assert not [m for m in await session.messages() if m.role == "tool"]
+        [result] = await rt.recover()
+        assert result.status == "completed" and runs == ["swallowed", "wrote"]
+        tools = [m for m in await session.messages() if isinstance(m, turnkit.ToolMessage)]
+        assert [m.result for m in tools] == ["written"]
+
+
+def test_tool_threads_must_be_a_positive_count(tmp_path: Path) -> None:
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(turnkit.ConfigurationError, match="tool_threads >= 1"):
+            SqliteStore(tmp_path / "x.db", tool_threads=bad)  # type: ignore[arg-type]
+
+
 async def test_unreadable_rows_are_reported_as_store_errors(tmp_path: Path) -> None:
     db = tmp_path / "bad.db"
     agent = turnkit.Agent(name="a", model=ScriptedModel(respond=lambda m: "ok"))

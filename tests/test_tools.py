@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
+import threading
 from typing import Annotated, Any
 
 import pytest
@@ -350,35 +352,119 @@ def test_generator_functions_are_not_tools() -> None:
         Tool(ToolSpec(name="g", description="d", input_schema={}), gen)
 
 
-async def test_a_def_returning_a_task_fails_and_the_task_is_stopped(
-    open_runtime: Any, store_kind: str
+async def test_a_def_returning_an_awaitable_fails_and_its_work_never_happens(
+    open_runtime: Any,
 ) -> None:
-    import asyncio
-
     happened: list[str] = []
 
     async def side_effect() -> None:
-        await asyncio.sleep(0.01)
         happened.append("charged")
 
     @tool
     def schedule() -> Any:
-        """Returns a task from a plain def."""
-        work = side_effect()
-        try:
-            return asyncio.ensure_future(work)
-        except RuntimeError:  # no loop on this thread (PostgreSQL runs def tools off it)
-            work.close()
-            raise
+        """Returns a coroutine from a plain def."""
+        return side_effect()
 
     model = ScriptedModel([ScriptedReply(tool_calls=[tool_call("schedule")]), "told"])
     rt = await open_runtime(turnkit.Agent(name="a", model=model, tools=[schedule]))
     session = rt.session("a", "s1")
     result = await session.result(session.start("go"))
-    await asyncio.sleep(0.05)
-    # A def tool without a context runs where the commit runs, on every store.
     assert result.status == "failed" and "async def" in (result.error or "")
-    assert happened == []
+    assert happened == []  # the coroutine was closed, never run
+
+
+async def test_def_tools_run_off_the_event_loop(open_runtime: Any) -> None:
+    loops: list[bool] = []
+
+    def has_loop() -> bool:
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return False
+        return True
+
+    @tool
+    def plain() -> str:
+        """No context."""
+        loops.append(has_loop())
+        return "ok"
+
+    @tool
+    def with_ctx(ctx: ToolContext) -> str:
+        """With a context."""
+        loops.append(has_loop())
+        return "ok"
+
+    action = define_action(
+        name="act",
+        description="An action.",
+        input_schema={"type": "object"},
+        run=lambda data, actx: loops.append(has_loop()),
+    )
+    calls = [tool_call("plain"), tool_call("with_ctx"), tool_call("act")]
+    model = ScriptedModel([ScriptedReply(tool_calls=calls), "ok"])
+    rt = await open_runtime(turnkit.Agent(name="a", model=model, tools=[plain, with_ctx, action]))
+    assert await rt.session("a", "s1").turn("go") == "ok"
+    assert loops == [False, False, False]
+
+
+@pytest.mark.parametrize("uses_store", [False, True], ids=["plain", "ctx"])
+async def test_other_sessions_stream_while_a_def_tool_blocks(
+    open_runtime: Any, make_store: Any, store_kind: str, uses_store: bool
+) -> None:
+    """A ``def`` tool blocks (on an Event set only once another session's turn has
+    streamed to its end); that turn runs meanwhile, and the tool's step still commits
+    in one transaction with the rows it wrote through ``ctx.store``."""
+    started, go = threading.Event(), threading.Event()
+    write = uses_store and store_kind != "memory"  # memory has no SQL handle
+
+    def wait_for_go(ctx: ToolContext) -> str:
+        started.set()
+        # A safety net only: if the tool blocked the loop, the other turn never runs,
+        # go is never set, and the tool gives up with an error the test then sees.
+        if not go.wait(timeout=60):
+            raise RuntimeError("the other session never ran: the event loop was blocked")
+        if write:
+            ctx.store.execute("CREATE TABLE IF NOT EXISTS marks (v TEXT)")
+            ctx.store.execute("INSERT INTO marks (v) VALUES (?)", ("after the wait",))
+        return "went"
+
+    blocking = Tool(
+        ToolSpec(name="wait_for_go", description="Wait.", input_schema={"type": "object"}),
+        lambda data, ctx: wait_for_go(ctx),
+        needs_store=uses_store,
+    )
+    waiter = turnkit.Agent(
+        name="waiter",
+        model=ScriptedModel([ScriptedReply(tool_calls=[tool_call("wait_for_go")]), "done"]),
+        tools=[blocking],
+    )
+    talker = turnkit.Agent(
+        name="talker", model=ScriptedModel([ScriptedReply(text="streaming while a tool blocks")])
+    )
+    store = make_store()
+    rt = await open_runtime(waiter, talker, store=store)
+    blocked = rt.session("waiter", "s1")
+    blocked_turn = blocked.start("wait")
+    while not started.is_set():  # the tool is running (on some thread)
+        await asyncio.sleep(0.001)
+
+    other = rt.session("talker", "s2")
+    stream = other.observe(other.start("talk"))
+    seen = [event async for event in stream]
+    assert not go.is_set()  # all of the other turn happened while the tool blocked
+    deltas = "".join(e.text for e in seen if isinstance(e, turnkit.MessageDeltaEvent))
+    assert deltas == "streaming while a tool blocks"
+    assert seen[-1].type == "turn.completed"
+    go.set()
+
+    result = await blocked.result(blocked_turn)
+    assert result.status == "completed" and result.text == "done"
+    [tool_message] = [m for m in await blocked.messages() if isinstance(m, turnkit.ToolMessage)]
+    assert tool_message.result == "went" and not tool_message.is_error
+    if write:
+        rows = await store.session("s1").commit(lambda tx: tx.handle.execute("SELECT v FROM marks"))
+        assert rows == [("after the wait",)]
 
 
 def test_only_a_tool_that_can_see_the_context_asks_for_the_store_handle() -> None:

@@ -568,15 +568,19 @@ class TurnRunner:
             await self._commit_tool(step_id, call, result, error)
 
     async def _local_tool_step(self, tool: Tool, step_id: str, call: ToolCall) -> None:
-        """Run a ``def`` tool inside the very commit that records what it returned."""
+        """Run a ``def`` tool inside the very commit that records what it returned (off
+        the event loop: see ``SessionStore.commit``)."""
         index, seq = len(self.transcript), self.next_seq
         handles: list[StoreHandle] = []
 
         def work(tx: Transaction) -> tuple[ToolMessage, ActionCompletedEvent]:
-            # Only a tool that can see ctx.store is handed the transaction's handle.
-            handle = tx.handle if tool.needs_store else _NO_CONTEXT_HANDLE
-            handles.append(handle)
-            ctx = self._context(handle, call, step_id, local=True)
+            # Asking for the handle, before anything else, tells the store that this
+            # work runs tool code, which may block: it runs it off the event loop.
+            handle = tx.handle
+            # Only a tool that can see ctx.store is handed it.
+            given = handle if tool.needs_store else _NO_CONTEXT_HANDLE
+            handles.append(given)
+            ctx = self._context(given, call, step_id, local=True)
             value = run_local(tool, copy_input(call.input), ctx)
             return self._write_tool(tx, _ToolRow(index, seq, step_id, call, value, None))
 

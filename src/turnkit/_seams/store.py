@@ -5,7 +5,8 @@ changes go through ``SessionStore.commit(work)``: the store opens a transaction,
 calls the synchronous ``work(tx)``, and commits if it returns or rolls back and
 re-raises the same exception if it raises. ``tx`` offers the engine's writes and,
 through ``tx.handle``, the backend's own connection so a local tool's SQL joins
-the same transaction. See ``docs/stores.md`` for the full contract.
+the same transaction; a ``work`` that runs a local tool is run off the event loop
+(see ``SessionStore.commit``). See ``docs/stores.md`` for the full contract.
 """
 
 from __future__ import annotations
@@ -125,7 +126,15 @@ class SessionStore(Protocol):
         are returned, so a caller that kept the transcript reads just what is new."""
         ...
 
-    async def commit(self, work: Callable[[Transaction], T]) -> T: ...
+    async def commit(self, work: Callable[[Transaction], T]) -> T:
+        """Run ``work(tx)`` in one transaction: commit if it returns, roll back and
+        re-raise the same exception if it raises.
+
+        A ``work`` that runs a local tool may block; it asks for ``tx.handle`` before
+        anything else (no other ``work`` asks), so a store can stop it there and run
+        it again on a worker thread with its transaction, keeping the loop free.
+        """
+        ...
 
     async def turn(self, turn_id: str) -> TurnRecord | None: ...
 

@@ -35,6 +35,7 @@ from .._values.records import (
     session_status_after,
 )
 from ._locks import SessionLocks
+from ._off_loop import RecordedWrites, RunsTool, on_thread
 
 T = TypeVar("T")
 
@@ -99,7 +100,7 @@ class _MemoryTransaction:
 
     @property
     def handle(self) -> StoreHandle:
-        return _NO_HANDLE
+        raise RunsTool  # see ``_MemorySession.commit``
 
     def append_message(self, index: int, message: Message) -> None:
         if index != len(self._data.messages):
@@ -230,9 +231,22 @@ class _MemorySession:
         tx = _MemoryTransaction(self._data, self._session_id)
         try:
             return work(tx)
+        except RunsTool:
+            tx.rollback()  # nothing to undo: the engine asks for the handle first
         except BaseException:
             tx.rollback()
             raise
+        # A local tool: it runs on a worker thread, so blocking in it stalls no other
+        # session; its step's writes are made here, on the event loop, afterwards.
+        writes = RecordedWrites(_NO_HANDLE)
+        result: T = await on_thread(None, work, writes)
+        tx = _MemoryTransaction(self._data, self._session_id)
+        try:
+            writes.replay(tx)
+        except BaseException:
+            tx.rollback()
+            raise
+        return result
 
     async def turn(self, turn_id: str) -> TurnRecord | None:
         return self._data.turns.get(turn_id)

@@ -1,8 +1,10 @@
 """``SqliteStore``: many sessions in one SQLite file, the embedded default.
 
-Transactions run on the calling thread: in WAL mode with ``synchronous=NORMAL`` a
-commit costs tens of microseconds, less than handing the work to a thread would.
-A local tool's ``ctx.store`` is this connection inside the open transaction.
+The engine's own commits run on the event loop's thread: in WAL mode with
+``synchronous=NORMAL`` a commit costs tens of microseconds, less than handing the
+work to a thread would. A local tool may block, so its step runs on one of the
+store's tool threads, each with a connection of its own; the tool's first use of
+``ctx.store`` begins the transaction there, and the step's rows commit in it.
 """
 
 from __future__ import annotations
@@ -13,12 +15,14 @@ import logging
 import os
 import re
 import sqlite3
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager, contextmanager
 from typing import Any, TypeVar, cast
 
-from .._errors import FatalToolError, StoreError
+from .._errors import ConfigurationError, FatalToolError, StoreError
 from .._seams.store import StoreHandle
 from .._values.events import TurnEvent, event_from_dict
 from .._values.messages import JsonObject, Message, message_from_dict
@@ -35,6 +39,7 @@ from .._values.records import (
 from . import _archive_sql as archive_sql
 from . import _sql as sql
 from ._locks import SessionLocks
+from ._off_loop import RecordedWrites, RunsTool, on_thread
 from ._sql_rows import dumps as _dumps
 from ._sql_rows import session_info
 from ._sql_rows import turn_from_row as _turn_from_row
@@ -96,14 +101,71 @@ class _SqliteHandle:
         return rows
 
     def transient(self, exc: BaseException) -> bool:
-        """A database that stayed locked (``SQLITE_BUSY``) or a locked table
-        (``SQLITE_LOCKED``): another connection's work, gone on a retry."""
-        code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
-        return isinstance(exc, sqlite3.OperationalError) and code in _TRANSIENT_CODES
+        return _transient(exc)
+
+
+def _transient(exc: BaseException) -> bool:
+    """A database that stayed locked (``SQLITE_BUSY``) or a locked table
+    (``SQLITE_LOCKED``): another connection's work, gone on a retry."""
+    code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
+    return isinstance(exc, sqlite3.OperationalError) and code in _TRANSIENT_CODES
 
 
 #: SQLite's primary result codes for a lock another connection holds.
 _TRANSIENT_CODES = frozenset({sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED})
+
+
+class _ToolHandle:
+    """``ctx.store`` on a tool thread: that thread's connection, whose transaction
+    begins (``BEGIN IMMEDIATE``) at the tool's first use, so a tool that blocks
+    before it writes holds no lock meanwhile."""
+
+    def __init__(self, store: SqliteStore, session_id: str) -> None:
+        self._store = store
+        self._sid = session_id
+        #: The connection whose transaction the tool began, once it has.
+        self.conn: sqlite3.Connection | None = None
+        #: Why the transaction could not begin: the step fails with it even if the
+        #: tool caught it.
+        self.failed: StoreError | None = None
+
+    def _open(self) -> sqlite3.Connection:
+        if self.conn is not None:
+            return self.conn
+        if self.failed is not None:
+            raise self.failed
+        conn = self._store._tool_connection()
+        try:
+            # Waits up to busy_timeout for the write lock: on this thread, not the loop.
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            self.failed = StoreError(f"session {self._sid}: cannot begin the tool's step: {exc}")
+            raise self.failed from exc
+        self.conn = conn
+        return conn
+
+    def unwrap(self) -> sqlite3.Connection:
+        return self._open()
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        return _SqliteHandle(self._open()).execute(sql, params)
+
+    def transient(self, exc: BaseException) -> bool:
+        return _transient(exc)
+
+
+def _commit_failed(session_id: str, exc: BaseException) -> BaseException:
+    """What a failed commit raises: the store's own SQL errors as ``StoreError``s,
+    anything else (a tool's error, the engine's) unchanged."""
+    if isinstance(exc, sqlite3.IntegrityError):
+        return StoreError(
+            f"session {session_id}: commit failed: {exc} (another writer advanced "
+            "this session; run one runtime per session at a time)"
+        )
+    if isinstance(exc, sqlite3.Error):
+        # Only the store's own statements get here: tool errors arrive wrapped.
+        return StoreError(f"session {session_id}: commit failed: {exc}")
+    return exc
 
 
 class _SqliteTransaction:
@@ -113,7 +175,8 @@ class _SqliteTransaction:
 
     @property
     def handle(self) -> StoreHandle:
-        return _SqliteHandle(self._conn)
+        # Never asked for: ``work`` runs against ``RecordedWrites`` (see ``commit``).
+        raise RunsTool
 
     def append_message(self, index: int, message: Message) -> None:
         _check_open(self._conn)
@@ -249,25 +312,67 @@ class _SqliteSession:
         )
 
     async def commit(self, work: Callable[[Any], T]) -> T:
+        # ``work`` runs before the transaction begins, its writes kept: so a step that
+        # runs a tool (``RunsTool``) is sent to a tool thread before it waits for or
+        # takes the write lock, and the lock is held only while the rows go in.
+        writes = RecordedWrites(None)
+        try:
+            result = work(writes)
+        except RunsTool:
+            return await self._commit_tool(work)
+        await self._write(writes)
+        return result
+
+    async def _write(self, writes: RecordedWrites) -> None:
         conn = self._store.connection
         await self._begin(conn)
         try:
-            result = work(_SqliteTransaction(conn, self._sid))
+            writes.replay(_SqliteTransaction(conn, self._sid))
             conn.execute("COMMIT")
         except BaseException as exc:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
-            if isinstance(exc, sqlite3.IntegrityError):
-                raise StoreError(
-                    f"session {self._sid}: commit failed: {exc} (another writer advanced "
-                    "this session; run one runtime per session at a time)"
-                ) from exc
-            if isinstance(exc, sqlite3.Error):
-                # Only the store's own statements get here: tool errors arrive wrapped.
-                raise StoreError(f"session {self._sid}: commit failed: {exc}") from exc
-            raise
+            failure = _commit_failed(self._sid, exc)
+            if failure is exc:
+                raise
+            raise failure from exc
         self._store._committed()
+
+    async def _commit_tool(self, work: Callable[[Any], T]) -> T:
+        """``work`` runs a local tool: run it on a tool thread. If the tool used
+        ``ctx.store``, the step's rows commit there in the tool's transaction;
+        otherwise they commit here afterwards, like any engine commit."""
+        store = self._store
+        handle = _ToolHandle(store, self._sid)
+        writes = RecordedWrites(handle)
+        result: T = await on_thread(store._tools, self._run_tool, work, writes, handle)
+        if handle.conn is None:  # the tool never used ctx.store
+            await self._write(writes)
+        else:
+            store._committed()
         return result
+
+    def _run_tool(self, work: Callable[[Any], T], writes: RecordedWrites, handle: _ToolHandle) -> T:
+        """On a tool thread: ``work``, then, if the tool began a transaction, the
+        step's rows and the commit in it; all of it rolled back if any of it fails."""
+        try:
+            result = work(writes)
+            if handle.failed is not None:  # the tool caught it; the step cannot land
+                raise handle.failed
+            if handle.conn is not None:
+                writes.replay(_SqliteTransaction(handle.conn, self._sid))
+                handle.conn.execute("COMMIT")
+            return result
+        except BaseException as exc:
+            conn = handle.conn
+            if conn is not None and conn.in_transaction:
+                conn.execute("ROLLBACK")
+            if handle.failed is not None and exc is not handle.failed:
+                raise handle.failed from exc
+            failure = _commit_failed(self._sid, exc)
+            if failure is exc:
+                raise
+            raise failure from exc
 
     async def _begin(self, conn: sqlite3.Connection) -> None:
         """``BEGIN IMMEDIATE``, waiting for another process's write lock without blocking
@@ -344,6 +449,14 @@ class _SqliteSession:
         return cast(SessionStatus, row[0]) if row else "new"
 
 
+def _configure(conn: sqlite3.Connection) -> None:
+    """The per-connection settings every connection of the store uses."""
+    conn.execute("PRAGMA synchronous = NORMAL")
+    # Backstop only: the background checkpoint normally runs long before this.
+    conn.execute(f"PRAGMA wal_autocheckpoint = {CHECKPOINT_BACKSTOP_PAGES}")
+    conn.execute(f"PRAGMA journal_size_limit = {JOURNAL_SIZE_LIMIT}")
+
+
 def _not_open() -> StoreError:
     return StoreError(
         "SqliteStore is not open: use it through `async with Runtime(...)` "
@@ -361,10 +474,23 @@ class SqliteStore:
     event loop; SQLite's own automatic checkpoint stays on as a backstop.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, busy_timeout: float = 5.0) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], *, busy_timeout: float = 5.0, tool_threads: int = 8
+    ) -> None:
+        if isinstance(tool_threads, bool) or not isinstance(tool_threads, int) or tool_threads < 1:
+            raise ConfigurationError(
+                f"SqliteStore needs tool_threads >= 1 (how many local tools may run at "
+                f"once), got {tool_threads!r}"
+            )
         self.path = os.fspath(path)
         self.busy_timeout = busy_timeout
+        self.tool_threads = tool_threads
         self._conn: sqlite3.Connection | None = None
+        #: The tool threads and their connections (one each, made on first use).
+        self._tool_executor: ThreadPoolExecutor | None = None
+        self._tool_local = threading.local()
+        self._tool_conns: list[sqlite3.Connection] = []
+        self._tool_conns_lock = threading.Lock()
         self._store_id: str | None = None
         self._since_checkpoint = 0
         self._checkpoint: asyncio.Future[None] | None = None
@@ -408,6 +534,29 @@ class SqliteStore:
         return self._conn
 
     @property
+    def _tools(self) -> ThreadPoolExecutor:
+        if self._tool_executor is None:
+            raise _not_open()
+        return self._tool_executor
+
+    def _tool_connection(self) -> sqlite3.Connection:
+        """This tool thread's own connection, made on its first use. SQLite's busy
+        handler waits for the write lock here (up to ``busy_timeout``): off the loop."""
+        conn: sqlite3.Connection | None = getattr(self._tool_local, "conn", None)
+        if conn is None:
+            conn = sqlite3.connect(
+                self.path,
+                timeout=self.busy_timeout,
+                isolation_level=None,
+                check_same_thread=False,  # only closed elsewhere, by ``close``
+            )
+            _configure(conn)
+            self._tool_local.conn = conn
+            with self._tool_conns_lock:
+                self._tool_conns.append(conn)
+        return conn
+
+    @property
     def store_id(self) -> str:
         """The identity this file was given when turnkit created its tables (random,
         kept in the file): the same in every process that opens it."""
@@ -423,6 +572,10 @@ class SqliteStore:
             raise StoreError(f"SqliteStore: directory {parent!r} does not exist")
         # Migrations may wait for another process's lock: do it off the event loop.
         self._conn = await asyncio.to_thread(self._connect)
+        self._tool_local = threading.local()
+        self._tool_executor = ThreadPoolExecutor(
+            max_workers=self.tool_threads, thread_name_prefix="turnkit-sqlite-tool"
+        )
 
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(
@@ -430,10 +583,7 @@ class SqliteStore:
         )
         try:
             conn.execute("PRAGMA journal_mode = WAL")
-            conn.execute("PRAGMA synchronous = NORMAL")
-            # Backstop only: the background checkpoint normally runs long before this.
-            conn.execute(f"PRAGMA wal_autocheckpoint = {CHECKPOINT_BACKSTOP_PAGES}")
-            conn.execute(f"PRAGMA journal_size_limit = {JOURNAL_SIZE_LIMIT}")
+            _configure(conn)
             migrate(conn)
             self._store_id = read_store_id(conn)
             # From here on a locked database is waited for in ``_begin``, off the loop.
@@ -446,6 +596,15 @@ class SqliteStore:
         return conn
 
     async def close(self) -> None:
+        executor, self._tool_executor = self._tool_executor, None
+        if executor is not None:
+            # A tool still blocking is not waited for (as on PostgreSQL): its
+            # connection closes under it, which rolls its step back.
+            executor.shutdown(wait=False, cancel_futures=True)
+        with self._tool_conns_lock:
+            tool_conns, self._tool_conns = self._tool_conns, []
+        for tool_conn in tool_conns:
+            tool_conn.close()
         if self._checkpoint is not None:
             await asyncio.wait([self._checkpoint])
         if self._checkpoint_conn is not None:

@@ -23,6 +23,7 @@ placeholders and portable SQL. Needs pytest and pytest-asyncio.
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -54,6 +55,7 @@ __all__ = [
     "test_conformance_a_failed_commit_reraises_unchanged",
     "test_conformance_a_failed_commit_undoes_every_kind_of_write",
     "test_conformance_a_taken_position_or_step_is_refused",
+    "test_conformance_a_tool_step_runs_off_the_event_loop",
     "test_conformance_a_turn_of_another_owner_is_refused",
     "test_conformance_commit_writes_read_back",
     "test_conformance_data_survives_reopening",
@@ -694,6 +696,50 @@ async def test_conformance_a_crash_at_any_commit_is_recovered_by_redelivery(
             # Only a kill after the tool ran but before its commit reruns it.
             assert 1 <= len(placed) <= 2, where
             assert not any(isinstance(m, ToolMessage) and m.is_error for m in messages), where
+
+
+def _loop_running() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+@pytest.mark.asyncio
+async def test_conformance_a_tool_step_runs_off_the_event_loop(
+    conformance_store: StoreUnderTest,
+) -> None:
+    """A ``work`` that asks for ``tx.handle`` (the engine's step for a local tool) may
+    block: it runs off the event loop, and other sessions commit meanwhile."""
+    async with _opened(conformance_store) as store:
+        blocked, other = store.session("s1"), store.session("s2")
+        await _open_turn(blocked, "t1")
+        await _open_turn(other, "t2")
+        started, go = threading.Event(), threading.Event()
+        loops: list[bool] = []
+
+        def tool_step(tx: Transaction) -> str:
+            _ = tx.handle  # what the engine asks for before a local tool runs
+            loops.append(_loop_running())
+            started.set()
+            # A safety net, not a timing: go is set once the other session committed.
+            if not go.wait(timeout=60):
+                raise _Boom("the other session never committed: the event loop was blocked")
+            tx.append_message(1, AssistantMessage(text="after the tool", turn_id="t1"))
+            return "ran"
+
+        step = asyncio.ensure_future(blocked.commit(tool_step))
+        while not started.is_set():
+            await asyncio.sleep(0.001)
+        meanwhile = AssistantMessage(text="meanwhile", turn_id="t2")
+        await other.commit(lambda tx: tx.append_message(1, meanwhile))
+        go.set()
+        assert await step == "ran" and loops == [False]
+        assert (await blocked.messages())[1] == AssistantMessage(
+            text="after the tool", turn_id="t1"
+        )
+        assert (await other.messages())[1] == meanwhile
 
 
 @pytest.mark.asyncio
