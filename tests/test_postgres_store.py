@@ -453,6 +453,13 @@ async def test_text_the_server_cannot_hold_fails_the_commit_cleanly(store: Postg
 
     with pytest.raises(turnkit.StoreError, match="NUL"):
         await session.commit(nul)
+
+    def surrogate(tx: Any) -> None:
+        tx.append_message(0, UserMessage(text="x", turn_id="t"))
+        tx.request_cancel("t", "half a pair: \ud800")
+
+    with pytest.raises(turnkit.StoreError, match="not valid Unicode"):
+        await session.commit(surrogate)
     assert await session.messages() == []
 
 

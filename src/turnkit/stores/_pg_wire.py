@@ -61,7 +61,10 @@ def value(v: Any) -> Value:
     if isinstance(v, str):
         if "\0" in v:
             raise psycopg.DataError("PostgreSQL text fields cannot contain NUL (0x00) bytes")
-        return v.encode()
+        try:
+            return v.encode()
+        except UnicodeEncodeError as exc:  # a lone surrogate, which UTF-8 cannot carry
+            raise psycopg.DataError(f"text that is not valid Unicode: {exc}") from None
     if isinstance(v, bool):
         return b"true" if v else b"false"
     if isinstance(v, int):
