@@ -206,14 +206,6 @@ def _turn_row(res: PGresult, row: int, first: int = 0) -> TurnRecord:
 
 _TURN_COLUMNS_T = ", ".join(f"t.{c.strip()}" for c in _TURN_COLUMNS.split(","))
 
-_ACQUIRE_SQL = (
-    "WITH l AS (SELECT pg_try_advisory_lock(?::bigint) AS ok) "
-    "INSERT INTO turnkit_writers (session_id, token, holder, since) "
-    "SELECT ?::text, ?::text, ?::text, ?::float8 FROM l WHERE l.ok "
-    "ON CONFLICT (session_id) DO UPDATE SET token = excluded.token, "
-    "holder = excluded.holder, since = excluded.since RETURNING 1"
-)
-
 # A delivery's whole read in one statement, so in one snapshot: the session, the
 # next event number, the transcript from an index (as one JSON array's items), the
 # turn's memoized steps (as one JSON object's members), the turn's record and, last,

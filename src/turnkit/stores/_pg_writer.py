@@ -27,11 +27,22 @@ from .._errors import SessionBusyError, StoreError
 from . import _pg_wire as wire
 from ._locks import SessionLocks
 from ._pg_commit import Connect, _close_quietly, _Sender
-from ._pg_sql import _ACQUIRE_SQL, _LOAD_SQL, _lock_key, pg_wire
+from ._pg_sql import _LOAD_SQL, _lock_key, pg_wire
 
 log = logging.getLogger("turnkit.stores.postgres")
 
+#: Take the lock and write a fresh token, in one statement (no row if the lock is
+#: taken).
+_ACQUIRE_SQL = (
+    "WITH l AS (SELECT pg_try_advisory_lock(?::bigint) AS ok) "
+    "INSERT INTO turnkit_writers (session_id, token, holder, since) "
+    "SELECT ?::text, ?::text, ?::text, ?::float8 FROM l WHERE l.ok "
+    "ON CONFLICT (session_id) DO UPDATE SET token = excluded.token, "
+    "holder = excluded.holder, since = excluded.since RETURNING 1"
+)
+#: Take the lock alone (a read before any load or commit).
 _LOCK_SQL = "SELECT pg_try_advisory_lock(?::bigint)"
+#: Write the token of a lock a read took (on the connection holding it).
 _CLAIM_SQL = (
     "INSERT INTO turnkit_writers (session_id, token, holder, since) "
     "VALUES (?, ?, ?, ?::float8) "
