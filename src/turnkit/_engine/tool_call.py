@@ -57,11 +57,12 @@ def transient(handle: StoreHandle, exc: BaseException) -> bool:
     reason (``handle.transient``), checked on it and on the causes it was raised
     ``from``: a tool that wraps a lock timeout in an error of its own still did not
     answer. Such a step is failed unrecorded, so a redelivery runs the tool again."""
+    check = getattr(handle, "transient", None)  # (a handle written before it existed)
     seen: BaseException | None = exc
     for _ in range(16):  # a cause chain is short; never loop on a cycle
-        if seen is None:
+        if seen is None or check is None:
             return False
-        if handle.transient(seen):
+        if check(seen):
             return True
         seen = seen.__cause__
     return False

@@ -429,12 +429,14 @@ async def test_conformance_sql_handle_or_its_honest_absence(
                 assert tx.handle.unwrap() is None
                 with pytest.raises(FatalToolError):
                     tx.handle.execute("SELECT 1")
+                assert tx.handle.transient(ValueError("a tool's own")) is False
 
             await session.commit(probe)
             return
 
         def create(tx: Transaction) -> list[tuple[Any, ...]]:
             assert tx.handle.unwrap() is not None
+            assert tx.handle.transient(ValueError("a tool's own")) is False
             tx.handle.execute("CREATE TABLE conformance_rows (k TEXT PRIMARY KEY, v INTEGER)")
             tx.handle.execute("INSERT INTO conformance_rows (k, v) VALUES (?, ?)", ("a", 1))
             return tx.handle.execute("SELECT k, v FROM conformance_rows WHERE v = ?", (1,))
