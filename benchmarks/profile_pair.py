@@ -8,8 +8,8 @@ Run from the repo root::
 
 The turn is ``step_overhead.py``'s (a zero-latency model calling a no-op tool once
 per model step), on a fresh store, after one warm-up turn. The table lists the
-functions with the most time of their own (``--sort tottime``, the default) or with
-callees (``cumulative``), in µs per pair, so the engine's share can be read beside
+functions with the most time of their own (``--sort tottime``, the default), with
+callees (``cumulative``) or the most calls (``calls``), in µs per pair, so the engine's share can be read beside
 the store's and the driver's. cProfile slows everything by a similar factor; read
 the table for proportions, and ``step_overhead.py`` for absolute costs.
 """
@@ -57,11 +57,13 @@ def _where(name: tuple[str, int, str]) -> str:
 def table(stats: pstats.Stats, pairs: int, sort: str, top: int) -> str:
     """The ``top`` functions by ``sort``, in µs per pair."""
     rows = stats.stats  # type: ignore[attr-defined]
-    key = 2 if sort == "tottime" else 3
+    key = {"calls": 1, "tottime": 2, "cumulative": 3}[sort]
     ordered = sorted(rows.items(), key=lambda item: item[1][key], reverse=True)[:top]
     total = sum(v[2] for v in rows.values())
+    calls = sum(v[1] for v in rows.values())
     lines = [
-        f"total {total / pairs * 1e6:.1f} µs/pair under the profiler",
+        f"total {total / pairs * 1e6:.1f} µs/pair under the profiler, "
+        f"{calls / pairs:.0f} function calls/pair (the load-independent measure)",
         f"{'own µs/pair':>12} {'cum µs/pair':>12} {'calls/pair':>11}  function",
     ]
     for name, (_, ncalls, tottime, cumtime, _) in ordered:
@@ -77,7 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--store", choices=["memory", "sqlite", "postgres"], default="memory")
     p.add_argument("--tool", choices=["def", "async"], default="def")
     p.add_argument("--pairs", type=int, default=1000)
-    p.add_argument("--sort", choices=["tottime", "cumulative"], default="tottime")
+    p.add_argument("--sort", choices=["tottime", "cumulative", "calls"], default="tottime")
     p.add_argument("--top", type=int, default=30)
     p.add_argument("--dsn", default=step_overhead._floor.DEFAULT_DSN)
     args = p.parse_args(argv)

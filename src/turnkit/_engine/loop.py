@@ -41,7 +41,7 @@ from .._values.events import (
 )
 from .._values.inbound import InboundEvent
 from .._values.inputs import InputRequest
-from .._values.messages import AssistantMessage, Message, ToolCall, ToolMessage
+from .._values.messages import AssistantMessage, Message, ModelReply, ToolCall, ToolMessage
 from .._values.policy import TurnPolicy
 from .._values.records import TurnRecord
 from .._values.step_ids import model_step_id, policy_step_id, tool_step_id
@@ -492,15 +492,10 @@ class TurnRunner:
             self._reasoning_delta,
             self._cancel_reason,
         )
-        message = AssistantMessage(
-            text=reply.text,
-            turn_id=self.turn_id,
-            tool_calls=reply.tool_calls,
-            stop=reply.stop,
-            provider_state=reply.provider_state,
-        )
+        message = _assistant(reply, self.turn_id, reply.tool_calls)
         tid, sid, seq = self.turn_id, self.session_id, self.next_seq
-        shown = _detached(message)  # observers may mutate what they get; the transcript not
+        # Observers may mutate what they get; the transcript must not change with it.
+        shown = _assistant(reply, tid, _detached(reply.tool_calls)) if reply.tool_calls else message
         events: list[TurnEvent] = [
             MessageCompletedEvent(turn_id=tid, session_id=sid, message=shown, seq=seq)
         ]
@@ -667,12 +662,24 @@ class _ToolRow:
     error: str | None
 
 
-def _detached(message: AssistantMessage) -> AssistantMessage:
-    """A copy of ``message`` whose tool inputs are not shared with the transcript."""
-    if not message.tool_calls:
-        return message
-    calls = tuple(
-        replace(c, input=copy_input(c.input), provider_state=copy_input(c.provider_state))
-        for c in message.tool_calls
+def _assistant(reply: ModelReply, turn_id: str, calls: tuple[ToolCall, ...]) -> AssistantMessage:
+    return AssistantMessage(
+        text=reply.text,
+        turn_id=turn_id,
+        tool_calls=calls,
+        stop=reply.stop,
+        provider_state=reply.provider_state,
     )
-    return replace(message, tool_calls=calls)
+
+
+def _detached(calls: tuple[ToolCall, ...]) -> tuple[ToolCall, ...]:
+    """Copies of ``calls`` whose inputs are not shared with the transcript."""
+    return tuple(
+        ToolCall(
+            id=c.id,
+            name=c.name,
+            input=copy_input(c.input),
+            provider_state=copy_input(c.provider_state),
+        )
+        for c in calls
+    )

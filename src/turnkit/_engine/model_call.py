@@ -120,9 +120,15 @@ def check_reply(reply: object) -> None:
 
 def stored_form(reply: ModelReply) -> ModelReply:
     """The reply exactly as a replay will read it back, or ``TurnFailure`` if it cannot
-    be stored: what is committed must decode again, or the session would be unreadable."""
+    be stored: what is committed must decode again, or the session would be unreadable.
+
+    A reply whose JSON reads back equal to it (the usual case: adapters build replies
+    from JSON) already is that form and is kept; any other is rebuilt from its JSON.
+    """
     try:
-        return ModelReply.from_dict(from_json(to_json(reply.to_dict())))
+        data = reply.to_dict()
+        stored = from_json(to_json(data))
+        return reply if stored == data else ModelReply.from_dict(stored)
     except Exception as exc:
         raise TurnFailure(f"model error: the reply cannot be stored: {error_text(exc)}") from exc
 

@@ -29,13 +29,19 @@ class ToolRaised(Exception):
         self.original = original
 
 
+#: What most tools return: never awaitable, so not asked (an ABC check costs).
+_PLAIN = (dict, list, str, int, float, bool, type(None))
+#: The JSON values that hold others (and so are copied).
+_NESTING = (dict, list)
+
+
 def copy_input(value: Any) -> Any:
     """A private copy of a JSON input, so a tool that mutates it cannot change the
     committed transcript (and make the next model call differ from a replay)."""
     if isinstance(value, dict):
-        return {k: copy_input(v) for k, v in value.items()}
+        return {k: copy_input(v) if isinstance(v, _NESTING) else v for k, v in value.items()}
     if isinstance(value, list):
-        return [copy_input(v) for v in value]
+        return [copy_input(v) if isinstance(v, _NESTING) else v for v in value]
     return value
 
 
@@ -80,7 +86,7 @@ def run_local(tool: Tool, data: Any, ctx: ToolContext) -> Any:
         raise
     except Exception as exc:
         raise ToolRaised(exc) from exc
-    if inspect.isawaitable(value):
+    if not isinstance(value, _PLAIN) and inspect.isawaitable(value):
         _discard(value)
         raise TurnFailure(
             f"tool {tool.name!r} is declared with plain `def` but returned an awaitable; "

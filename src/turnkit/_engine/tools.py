@@ -174,6 +174,8 @@ class _FunctionTool:
             )
         config = pydantic.ConfigDict(extra="forbid")
         self.model = pydantic.create_model(f"{name}_input", __config__=config, **field_defs)
+        #: The input's field names, read once (a class property that costs per read).
+        self.fields = tuple(self.model.model_fields)
         schema = self.model.model_json_schema()
         schema.pop("title", None)
         self.schema: JsonObject = schema
@@ -184,7 +186,7 @@ class _FunctionTool:
             parsed = self.model.model_validate(data if data is not None else {})
         except pydantic.ValidationError as exc:
             raise ToolInputError(_validation_message(exc)) from None
-        kwargs = {k: getattr(parsed, k) for k in type(parsed).model_fields}
+        kwargs = {k: getattr(parsed, k) for k in self.fields}
         if self.ctx_param is not None:
             kwargs[self.ctx_param] = ctx
         return kwargs

@@ -15,8 +15,9 @@ from .._errors import MessageDecodeError
 from .inputs import InputRequest
 from .messages import AssistantMessage, JsonObject, ToolCall, message_from_dict
 
-_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
 _NESTED = frozenset({"message", "call", "request", "event"})
+#: Per event class, its fields that hold a value with a ``to_dict`` of its own.
+_NESTED_FIELDS: dict[type, tuple[str, ...]] = {}
 
 
 class _Event:
@@ -24,13 +25,14 @@ class _Event:
 
     def to_dict(self) -> JsonObject:
         cls = type(self)
-        names = _FIELD_NAMES.get(cls)
-        if names is None:
-            names = _FIELD_NAMES[cls] = tuple(f.name for f in fields(cast(Any, self)))
-        out: JsonObject = {}
-        for name in names:
-            value = getattr(self, name)
-            out[name] = value.to_dict() if name in _NESTED else value
+        nested = _NESTED_FIELDS.get(cls)
+        if nested is None:
+            names = (f.name for f in fields(cast(Any, self)))
+            nested = _NESTED_FIELDS[cls] = tuple(n for n in names if n in _NESTED)
+        # A dataclass's __init__ sets every field, in field order, and nothing else.
+        out: JsonObject = dict(self.__dict__)
+        for name in nested:
+            out[name] = out[name].to_dict()
         return out
 
 

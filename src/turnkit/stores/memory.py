@@ -78,16 +78,21 @@ class _MemoryTransaction:
     def __init__(self, data: _SessionData, session_id: str) -> None:
         self._data = data
         self._session_id = session_id
-        #: The session's fields as the commit found them: its scalars, and which
-        #: containers are live (a reset swaps them for new ones).
-        self._fields = dict(vars(data))
+        #: The session's fields as the commit found them (its scalars, and which
+        #: containers are live: a reset swaps them), kept before the first write to one.
+        self._fields: dict[str, Any] | None = None
         #: Undoes each write made to a container, in the order they were made.
         self._undo: list[Callable[[], object]] = []
 
     def rollback(self) -> None:
         for undo in reversed(self._undo):
             undo()
-        vars(self._data).update(self._fields)
+        if self._fields is not None:
+            vars(self._data).update(self._fields)
+
+    def _keep_fields(self) -> None:
+        if self._fields is None:
+            self._fields = dict(vars(self._data))
 
     def _put_turn(self, record: TurnRecord) -> None:
         turns, turn_id = self._data.turns, record.turn_id
@@ -133,6 +138,7 @@ class _MemoryTransaction:
         self._put_turn(replace(record, cancel_reason=record.cancel_reason or reason))
 
     def archive_generation(self, generation: int, agent: str) -> None:
+        self._keep_fields()
         d = self._data
         if generation != d.generation or generation in d.archive:
             raise StoreError(
@@ -150,6 +156,7 @@ class _MemoryTransaction:
     def open_turn(self, record: TurnRecord, *, owner: str | None = None) -> None:
         if record.turn_id in self._data.turns:
             raise StoreError(f"session {self._session_id}: turn {record.turn_id} already exists")
+        self._keep_fields()
         if self._data.agent is None:  # the turn creates the session
             self._data.owner = owner
         self._put_turn(replace(record, opening=_copy(record.opening), event=_copy(record.event)))
@@ -187,6 +194,7 @@ class _MemoryTransaction:
         self._touch(session_status_after(status))
 
     def _touch(self, status: SessionStatus) -> None:
+        self._keep_fields()
         self._data.status = status
         self._data.updated_at = time.time()
 
