@@ -171,6 +171,26 @@ async def test_wal_checkpoints_run_in_the_background(tmp_path: Path) -> None:
         assert conn.execute("SELECT count(*) FROM turnkit_turns").fetchone() == (CHECKPOINT_EVERY,)
 
 
+async def test_a_background_checkpoint_rewinds_a_long_wal(tmp_path: Path) -> None:
+    from turnkit.stores.sqlite import CHECKPOINT_EVERY, RESTART_FRAMES
+
+    db = tmp_path / "wal.db"
+    agent = turnkit.Agent(name="a", model=ScriptedModel(respond=lambda m: "ok"))
+    store = SqliteStore(db)
+    # Each opening writes its text three times (message, turn row, turn.started), so
+    # the first background checkpoint finds far more than RESTART_FRAMES pages.
+    text = "x" * (4 * 4096 * RESTART_FRAMES // CHECKPOINT_EVERY)
+    async with turnkit.Runtime(agent, store=store) as rt:
+        session = rt.session("a", "s1")
+        for i in range(CHECKPOINT_EVERY + 2):  # two commits per turn
+            await session.turn(f"{i} {text}")
+    assert store.checkpoints >= 1 and store.restarts >= 1
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("SELECT count(*) FROM turnkit_turns").fetchone() == (
+            CHECKPOINT_EVERY + 2,
+        )
+
+
 def _one_tool_agent(fn: Any) -> turnkit.Agent:
     t = turnkit.tool(fn)
     model = ScriptedModel([ScriptedReply(tool_calls=[tool_call(t.name)]), "unreachable"])

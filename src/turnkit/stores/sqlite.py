@@ -53,6 +53,9 @@ _TEXT_OF = "json_extract(m.body, '$.text')"
 
 #: Commits between two background WAL checkpoints (see ``SqliteStore``).
 CHECKPOINT_EVERY = 256
+#: WAL frames (pages) past which a background checkpoint also rewinds the WAL, so it
+#: never grows to the backstop (``RESTART``; see ``SqliteStore``).
+RESTART_FRAMES = 1024
 #: SQLite's own automatic checkpoint threshold, in pages, kept as a backstop.
 CHECKPOINT_BACKSTOP_PAGES = 10_000
 #: Truncate the WAL file back to this many bytes after a checkpoint.
@@ -471,7 +474,10 @@ class SqliteStore:
     WAL checkpoints (copying committed pages back into the database file, with an
     fsync) run on a worker thread every ``CHECKPOINT_EVERY`` commits instead of
     inside whichever commit crosses SQLite's threshold, so they never stall the
-    event loop; SQLite's own automatic checkpoint stays on as a backstop.
+    event loop. A passive checkpoint cannot rewind a WAL that commits keep
+    extending, so one that leaves ``RESTART_FRAMES`` or more behind it is followed by
+    a ``RESTART`` (commits wait for it in ``_begin``): the WAL then stays small
+    instead of growing to SQLite's own automatic checkpoint, kept as a backstop.
     """
 
     def __init__(
@@ -495,8 +501,10 @@ class SqliteStore:
         self._since_checkpoint = 0
         self._checkpoint: asyncio.Future[None] | None = None
         self._checkpoint_conn: sqlite3.Connection | None = None
-        #: How many background checkpoints have completed (for monitoring and tests).
+        #: How many background checkpoints have completed, and how many of them
+        #: rewound the WAL (for monitoring and tests).
         self.checkpoints = 0
+        self.restarts = 0
         self._locks = SessionLocks()
 
     def _committed(self) -> None:
@@ -516,7 +524,14 @@ class SqliteStore:
                 isolation_level=None,
                 check_same_thread=False,
             )
-        self._checkpoint_conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+        conn = self._checkpoint_conn
+        _, frames, _ = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+        if frames >= RESTART_FRAMES:
+            # Commits made during the passive pass kept the WAL from being rewound;
+            # this pass copies the few frames since and makes the next writer start
+            # the WAL from its beginning. Writers wait for it in ``_begin``, off the loop.
+            conn.execute("PRAGMA wal_checkpoint(RESTART)").fetchall()
+            self.restarts += 1
 
     def _checkpoint_done(self, future: asyncio.Future[None]) -> None:
         self._checkpoint = None
