@@ -9,9 +9,10 @@ Run from the repo root::
 The turn is ``step_overhead.py``'s (a zero-latency model calling a no-op tool once
 per model step), on a fresh store, after one warm-up turn. The table lists the
 functions with the most time of their own (``--sort tottime``, the default), with
-callees (``cumulative``) or the most calls (``calls``), in µs per pair, so the engine's share can be read beside
-the store's and the driver's. cProfile slows everything by a similar factor; read
-the table for proportions, and ``step_overhead.py`` for absolute costs.
+callees (``cumulative``) or the most calls (``calls``), in µs per pair, so the
+engine's share can be read beside the store's and the driver's. cProfile slows
+everything by a similar factor; read the table for proportions, and
+``step_overhead.py`` for absolute costs.
 """
 
 from __future__ import annotations

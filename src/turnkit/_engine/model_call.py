@@ -14,7 +14,7 @@ from pydantic_core import from_json, to_json
 
 from .._errors import ModelError
 from .._seams.model import ModelDone, ReasoningDelta, TextDelta
-from .._values.messages import Message, ModelReply, ToolCall
+from .._values.messages import Message, ModelReply, StopReason, ToolCall
 from .._values.policy import TurnPolicy
 from .._values.turns import TurnCancelled, TurnFailure
 from .agent import Agent
@@ -122,15 +122,36 @@ def stored_form(reply: ModelReply) -> ModelReply:
     """The reply exactly as a replay will read it back, or ``TurnFailure`` if it cannot
     be stored: what is committed must decode again, or the session would be unreadable.
 
-    A reply whose JSON reads back equal to it (the usual case: adapters build replies
-    from JSON) already is that form and is kept; any other is rebuilt from its JSON.
+    A reply whose fields have the types a replay decodes and whose JSON reads back
+    equal (the usual case: adapters build replies from JSON) already is that form and
+    is kept; any other is rebuilt from its JSON, which also checks it.
     """
     try:
         data = reply.to_dict()
         stored = from_json(to_json(data))
-        return reply if stored == data else ModelReply.from_dict(stored)
+        if stored == data and _decoded_types(reply):
+            return reply
+        return ModelReply.from_dict(stored)
     except Exception as exc:
         raise TurnFailure(f"model error: the reply cannot be stored: {error_text(exc)}") from exc
+
+
+def _decoded_types(reply: ModelReply) -> bool:
+    """True when each field of ``reply`` has exactly the type ``from_dict`` gives it."""
+    return (
+        type(reply.text) is str
+        and type(reply.tool_calls) is tuple
+        and (reply.stop is None or type(reply.stop) is StopReason)
+        and (reply.provider_state is None or type(reply.provider_state) is dict)
+        and all(
+            type(c) is ToolCall
+            and type(c.id) is str
+            and type(c.name) is str
+            and type(c.input) is dict
+            and (c.provider_state is None or type(c.provider_state) is dict)
+            for c in reply.tool_calls
+        )
+    )
 
 
 def _check_call(call: object, seen: set[str]) -> None:
