@@ -9,9 +9,11 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, closing
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -46,8 +48,12 @@ async def serving(
     authenticate: Callable[[Request], Principal | Awaitable[Principal | None] | None] = by_header,
     limits: ServerLimits | None = None,
     chat_page: bool = False,
+    **options: Any,
 ) -> AsyncIterator[Served]:
-    app = create_app(runtime, authenticate=authenticate, limits=limits, chat_page=chat_page)
+    """``create_app(runtime, …, **options)`` served on a free loopback port."""
+    app = create_app(
+        runtime, authenticate=authenticate, limits=limits, chat_page=chat_page, **options
+    )
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(64)
@@ -90,6 +96,21 @@ async def snapshot(runtime: turnkit.Runtime) -> dict[str, Any]:
             "parked": None if (p := await store.parked()) is None else p.pending,
         }
     return state
+
+
+def dump(db: Path) -> dict[str, list[tuple[Any, ...]]]:
+    """Every row of every table of the SQLite file ``db``, read on a connection of its
+    own: the whole store, to show that a refused request changed nothing at all."""
+    with closing(sqlite3.connect(db)) as conn:
+        tables = [
+            name
+            for (name,) in conn.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name"
+            )
+        ]
+        return {
+            t: sorted(conn.execute(f'SELECT * FROM "{t}"').fetchall(), key=repr) for t in tables
+        }
 
 
 def decode(frames: list[Any]) -> list[Frame]:

@@ -73,7 +73,7 @@ async def test_a_live_only_failure_heard_while_the_log_is_read_ends_the_turn_fee
     gate = asyncio.Event()
     runtime = await open_runtime(gated_agent(gate))
     session = runtime.session("w", "s1")
-    turn_id = session.start("go")
+    turn_id = session.start("go", owner="alice")
     while not any(e.type == "action.requested" for e in await session.events()):
         await asyncio.sleep(0.01)
     crash = turnkit.TurnFailedEvent(turn_id=turn_id, session_id="s1", error="delivery failed")
@@ -142,7 +142,7 @@ async def test_a_turn_feed_of_a_parked_turn_resumed_since_follows_the_resumed_de
     )
     runtime = await open_runtime(agent)
     session = runtime.session("shop", "s1")
-    turn_id = session.start("refund A1")
+    turn_id = session.start("refund A1", owner="alice")
     assert (await session.result(turn_id)).status == "suspended"
     await session.resume(turn_id, "approve", True, by="alice")
     # The resumed delivery is running; its log still ends with the input.requested.

@@ -12,15 +12,20 @@ except ImportError as exc:  # pragma: no cover - exercised without the extra
     ) from exc
 
 from ._app import ServerLimits, create_app
+from ._authorize import Action, Authorize, SessionAccess, owner_only
 from ._principal import Authenticate, Principal, loopback_only
 from ._sse import event_frame, frame
 
 __all__ = [
+    "Action",
     "Authenticate",
+    "Authorize",
     "Principal",
     "ServerLimits",
+    "SessionAccess",
     "create_app",
     "event_frame",
     "frame",
     "loopback_only",
+    "owner_only",
 ]

@@ -8,7 +8,7 @@ server-sent events; ``…/events`` lets a dropped client catch up.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from importlib import resources
@@ -16,6 +16,7 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
@@ -29,6 +30,7 @@ from .._errors import (
     ResumeAuthorizationError,
     ResumeConflictError,
     SessionBusyError,
+    SessionOwnerError,
     SessionSuspendedError,
     StoreError,
     TurnError,
@@ -37,8 +39,11 @@ from .._runtime.runtime import AgentSession, Runtime
 from .._seams.store import SessionStore
 from .._values.checkpoints import checkpoint_of
 from .._values.inbound import InboundEvent, User
+from .._values.records import SessionInfo
+from ._authorize import Action, Authorize, SessionAccess, allowed, checked_authorize, owner_only
 from ._bodies import (
     HttpError,
+    ResumeBody,
     empty_body,
     identifier,
     non_negative_int,
@@ -47,6 +52,7 @@ from ._bodies import (
     turn_body,
 )
 from ._feed import EventFeed
+from ._hosts import HostGuard, checked_names
 from ._principal import Authenticate, Principal, authenticated
 from ._sessions_page import page_of_sessions
 from ._streams import HEADERS as STREAM_HEADERS
@@ -72,9 +78,18 @@ class ServerLimits:
     #: events (a turn running in another process is seen only that way); ``None``
     #: never asks.
     feed_poll_seconds: float | None = 1.0
+    #: Deepest nesting of arrays and objects a request body may have (turn bodies and
+    #: resume values alike); a deeper one is refused with 400 ``too_deep``.
+    max_json_depth: int = 64
 
     def __post_init__(self) -> None:
-        for name in ("max_body_bytes", "keepalive_seconds", "page_size_max", "feed_poll_seconds"):
+        for name in (
+            "max_body_bytes",
+            "keepalive_seconds",
+            "page_size_max",
+            "feed_poll_seconds",
+            "max_json_depth",
+        ):
             if isinstance(getattr(self, name), bool):
                 raise ConfigurationError(f"{name} must be a number, not a bool")
         if not isinstance(self.max_body_bytes, int) or self.max_body_bytes < 1:
@@ -90,6 +105,10 @@ class ServerLimits:
             raise ConfigurationError(
                 f"feed_poll_seconds must be a positive number or None, got {poll!r}"
             )
+        if not isinstance(self.max_json_depth, int) or self.max_json_depth < 1:
+            raise ConfigurationError(
+                f"max_json_depth must be a positive int, got {self.max_json_depth!r}"
+            )
         if not isinstance(self.page_size_max, int) or self.page_size_max < 1:
             raise ConfigurationError(
                 f"page_size_max must be a positive int, got {self.page_size_max!r}"
@@ -101,6 +120,9 @@ def create_app(
     *,
     authenticate: Authenticate,
     limits: ServerLimits | None = None,
+    authorize: Authorize | None = None,
+    allowed_hosts: Sequence[str] | None = None,
+    allowed_origins: Sequence[str] = (),
     chat_page: bool = False,
     notice: str | None = None,
     source: str = "http",
@@ -109,9 +131,16 @@ def create_app(
     """The HTTP surface of ``runtime`` (see docs/server.md).
 
     ``authenticate(request) -> Principal | None`` is required and runs before
-    anything else. ``chat_page`` serves the chat page at ``/``; ``notice`` is a line
-    the page shows (``turnkit dev`` says which model runs). Turns opened here carry
-    an inbound event from ``source``, which picks the agent's per-source policy.
+    anything else. ``authorize(principal, SessionAccess) -> bool`` (plain or async)
+    decides who may use which session; without it a session is its owner's alone
+    (``owner_only``), and every refusal answers 404 exactly as a session that does
+    not exist. ``allowed_hosts`` lists the names the server answers to (any other
+    ``Host`` is refused with 421; ``None`` checks none, for a proxy that already
+    does). A POST whose ``Origin`` is neither the server's own nor in
+    ``allowed_origins`` is refused with 403. ``chat_page`` serves the chat page at
+    ``/``; ``notice`` is a line the page shows (``turnkit dev`` says which model
+    runs). Turns opened here carry an inbound event from ``source``, which picks the
+    agent's per-source policy.
 
     With ``own_runtime`` the app opens the runtime when the server starts (and
     recovers the turns a previous process left open, in the background) and closes
@@ -127,7 +156,9 @@ def create_app(
         )
     if not isinstance(source, str) or not source:
         raise ConfigurationError(f"source must be a non-empty str, got {source!r}")
-    api = _Api(runtime, limits or ServerLimits(), source, notice)
+    hosts = checked_names(allowed_hosts, "allowed_hosts")
+    origins = checked_names(allowed_origins, "allowed_origins") or []
+    api = _Api(runtime, limits or ServerLimits(), source, notice, checked_authorize(authorize))
     guard = _Guard(authenticate, runtime)
     session = "/agents/{agent}/sessions/{session}"
     routes: list[BaseRoute] = [
@@ -149,6 +180,8 @@ def create_app(
         routes.append(Mount("/static", _authenticated_asgi(files, authenticate), name="static"))
     return Starlette(
         routes=routes,
+        # Outermost, so a request from a rebound name or another site reaches nothing.
+        middleware=[Middleware(HostGuard, hosts=hosts, origins=origins)],
         exception_handlers={HTTPException: _http_exception, Exception: _unexpected},
         lifespan=_owning(runtime) if own_runtime else None,
     )
@@ -213,12 +246,18 @@ class _Api:
     """The endpoints, each a method taking the request and its principal."""
 
     def __init__(
-        self, runtime: Runtime, limits: ServerLimits, source: str, notice: str | None
+        self,
+        runtime: Runtime,
+        limits: ServerLimits,
+        source: str,
+        notice: str | None,
+        authorize: Authorize,
     ) -> None:
         self.runtime = runtime
         self.limits = limits
         self.source = source
         self.notice = notice
+        self.authorize = authorize
         self._contexts: dict[str, ChannelContext] = {}
 
     # -- reading ---------------------------------------------------------------
@@ -237,11 +276,26 @@ class _Api:
                 f"limit must be between 1 and {self.limits.page_size_max}, got {limit}",
             )
         cursor = request.query_params.get("cursor")
-        rows, cursor = await page_of_sessions(self.runtime.store, agent, limit, cursor)
+        if self.authorize is owner_only:
+            # The default, answered from the store's (owner, agent, …) index.
+            rows, cursor = await page_of_sessions(
+                self.runtime.store, agent, limit, cursor, owner=principal.id
+            )
+        else:
+
+            async def keep(info: SessionInfo) -> bool:
+                access = SessionAccess(
+                    agent=agent, session_id=info.session_id, owner=info.owner, action="list"
+                )
+                return await allowed(self.authorize, principal, access)
+
+            rows, cursor = await page_of_sessions(
+                self.runtime.store, agent, limit, cursor, keep=keep
+            )
         return JSONResponse({"sessions": rows, "next": cursor})
 
     async def pending(self, request: Request, principal: Principal) -> Response:
-        store = await self._readable(request)
+        store = (await self._target(request, principal, "read")).store
         record = await store.parked()
         checkpoint = checkpoint_of(record) if record is not None else None
         if checkpoint is None:
@@ -249,11 +303,11 @@ class _Api:
         return JSONResponse({"request": checkpoint.request.to_dict()})
 
     async def transcript(self, request: Request, principal: Principal) -> Response:
-        store = await self._readable(request)
+        store = (await self._target(request, principal, "read")).store
         return JSONResponse(await transcript_body(store, request.query_params))
 
     async def events(self, request: Request, principal: Principal) -> Response:
-        store = await self._readable(request)
+        store = (await self._target(request, principal, "read")).store
         header = request.headers.get("last-event-id")
         if header is not None:
             after = non_negative_int(header.strip(), "Last-Event-ID", default=0)
@@ -288,6 +342,9 @@ class _Api:
         except ConfigurationError as exc:
             # Another process claimed the session for another agent since it was checked.
             raise HttpError(409, "session_of_another_agent", str(exc)) from None
+        except SessionOwnerError:
+            # Another owner's first turn opened the session since it was checked.
+            raise _unknown_session(session.agent.name, session.session_id) from None
         answer: dict[str, Any] = {"status": result.status, "turn_id": turn_id}
         if result.status == "completed":
             answer["text"] = result.text
@@ -301,55 +358,62 @@ class _Api:
 
     async def _start_turn(self, request: Request, principal: Principal) -> tuple[AgentSession, str]:
         """Check the body of ``/turns`` or ``/chat`` and queue the turn it asks for."""
-        ctx, session_id = await self._writable(request)
-        body = turn_body(await read_object(request, self.limits.max_body_bytes))
-        session = ctx.session(session_id)
+        body = turn_body(await self._body(request))
+        target = await self._target(request, principal, "turn")
+        ctx = self._writable(target)
+        session = ctx.session(target.session_id)
         try:
             turn_id = session.start(
                 body.text,
                 event=self._inbound(body.text, principal),
                 replace=body.replace,
                 turn_id=body.turn_id,
+                # The session must still be the one authorized: a new one becomes the
+                # caller's, and the engine refuses if another owner got there first.
+                owner=target.owner if target.exists else principal.id,
             )
         except SessionSuspendedError as exc:
             raise HttpError(409, "session_suspended", str(exc)) from None
         return session, turn_id
 
     async def resume(self, request: Request, principal: Principal) -> Response:
-        ctx, session_id = await self._writable(request)
-        body = resume_body(await read_object(request, self.limits.max_body_bytes))
+        body = resume_body(await self._body(request))
+        target = await self._target(request, principal, "resume", refuse=False)
+        if not target.allowed and not await _names(target.store, body, principal):
+            raise _unknown_session(target.agent, target.session_id)
+        ctx = self._writable(target)
         try:
             stream = await ctx.resume_stream(
-                session=session_id,
+                session=target.session_id,
                 turn_id=body.turn_id,
                 input_id=body.input_id,
                 value=body.value,
                 by=principal.id,
                 principal=principal,
             )
-        except ResumeAuthorizationError as exc:
-            raise HttpError(403, "not_an_answerer", str(exc)) from None
-        except ResumeConflictError as exc:
-            raise HttpError(409, "resume_conflict", str(exc)) from None
-        except InvalidAnswerError as exc:
-            raise HttpError(422, "invalid_answer", str(exc)) from None
+        except (ResumeAuthorizationError, ResumeConflictError, InvalidAnswerError) as exc:
+            if not target.allowed:
+                # Let in only as a named answerer: whatever else is wrong stays hidden.
+                raise _unknown_session(target.agent, target.session_id) from None
+            raise _resume_refusal(exc) from None
         except StoreError:
             raise  # the store failed (or is busy): a 503, nothing was applied
         except Exception as exc:
             # authorize_answer failing (a database outage, say): nothing was applied.
-            log.exception("resuming turn %s of %s failed", body.turn_id, session_id)
+            # Its text stays in the log: it may name hosts, queries or credentials.
+            log.exception("resuming turn %s of %s failed", body.turn_id, target.session_id)
             raise HttpError(
                 500,
                 "resume_failed",
-                f"the answer was not applied ({type(exc).__name__}: {exc}); send it again",
+                f"the answer was not applied ({type(exc).__name__}); send it again",
             ) from None
         return event_stream(stream, self.limits.keepalive_seconds)
 
     async def reset(self, request: Request, principal: Principal) -> Response:
-        ctx, session_id = await self._writable(request)
-        data = await read_object(request, self.limits.max_body_bytes, optional=True)
-        empty_body(data, "reset")
-        done = await ctx.reset_session(session=session_id)
+        empty_body(await self._body(request, optional=True), "reset")
+        target = await self._target(request, principal, "reset")
+        ctx = self._writable(target)
+        done = await ctx.reset_session(session=target.session_id)
         return JSONResponse(
             {
                 "previous_session": done.previous_session,
@@ -370,31 +434,57 @@ class _Api:
             )
         return str(name)
 
-    async def _readable(self, request: Request) -> SessionStore:
-        """The addressed session's store, once it is known to be this agent's (or no
-        agent's yet). Reading creates nothing, not even in memory."""
+    async def _body(self, request: Request, *, optional: bool = False) -> dict[str, Any]:
+        return await read_object(
+            request,
+            self.limits.max_body_bytes,
+            max_depth=self.limits.max_json_depth,
+            optional=optional,
+        )
+
+    async def _target(
+        self, request: Request, principal: Principal, action: Action, *, refuse: bool = True
+    ) -> _Target:
+        """The addressed session, once ``authorize`` allows ``action`` on it (with
+        ``refuse=False`` the verdict is returned instead) and it is known to be this
+        agent's, or no agent's yet. A refusal is the 404 of a missing session.
+        Reading creates nothing, not even in memory."""
         name = self._agent_name(request)
         session_id = self._session_id(request)
         store = self.runtime.store.session(session_id)
-        # Only the owner is wanted, not the transcript: ask for no messages.
-        owner = (await store.load(from_index=_NO_MESSAGES)).agent
-        if owner is not None and owner != name:
-            raise _another_agents(session_id, owner, name)
-        return store
+        # Only the session's agent and owner are wanted, not the transcript.
+        snap = await store.load(from_index=_NO_MESSAGES)
+        exists = snap.agent is not None
+        access = SessionAccess(
+            agent=name, session_id=session_id, owner=snap.owner, action=action, exists=exists
+        )
+        verdict = await allowed(self.authorize, principal, access)
+        if not verdict and refuse:
+            raise _unknown_session(name, session_id)
+        if verdict and snap.agent is not None and snap.agent != name:
+            raise _another_agents(session_id, snap.agent, name)
+        return _Target(
+            agent=name,
+            session_id=session_id,
+            store=store,
+            owner=snap.owner,
+            exists=exists,
+            allowed=verdict,
+        )
 
-    async def _writable(self, request: Request) -> tuple[ChannelContext, str]:
-        """The agent's channel context and the session id, once the session is known
-        to be this agent's (or no agent's yet), in the store and in this process."""
-        name = self._agent_name(request)
-        session_id = (await self._readable(request)).session_id
-        ctx = self._contexts.get(name)
+    def _writable(self, target: _Target) -> ChannelContext:
+        """The agent's channel context, once this process also holds the session as
+        the agent's (not another's)."""
+        ctx = self._contexts.get(target.agent)
         if ctx is None:
-            ctx = self._contexts[name] = mount_agent(self.runtime.agents[name], self.runtime)
+            ctx = self._contexts[target.agent] = mount_agent(
+                self.runtime.agents[target.agent], self.runtime
+            )
         try:
-            ctx.session(session_id)
+            ctx.session(target.session_id)
         except ConfigurationError as exc:
             raise HttpError(409, "session_of_another_agent", str(exc)) from None
-        return ctx, session_id
+        return ctx
 
     def _delivering(self, request: Request, turn_id: str) -> bool:
         """Whether this process has the turn queued or running (not yet in the store)."""
@@ -418,6 +508,53 @@ class _Api:
 
 #: A transcript position past any session's end: ``load`` then reads no messages.
 _NO_MESSAGES = 2**31 - 1  # the largest index every store takes (PostgreSQL: integer)
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Target:
+    """The session a request addresses, as ``_Api._target`` found it."""
+
+    agent: str
+    session_id: str
+    store: SessionStore
+    owner: str | None
+    exists: bool
+    #: Whether ``authorize`` allowed the action (always, unless asked not to refuse).
+    allowed: bool
+
+
+def _unknown_session(agent: str, session_id: str) -> HttpError:
+    """The one answer for a session that does not exist and for one the caller may
+    not use: the same status, code and text, so neither tells the other apart."""
+    return HttpError(
+        404, "unknown_session", f"agent {agent!r} has no session {session_id!r} for you"
+    )
+
+
+async def _names(store: SessionStore, body: ResumeBody, principal: Principal) -> bool:
+    """Whether the session's parked request, the one ``body`` answers, names who may
+    answer it in a way that can admit ``principal``: as the named user, or through a
+    policy (which ``authorize_answer`` decides). A request naming nobody admits only
+    principals that ``authorize`` lets ``resume``."""
+    record = await store.parked()
+    checkpoint = checkpoint_of(record) if record is not None else None
+    if record is None or checkpoint is None or record.turn_id != body.turn_id:
+        return False
+    pending = checkpoint.request
+    if pending.id != body.input_id:
+        return False
+    return any(
+        (a.kind == "user" and a.user_id == principal.id) or a.kind == "policy"
+        for a in pending.answerers
+    )
+
+
+def _resume_refusal(exc: Exception) -> HttpError:
+    if isinstance(exc, ResumeAuthorizationError):
+        return HttpError(403, "not_an_answerer", str(exc))
+    if isinstance(exc, InvalidAnswerError):
+        return HttpError(422, "invalid_answer", str(exc))
+    return HttpError(409, "resume_conflict", str(exc))
 
 
 def _another_agents(session_id: str, owner: str, name: str) -> HttpError:

@@ -7,6 +7,7 @@ the app turns it into a JSON error before anything reaches the runtime.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,9 +42,10 @@ class ResumeBody:
 
 
 async def read_object(
-    request: Request, max_bytes: int, *, optional: bool = False
+    request: Request, max_bytes: int, *, max_depth: int, optional: bool = False
 ) -> dict[str, Any]:
-    """The body as a JSON object, refused when too large, not JSON or not an object.
+    """The body as a JSON object, refused when too large, nested more than
+    ``max_depth`` arrays and objects deep, not JSON or not an object.
 
     With ``optional``, an empty body reads as ``{}``.
     """
@@ -63,6 +65,14 @@ async def read_object(
         raise HttpError(
             400, "invalid_json", f"the body is not UTF-8: {exc.reason} at byte {exc.start}"
         ) from None
+    if nesting_exceeds(text, max_depth):
+        # Checked before parsing: the parser recurses once per level, so a deep enough
+        # body would otherwise exhaust the stack.
+        raise HttpError(
+            400,
+            "too_deep",
+            f"the body nests arrays and objects more than {max_depth} levels deep",
+        )
     try:
         data = json.loads(text, parse_constant=_refuse_constant)
     except json.JSONDecodeError as exc:
@@ -79,6 +89,38 @@ async def read_object(
         )
     _check_strings(data, "body")
     return data
+
+
+#: The next character that matters to nesting outside strings: a bracket or a quote.
+_STRUCTURAL = re.compile(r'[\[\]{}"]')
+#: The rest of a JSON string after its opening quote, escapes included.
+_STRING_REST = re.compile(r'[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+
+
+def nesting_exceeds(text: str, limit: int) -> bool:
+    """Whether ``text`` opens more than ``limit`` arrays and objects inside each other.
+
+    One pass without recursion, skipping strings (brackets in text do not nest), so
+    its cost grows with the length, never the depth. On text that is not JSON the
+    answer is a guess; the parser then says what is wrong.
+    """
+    depth = 0
+    pos = 0
+    while (found := _STRUCTURAL.search(text, pos)) is not None:
+        char = found.group()
+        pos = found.end()
+        if char == '"':
+            rest = _STRING_REST.match(text, pos)
+            if rest is None:
+                return False  # an unterminated string: not JSON at all
+            pos = rest.end()
+        elif char in "[{":
+            depth += 1
+            if depth > limit:
+                return True
+        else:
+            depth -= 1
+    return False
 
 
 def turn_body(data: dict[str, Any]) -> TurnBody:

@@ -1,6 +1,7 @@
 """``turnkit dev``: one agent folder served with its chat page on this machine.
 
-The server binds loopback only and answers loopback clients only; it recovers the
+The server binds loopback only and answers loopback clients only, addressed by a
+loopback name (no rebound domain) and, for changes, from its own page; it recovers the
 turns a previous run left open, so a page that reconnects sees them finish.
 """
 
@@ -20,6 +21,7 @@ from .._runtime.runtime import Runtime
 from .._seams.store import Store
 from ._app import create_app, recover_quietly
 from ._dev_log import TurnLog, configure, log, logged_requests
+from ._hosts import LOOPBACK_NAMES
 from ._principal import loopback_only
 
 
@@ -68,7 +70,15 @@ async def _serve(
     turns = TurnLog()
     unwatch = turns.watch(runtime.sink)
     try:
-        app = create_app(runtime, authenticate=loopback_only, chat_page=True, notice=notice)
+        # Only this machine's own names: a page that rebinds its domain to 127.0.0.1
+        # still sends its own name as the Host, and is refused.
+        app = create_app(
+            runtime,
+            authenticate=loopback_only,
+            allowed_hosts=[*LOOPBACK_NAMES, options.host],
+            chat_page=True,
+            notice=notice,
+        )
         config = uvicorn.Config(
             logged_requests(app),
             interface="asgi3",

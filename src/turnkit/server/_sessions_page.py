@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from .._seams.store import Store
@@ -16,12 +17,28 @@ from ._bodies import HttpError
 
 
 async def page_of_sessions(
-    store: Store, agent: str, limit: int, cursor: str | None
+    store: Store,
+    agent: str,
+    limit: int,
+    cursor: str | None,
+    *,
+    owner: str | None = None,
+    keep: Callable[[SessionInfo], Awaitable[bool]] | None = None,
 ) -> tuple[list[dict[str, Any]], str | None]:
-    """One page of ``agent``'s sessions after ``cursor``, read from the store by key
-    (one row more than asked, to know whether there is a next page)."""
+    """One page of ``agent``'s sessions after ``cursor`` (``owner``'s only, if given),
+    read from the store by key, one row more than asked, to know whether there is a
+    next page. With ``keep``, rows it refuses are skipped: the store is read on,
+    page after page, until the page is full or the sessions run out."""
     after = _decode(cursor) if cursor else None
-    found = await store.session_page(agent=agent, limit=limit + 1, after=after)
+    found: list[SessionInfo] = []
+    while len(found) <= limit:
+        batch = await store.session_page(agent=agent, limit=limit + 1, after=after, owner=owner)
+        for info in batch:
+            if keep is None or await keep(info):
+                found.append(info)
+        if len(batch) <= limit:
+            break  # the store has no more
+        after = (batch[-1].updated_at, batch[-1].session_id)
     page = found[:limit]
     rows = [
         {
