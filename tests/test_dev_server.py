@@ -86,6 +86,38 @@ def test_dev_serves_the_bundled_example_with_its_page_and_says_which_model(
     assert "Traceback" not in err
 
 
+def test_dev_refuses_a_rebound_host_and_a_foreign_origin(
+    dev: tuple[subprocess.Popen[str], str], tmp_path: Path
+) -> None:
+    """DNS rebinding: a page at attacker.example whose name now points at 127.0.0.1
+    reaches the port, but its requests carry its own Host and Origin."""
+    _, url = dev
+    port = url.rstrip("/").rsplit(":", 1)[1]
+    chat = "/agents/ops/sessions/s1/chat"
+    order = {"text": "order 2 blue widgets"}
+    with httpx.Client(base_url=url, timeout=30) as client:
+        for host in (f"attacker.example:{port}", "attacker.example", f"localhost.evil:{port}"):
+            forged = {"Host": host, "Origin": f"http://{host}"}
+            for method, path in [("GET", "/agents"), ("GET", "/"), ("POST", chat)]:
+                reply = client.request(
+                    method, path, json=order if method == "POST" else None, headers=forged
+                )
+                assert reply.status_code == 421, (host, path, reply.text)
+                assert reply.json()["code"] == "misdirected_request"
+        for origin in ("http://attacker.example", f"http://attacker.example:{port}", "null"):
+            reply = client.post(chat, json=order, headers={"Origin": origin})
+            assert reply.status_code == 403 and reply.json()["code"] == "cross_origin", origin
+        sessions = client.get("/agents/ops/sessions").json()["sessions"]
+        assert sessions == []  # nothing ran, nothing was stored
+        # The page's own origin, by each loopback name, is served.
+        for host in (f"127.0.0.1:{port}", f"localhost:{port}"):
+            reply = client.post(
+                chat, json=order, headers={"Host": host, "Origin": f"http://{host}"}
+            )
+            assert reply.status_code == 200, (host, reply.text)
+            assert reply.json()["text"].startswith("Done: order #"), reply.text
+
+
 def test_dev_finishes_a_turn_a_killed_run_left_open(tmp_path: Path) -> None:
     fixture = str(ROOT / "tests" / "fixtures" / "slow_agent")
     release = tmp_path / "release"

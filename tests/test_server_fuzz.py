@@ -95,10 +95,15 @@ json_values = st.recursive(
     max_leaves=12,
 )
 field_names = st.sampled_from(["text", "replace", "turn_id", "input_id", "value", "x", ""])
+#: Arrays and objects nested ``depth`` levels inside one another, as raw JSON text.
+nestings = st.lists(st.sampled_from(["[", '{"k":']), min_size=1, max_size=3000).map(
+    lambda opens: "".join(opens) + "1" + "".join("]" if o == "[" else "}" for o in reversed(opens))
+)
 bodies = st.one_of(
     st.dictionaries(field_names, json_values, max_size=4).map(lambda d: ("json", d)),
     json_values.map(lambda v: ("json", v)),
     st.binary(max_size=300).map(lambda b: ("raw", b)),
+    nestings.map(lambda n: ("raw", ('{"text": "x", "value": ' + n + "}").encode())),
 )
 verbs = st.sampled_from(["turns", "chat", "resume", "reset", "pending", "transcript", "events"])
 sessions = st.one_of(st.just("parked"), st.just("s1"), st.text(min_size=1, max_size=30))
@@ -141,3 +146,32 @@ def test_no_request_gets_a_500_or_changes_the_store_when_refused(
         error = reply.json()
         assert isinstance(error["error"], str) and error["error"], reply.text
         assert server.call(snapshot(runtime)) == before, (url, content, reply.text)
+
+
+@pytest.mark.slow
+@settings(
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(nesting=nestings, verb=st.sampled_from(["turns", "chat", "resume", "reset"]))
+def test_a_body_deeper_than_the_limit_is_refused_as_too_deep(
+    server: ThreadServer, nesting: str, verb: str
+) -> None:
+    """Depth is measured before parsing: past the limit (64, counting the body's own
+    object) the answer is 400 ``too_deep`` whatever the route, never a 500."""
+    assert server.served is not None
+    depth = 1 + nesting.count("[") + nesting.count("{")
+    field = "text" if verb in ("turns", "chat") else "value"
+    content = f'{{"{field}": {nesting}}}'.encode()
+    with httpx.Client(base_url=server.served.url, timeout=30) as client:
+        reply = client.post(
+            f"/agents/fz/sessions/parked/{verb}",
+            content=content,
+            headers={"X-User": "u", "Content-Type": "application/json"},
+        )
+    assert reply.status_code < 500, reply.text
+    if depth > 64:
+        assert reply.status_code == 400 and reply.json()["code"] == "too_deep", reply.text
+    else:
+        assert reply.status_code != 400 or reply.json()["code"] != "too_deep", reply.text
