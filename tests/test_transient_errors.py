@@ -129,8 +129,9 @@ async def test_a_tool_that_wraps_the_lock_error_is_still_not_answered_with_it(
     class LedgerError(Exception):
         pass
 
-    def update(ctx: ToolContext) -> str:
-        """Wraps whatever the ledger raises in an error of its own."""
+    def update() -> str:
+        """Wraps whatever the ledger raises in an error of its own (and takes no
+        context: the failure is told apart all the same)."""
         try:
             with sqlite3.connect(ledger, timeout=0.05) as conn:
                 conn.execute("CREATE TABLE IF NOT EXISTS t (x)")

@@ -574,7 +574,7 @@ class TurnRunner:
             handle = tx.handle
             # Only a tool that can see ctx.store is handed it.
             given = handle if tool.needs_store else _NO_CONTEXT_HANDLE
-            handles.append(given)
+            handles.append(handle)  # (it also tells a passing database failure apart)
             ctx = self._context(given, call, step_id, local=True)
             value = run_local(tool, copy_input(call.input), ctx)
             return self._write_tool(tx, _ToolRow(index, seq, step_id, call, value, None))
