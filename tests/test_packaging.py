@@ -21,7 +21,7 @@ PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 #: Where the README's links point, so they work on a package index page too.
 REPOSITORY = "https://github.com/turnkit/turnkit"
 LINK = re.compile(r"\]\(([^)\s]+)\)")
-INTEGRATIONS = {"anthropic", "openai", "postgres", "server", "cron"}
+INTEGRATIONS = {"anthropic", "openai", "postgres", "server", "cron", "slack"}
 
 
 def test_every_extra_installs_something_and_all_is_every_integration() -> None:
@@ -89,7 +89,7 @@ def test_an_installed_wheel_runs_the_bundled_example(tmp_path: Path) -> None:
         metadata = Parser().parsestr(archive.read(meta).decode())
     assert "turnkit/examples/ops/agent.py" in names
     assert "turnkit/examples/ops/tools/create_order.py" in names
-    assert "slack" not in metadata.get_all("Provides-Extra", [])
+    assert "slack" in metadata.get_all("Provides-Extra", [])
     assert f"Documentation, {REPOSITORY}/tree/main/docs" in metadata.get_all("Project-URL", [])
     assert "Typing :: Typed" in metadata.get_all("Classifier", [])
     installed = tmp_path / "installed"

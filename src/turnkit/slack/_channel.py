@@ -1,0 +1,310 @@
+"""``SlackChannel``: Slack's Events API and interactivity as turns, replies in threads.
+
+Every request is verified with the app's signing secret (slack_sdk's
+``SignatureVerifier``: HMAC-SHA256 over ``v0:timestamp:body``, a five-minute
+window, a constant-time compare) before anything is read from it; one that fails
+gets 401 and starts nothing. Slack wants an answer within three seconds, so a
+message is acknowledged at once and its turn runs in the background. The event's
+id keys the turn, so Slack's retry of an event never starts a second one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections import OrderedDict
+from collections.abc import AsyncIterator
+from typing import Any
+from urllib.parse import parse_qs
+
+from slack_sdk.http_retry.builtin_async_handlers import (
+    AsyncConnectionErrorRetryHandler,
+    AsyncRateLimitErrorRetryHandler,
+)
+from slack_sdk.signature import SignatureVerifier
+from slack_sdk.web.async_client import AsyncWebClient
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from .._channels.channel import ChannelContext
+from .._errors import (
+    ConfigurationError,
+    InvalidAnswerError,
+    ResumeAuthorizationError,
+    ResumeConflictError,
+    SessionSuspendedError,
+)
+from .._values.events import TurnEvent
+from .._values.inbound import InboundEvent, User
+from ._render import APPROVE, DENY, SlackReply, SlackThread
+
+log = logging.getLogger("turnkit.slack")
+
+SOURCE = "slack"
+#: A mention of a user or bot at the start of a message.
+_MENTION = re.compile(r"^\s*<@[A-Z0-9]+(?:\|[^>]*)?>")
+#: Message subtypes that are not a person writing (edits, deletions, joins, bots).
+_HUMAN_SUBTYPES = {None, "thread_broadcast", "file_share"}
+
+
+class SlackChannel:
+    """The Slack channel of one Slack app (see ``slack_channel``)."""
+
+    source = SOURCE
+
+    def __init__(
+        self,
+        *,
+        signing_secret: str,
+        client: AsyncWebClient,
+        replace_in_flight: bool = False,
+        update_interval: float = 1.0,
+    ) -> None:
+        self.verifier = SignatureVerifier(signing_secret)
+        self.client = client
+        self.replace_in_flight = replace_in_flight
+        self.update_interval = update_interval
+
+    # -- the Channel protocol ------------------------------------------------------
+
+    def to_event(self, payload: Any) -> InboundEvent | None:
+        """The inbound event of an Events API callback (``app_mention``, or a message
+        in a thread), or ``None`` for what is not a person talking to the bot."""
+        if not isinstance(payload, dict) or payload.get("type") != "event_callback":
+            return None
+        event = payload.get("event")
+        if not isinstance(event, dict):
+            return None
+        kind = event.get("type")
+        if kind not in ("app_mention", "message"):
+            return None
+        if event.get("bot_id") or event.get("subtype") not in _HUMAN_SUBTYPES:
+            return None  # the bot's own messages, edits and the like
+        if kind == "message" and event.get("thread_ts") is None:
+            return None  # a plain channel message: only mentions and threads are for us
+        user, text = event.get("user"), event.get("text")
+        if not isinstance(user, str) or not user or not isinstance(text, str):
+            return None
+        text = _MENTION.sub("", text, count=1).strip()  # "<@BOT> where is 17" → "where is 17"
+        if not text:
+            return None
+        # Slack signed the request, so the user id is Slack's word, not the caller's.
+        return InboundEvent(
+            source=SOURCE,
+            text=text,
+            user=User(id=user, attested=True),
+            channel_id=str(event.get("channel") or ""),
+            thread_id=str(event.get("thread_ts") or event.get("ts") or ""),
+            kind=str(kind),
+            raw=payload,
+        )
+
+    async def deliver(self, target: Any, events: AsyncIterator[TurnEvent]) -> None:
+        """Render a turn into ``target`` (a ``SlackThread``, or a dict with
+        ``channel_id`` and optionally ``thread_ts``)."""
+        thread = _thread_of(target)
+        await SlackReply(self.client, thread, self.update_interval).render(events)
+
+    # -- the ASGI app ---------------------------------------------------------------
+
+    def app(self, ctx: ChannelContext) -> Starlette:
+        """The routes Slack calls, for ``ctx``'s agent: ``POST /events`` (the Events
+        API request URL) and ``POST /interactivity`` (the interactivity request URL).
+        Mount it where the app settings point, e.g. ``app.mount("/slack", …)``."""
+        handler = _Handler(self, ctx)
+        return Starlette(
+            routes=[
+                Route("/events", handler.events, methods=["POST"]),
+                Route("/interactivity", handler.interactivity, methods=["POST"]),
+            ]
+        )
+
+
+def session_of(payload: dict[str, Any]) -> str:
+    """One session per thread: ``slack:<team>:<channel>:<thread_ts>``."""
+    event = payload["event"]
+    thread = event.get("thread_ts") or event["ts"]
+    team = payload.get("team_id") or event.get("team") or ""
+    return f"slack:{team}:{event['channel']}:{thread}"
+
+
+def _thread_of(target: Any) -> SlackThread:
+    if isinstance(target, SlackThread):
+        return target
+    if isinstance(target, dict) and isinstance(target.get("channel_id"), str):
+        return SlackThread(channel=target["channel_id"], thread_ts=target.get("thread_ts"))
+    raise ConfigurationError(
+        f"a Slack target is a SlackThread or {{'channel_id': …, 'thread_ts'?: …}}, got {target!r}"
+    )
+
+
+#: How many event ids a handler remembers having taken (Slack retries within minutes).
+_REMEMBERED = 10_000
+
+
+class _Handler:
+    def __init__(self, channel: SlackChannel, ctx: ChannelContext) -> None:
+        self.channel = channel
+        self.ctx = ctx
+        #: Turn ids this process took, checked before any await: a retry arriving
+        #: while the first delivery reads the store is still seen as a retry.
+        self._taken: OrderedDict[str, None] = OrderedDict()
+
+    def _take(self, turn_id: str) -> bool:
+        if turn_id in self._taken:
+            return False
+        self._taken[turn_id] = None
+        while len(self._taken) > _REMEMBERED:
+            self._taken.popitem(last=False)
+        return True
+
+    async def _verified(self, request: Request) -> bytes | None:
+        body = await request.body()
+        if not self.channel.verifier.is_valid_request(body, dict(request.headers)):
+            return None
+        return body
+
+    async def events(self, request: Request) -> Response:
+        body = await self._verified(request)
+        if body is None:
+            return _unauthorized()
+        try:
+            payload = json.loads(body)
+        except ValueError:
+            return JSONResponse({"error": "the body is not JSON"}, status_code=400)
+        if isinstance(payload, dict) and payload.get("type") == "url_verification":
+            return JSONResponse({"challenge": payload.get("challenge")})
+        inbound = self.channel.to_event(payload)
+        event_id = payload.get("event_id") if isinstance(payload, dict) else None
+        if inbound is None or not isinstance(event_id, str) or not event_id:
+            return Response(status_code=200)  # acknowledged, and nothing to do
+        self._start(payload, inbound, f"slack-{event_id}")
+        return Response(status_code=200)
+
+    def _start(self, payload: dict[str, Any], inbound: InboundEvent, turn_id: str) -> None:
+        session_id = session_of(payload)
+        event = payload["event"]
+        thread = SlackThread(
+            channel=event["channel"], thread_ts=event.get("thread_ts") or event["ts"]
+        )
+        session = self.ctx.session(session_id)
+        runtime = self.ctx.runtime
+        if not self._take(turn_id):
+            return  # Slack's retry of an event this process took
+
+        async def run() -> None:
+            # Taken by another process, or before a restart: the turn is stored, and
+            # recovery (not a second reply) finishes it.
+            if await session.turn_record(turn_id) is not None:
+                return
+            try:
+                tid = session.start(
+                    inbound.text,
+                    event=inbound,
+                    turn_id=turn_id,
+                    replace=self.channel.replace_in_flight,
+                )
+            except SessionSuspendedError:
+                await self.channel.client.chat_postMessage(
+                    channel=thread.channel,
+                    thread_ts=thread.thread_ts,
+                    text="This thread is waiting for an answer above; answer it first.",
+                )
+                return
+            reply = SlackReply(self.channel.client, thread, self.channel.update_interval)
+            try:
+                await reply.render(session.observe(tid))
+            except Exception:
+                log.exception("rendering turn %s into Slack failed", tid)
+
+        runtime.spawn(run())
+
+    async def interactivity(self, request: Request) -> Response:
+        body = await self._verified(request)
+        if body is None:
+            return _unauthorized()
+        try:
+            payload = json.loads(parse_qs(body.decode())["payload"][0])
+            action = payload["actions"][0]
+            answer = json.loads(action["value"])
+            user = payload["user"]["id"]
+            channel = payload["channel"]["id"]
+            message = payload.get("message") or {}
+        except (KeyError, IndexError, ValueError, TypeError, UnicodeDecodeError):
+            return JSONResponse({"error": "not a block action turnkit made"}, status_code=400)
+        if action.get("action_id") not in (APPROVE, DENY):
+            return Response(status_code=200)
+        thread = SlackThread(
+            channel=channel, thread_ts=message.get("thread_ts") or message.get("ts")
+        )
+        self.ctx.runtime.spawn(
+            self._resume(answer, action["action_id"] == APPROVE, str(user), thread)
+        )
+        return Response(status_code=200)
+
+    async def _resume(
+        self, answer: dict[str, Any], value: bool, user: str, thread: SlackThread
+    ) -> None:
+        client = self.channel.client
+        try:
+            stream = await self.ctx.resume_stream(
+                session=str(answer["session"]),
+                turn_id=str(answer["turn"]),
+                input_id=str(answer["input"]),
+                value=value,
+                by=user,
+            )
+        except ResumeAuthorizationError:
+            await client.chat_postEphemeral(
+                channel=thread.channel, user=user, text="You may not answer this question."
+            )
+            return
+        except (ResumeConflictError, InvalidAnswerError):
+            await client.chat_postEphemeral(
+                channel=thread.channel, user=user, text="This question was already answered."
+            )
+            return
+        reply = SlackReply(client, thread, self.channel.update_interval)
+        try:
+            await reply.render(stream)
+        except Exception:
+            log.exception("rendering a resumed turn into Slack failed")
+
+
+def _unauthorized() -> Response:
+    return JSONResponse({"error": "the request is not signed by Slack"}, status_code=401)
+
+
+def slack_channel(
+    *,
+    signing_secret: str,
+    bot_token: str,
+    replace_in_flight: bool = False,
+    base_url: str = "https://slack.com/api/",
+    update_interval: float = 1.0,
+) -> SlackChannel:
+    """A Slack channel for one Slack app: its signing secret verifies every request,
+    its bot token posts the replies (through slack_sdk's ``AsyncWebClient``, which
+    retries rate limits after ``Retry-After`` and dropped connections).
+    ``replace_in_flight`` cancels a thread's unfinished turn when a newer message
+    arrives in it; that reply ends "superseded by a newer message"."""
+    for name, value in (("signing_secret", signing_secret), ("bot_token", bot_token)):
+        if not isinstance(value, str) or not value:
+            raise ConfigurationError(f"slack_channel needs {name}, a non-empty str")
+    client = AsyncWebClient(
+        token=bot_token,
+        base_url=base_url,
+        retry_handlers=[
+            AsyncRateLimitErrorRetryHandler(max_retry_count=3),
+            AsyncConnectionErrorRetryHandler(max_retry_count=2),
+        ],
+    )
+    return SlackChannel(
+        signing_secret=signing_secret,
+        client=client,
+        replace_in_flight=replace_in_flight,
+        update_interval=update_interval,
+    )

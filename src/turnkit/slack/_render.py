@@ -1,0 +1,154 @@
+"""A turn's events as a Slack reply in a thread: a placeholder message edited as the
+text streams (at most once per ``interval`` seconds), a timeline of tool calls with
+their results or errors above the text, and how the turn ended. A parked question
+becomes its own message with Approve / Deny buttons."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from slack_sdk.web.async_client import AsyncWebClient
+
+from .._values.events import TurnEvent
+from .._values.inputs import InputRequest
+
+#: The ``action_id`` of the two buttons of a parked question.
+APPROVE = "turnkit_approve"
+DENY = "turnkit_deny"
+#: The longest text one Slack message takes; a longer reply is cut, marked so.
+MAX_TEXT = 3900
+
+
+@dataclass(frozen=True, kw_only=True)
+class SlackThread:
+    """Where a turn's reply goes: a channel and the thread in it (``None``: post at
+    the top of the channel, which starts a thread)."""
+
+    channel: str
+    thread_ts: str | None = None
+
+
+def approval_blocks(session_id: str, request: InputRequest) -> list[dict[str, Any]]:
+    """The question and its two buttons; each button's value names what it answers."""
+    value = json.dumps({"session": session_id, "turn": request.turn_id, "input": request.id})
+    return [
+        {"type": "section", "text": {"type": "mrkdwn", "text": _escape(request.prompt)}},
+        {
+            "type": "actions",
+            "block_id": "turnkit_answer",
+            "elements": [
+                {
+                    "type": "button",
+                    "action_id": APPROVE,
+                    "style": "primary",
+                    "text": {"type": "plain_text", "text": "Approve"},
+                    "value": value,
+                },
+                {
+                    "type": "button",
+                    "action_id": DENY,
+                    "style": "danger",
+                    "text": {"type": "plain_text", "text": "Deny"},
+                    "value": value,
+                },
+            ],
+        },
+    ]
+
+
+class SlackReply:
+    """Renders one turn's events into one thread (see the module docstring)."""
+
+    def __init__(self, client: AsyncWebClient, thread: SlackThread, interval: float) -> None:
+        self.client = client
+        self.thread = thread
+        self.interval = interval
+        self.ts: str | None = None
+        self.text = ""
+        self.timeline: list[str] = []
+        self.ending: str | None = None
+        self._shown = ""
+        self._last_update = 0.0
+
+    async def render(self, events: AsyncIterator[TurnEvent]) -> None:
+        async for event in events:
+            await self.take(event)
+        await self.flush(force=True)
+
+    async def take(self, event: TurnEvent) -> None:
+        if event.type == "message.delta":
+            self.text += event.text
+            await self.flush()
+        elif event.type == "message.completed":
+            self.text = event.message.text or self.text
+        elif event.type == "action.requested":
+            self.timeline.append(f"• `{event.call.name}` …")
+            await self.flush(force=True)
+        elif event.type == "action.completed":
+            mark = f"✗ `{event.name}` failed: {event.error}" if event.error else f"✓ `{event.name}`"
+            self._complete(event.name, mark)
+            await self.flush(force=True)
+        elif event.type == "input.requested":
+            await self.flush(force=True)
+            await self.client.chat_postMessage(
+                channel=self.thread.channel,
+                thread_ts=self._thread_ts(),
+                text=event.request.prompt,
+                blocks=approval_blocks(event.session_id, event.request),
+            )
+        elif event.type == "turn.failed":
+            self.ending = f":warning: The turn failed: {event.error}"
+        elif event.type == "turn.cancelled":
+            self.ending = (
+                "_superseded by a newer message_"
+                if event.reason == "replaced"
+                else f"_cancelled ({event.reason})_"
+            )
+
+    def _complete(self, name: str, mark: str) -> None:
+        for index, line in enumerate(self.timeline):
+            if line == f"• `{name}` …":
+                self.timeline[index] = mark
+                return
+        self.timeline.append(mark)
+
+    def body(self) -> str:
+        parts = [*self.timeline]
+        if self.text:
+            parts.append(_escape(self.text))
+        if self.ending:
+            parts.append(self.ending)
+        shown = "\n".join(parts) or "…"
+        if len(shown) > MAX_TEXT:
+            shown = shown[: MAX_TEXT - 1] + "…"
+        return shown
+
+    async def flush(self, *, force: bool = False) -> None:
+        """Post the placeholder, or edit it when there is something new to show (a
+        streamed edit at most once per ``interval``; Slack limits how often)."""
+        shown = self.body()
+        if self.ts is None:
+            posted = await self.client.chat_postMessage(
+                channel=self.thread.channel, thread_ts=self.thread.thread_ts, text=shown
+            )
+            self.ts = str(posted["ts"])
+            self._shown, self._last_update = shown, time.monotonic()
+            return
+        if shown == self._shown:
+            return
+        if not force and time.monotonic() - self._last_update < self.interval:
+            return
+        await self.client.chat_update(channel=self.thread.channel, ts=self.ts, text=shown)
+        self._shown, self._last_update = shown, time.monotonic()
+
+    def _thread_ts(self) -> str | None:
+        return self.thread.thread_ts or self.ts
+
+
+def _escape(text: str) -> str:
+    """Slack's three control characters, so text cannot ping or link by itself."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")

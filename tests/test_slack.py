@@ -1,0 +1,409 @@
+"""The Slack channel against a local stand-in for Slack: slack_sdk's real
+``AsyncWebClient`` talks to a Web API server on 127.0.0.1 that records every call,
+and inbound requests are signed with a test secret exactly as Slack signs them."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import json
+import socket
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlencode
+
+import httpx
+import pytest
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+import turnkit
+from turnkit import ToolContext, tool
+from turnkit.stores import SqliteStore
+from turnkit.testing import ScriptedModel, ScriptedReply, tool_call
+
+pytest.importorskip("slack_sdk")
+from turnkit.slack import session_of, slack_channel
+
+SECRET = "test-signing-secret"
+
+
+@dataclass
+class FakeSlack:
+    """The Web API methods the channel uses, recording each call in order."""
+
+    calls: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    #: How many of the next ``chat.update`` calls answer 429 with Retry-After: 1.
+    rate_limited: int = 0
+    #: The ``ts`` of each message posted, in order.
+    posted: list[str] = field(default_factory=list)
+    _next_ts: int = 1000
+
+    async def handle(self, request: Request) -> Response:
+        method = request.path_params["method"]
+        raw = await request.body()
+        if request.headers.get("content-type", "").startswith("application/json"):
+            args = json.loads(raw or b"{}")
+        else:
+            args = {k: v[0] for k, v in parse_qs(raw.decode()).items()}
+        self.calls.append((method, args))
+        if method == "chat.update" and self.rate_limited:
+            self.rate_limited -= 1
+            return JSONResponse(
+                {"ok": False, "error": "ratelimited"}, status_code=429, headers={"Retry-After": "1"}
+            )
+        self._next_ts += 1
+        ts = f"{self._next_ts}.000"
+        if method == "chat.postMessage":
+            self.posted.append(ts)
+        return JSONResponse({"ok": True, "ts": ts, "channel": "C1"})
+
+    def of(self, method: str) -> list[dict[str, Any]]:
+        return [args for m, args in self.calls if m == method]
+
+
+@asynccontextmanager
+async def uvicorn_on(app: Any) -> AsyncIterator[str]:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(64)
+    config = uvicorn.Config(app, log_level="warning", lifespan="off", timeout_graceful_shutdown=5)
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    while not server.started:
+        if task.done():
+            task.result()
+        await asyncio.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        await task
+        sock.close()
+
+
+def signed(body: bytes, *, secret: str = SECRET, at: int | None = None) -> dict[str, str]:
+    timestamp = str(int(time.time()) if at is None else at)
+    base = b"v0:" + timestamp.encode() + b":" + body
+    signature = "v0=" + hmac.new(secret.encode(), base, hashlib.sha256).hexdigest()
+    return {"X-Slack-Request-Timestamp": timestamp, "X-Slack-Signature": signature}
+
+
+def ops_agent(gate: asyncio.Event | None = None) -> turnkit.Agent:
+    @tool
+    async def lookup(order: str) -> str:
+        """Finds an order."""
+        if gate is not None:
+            await gate.wait()
+        if order == "bad":
+            raise ValueError("no such order")
+        return f"order {order} is packed"
+
+    @tool
+    async def refund(order: str, ctx: ToolContext) -> str:
+        """Refunds once the person who asked approves."""
+        ok = await ctx.request_input(
+            "approve", f"Refund order {order}?", schema={"type": "boolean"}
+        )
+        return "refunded" if ok else "kept"
+
+    def respond(transcript: list[turnkit.Message]) -> ScriptedReply:
+        last = transcript[-1]
+        if isinstance(last, turnkit.UserMessage | turnkit.TriggerMessage):
+            words = last.text.split()
+            if "refund" in words:
+                return ScriptedReply(tool_calls=[tool_call("refund", {"order": words[-1]})])
+            return ScriptedReply(tool_calls=[tool_call("lookup", {"order": words[-1]})])
+        assert isinstance(last, turnkit.ToolMessage)
+        return ScriptedReply(text=f"Result: {last.result}", chunks=3)
+
+    return turnkit.Agent(
+        name="ops", model=ScriptedModel(respond=respond), instructions=".", tools=[lookup, refund]
+    )
+
+
+@dataclass
+class Stage:
+    runtime: turnkit.Runtime
+    slack: FakeSlack
+    client: httpx.AsyncClient
+    channel: Any
+    ctx: turnkit.ChannelContext
+
+    async def event(
+        self,
+        text: str,
+        *,
+        event_id: str,
+        user: str = "U1",
+        thread: str | None = None,
+        retry: int | None = None,
+        **extra: Any,
+    ) -> httpx.Response:
+        event = {
+            "type": "app_mention",
+            "user": user,
+            "text": text,
+            "channel": "C1",
+            "ts": f"{time.time():.6f}",
+            **extra,
+        }
+        if thread is not None:
+            event["thread_ts"] = thread
+        body = json.dumps(
+            {"type": "event_callback", "team_id": "T1", "event_id": event_id, "event": event}
+        ).encode()
+        headers = {**signed(body), "Content-Type": "application/json"}
+        if retry is not None:
+            headers["X-Slack-Retry-Num"] = str(retry)
+        return await self.client.post("/slack/events", content=body, headers=headers)
+
+    async def click(self, button: dict[str, Any], *, user: str, thread: str) -> httpx.Response:
+        payload = {
+            "type": "block_actions",
+            "user": {"id": user},
+            "channel": {"id": "C1"},
+            "message": {"ts": "9.9", "thread_ts": thread},
+            "actions": [{"action_id": button["action_id"], "value": button["value"]}],
+        }
+        body = urlencode({"payload": json.dumps(payload)}).encode()
+        headers = {**signed(body), "Content-Type": "application/x-www-form-urlencoded"}
+        return await self.client.post("/slack/interactivity", content=body, headers=headers)
+
+    async def settle(self, event_id: str, *, status: str = "completed") -> None:
+        """Wait until the turn of ``event_id`` reached ``status`` and its reply was drawn."""
+        session = self.runtime.session("ops", SESSION)
+        turn_id = f"slack-{event_id}"
+        for _ in range(2000):
+            record = await session.turn_record(turn_id)
+            done = record is not None and record.status == status
+            if done and (status == "suspended" or not session.delivering(turn_id)):
+                await asyncio.sleep(0.1)  # the renderer's last call
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError(f"turn {turn_id} never became {status}")
+
+
+@asynccontextmanager
+async def staged(tmp_path: Path, agent: turnkit.Agent, **options: Any) -> AsyncIterator[Stage]:
+    fake = FakeSlack()
+    api = Starlette(routes=[Route("/api/{method}", fake.handle, methods=["POST"])])
+    async with uvicorn_on(api) as api_url:
+        channel = slack_channel(
+            signing_secret=SECRET,
+            bot_token="xoxb-test",
+            base_url=f"{api_url}/api/",
+            update_interval=0.0,
+            **options,
+        )
+        async with turnkit.Runtime([agent], store=SqliteStore(tmp_path / "s.db")) as runtime:
+            ctx = turnkit.mount_agent(agent, runtime, channels=[channel])
+            app = Starlette()
+            app.mount("/slack", channel.app(ctx))
+            async with (
+                uvicorn_on(app) as url,
+                httpx.AsyncClient(base_url=url, timeout=30) as client,
+            ):
+                yield Stage(runtime=runtime, slack=fake, client=client, channel=channel, ctx=ctx)
+
+
+SESSION = "slack:T1:C1:100.1"
+
+
+async def test_a_mention_streams_a_reply_with_its_tool_timeline(tmp_path: Path) -> None:
+    async with staged(tmp_path, ops_agent()) as stage:
+        reply = await stage.event("<@B1> where is 17", event_id="Ev1", thread="100.1")
+        assert reply.status_code == 200 and reply.content == b""
+        await stage.settle("Ev1")
+        failed = await stage.event("<@B1> look up bad", event_id="Ev2", thread="100.1")
+        assert failed.status_code == 200
+        await stage.settle("Ev2")
+        infos = await stage.runtime.sessions()
+    posts = stage.slack.of("chat.postMessage")
+    assert [p["thread_ts"] for p in posts] == [
+        "100.1",
+        "100.1",
+    ]  # one reply per turn, in the thread
+    updates = stage.slack.of("chat.update")
+    first = [u["text"] for u in updates if u["ts"] == stage.slack.posted[0]]
+    assert first[-1] == "✓ `lookup`\nResult: order 17 is packed"
+    assert len(first) >= 3  # the timeline, then the text as it streamed
+    second = [u["text"] for u in updates if u["ts"] == stage.slack.posted[1]]
+    assert second[-1].startswith("✗ `lookup` failed: ")
+    assert "no such order" in second[-1]
+    assert [(i.session_id, i.owner) for i in infos] == [(SESSION, None)]
+
+
+async def test_requests_not_signed_by_slack_get_401_and_start_nothing(tmp_path: Path) -> None:
+    async with staged(tmp_path, ops_agent()) as stage:
+        body = json.dumps(
+            {
+                "type": "event_callback",
+                "team_id": "T1",
+                "event_id": "Ev9",
+                "event": {
+                    "type": "app_mention",
+                    "user": "U1",
+                    "text": "hi 1",
+                    "channel": "C1",
+                    "ts": "1.1",
+                },
+            }
+        ).encode()
+        json_type = {"Content-Type": "application/json"}
+        cases = [
+            {**signed(body, secret="wrong"), **json_type},  # forged
+            {**signed(body, at=int(time.time()) - 400), **json_type},  # stale
+            json_type,  # unsigned
+            {**signed(b"{}"), **json_type},  # a signature of another body
+        ]
+        for headers in cases:
+            reply = await stage.client.post("/slack/events", content=body, headers=headers)
+            assert reply.status_code == 401, headers
+        stale = signed(body, at=int(time.time()) - 400)
+        click = await stage.client.post("/slack/interactivity", content=body, headers=stale)
+        assert click.status_code == 401
+        await asyncio.sleep(0.2)
+        assert await stage.runtime.sessions() == [] and stage.slack.calls == []
+
+
+async def test_url_verification_answers_the_challenge(tmp_path: Path) -> None:
+    async with staged(tmp_path, ops_agent()) as stage:
+        body = json.dumps({"type": "url_verification", "challenge": "abc123"}).encode()
+        reply = await stage.client.post(
+            "/slack/events",
+            content=body,
+            headers={**signed(body), "Content-Type": "application/json"},
+        )
+        assert reply.json() == {"challenge": "abc123"}
+
+
+async def test_slack_retrying_an_event_runs_one_turn(tmp_path: Path) -> None:
+    gate = asyncio.Event()
+    async with staged(tmp_path, ops_agent(gate)) as stage:
+        first = await stage.event("<@B1> where is 5", event_id="EvR", thread="100.1")
+        retries = [
+            await stage.event("<@B1> where is 5", event_id="EvR", thread="100.1", retry=n)
+            for n in (1, 2)
+        ]
+        assert first.status_code == 200 and all(r.status_code == 200 for r in retries)
+        gate.set()
+        await stage.settle("EvR")
+        again = await stage.event("<@B1> where is 5", event_id="EvR", thread="100.1", retry=3)
+        assert again.status_code == 200
+        await asyncio.sleep(0.2)
+        messages = await stage.runtime.session("ops", SESSION).messages()
+    assert len(stage.slack.of("chat.postMessage")) == 1
+    assert messages[0].text == "where is 5"  # the mention of the bot is not the question
+    assert [m.role for m in messages] == ["user", "assistant", "tool", "assistant"]
+
+
+async def test_bot_messages_edits_and_plain_channel_messages_are_ignored(tmp_path: Path) -> None:
+    async with staged(tmp_path, ops_agent()) as stage:
+        await stage.event("from a bot 1", event_id="Eb1", thread="100.1", bot_id="B1")
+        await stage.event("edited 1", event_id="Eb2", thread="100.1", subtype="message_changed")
+        await asyncio.sleep(0.2)
+        assert await stage.runtime.sessions() == [] and stage.slack.calls == []
+
+
+async def test_an_approval_clicked_by_the_asker_completes_and_by_another_is_refused(
+    tmp_path: Path,
+) -> None:
+    async with staged(tmp_path, ops_agent()) as stage:
+        await stage.event("<@B1> refund 42", event_id="Ea1", user="U1", thread="100.1")
+        await stage.settle("Ea1", status="suspended")
+        (question,) = [p for p in stage.slack.of("chat.postMessage") if p.get("blocks")]
+        assert question["thread_ts"] == "100.1" and question["text"] == "Refund order 42?"
+        blocks = question["blocks"]
+        if isinstance(blocks, str):
+            blocks = json.loads(blocks)
+        approve, deny = blocks[1]["elements"]
+        session = stage.runtime.session("ops", SESSION)
+        before = (await session.messages(), await session.events())
+        refused = await stage.click(approve, user="U2", thread="100.1")
+        assert refused.status_code == 200
+        for _ in range(500):
+            if stage.slack.of("chat.postEphemeral"):
+                break
+            await asyncio.sleep(0.01)
+        (ephemeral,) = stage.slack.of("chat.postEphemeral")
+        assert ephemeral["user"] == "U2" and "may not answer" in ephemeral["text"]
+        assert (await session.messages(), await session.events()) == before
+        await stage.click(approve, user="U1", thread="100.1")
+        await stage.settle("Ea1")
+        late = await stage.click(deny, user="U1", thread="100.1")
+        assert late.status_code == 200
+        for _ in range(500):
+            if len(stage.slack.of("chat.postEphemeral")) == 2:
+                break
+            await asyncio.sleep(0.01)
+        assert "already answered" in stage.slack.of("chat.postEphemeral")[1]["text"]
+        events = await session.events()
+    answered = [e for e in events if e.type == "input.answered"]
+    assert [(e.by, e.value) for e in answered] == [("U1", True)]
+    assert events[-1].type == "turn.completed"
+    assert stage.slack.of("chat.update")[-1]["text"].endswith("Result: refunded")
+
+
+async def test_replace_in_flight_supersedes_the_first_reply(tmp_path: Path) -> None:
+    gate = asyncio.Event()
+    async with staged(tmp_path, ops_agent(gate), replace_in_flight=True) as stage:
+        await stage.event("<@B1> where is 1", event_id="Ep1", thread="100.1")
+        session = stage.runtime.session("ops", SESSION)
+        while not any(e.type == "action.requested" for e in await session.events()):
+            await asyncio.sleep(0.01)
+        await stage.event("<@B1> where is 2", event_id="Ep2", thread="100.1")
+        gate.set()
+        await stage.settle("Ep2")
+    updates = stage.slack.of("chat.update")
+    first = [u["text"] for u in updates if u["ts"] == stage.slack.posted[0]]
+    second = [u["text"] for u in updates if u["ts"] == stage.slack.posted[1]]
+    assert first[-1].endswith("_superseded by a newer message_")
+    assert second[-1].endswith("Result: order 2 is packed")
+
+
+async def test_a_rate_limited_update_is_sent_again_after_retry_after(tmp_path: Path) -> None:
+    async with staged(tmp_path, ops_agent()) as stage:
+        stage.slack.rate_limited = 1
+        await stage.event("<@B1> where is 3", event_id="Eq1", thread="100.1")
+        await stage.settle("Eq1")
+        for _ in range(300):
+            if stage.slack.of("chat.update")[-1:] and stage.slack.of("chat.update")[-1][
+                "text"
+            ].endswith("order 3 is packed"):
+                break
+            await asyncio.sleep(0.02)
+    updates = stage.slack.of("chat.update")
+    assert updates[0] == updates[1]  # the refused one, sent again
+    assert updates[-1]["text"].endswith("Result: order 3 is packed")
+
+
+def test_one_session_per_thread() -> None:
+    payload = {"team_id": "T9", "event": {"channel": "C2", "ts": "5.5", "thread_ts": "1.1"}}
+    assert session_of(payload) == "slack:T9:C2:1.1"
+    top = {"team_id": "T9", "event": {"channel": "C2", "ts": "5.5"}}
+    assert session_of(top) == "slack:T9:C2:5.5"
+
+
+async def test_a_proactive_turn_posts_into_a_channel(tmp_path: Path) -> None:
+    async with staged(tmp_path, ops_agent()) as stage:
+        result = await turnkit.receive(
+            stage.channel,
+            stage.ctx,
+            seed="nightly check of 8",
+            target={"channel_id": "C9"},
+            trigger=turnkit.Proactive(by="cron:nightly"),
+            session="slack:T1:C9:nightly",
+        )
+    assert result.status == "completed"
+    (post,) = stage.slack.of("chat.postMessage")
+    assert post["channel"] == "C9" and post.get("thread_ts") is None
+    assert stage.slack.of("chat.update")[-1]["text"].endswith("Result: order 8 is packed")
