@@ -407,3 +407,32 @@ async def test_a_proactive_turn_posts_into_a_channel(tmp_path: Path) -> None:
     (post,) = stage.slack.of("chat.postMessage")
     assert post["channel"] == "C9" and post.get("thread_ts") is None
     assert stage.slack.of("chat.update")[-1]["text"].endswith("Result: order 8 is packed")
+
+
+async def test_authorize_decides_who_may_start_turns_and_answer_nameless_questions(
+    tmp_path: Path,
+) -> None:
+    from turnkit.server import Principal, SessionAccess
+
+    seen: list[tuple[str, SessionAccess, dict[str, str]]] = []
+
+    def ops_only(principal: Principal, access: SessionAccess) -> bool:
+        seen.append((principal.id, access, dict(principal.claims)))
+        return principal.id != "U3" and principal.claims["team"] == "T1"
+
+    async with staged(tmp_path, ops_agent(), authorize=ops_only) as stage:
+        await stage.event("<@B1> where is 4", event_id="Ez1", user="U3", thread="100.1")
+        for _ in range(500):
+            if stage.slack.of("chat.postEphemeral"):
+                break
+            await asyncio.sleep(0.01)
+        (refusal,) = stage.slack.of("chat.postEphemeral")
+        assert refusal["user"] == "U3" and "may not use" in refusal["text"]
+        assert await stage.runtime.sessions() == []  # nothing started, nothing stored
+        assert stage.slack.of("chat.postMessage") == []
+        await stage.event("<@B1> where is 4", event_id="Ez2", user="U1", thread="100.1")
+        await stage.settle("Ez2")
+    principal, access, claims = seen[-1]
+    assert principal == "U1" and claims == {"team": "T1", "channel": "C1"}
+    assert access.action == "turn" and access.session_id == SESSION and not access.exists
+    assert stage.slack.of("chat.update")[-1]["text"].endswith("Result: order 4 is packed")

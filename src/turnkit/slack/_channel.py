@@ -37,8 +37,11 @@ from .._errors import (
     ResumeConflictError,
     SessionSuspendedError,
 )
+from .._seams.store import NO_MESSAGES
 from .._values.events import TurnEvent
 from .._values.inbound import InboundEvent, User
+from ..server._authorize import Action, Authorize, SessionAccess, allowed
+from ..server._principal import Principal
 from ._render import APPROVE, DENY, SlackReply, SlackThread
 
 log = logging.getLogger("turnkit.slack")
@@ -62,11 +65,13 @@ class SlackChannel:
         client: AsyncWebClient,
         replace_in_flight: bool = False,
         update_interval: float = 1.0,
+        authorize: Authorize | None = None,
     ) -> None:
         self.verifier = SignatureVerifier(signing_secret)
         self.client = client
         self.replace_in_flight = replace_in_flight
         self.update_interval = update_interval
+        self.authorize = authorize
 
     # -- the Channel protocol ------------------------------------------------------
 
@@ -200,6 +205,12 @@ class _Handler:
             # recovery (not a second reply) finishes it.
             if await session.turn_record(turn_id) is not None:
                 return
+            user = inbound.user.id if inbound.user is not None else ""
+            if not await self._allowed(user, _claims(payload), session_id, "turn"):
+                await self.channel.client.chat_postEphemeral(
+                    channel=thread.channel, user=user, text="You may not use this agent here."
+                )
+                return
             try:
                 tid = session.start(
                     inbound.text,
@@ -240,15 +251,57 @@ class _Handler:
         thread = SlackThread(
             channel=channel, thread_ts=message.get("thread_ts") or message.get("ts")
         )
+        claims = _claims(payload)
         self.ctx.runtime.spawn(
-            self._resume(answer, action["action_id"] == APPROVE, str(user), thread)
+            self._resume(answer, action["action_id"] == APPROVE, str(user), thread, claims)
         )
         return Response(status_code=200)
 
+    async def _may_answer(self, session_id: str, user: str, claims: dict[str, str]) -> bool:
+        """A named answerer may answer (the question's answerers then decide); anyone
+        else needs ``authorize`` to allow ``resume``, as over HTTP."""
+        if self.channel.authorize is None:
+            return True
+        request = await self.ctx.pending(session=session_id)
+        if request is not None and any(
+            (a.kind == "user" and a.user_id == user) or a.kind == "policy"
+            for a in request.answerers
+        ):
+            return True
+        return await self._allowed(user, claims, session_id, "resume")
+
+    async def _allowed(
+        self, user: str, claims: dict[str, str], session_id: str, action: Action
+    ) -> bool:
+        """What the channel's ``authorize`` says (everyone in the thread, without one)."""
+        authorize = self.channel.authorize
+        if authorize is None:
+            return True
+        snap = await self.ctx.runtime.store.session(session_id).load(from_index=NO_MESSAGES)
+        principal = Principal(id=user, claims=claims)
+        access = SessionAccess(
+            agent=self.ctx.agent.name,
+            session_id=session_id,
+            owner=snap.owner,
+            action=action,
+            exists=snap.agent is not None,
+        )
+        return await allowed(authorize, principal, access)
+
     async def _resume(
-        self, answer: dict[str, Any], value: bool, user: str, thread: SlackThread
+        self,
+        answer: dict[str, Any],
+        value: bool,
+        user: str,
+        thread: SlackThread,
+        claims: dict[str, str],
     ) -> None:
         client = self.channel.client
+        if not await self._may_answer(str(answer["session"]), user, claims):
+            await client.chat_postEphemeral(
+                channel=thread.channel, user=user, text="You may not answer this question."
+            )
+            return
         try:
             stream = await self.ctx.resume_stream(
                 session=str(answer["session"]),
@@ -274,6 +327,15 @@ class _Handler:
             log.exception("rendering a resumed turn into Slack failed")
 
 
+def _claims(payload: dict[str, Any]) -> dict[str, str]:
+    """What Slack signed about where a request came from: its team and channel."""
+    found = payload.get("event")
+    event: dict[str, Any] = found if isinstance(found, dict) else {}
+    team = payload.get("team_id") or (payload.get("team") or {}).get("id") or ""
+    channel = event.get("channel") or (payload.get("channel") or {}).get("id") or ""
+    return {"team": str(team), "channel": str(channel)}
+
+
 def _unauthorized() -> Response:
     return JSONResponse({"error": "the request is not signed by Slack"}, status_code=401)
 
@@ -285,12 +347,16 @@ def slack_channel(
     replace_in_flight: bool = False,
     base_url: str = "https://slack.com/api/",
     update_interval: float = 1.0,
+    authorize: Authorize | None = None,
 ) -> SlackChannel:
     """A Slack channel for one Slack app: its signing secret verifies every request,
     its bot token posts the replies (through slack_sdk's ``AsyncWebClient``, which
     retries rate limits after ``Retry-After`` and dropped connections).
     ``replace_in_flight`` cancels a thread's unfinished turn when a newer message
-    arrives in it; that reply ends "superseded by a newer message"."""
+    arrives in it; that reply ends "superseded by a newer message". ``authorize``
+    (as for ``create_app``; the principal is the Slack user id, with the team and
+    channel as claims) decides who may start turns and answer questions naming
+    nobody; without it, whoever can write in the thread may."""
     for name, value in (("signing_secret", signing_secret), ("bot_token", bot_token)):
         if not isinstance(value, str) or not value:
             raise ConfigurationError(f"slack_channel needs {name}, a non-empty str")
@@ -307,4 +373,5 @@ def slack_channel(
         client=client,
         replace_in_flight=replace_in_flight,
         update_interval=update_interval,
+        authorize=authorize,
     )
