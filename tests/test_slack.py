@@ -436,3 +436,52 @@ async def test_authorize_decides_who_may_start_turns_and_answer_nameless_questio
     assert principal == "U1" and claims == {"team": "T1", "channel": "C1"}
     assert access.action == "turn" and access.session_id == SESSION and not access.exists
     assert stage.slack.of("chat.update")[-1]["text"].endswith("Result: order 4 is packed")
+
+
+async def test_the_slack_example_serves_the_ops_agent_next_to_its_page(tmp_path: Path) -> None:
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "slack" / "app.py"
+    spec = importlib.util.spec_from_file_location("slack_example", path)
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    fake = FakeSlack()
+    api = Starlette(routes=[Route("/api/{method}", fake.handle, methods=["POST"])])
+    async with uvicorn_on(api) as api_url:
+        runtime, public, page = example.build(
+            str(tmp_path / "e.db"),
+            signing_secret=SECRET,
+            bot_token="xoxb-test",
+            base_url=f"{api_url}/api/",
+        )
+        async with (
+            runtime,
+            uvicorn_on(public) as public_url,
+            uvicorn_on(page) as page_url,
+            httpx.AsyncClient(timeout=30) as client,
+        ):
+            event = {
+                "type": "app_mention",
+                "user": "U1",
+                "channel": "C1",
+                "ts": "7.7",
+                "text": "<@B1> order 2 blue widgets",
+            }
+            body = json.dumps(
+                {"type": "event_callback", "team_id": "T1", "event_id": "Ex1", "event": event}
+            ).encode()
+            headers = {**signed(body), "Content-Type": "application/json"}
+            reply = await client.post(f"{public_url}/slack/events", content=body, headers=headers)
+            assert reply.status_code == 200
+            done = "Done: order #1 (2 x blue widgets) is packed."
+            for _ in range(1000):
+                if any(u["text"].endswith(done) for u in fake.of("chat.update")):
+                    break
+                await asyncio.sleep(0.02)
+            else:
+                raise AssertionError(fake.calls)
+            assert (await client.get(f"{page_url}/")).status_code == 200
+            tunnelled = await client.get(f"{page_url}/", headers={"Host": "abc.tunnel.example"})
+            assert tunnelled.status_code == 421  # the page never answers a public name
+            await asyncio.sleep(0.1)
