@@ -115,10 +115,20 @@ def ops_agent(gate: asyncio.Event | None = None) -> turnkit.Agent:
         )
         return "refunded" if ok else "kept"
 
+    @tool
+    async def count(what: str, ctx: ToolContext) -> str:
+        """Asks how many."""
+        n = await ctx.request_input(
+            "amount", f"How many {what}?", schema={"type": "integer", "minimum": 1}
+        )
+        return f"counted {n}"
+
     def respond(transcript: list[turnkit.Message]) -> ScriptedReply:
         last = transcript[-1]
         if isinstance(last, turnkit.UserMessage | turnkit.TriggerMessage):
             words = last.text.split()
+            if "many" in words:
+                return ScriptedReply(tool_calls=[tool_call("count", {"what": words[-1]})])
             if "refund" in words:
                 return ScriptedReply(tool_calls=[tool_call("refund", {"order": words[-1]})])
             return ScriptedReply(tool_calls=[tool_call("lookup", {"order": words[-1]})])
@@ -126,7 +136,10 @@ def ops_agent(gate: asyncio.Event | None = None) -> turnkit.Agent:
         return ScriptedReply(text=f"Result: {last.result}", chunks=3)
 
     return turnkit.Agent(
-        name="ops", model=ScriptedModel(respond=respond), instructions=".", tools=[lookup, refund]
+        name="ops",
+        model=ScriptedModel(respond=respond),
+        instructions=".",
+        tools=[lookup, refund, count],
     )
 
 
@@ -166,8 +179,21 @@ class Stage:
             headers["X-Slack-Retry-Num"] = str(retry)
         return await self.client.post("/slack/events", content=body, headers=headers)
 
+    async def submit(self, view: dict[str, Any], text: str, *, user: str) -> httpx.Response:
+        values = {"turnkit_answer_block": {"answer": {"type": "plain_text_input", "value": text}}}
+        payload = {
+            "type": "view_submission",
+            "user": {"id": user},
+            "team": {"id": "T1"},
+            "view": {**view, "state": {"values": values}},
+        }
+        body = urlencode({"payload": json.dumps(payload)}).encode()
+        headers = {**signed(body), "Content-Type": "application/x-www-form-urlencoded"}
+        return await self.client.post("/slack/interactivity", content=body, headers=headers)
+
     async def click(self, button: dict[str, Any], *, user: str, thread: str) -> httpx.Response:
         payload = {
+            "trigger_id": "trigger-1",
             "type": "block_actions",
             "user": {"id": user},
             "channel": {"id": "C1"},
@@ -485,3 +511,46 @@ async def test_the_slack_example_serves_the_ops_agent_next_to_its_page(tmp_path:
             tunnelled = await client.get(f"{page_url}/", headers={"Host": "abc.tunnel.example"})
             assert tunnelled.status_code == 421  # the page never answers a public name
             await asyncio.sleep(0.1)
+
+
+async def test_a_question_that_is_not_yes_or_no_is_answered_in_a_form(tmp_path: Path) -> None:
+    async with staged(tmp_path, ops_agent()) as stage:
+        await stage.event("<@B1> how many boxes", event_id="Em1", user="U1", thread="100.1")
+        await stage.settle("Em1", status="suspended")
+        (question,) = [p for p in stage.slack.of("chat.postMessage") if p.get("blocks")]
+        blocks = question["blocks"]
+        if isinstance(blocks, str):
+            blocks = json.loads(blocks)
+        (button,) = blocks[1]["elements"]
+        assert button["action_id"] == "turnkit_answer_open"
+        await stage.click(button, user="U1", thread="100.1")
+        for _ in range(500):
+            if stage.slack.of("views.open"):
+                break
+            await asyncio.sleep(0.01)
+        (opened,) = stage.slack.of("views.open")
+        view = opened["view"]
+        if isinstance(view, str):
+            view = json.loads(view)
+        assert opened["trigger_id"] == "trigger-1" and view["callback_id"] == "turnkit_answer"
+        session = stage.runtime.session("ops", SESSION)
+        before = (await session.messages(), await session.events())
+        for text, user, wanted in [
+            ("many", "U1", "integer"),
+            ("0", "U1", "minimum"),
+            ("12", "U2", "may not answer"),
+        ]:
+            refused = await stage.submit(view, text, user=user)
+            assert refused.status_code == 200
+            errors = refused.json()
+            assert errors["response_action"] == "errors", errors
+            assert wanted in errors["errors"]["turnkit_answer_block"], errors
+            assert (await session.messages(), await session.events()) == before
+        taken = await stage.submit(view, "12", user="U1")
+        assert taken.status_code == 200 and taken.content == b""
+        await stage.settle("Em1")
+        again = await stage.submit(view, "13", user="U1")
+        assert "already answered" in again.json()["errors"]["turnkit_answer_block"]
+        answered = [e for e in await session.events() if e.type == "input.answered"]
+    assert [(e.by, e.value) for e in answered] == [("U1", 12)]
+    assert stage.slack.of("chat.update")[-1]["text"].endswith("Result: counted 12")

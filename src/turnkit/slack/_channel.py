@@ -42,7 +42,18 @@ from .._values.events import TurnEvent
 from .._values.inbound import InboundEvent, User
 from ..server._authorize import Action, Authorize, SessionAccess, allowed
 from ..server._principal import Principal
-from ._render import APPROVE, DENY, SlackReply, SlackThread
+from ._render import (
+    APPROVE,
+    DENY,
+    FORM,
+    FORM_BLOCK,
+    FORM_FIELD,
+    OPEN_FORM,
+    SlackReply,
+    SlackThread,
+    answer_form,
+    form_value,
+)
 
 log = logging.getLogger("turnkit.slack")
 
@@ -239,6 +250,8 @@ class _Handler:
             return _unauthorized()
         try:
             payload = json.loads(parse_qs(body.decode())["payload"][0])
+            if payload.get("type") == "view_submission":
+                return await self._submitted(payload)
             action = payload["actions"][0]
             answer = json.loads(action["value"])
             user = payload["user"]["id"]
@@ -246,16 +259,85 @@ class _Handler:
             message = payload.get("message") or {}
         except (KeyError, IndexError, ValueError, TypeError, UnicodeDecodeError):
             return JSONResponse({"error": "not a block action turnkit made"}, status_code=400)
-        if action.get("action_id") not in (APPROVE, DENY):
-            return Response(status_code=200)
         thread = SlackThread(
             channel=channel, thread_ts=message.get("thread_ts") or message.get("ts")
         )
         claims = _claims(payload)
+        if action.get("action_id") == OPEN_FORM:
+            trigger = payload.get("trigger_id")
+            if isinstance(trigger, str):
+                self.ctx.runtime.spawn(self._open_form(answer, str(user), thread, trigger))
+            return Response(status_code=200)
+        if action.get("action_id") not in (APPROVE, DENY):
+            return Response(status_code=200)
         self.ctx.runtime.spawn(
             self._resume(answer, action["action_id"] == APPROVE, str(user), thread, claims)
         )
         return Response(status_code=200)
+
+    async def _open_form(
+        self, answer: dict[str, Any], user: str, thread: SlackThread, trigger_id: str
+    ) -> None:
+        """Open the form of a parked question (Slack's trigger id lasts three seconds,
+        so this runs at once); a question already answered says so instead."""
+        request = await self.ctx.pending(session=str(answer["session"]))
+        if request is None or (request.turn_id, request.id) != (answer["turn"], answer["input"]):
+            await self.channel.client.chat_postEphemeral(
+                channel=thread.channel, user=user, text="This question was already answered."
+            )
+            return
+        metadata = json.dumps({**answer, "channel": thread.channel, "thread": thread.thread_ts})
+        await self.channel.client.views_open(
+            trigger_id=trigger_id, view=answer_form(request, metadata)
+        )
+
+    async def _submitted(self, payload: dict[str, Any]) -> Response:
+        """A form's answer: checked and stored before Slack is answered, so a wrong
+        one is shown in the form itself; the resumed turn renders in the thread."""
+        try:
+            view = payload["view"]
+            answer = json.loads(view["private_metadata"])
+            text = view["state"]["values"][FORM_BLOCK][FORM_FIELD]["value"] or ""
+            user = str(payload["user"]["id"])
+        except (KeyError, ValueError, TypeError):
+            return JSONResponse({"error": "not a form turnkit made"}, status_code=400)
+        if view.get("callback_id") != FORM:
+            return Response(status_code=200)
+        session_id = str(answer["session"])
+        thread = SlackThread(channel=str(answer["channel"]), thread_ts=answer.get("thread"))
+        claims = {
+            "team": str((payload.get("team") or {}).get("id") or ""),
+            "channel": thread.channel,
+        }
+        request = await self.ctx.pending(session=session_id)
+        if request is None or (request.turn_id, request.id) != (answer["turn"], answer["input"]):
+            return _form_error("This question was already answered.")
+        if not await self._may_answer(session_id, user, claims):
+            return _form_error("You may not answer this question.")
+        try:
+            stream = await self.ctx.resume_stream(
+                session=session_id,
+                turn_id=request.turn_id,
+                input_id=request.id,
+                value=form_value(request, text),
+                by=user,
+            )
+        except ResumeAuthorizationError:
+            return _form_error("You may not answer this question.")
+        except ResumeConflictError:
+            return _form_error("This question was already answered.")
+        except InvalidAnswerError as exc:
+            return _form_error(str(exc))
+        reply = SlackReply(self.channel.client, thread, self.channel.update_interval)
+        self.ctx.runtime.spawn(self._render_quietly(reply, stream))
+        return Response(status_code=200)
+
+    @staticmethod
+    async def _render_quietly(reply: SlackReply, stream: AsyncIterator[TurnEvent]) -> None:
+        try:
+            await reply.render(stream)
+        except Exception:
+            log.exception("rendering a resumed turn into Slack failed")
 
     async def _may_answer(self, session_id: str, user: str, claims: dict[str, str]) -> bool:
         """A named answerer may answer (the question's answerers then decide); anyone
@@ -334,6 +416,11 @@ def _claims(payload: dict[str, Any]) -> dict[str, str]:
     team = payload.get("team_id") or (payload.get("team") or {}).get("id") or ""
     channel = event.get("channel") or (payload.get("channel") or {}).get("id") or ""
     return {"team": str(team), "channel": str(channel)}
+
+
+def _form_error(message: str) -> JSONResponse:
+    """Slack's answer to a submission that shows ``message`` under the form's field."""
+    return JSONResponse({"response_action": "errors", "errors": {FORM_BLOCK: message[:300]}})
 
 
 def _unauthorized() -> Response:

@@ -16,9 +16,22 @@ from slack_sdk.web.async_client import AsyncWebClient
 from .._values.events import TurnEvent
 from .._values.inputs import InputRequest
 
-#: The ``action_id`` of the two buttons of a parked question.
+#: The ``action_id`` of the two buttons of a yes-or-no question.
 APPROVE = "turnkit_approve"
 DENY = "turnkit_deny"
+#: The ``action_id`` of the button that opens the form of any other question, and
+#: the ``callback_id`` of that form (a modal).
+OPEN_FORM = "turnkit_answer_open"
+FORM = "turnkit_answer"
+#: Where the form's one field is, in the modal's state.
+FORM_BLOCK, FORM_FIELD = "turnkit_answer_block", "answer"
+
+
+def is_yes_no(request: InputRequest) -> bool:
+    """A question two buttons answer: its schema is a plain boolean."""
+    return request.schema == {"type": "boolean"}
+
+
 #: The longest text one Slack message takes; a longer reply is cut, marked so.
 MAX_TEXT = 3900
 
@@ -33,8 +46,25 @@ class SlackThread:
 
 
 def approval_blocks(session_id: str, request: InputRequest) -> list[dict[str, Any]]:
-    """The question and its two buttons; each button's value names what it answers."""
+    """The question and its buttons (Approve / Deny for a yes-or-no question, Answer
+    opening a form for any other); each button's value names what it answers."""
     value = json.dumps({"session": session_id, "turn": request.turn_id, "input": request.id})
+    if not is_yes_no(request):
+        return [
+            {"type": "section", "text": {"type": "mrkdwn", "text": _escape(request.prompt)}},
+            {
+                "type": "actions",
+                "block_id": "turnkit_answer",
+                "elements": [
+                    {
+                        "type": "button",
+                        "action_id": OPEN_FORM,
+                        "text": {"type": "plain_text", "text": "Answer"},
+                        "value": value,
+                    }
+                ],
+            },
+        ]
     return [
         {"type": "section", "text": {"type": "mrkdwn", "text": _escape(request.prompt)}},
         {
@@ -58,6 +88,47 @@ def approval_blocks(session_id: str, request: InputRequest) -> list[dict[str, An
             ],
         },
     ]
+
+
+def answer_form(request: InputRequest, metadata: str) -> dict[str, Any]:
+    """The modal a question's Answer button opens: the prompt and one text field.
+    ``metadata`` (what it answers, and the thread) comes back with the submission."""
+    return {
+        "type": "modal",
+        "callback_id": FORM,
+        "private_metadata": metadata,
+        "title": {"type": "plain_text", "text": "Answer"},
+        "submit": {"type": "plain_text", "text": "Send"},
+        "close": {"type": "plain_text", "text": "Cancel"},
+        "blocks": [
+            {
+                "type": "input",
+                "block_id": FORM_BLOCK,
+                "label": {"type": "plain_text", "text": request.prompt[:2000] or "Answer"},
+                "element": {
+                    "type": "plain_text_input",
+                    "action_id": FORM_FIELD,
+                    "multiline": not _wants_json(request),
+                },
+            }
+        ],
+    }
+
+
+def form_value(request: InputRequest, text: str) -> Any:
+    """The answer a form's text stands for: JSON when the schema wants something
+    other than a string (``12``, ``["a"]``), else the text itself."""
+    if not _wants_json(request):
+        return text
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text  # the schema check then says what was expected
+
+
+def _wants_json(request: InputRequest) -> bool:
+    schema = request.schema
+    return isinstance(schema, dict) and schema.get("type") not in (None, "string")
 
 
 class SlackReply:
