@@ -43,6 +43,8 @@ class FakeSlack:
     calls: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     #: How many of the next ``chat.update`` calls answer 429 with Retry-After: 1.
     rate_limited: int = 0
+    #: An error every ``chat.postMessage`` answers with (``channel_not_found``…).
+    post_error: str | None = None
     #: The ``ts`` of each message posted, in order.
     posted: list[str] = field(default_factory=list)
     _next_ts: int = 1000
@@ -60,6 +62,8 @@ class FakeSlack:
             return JSONResponse(
                 {"ok": False, "error": "ratelimited"}, status_code=429, headers={"Retry-After": "1"}
             )
+        if method == "chat.postMessage" and self.post_error:
+            return JSONResponse({"ok": False, "error": self.post_error})
         self._next_ts += 1
         ts = f"{self._next_ts}.000"
         if method == "chat.postMessage":
@@ -554,3 +558,22 @@ async def test_a_question_that_is_not_yes_or_no_is_answered_in_a_form(tmp_path: 
         answered = [e for e in await session.events() if e.type == "input.answered"]
     assert [(e.by, e.value) for e in answered] == [("U1", 12)]
     assert stage.slack.of("chat.update")[-1]["text"].endswith("Result: counted 12")
+
+
+async def test_a_slack_error_is_logged_with_its_turn_which_still_completes(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("ERROR", logger="turnkit.slack")
+    async with staged(tmp_path, ops_agent()) as stage:
+        stage.slack.post_error = "channel_not_found"
+        await stage.event("<@B1> where is 6", event_id="Ef1", thread="100.1")
+        await stage.settle("Ef1")
+        for _ in range(300):
+            if caplog.records:
+                break
+            await asyncio.sleep(0.01)
+        record = await stage.runtime.session("ops", SESSION).turn_record("slack-Ef1")
+    assert record is not None and record.text == "Result: order 6 is packed"
+    (logged,) = [r.getMessage() for r in caplog.records if r.name == "turnkit.slack"]
+    assert "turn slack-Ef1" in logged and "channel_not_found" in logged
+    assert "xoxb" not in logged

@@ -237,10 +237,7 @@ class _Handler:
                 )
                 return
             reply = SlackReply(self.channel.client, thread, self.channel.update_interval)
-            try:
-                await reply.render(session.observe(tid))
-            except Exception:
-                log.exception("rendering turn %s into Slack failed", tid)
+            await _render_quietly(reply, session.observe(tid), tid)
 
         runtime.spawn(run())
 
@@ -329,15 +326,8 @@ class _Handler:
         except InvalidAnswerError as exc:
             return _form_error(str(exc))
         reply = SlackReply(self.channel.client, thread, self.channel.update_interval)
-        self.ctx.runtime.spawn(self._render_quietly(reply, stream))
+        self.ctx.runtime.spawn(_render_quietly(reply, stream, request.turn_id))
         return Response(status_code=200)
-
-    @staticmethod
-    async def _render_quietly(reply: SlackReply, stream: AsyncIterator[TurnEvent]) -> None:
-        try:
-            await reply.render(stream)
-        except Exception:
-            log.exception("rendering a resumed turn into Slack failed")
 
     async def _may_answer(self, session_id: str, user: str, claims: dict[str, str]) -> bool:
         """A named answerer may answer (the question's answerers then decide); anyone
@@ -403,10 +393,7 @@ class _Handler:
             )
             return
         reply = SlackReply(client, thread, self.channel.update_interval)
-        try:
-            await reply.render(stream)
-        except Exception:
-            log.exception("rendering a resumed turn into Slack failed")
+        await _render_quietly(reply, stream, str(answer["turn"]))
 
 
 def _claims(payload: dict[str, Any]) -> dict[str, str]:
@@ -416,6 +403,28 @@ def _claims(payload: dict[str, Any]) -> dict[str, str]:
     team = payload.get("team_id") or (payload.get("team") or {}).get("id") or ""
     channel = event.get("channel") or (payload.get("channel") or {}).get("id") or ""
     return {"team": str(team), "channel": str(channel)}
+
+
+async def _render_quietly(
+    reply: SlackReply, stream: AsyncIterator[TurnEvent], turn_id: str
+) -> None:
+    """Render a turn Slack asked for; a Web API error Slack's retries did not cure
+    (``channel_not_found``, a revoked token) is logged with the turn it concerns,
+    whose own run goes on regardless (it is in the store: ``turnkit show``)."""
+    try:
+        await reply.render(stream)
+    except Exception as exc:
+        log.error(
+            "turn %s: its Slack reply in %s failed and was stopped: %s: %s",
+            turn_id,
+            reply.thread.channel,
+            type(exc).__name__,
+            exc,
+        )
+    finally:
+        close = getattr(stream, "aclose", None)
+        if close is not None:
+            await close()
 
 
 def _form_error(message: str) -> JSONResponse:
