@@ -444,6 +444,21 @@ async def test_concurrent_commits_are_grouped_yet_fail_only_where_they_fail(
         await store.close()
 
 
+async def test_a_commit_larger_than_the_socket_buffer_is_sent_whole(store: PostgresStore) -> None:
+    """A request that does not fit the socket's buffer at once is flushed as the
+    socket drains, on a new and on a prepared statement."""
+    session = store.session("s1")
+    big = "x" * 4_000_000
+    for index in (0, 1):
+
+        def work(tx: Any, index: int = index) -> None:
+            tx.append_message(index, UserMessage(text=f"{index}{big}", turn_id="t"))
+
+        await session.commit(work)
+    assert [m.text[:2] for m in await session.messages()] == ["0x", "1x"]
+    assert [len(m.text) for m in await session.messages()] == [len(big) + 1] * 2
+
+
 async def test_text_the_server_cannot_hold_fails_the_commit_cleanly(store: PostgresStore) -> None:
     session = store.session("s1")
 
