@@ -154,6 +154,11 @@ class Stage:
     client: httpx.AsyncClient
     channel: Any
     ctx: turnkit.ChannelContext
+    #: The message ts each event id was sent with (a retry sends the same message).
+    sent: dict[str, str] = field(default_factory=dict)
+
+    def turn(self, event_id: str) -> str:
+        return f"slack-C1-{self.sent[event_id]}"
 
     async def event(
         self,
@@ -163,14 +168,18 @@ class Stage:
         user: str = "U1",
         thread: str | None = None,
         retry: int | None = None,
+        kind: str = "app_mention",
+        ts: str | None = None,
         **extra: Any,
     ) -> httpx.Response:
+        ts = ts or self.sent.get(event_id) or f"{time.time():.6f}"
+        self.sent[event_id] = ts
         event = {
-            "type": "app_mention",
+            "type": kind,
             "user": user,
             "text": text,
             "channel": "C1",
-            "ts": f"{time.time():.6f}",
+            "ts": ts,
             **extra,
         }
         if thread is not None:
@@ -211,7 +220,7 @@ class Stage:
     async def settle(self, event_id: str, *, status: str = "completed") -> None:
         """Wait until the turn of ``event_id`` reached ``status`` and its reply was drawn."""
         session = self.runtime.session("ops", SESSION)
-        turn_id = f"slack-{event_id}"
+        turn_id = self.turn(event_id)
         for _ in range(2000):
             record = await session.turn_record(turn_id)
             done = record is not None and record.status == status
@@ -572,8 +581,31 @@ async def test_a_slack_error_is_logged_with_its_turn_which_still_completes(
             if caplog.records:
                 break
             await asyncio.sleep(0.01)
-        record = await stage.runtime.session("ops", SESSION).turn_record("slack-Ef1")
+        turn_id = stage.turn("Ef1")
+        record = await stage.runtime.session("ops", SESSION).turn_record(turn_id)
     assert record is not None and record.text == "Result: order 6 is packed"
     (logged,) = [r.getMessage() for r in caplog.records if r.name == "turnkit.slack"]
-    assert "turn slack-Ef1" in logged and "channel_not_found" in logged
+    assert f"turn {turn_id}" in logged and "channel_not_found" in logged
     assert "xoxb" not in logged
+
+
+async def test_thread_messages_are_for_the_bot_only_in_its_threads_and_count_once(
+    tmp_path: Path,
+) -> None:
+    async with staged(tmp_path, ops_agent()) as stage:
+        # A reply in a thread the bot never spoke in: Slack sends it, nothing starts.
+        await stage.event("where is 1", event_id="Et0", kind="message", thread="555.5")
+        await asyncio.sleep(0.2)
+        assert await stage.runtime.sessions() == [] and stage.slack.calls == []
+        # A mention in a thread arrives twice: as app_mention and as message.
+        await stage.event("<@B1> where is 2", event_id="Et1", thread="100.1", ts="200.2")
+        await stage.event(
+            "<@B1> where is 2", event_id="Et2", kind="message", thread="100.1", ts="200.2"
+        )
+        await stage.settle("Et1")
+        # Once the bot talks in the thread, a plain reply there is for it.
+        await stage.event("where is 3", event_id="Et3", kind="message", thread="100.1")
+        await stage.settle("Et3")
+        messages = await stage.runtime.session("ops", SESSION).messages()
+    assert [m.text for m in messages if m.role == "user"] == ["where is 2", "where is 3"]
+    assert len(stage.slack.of("chat.postMessage")) == 2

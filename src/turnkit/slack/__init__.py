@@ -10,7 +10,7 @@ except ImportError as exc:  # pragma: no cover - exercised without the extra
         "turnkit.slack needs slack_sdk and Starlette: pip install 'turnkit[slack]'"
     ) from exc
 
-from ._channel import SlackChannel, session_of, slack_channel
+from ._channel import SlackChannel, session_of, slack_channel, turn_of
 from ._render import SlackThread
 
-__all__ = ["SlackChannel", "SlackThread", "session_of", "slack_channel"]
+__all__ = ["SlackChannel", "SlackThread", "session_of", "slack_channel", "turn_of"]

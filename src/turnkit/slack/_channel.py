@@ -139,6 +139,14 @@ class SlackChannel:
         )
 
 
+def turn_of(payload: dict[str, Any]) -> str:
+    """The turn a message starts, keyed by the message itself (its channel and ts):
+    Slack's retries of an event, and the ``app_mention`` and ``message`` events
+    one message in a thread produces, all name the same turn."""
+    event = payload["event"]
+    return f"slack-{event['channel']}-{event['ts']}"
+
+
 def session_of(payload: dict[str, Any]) -> str:
     """One session per thread: ``slack:<team>:<channel>:<thread_ts>``."""
     event = payload["event"]
@@ -194,10 +202,9 @@ class _Handler:
         if isinstance(payload, dict) and payload.get("type") == "url_verification":
             return JSONResponse({"challenge": payload.get("challenge")})
         inbound = self.channel.to_event(payload)
-        event_id = payload.get("event_id") if isinstance(payload, dict) else None
-        if inbound is None or not isinstance(event_id, str) or not event_id:
+        if inbound is None or not isinstance(payload["event"].get("ts"), str):
             return Response(status_code=200)  # acknowledged, and nothing to do
-        self._start(payload, inbound, f"slack-{event_id}")
+        self._start(payload, inbound, turn_of(payload))
         return Response(status_code=200)
 
     def _start(self, payload: dict[str, Any], inbound: InboundEvent, turn_id: str) -> None:
@@ -216,6 +223,14 @@ class _Handler:
             # recovery (not a second reply) finishes it.
             if await session.turn_record(turn_id) is not None:
                 return
+            if event.get("type") == "message":
+                # Slack sends every thread reply of a channel the bot is in; only
+                # threads the bot already talks in (a session) are for it.
+                known = await self.ctx.runtime.store.session(session_id).load(
+                    from_index=NO_MESSAGES
+                )
+                if known.agent is None:
+                    return
             user = inbound.user.id if inbound.user is not None else ""
             if not await self._allowed(user, _claims(payload), session_id, "turn"):
                 await self.channel.client.chat_postEphemeral(
