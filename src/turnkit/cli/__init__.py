@@ -231,6 +231,18 @@ def _add_dev(commands: Any) -> None:
         action="store_true",
         help="no line on stderr per request and per turn ending",
     )
+    dev.add_argument(
+        "--slack",
+        action="store_true",
+        help="also serve the agent in Slack (needs turnkit[slack], SLACK_SIGNING_SECRET and "
+        "SLACK_BOT_TOKEN), on a port of its own for your tunnel; prints the URLs to paste",
+    )
+    dev.add_argument(
+        "--slack-port",
+        type=_port,
+        default=3000,
+        help="the port of the Slack routes (default: 3000; 0 picks a free one)",
+    )
     dev.set_defaults(handler=_dev)
 
 
@@ -242,15 +254,42 @@ async def _dev(args: argparse.Namespace, progress: Progress) -> int:
         raise CliError(
             f"turnkit dev needs the server extra: pip install 'turnkit[server]' ({exc})"
         ) from None
+    slack = _slack_options(args) if args.slack else None
     folder = AgentFolder.read(args.agent_dir or bundled_example())
     chosen = choose_model(folder)
     agent = folder.agent(chosen.model)
     store = await writable_store(args.store)
     options = DevOptions(
-        host=args.host, port=args.port, store_label=describe_store(args.store), quiet=args.quiet
+        host=args.host,
+        port=args.port,
+        store_label=describe_store(args.store),
+        quiet=args.quiet,
+        slack=slack,
     )
     note = chosen.note and chosen.note[0].upper() + chosen.note[1:] + "."
     return await serve_dev(agent, store, options, notice=note)
+
+
+def _slack_options(args: argparse.Namespace) -> Any:
+    """What ``turnkit dev --slack`` needs, from the environment (never the command
+    line, which other users of the machine can read)."""
+    try:
+        from ..server._dev import SlackOptions
+        from ..slack import slack_channel  # noqa: F401 - only to fail early without the extra
+    except ImportError as exc:
+        raise CliError(f"turnkit dev --slack needs: pip install 'turnkit[slack]' ({exc})") from None
+    missing = [n for n in ("SLACK_SIGNING_SECRET", "SLACK_BOT_TOKEN") if not os.environ.get(n)]
+    if missing:
+        raise CliError(
+            f"turnkit dev --slack needs {' and '.join(missing)} in the environment "
+            "(the app's signing secret and bot token; see docs/slack.md)"
+        )
+    return SlackOptions(
+        port=args.slack_port,
+        signing_secret=os.environ["SLACK_SIGNING_SECRET"],
+        bot_token=os.environ["SLACK_BOT_TOKEN"],
+        api_url=os.environ.get("SLACK_API_URL") or "https://slack.com/api/",
+    )
 
 
 def _port(text: str) -> int:

@@ -10,11 +10,14 @@ from __future__ import annotations
 import asyncio
 import socket
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from ipaddress import ip_address
 
 import uvicorn
+from starlette.applications import Starlette
+from starlette.types import ASGIApp, Receive, Scope, Send
 
+from .._channels.channel import mount_agent
 from .._engine.agent import Agent
 from .._errors import ConfigurationError
 from .._runtime.runtime import Runtime
@@ -26,6 +29,16 @@ from ._principal import loopback_only
 
 
 @dataclass(frozen=True, kw_only=True)
+class SlackOptions:
+    """``turnkit dev --slack``: the Slack app's secrets and the port its routes use."""
+
+    port: int = 3000
+    signing_secret: str = field(repr=False)
+    bot_token: str = field(repr=False)
+    api_url: str = "https://slack.com/api/"
+
+
+@dataclass(frozen=True, kw_only=True)
 class DevOptions:
     """Where ``turnkit dev`` listens, and how it names its store to people."""
 
@@ -34,6 +47,8 @@ class DevOptions:
     store_label: str = ""
     #: No line per request or per turn ending on stderr.
     quiet: bool = False
+    #: Also serve the agent in Slack, on a port of its own (``--slack``).
+    slack: SlackOptions | None = None
 
 
 async def serve_dev(agent: Agent, store: Store, options: DevOptions, *, notice: str | None) -> int:
@@ -51,21 +66,57 @@ async def serve_dev(agent: Agent, store: Store, options: DevOptions, *, notice: 
         )
     try:
         listener = _listen(options.host, options.port)
+        slack_listener = (
+            _listen(options.host, options.slack.port) if options.slack is not None else None
+        )
     except ConfigurationError:
         await store.close()
         raise
     unconfigure = configure(options.quiet)
     try:
         async with Runtime([agent], store=store) as runtime:
-            await _serve(runtime, listener, agent, options, notice)
+            await _serve(runtime, listener, agent, options, notice, slack_listener)
     finally:
         unconfigure()
     listener.close()
+    if slack_listener is not None:
+        slack_listener.close()
     return 0
 
 
+def _slack_app(runtime: Runtime, agent: Agent, options: SlackOptions) -> Starlette:
+    """The Slack routes under ``/slack``, for the port a tunnel points at."""
+    from ..slack import slack_channel
+
+    slack = slack_channel(
+        signing_secret=options.signing_secret, bot_token=options.bot_token, base_url=options.api_url
+    )
+    app = Starlette()
+    app.mount("/slack", slack.app(mount_agent(agent, runtime, channels=[slack])))
+    return app
+
+
+def _by_port(apps: dict[int, ASGIApp]) -> ASGIApp:
+    """One ASGI app serving each listening port with its own app: the chat page's
+    port never serves Slack's routes, and the Slack port serves nothing else."""
+
+    async def dispatch(scope: Scope, receive: Receive, send: Send) -> None:
+        server = scope.get("server")
+        app = apps.get(server[1]) if server else None
+        if app is None:
+            app = next(iter(apps.values()))
+        await app(scope, receive, send)
+
+    return dispatch
+
+
 async def _serve(
-    runtime: Runtime, listener: socket.socket, agent: Agent, options: DevOptions, notice: str | None
+    runtime: Runtime,
+    listener: socket.socket,
+    agent: Agent,
+    options: DevOptions,
+    notice: str | None,
+    slack_listener: socket.socket | None,
 ) -> None:
     turns = TurnLog()
     unwatch = turns.watch(runtime.sink)
@@ -79,15 +130,25 @@ async def _serve(
             chat_page=True,
             notice=notice,
         )
+        served: ASGIApp = app
+        listeners = [listener]
+        if slack_listener is not None and options.slack is not None:
+            served = _by_port(
+                {
+                    listener.getsockname()[1]: app,
+                    slack_listener.getsockname()[1]: _slack_app(runtime, agent, options.slack),
+                }
+            )
+            listeners.append(slack_listener)
         config = uvicorn.Config(
-            logged_requests(app),
+            logged_requests(served),
             interface="asgi3",
             log_level="warning",
             lifespan="off",
             timeout_graceful_shutdown=2,
         )
         server = uvicorn.Server(config)
-        serving = asyncio.create_task(server.serve(sockets=[listener]))
+        serving = asyncio.create_task(server.serve(sockets=listeners))
         while not server.started and not serving.done():
             await asyncio.sleep(0.02)
         if server.started:
@@ -98,6 +159,14 @@ async def _serve(
                 f"store {options.store_label})",
                 flush=True,
             )
+            if slack_listener is not None:
+                slack_port = slack_listener.getsockname()[1]
+                print(
+                    f"turnkit dev: Slack on http://{shown}:{slack_port}/slack/ - point a tunnel "
+                    "at it and paste https://<tunnel host>/slack/events (Event Subscriptions) "
+                    "and https://<tunnel host>/slack/interactivity (Interactivity)",
+                    flush=True,
+                )
             if notice:
                 print(f"turnkit dev: {notice}", file=sys.stderr, flush=True)
             runtime.spawn(_recover(runtime, turns))
