@@ -104,6 +104,8 @@ def nesting_exceeds(text: str, limit: int) -> bool:
     its cost grows with the length, never the depth. On text that is not JSON the
     answer is a guess; the parser then says what is wrong.
     """
+    if text.count("[") + text.count("{") <= limit:
+        return False  # too few brackets to nest that deep, wherever they are
     depth = 0
     pos = 0
     while (found := _STRUCTURAL.search(text, pos)) is not None:
