@@ -48,7 +48,10 @@ class _SessionData:
     status: SessionStatus = "new"
     updated_at: float = 0.0
     messages: list[bytes] = field(default_factory=list)
+    #: Every step of the live generation, by step id (unique in the session) ...
     steps: dict[str, tuple[str, bytes]] = field(default_factory=dict)
+    #: ... and by turn, so ``load`` reads one turn's without walking the history.
+    turn_steps: dict[str, dict[str, bytes]] = field(default_factory=dict)
     events: list[tuple[int, str, bytes]] = field(default_factory=list)
     turns: dict[str, TurnRecord] = field(default_factory=dict)
     generation: int = 0
@@ -121,8 +124,12 @@ class _MemoryTransaction:
         steps = self._data.steps
         if step_id in steps:
             raise StoreError(f"session {self._session_id}: step {step_id} is already stored")
-        steps[step_id] = (turn_id, _encode(result, f"step {step_id}"))
+        encoded = _encode(result, f"step {step_id}")
+        steps[step_id] = (turn_id, encoded)
         self._undo.append(partial(steps.pop, step_id))
+        mine = self._data.turn_steps.setdefault(turn_id, {})
+        mine[step_id] = encoded
+        self._undo.append(partial(mine.pop, step_id))
 
     def log_event(self, event: TurnEvent) -> None:
         events = self._data.events
@@ -148,7 +155,7 @@ class _MemoryTransaction:
         d.archive[generation] = d.messages
         self._undo.append(partial(d.archive.pop, generation))
         d.archived_seq = d.events[-1][0] if d.events else d.archived_seq
-        d.messages, d.steps, d.events, d.turns = [], {}, [], {}
+        d.messages, d.steps, d.turn_steps, d.events, d.turns = [], {}, {}, [], {}
         d.generation = generation + 1
         d.agent = agent
         self._touch("new")
@@ -218,7 +225,7 @@ class _MemorySession:
     async def load(self, turn_id: str | None = None, *, from_index: int = 0) -> SessionSnapshot:
         d = self._data
         steps = (
-            {k: from_json(r) for k, (t, r) in d.steps.items() if t == turn_id}
+            {k: from_json(r) for k, r in d.turn_steps.get(turn_id, {}).items()}
             if turn_id is not None
             else {}
         )
