@@ -84,8 +84,9 @@ async def main(spec: str, mode: str, crash_at: int | None) -> None:
         store = CrashingStore(store, crash_at=crash_at, when="before")
     async with Runtime(agents(), store=store) as runtime:
         if mode == "run":
-            result = await runtime.session("boss", "s1").result(
-                runtime.session("boss", "s1").start("research widgets", turn_id="parent-1")
+            session = runtime.session("boss", "s1")
+            result = await session.result(
+                await session.submit("research widgets", turn_id="parent-1")
             )
             print(json.dumps({"crashed": False, "status": result.status}))
             return

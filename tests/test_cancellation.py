@@ -490,3 +490,46 @@ async def test_a_turn_started_while_a_reset_records_its_cancellation_runs_after_
     assert (await session.result(t3)).status == "completed"
     assert {m.turn_id for m in await session.messages()} == {t3}
     assert {m.turn_id for m in await session.archived_messages(0)} == {t1}
+
+
+class HeldStream:
+    """A model that answers in one delta, then is held either before it says it is
+    done (``hold="after_delta"``) or after, while its stream closes (``"closing"``)."""
+
+    def __init__(self, hold: str) -> None:
+        self.hold = hold
+        self.waiting = asyncio.Event()
+        self.go_on = asyncio.Event()
+
+    async def stream(
+        self, messages: Sequence[turnkit.Message], tools: Sequence[ToolSpec], *, system: str | None
+    ) -> AsyncIterator[ModelDelta]:
+        try:
+            yield TextDelta(text="The whole answer")
+            if self.hold == "after_delta":
+                self.waiting.set()
+                await self.go_on.wait()
+            yield ModelDone(reply=ModelReply(text="The whole answer"))
+        finally:
+            if self.hold == "closing":
+                self.waiting.set()
+                await self.go_on.wait()
+
+
+@pytest.mark.parametrize("hold", ["after_delta", "closing"])
+async def test_a_cancel_after_the_last_delta_or_while_the_stream_closes_wins(
+    open_runtime: Any, sink: RecordingSink, hold: str
+) -> None:
+    model = HeldStream(hold)
+    rt = await open_runtime(turnkit.Agent(name="a", model=model))
+    session = rt.session("a", "s1")
+    tid = session.start("x")
+    await model.waiting.wait()
+    await session.cancel()
+    model.go_on.set()
+    result = await session.result(tid)
+    assert result.status == "cancelled"
+    assert roles(await session.messages()) == ["user"]
+    types = [e.type for e in await session.events()]
+    assert "message.completed" not in types and "turn.completed" not in types
+    assert types[-1] == "turn.cancelled"

@@ -239,7 +239,7 @@ async def test_receive_refuses_before_starting_anything(open_runtime: Any) -> No
         await receive(
             InboundOnly(), ctx, seed="go", target=None, trigger=Proactive(by="x"), session="s1"
         )
-    with pytest.raises(ConfigurationError, match="has no run_stream, so it cannot stream"):
+    with pytest.raises(ConfigurationError, match="has no submit_stream, so it cannot stream"):
         await receive(
             RecordingChannel(),
             object(),  # type: ignore[arg-type]

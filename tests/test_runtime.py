@@ -411,3 +411,52 @@ async def test_two_runtimes_taking_turns_on_one_session_each_see_the_whole_trans
         await two.session("a", "s1").reset()
         await one.session("a", "s1").turn("after the other's reset")
     assert seen == [1, 3, 5, 7, 9, 11, 1]
+
+
+async def test_idle_sessions_beyond_the_cache_are_dropped_and_come_back_from_the_store(
+    make_store: Any,
+) -> None:
+    agent = echo_agent()
+    async with turnkit.Runtime(agent, store=make_store(), session_cache=3) as rt:
+        for i in range(10):
+            assert await rt.session("a", f"s{i}").turn(f"hi {i}") == f"echo: hi {i}"
+        assert rt.cached_sessions == 3
+        # A dropped session is read back from the store, with everything it had.
+        again = rt.session("a", "s0")
+        assert [m.role for m in await again.messages()] == ["user", "assistant"]
+        assert await again.turn("more") == "echo: more"
+        assert rt.cached_sessions == 3
+
+
+async def test_a_busy_session_is_never_dropped(make_store: Any) -> None:
+    gate = asyncio.Event()
+
+    @tool
+    async def wait() -> str:
+        """Waits for the test."""
+        await gate.wait()
+        return "through"
+
+    def respond(messages: Any) -> Any:
+        if isinstance(messages[-1], UserMessage):
+            return ScriptedReply(tool_calls=[tool_call("wait")])
+        return "done"
+
+    agent = turnkit.Agent(name="a", model=ScriptedModel(respond=respond), tools=[wait])
+    async with turnkit.Runtime(agent, store=make_store(), session_cache=0) as rt:
+        busy = rt.session("a", "busy")
+        tid = await busy.submit("go")
+        for i in range(5):
+            rt.session("a", f"other{i}")
+        assert rt.session("a", "busy") is busy  # still the one running the turn
+        gate.set()
+        assert (await busy.result(tid)).text == "done"
+        rt.session("a", "another")
+        assert rt.cached_sessions == 0
+
+
+def test_session_cache_must_be_a_non_negative_int() -> None:
+    with pytest.raises(turnkit.ConfigurationError, match="session_cache must be 0 or more"):
+        turnkit.Runtime(echo_agent(), store=turnkit.stores.MemoryStore(), session_cache=-1)
+    with pytest.raises(turnkit.ConfigurationError, match="session_cache must be an int"):
+        turnkit.Runtime(echo_agent(), store=turnkit.stores.MemoryStore(), session_cache="9")  # type: ignore[arg-type]

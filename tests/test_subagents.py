@@ -209,9 +209,10 @@ async def test_a_subagent_for_an_agent_the_runtime_lacks_fails_the_turn(
 
 
 CHILD = Path(__file__).with_name("subagent_child.py")
-#: Commits of one full run: parent open, parent model, child open, child model,
-#: child tool (the note), child answer, parent tool, parent answer.
-COMMITS = 8
+#: Commits of one full run: parent queued (``turn`` submits durably), parent open,
+#: parent model, child open, child model, child tool (the note), child answer,
+#: parent tool, parent answer.
+COMMITS = 9
 
 
 def _notes(kind: str, spec: str, dsn: str | None, schema: str | None) -> int:

@@ -84,6 +84,28 @@ class ChannelContext:
         )
         return agent_session.observe(tid)
 
+    async def submit_stream(
+        self,
+        text: str,
+        *,
+        session: str,
+        event: InboundEvent | None = None,
+        trigger: Proactive | None = None,
+        replace: bool = False,
+        turn_id: str | None = None,
+        owner: str | None = None,
+    ) -> TurnStream:
+        """``run_stream``, returning only once the store holds the turn (see
+        ``AgentSession.submit``): a crash from then on loses nothing, and a refusal
+        read from the store (a parked session, say) is raised here."""
+        agent_session = self.session(session)
+        tid = await agent_session.submit(
+            text, event=event, trigger=trigger, replace=replace, turn_id=turn_id, owner=owner
+        )
+        # Nothing ran in between: the delivery yields once before its first step, so
+        # the stream is listening before the turn emits anything.
+        return agent_session.observe(tid)
+
     async def run(
         self,
         text: str,
@@ -252,10 +274,10 @@ async def receive(
     channel cannot deliver; if rendering fails, ``DeliveryError`` names the turn,
     which the runtime still runs to its end. Returns how the turn ended.
     """
-    run_stream = getattr(ctx, "run_stream", None)
-    if not callable(run_stream):
+    submit_stream = getattr(ctx, "submit_stream", None)
+    if not callable(submit_stream):
         raise ConfigurationError(
-            f"receive: {type(ctx).__name__} has no run_stream, so it cannot stream a "
+            f"receive: {type(ctx).__name__} has no submit_stream, so it cannot stream a "
             "turn; pass the ChannelContext from mount_agent"
         )
     deliver = _deliver_of(channel)
@@ -270,7 +292,7 @@ async def receive(
             f"receive: the trigger names source {trigger.source!r}, but the turn is "
             f"delivered by the {channel.source!r} channel; its policy is the one that applies"
         )
-    stream: TurnStream = run_stream(
+    stream: TurnStream = await submit_stream(
         seed, session=session, trigger=trigger, replace=replace, turn_id=turn_id
     )
     await _render(channel, deliver, target, stream, stream.turn_id)

@@ -203,7 +203,7 @@ class TerminalChannel:
             earlier = await self._settle(ctx, session, pending.turn_id)
             if earlier.status == "suspended":
                 return earlier
-        stream = ctx.run_stream(text, session=session, event=self.to_event(text))
+        stream = await ctx.submit_stream(text, session=session, event=self.to_event(text))
         await self._show(stream, asks=True)
         return await self._settle(ctx, session, stream.turn_id)
 

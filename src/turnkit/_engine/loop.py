@@ -41,9 +41,18 @@ from .._values.events import (
 )
 from .._values.inbound import InboundEvent
 from .._values.inputs import InputRequest
-from .._values.messages import AssistantMessage, Message, ModelReply, ToolCall, ToolMessage
+from .._values.messages import (
+    AssistantMessage,
+    Message,
+    ModelReply,
+    ToolCall,
+    ToolMessage,
+    TriggerMessage,
+    UserMessage,
+    message_from_dict,
+)
 from .._values.policy import TurnPolicy
-from .._values.records import TurnRecord
+from .._values.records import TurnRecord, TurnStatus
 from .._values.step_ids import model_step_id, policy_step_id, tool_step_id
 from .._values.turns import TurnCancelled, TurnFailure, TurnRequest, TurnResult, result_from_record
 from .agent import Agent
@@ -182,10 +191,13 @@ class TurnRunner:
         if owner is not None and snap.agent is not None and snap.owner != owner:
             # Checked under the writer lock, so two first turns racing for a new
             # session cannot both claim it.
-            raise SessionOwnerError(
+            refusal = (
                 f"session {self.session_id} was not opened by {owner!r}; a turn for one "
                 "owner cannot run in a session another owner (or code) opened"
             )
+            if snap.turn is not None and snap.turn.status == "queued":
+                return await self._settle_queued("failed", error=refusal)  # lost the race
+            raise SessionOwnerError(refusal)
         self.transcript = [*prefix, *snap.messages]
         # Nothing was committed since our last delivery: its outcome is still current.
         self._known_finished = (
@@ -194,12 +206,17 @@ class TurnRunner:
         self.steps, self.next_seq = snap.steps, snap.next_seq
         self.generation, self.store_id = snap.generation, snap.store_id
         record = self._record = snap.turn
+        if record is None and self.request.queued:
+            # Submitted and stored, and gone before it could open: a reset archived it.
+            return self._cancelled_unopened("reset")
+        queued = record is not None and record.status == "queued"
         if record is not None:
             # A redelivery replays the turn as it was opened, whatever the caller passed.
             self.event = InboundEvent.from_dict(record.event) if record.event else None
             self._durable_cancel = record.cancel_reason
         self.policy = self._resolve_policy()
-        superseded = record is not None and not has_opening_message(self.transcript, self.turn_id)
+        opened = record is not None and has_opening_message(self.transcript, self.turn_id)
+        superseded = record is not None and not queued and not opened
         if record is not None and record.status == "suspended" and not superseded:
             reason = self._cancel_reason()
             if reason is not None:
@@ -211,8 +228,10 @@ class TurnRunner:
             # run, so say again how it ended (a parked turn re-announces its request).
             await self._announce_outcome()
             return result_from_record(record)
+        if queued and self._cancel_reason() is not None:
+            return await self._settle_queued("cancelled", reason=self._cancel_reason())
         try:
-            if record is None:
+            if record is None or queued:
                 await self._open()
             elif record.status == "failed":
                 await self._reopen(record)
@@ -222,23 +241,37 @@ class TurnRunner:
         except _Park as park:
             return await self._park(park.call, park.request)
         except TurnCancelled as cancelled:
+            if not self._opened and queued:
+                return await self._settle_queued("cancelled", reason=cancelled.reason)
             if not self._opened and record is None:
                 return self._cancelled_unopened(cancelled.reason)
             return await self._cancel(cancelled.reason)
+        except _Refused as refused:
+            return await self._settle_queued("failed", error=str(refused))
 
     def _resolve_policy(self) -> TurnPolicy:
-        """The policy stored when the turn opened; else the one its suspend checkpoint
-        carried; else (a new turn) the agent's for the turn's source."""
+        """The policy stored when the turn was queued or opened; else the one its
+        suspend checkpoint carried; else (a new turn) the agent's for its source."""
         stored = self.steps.get(policy_step_id(self.turn_id))
         if stored is not None:
             return TurnPolicy.from_dict(stored)
         if self.request.policy is not None:
             return self.request.policy
-        source = self.event.source if self.event is not None else self.request.source
-        policy = self.agent.policy_for(source)
-        if self.request.inherited_deny:
-            policy = replace(policy, deny_tools=policy.deny_tools | self.request.inherited_deny)
-        return policy
+        return opening_policy(self.agent, self.request, self.event)
+
+    async def _settle_queued(
+        self, status: TurnStatus, *, reason: str | None = None, error: str | None = None
+    ) -> TurnResult:
+        """End a queued turn that will not open, durably, and tell observers (live:
+        nothing of it is in the transcript or the event log)."""
+        await self.store.commit(
+            lambda tx: tx.settle_queued(self.turn_id, status, reason=reason, error=error)
+        )
+        if status == "cancelled":
+            return self._cancelled_unopened(reason or "requested")
+        message = error or "the turn could not open"
+        self._emit(TurnFailedEvent(turn_id=self.turn_id, session_id=self.session_id, error=message))
+        return TurnResult(turn_id=self.turn_id, status="failed", error=message)
 
     # -- cancellation ------------------------------------------------------------
 
@@ -251,6 +284,13 @@ class TurnRunner:
         reason = self._cancel_reason()
         if reason is not None:
             raise TurnCancelled(reason)
+
+    async def _step_boundary(self) -> None:
+        """A boundary between steps: also stop if another process (or runtime) has
+        recorded a cancellation of this turn since the delivery began."""
+        if self._cancel_reason() is None:
+            self._durable_cancel = await self.store.cancel_reason(self.turn_id)
+        self._boundary()
 
     def _cancelled_unopened(self, reason: str) -> TurnResult:
         """Cancelled before its opening committed: nothing is stored, observers are told."""
@@ -295,7 +335,7 @@ class TurnRunner:
         while True:
             step = next_step(self.transcript, self.turn_id)
             if isinstance(step, CallModel):
-                self._boundary()
+                await self._step_boundary()
                 if limit is not None and taken >= limit:
                     raise TurnFailure(
                         f"the turn reached agent {self.agent.name!r}'s limit of {limit} model steps"
@@ -304,7 +344,7 @@ class TurnRunner:
                 taken += 1
             elif isinstance(step, RunTools):
                 for call in step.owed:
-                    self._boundary()
+                    await self._step_boundary()
                     await self._tool_step(step.assistant_index, call)
             elif isinstance(step, Finished):
                 return TurnResult(turn_id=self.turn_id, status="completed", text=step.text)
@@ -346,11 +386,25 @@ class TurnRunner:
             if event.type in ENDING_EVENT_TYPES:
                 self._emit(event)
                 return
+        # Settled while queued: it never opened, so nothing was logged; say it live.
+        record, sid = self._record, self.session_id
+        if record is not None and record.status == "cancelled":
+            reason = record.cancel_reason or "requested"
+            self._emit(TurnCancelledEvent(turn_id=self.turn_id, session_id=sid, reason=reason))
+        elif record is not None and record.status == "failed":
+            error = record.error or "failed"
+            self._emit(TurnFailedEvent(turn_id=self.turn_id, session_id=sid, error=error))
 
     # -- opening, retry, failure -------------------------------------------------
 
     async def _open(self) -> None:
+        queued = self._record is not None and self._record.status == "queued"
         opening = self.request.opening
+        if queued:
+            assert self._record is not None
+            stored = message_from_dict(self._record.opening)  # as submitted, whoever delivers
+            if isinstance(stored, UserMessage | TriggerMessage):
+                opening = stored
         # The turn before ours, if a crash left it open, ends here: ours supersedes it.
         previous = self.transcript[-1].turn_id if self.transcript else None
         if previous is None or previous == self._known_finished:
@@ -358,10 +412,13 @@ class TurnRunner:
         else:
             stale = await self.store.turn(previous)
         if stale is not None and stale.status == "suspended":
-            raise SessionSuspendedError(
+            refusal = (
                 f"session {self.session_id} is waiting for input on turn {stale.turn_id}; "
                 "resume it (or reset the session) before starting another turn"
             )
+            if queued:  # submitted while the park was on its way: it ends here, for good
+                raise _Refused(refusal)
+            raise SessionSuspendedError(refusal)
         crashed = stale if stale is not None and stale.status == "running" else None
         closing = self._closing_results(INTERRUPTED_CALL_ERROR if crashed else STALE_CALL_ERROR)
         record = TurnRecord(
@@ -409,7 +466,8 @@ class TurnRunner:
                 tx.set_turn_status(crashed.turn_id, "failed", error=SUPERSEDED_ERROR)
             tx.append_message(index + len(closing), opening)
             tx.open_turn(record, owner=self.request.owner)
-            tx.put_step(policy_step_id(self.turn_id), self.turn_id, policy)
+            if policy_step_id(self.turn_id) not in self.steps:  # a queued turn has it
+                tx.put_step(policy_step_id(self.turn_id), self.turn_id, policy)
 
         self._unstored = False
         await self._commit(write, events, [m for _, m in closing] + [opening])
@@ -510,6 +568,9 @@ class TurnRunner:
             )
 
         def write(tx: Transaction) -> None:
+            # Part of the commit: a cancel that arrived after the last delta or while
+            # the stream closed still wins (nothing of the step is written).
+            self._boundary()
             tx.put_step(step_id, self.turn_id, reply.to_dict())
             tx.append_message(index, message)
             if final:
@@ -639,6 +700,20 @@ class TurnRunner:
         self.next_seq += 1
         self.transcript.append(message)
         self._emit(event)
+
+
+class _Refused(Exception):
+    """Internal: a queued turn cannot open (the session parked before it ran)."""
+
+
+def opening_policy(agent: Agent, request: TurnRequest, event: InboundEvent | None) -> TurnPolicy:
+    """The policy a new turn opens with: its agent's for the turn's source, plus the
+    tools it inherited denied (a child turn gets its parent's denials)."""
+    source = event.source if event is not None else request.source
+    policy = agent.policy_for(source)
+    if request.inherited_deny:
+        policy = replace(policy, deny_tools=policy.deny_tools | request.inherited_deny)
+    return policy
 
 
 class _Park(Exception):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
@@ -18,11 +19,12 @@ from typing import Any
 from pydantic_core import from_json, to_json
 
 from .._engine.agent import Agent
-from .._engine.loop import KnownTranscript, TurnRunner
+from .._engine.loop import KnownTranscript, TurnRunner, opening_policy
 from .._errors import (
     ConfigurationError,
     InvalidAnswerError,
     ResumeConflictError,
+    SessionOwnerError,
     SessionSuspendedError,
     TurnCancelledError,
     TurnError,
@@ -43,7 +45,7 @@ from .._values.messages import (
     message_from_dict,
 )
 from .._values.records import SessionInfo, SessionStatus, TurnRecord
-from .._values.step_ids import input_step_id
+from .._values.step_ids import input_step_id, policy_step_id
 from .._values.turns import ResetResult, TurnRequest, TurnResult, result_from_record
 from .approvals import Grant, GrantSealer, check_answer, check_answerer
 from .children import RuntimeChildren
@@ -99,19 +101,91 @@ class AgentSession:
         turn_id: str | None = None,
         owner: str | None = None,
     ) -> str:
-        """Queue a turn and return its id at once; the opening commits when it runs.
+        """Queue a turn in this process and return its id at once (fire and forget).
+
+        What it promises: the turn runs here, in order after the session's earlier
+        turns, and its opening commits when it runs; until then it lives only in
+        this process's memory, so a crash before it opens loses it. Use ``submit``
+        to have the store hold it before you acknowledge it to anyone. A session
+        this process saw park is refused at once (``SessionSuspendedError``); a
+        park made elsewhere is found when the turn opens, and the turn then fails
+        with nothing stored.
 
         Passing the ``turn_id`` of an earlier delivery replays that turn from its
         last checkpoint instead of opening a new one (``text`` is then ignored).
         ``replace=True`` first cancels every unfinished turn of the session (reason
-        ``replaced``); the new turn runs once they have unwound. It never cancels a
-        parked approval: while the session is parked, ``start`` refuses.
+        ``replaced``), here and in any other process; the new turn runs once they
+        have unwound. It never cancels a parked approval.
 
         ``owner`` (a principal's id) is whose session this must be: a turn that
         creates the session records it as ``owner``'s, and one on a session with
         another owner (or none) fails with ``SessionOwnerError``, storing nothing.
         ``None``, for code acting on its own, checks and records no owner.
         """
+        self._check_start(text, event, trigger, turn_id, owner)
+        return self._start(text, event, trigger, replace, turn_id, frozenset(), owner)
+
+    async def submit(
+        self,
+        text: str,
+        *,
+        event: InboundEvent | None = None,
+        trigger: Proactive | None = None,
+        replace: bool = False,
+        turn_id: str | None = None,
+        owner: str | None = None,
+    ) -> str:
+        """Queue a turn durably and return its id once the store holds it.
+
+        Unlike ``start``, the turn is recorded as ``queued`` before this returns, so
+        a crash from then on loses nothing: this process runs it in order, or
+        ``runtime.recover()`` in whichever process restarts. Refusals are read
+        from the store, so they hold in every process: ``SessionSuspendedError``
+        while the session waits for input, ``ConfigurationError`` for a session of
+        another agent, ``SessionOwnerError`` for one ``owner`` did not open (see
+        ``start``). ``turn_id`` of a turn the store already has redelivers it.
+        """
+        self._check_start(text, event, trigger, turn_id, owner)
+        if turn_id is not None and await self._store.turn(turn_id) is not None:
+            return self._start(text, event, trigger, replace, turn_id, frozenset(), owner)
+        if self._known.messages is None or owner is not None:
+            # (Without an owner to check, a delivery here has checked the agent.)
+            snap = await self._store.load(from_index=NO_MESSAGES)
+            if snap.agent is not None and snap.agent != self.agent.name:
+                raise ConfigurationError(
+                    f"session {self.session_id} belongs to agent {snap.agent!r}, "
+                    f"not {self.agent.name!r}"
+                )
+            if owner is not None and snap.agent is not None and snap.owner != owner:
+                raise SessionOwnerError(_owner_refusal(self.session_id, owner))
+        parked = await self._store.parked()
+        if parked is not None:
+            self._parked = parked.turn_id
+            raise SessionSuspendedError(_parked_refusal(self.session_id, parked.turn_id))
+        request = self._request(text, event, trigger, turn_id, frozenset(), owner, queued=True)
+        record = TurnRecord(
+            session_id=self.session_id,
+            turn_id=request.turn_id,
+            agent=self.agent.name,
+            status="queued",
+            opening=request.opening.to_dict(),
+            event=event.to_dict() if event is not None else None,
+            created_at=time.time(),
+        )
+        policy = opening_policy(self.agent, request, event).to_dict()
+
+        def write(tx: Transaction) -> None:
+            tx.queue_turn(record, owner=owner)
+            tx.put_step(policy_step_id(record.turn_id), record.turn_id, policy)
+
+        await self._store.commit(write)
+        if replace:
+            self._replace(keep=request.turn_id)
+        return self._enqueue(request)
+
+    def _check_start(
+        self, text: object, event: object, trigger: object, turn_id: object, owner: object
+    ) -> None:
         if not isinstance(text, str):
             raise TypeError(f"turn text must be a str, got {type(text).__name__}")
         if event is not None and not isinstance(event, InboundEvent):
@@ -124,7 +198,6 @@ class AgentSession:
             raise ConfigurationError("turn_id must be a non-empty string")
         if owner is not None and (not isinstance(owner, str) or not owner):
             raise ConfigurationError(f"owner must be a non-empty str or None, got {owner!r}")
-        return self._start(text, event, trigger, replace, turn_id, frozenset(), owner)
 
     def open_child_turn(
         self, task: str, trigger: Proactive, turn_id: str, deny: frozenset[str]
@@ -147,14 +220,23 @@ class AgentSession:
         """``start`` after its checks; ``deny`` adds tools a new turn may not use (a
         subagent's child inherits its parent's denials)."""
         if self._parked is not None and turn_id != self._parked:
-            raise SessionSuspendedError(
-                f"session {self.session_id} is waiting for input on turn {self._parked}; "
-                "resume it (or reset the session) before starting another turn"
-            )
+            raise SessionSuspendedError(_parked_refusal(self.session_id, self._parked))
+        request = self._request(text, event, trigger, turn_id, deny, owner, queued=False)
         if replace:
-            replaced = self._signal_all("replaced")
-            if replaced:
-                self.runtime.spawn(self._record_cancel_quietly("replaced", set(replaced)))
+            self._replace(keep=request.turn_id)
+        return self._enqueue(request)
+
+    @staticmethod
+    def _request(
+        text: str,
+        event: InboundEvent | None,
+        trigger: Proactive | None,
+        turn_id: str | None,
+        deny: frozenset[str],
+        owner: str | None,
+        *,
+        queued: bool,
+    ) -> TurnRequest:
         tid = turn_id or uuid.uuid4().hex
         opening: OpeningMessage = (
             TriggerMessage(text=text, turn_id=tid, by=trigger.by)
@@ -162,16 +244,22 @@ class AgentSession:
             else UserMessage(text=text, turn_id=tid)
         )
         source = trigger.source if trigger is not None else None
-        return self._enqueue(
-            TurnRequest(
-                turn_id=tid,
-                opening=opening,
-                event=event,
-                source=source,
-                inherited_deny=deny,
-                owner=owner,
-            )
+        return TurnRequest(
+            turn_id=tid,
+            opening=opening,
+            event=event,
+            source=source,
+            inherited_deny=deny,
+            owner=owner,
+            queued=queued,
         )
+
+    def _replace(self, *, keep: str) -> None:
+        """Cancel the session's other unfinished turns (reason ``replaced``): the ones
+        here at once, and, recorded in the store, those running in any other process
+        (they stop at their next boundary). Never ``keep``, never a parked approval."""
+        self._signal_all("replaced", keep=keep)
+        self.runtime.spawn(self._record_cancel_quietly("replaced", keep=keep))
 
     def _enqueue(self, request: TurnRequest, *, ahead: bool = False) -> str:
         """Queue a delivery. While a reset is recording its cancellation, new turns
@@ -196,6 +284,20 @@ class AgentSession:
         if self._worker is None:
             loop = self.runtime._require_loop()
             self._worker = loop.create_task(self._drain(), name=f"turnkit:{self.session_id}")
+            self.runtime._busy[self.session_id] = self
+
+    @property
+    def idle(self) -> bool:
+        """Whether nothing of this session is queued, running or being reset here, and
+        nobody waits here for a turn's result: the runtime may then drop this object
+        (the store keeps everything; a later ``runtime.session`` makes a new one)."""
+        return (
+            self._worker is None
+            and not self._queue
+            and not self._resets_pending
+            and self._behind_reset is None
+            and all(f.done() for f in self._futures.values())
+        )
 
     async def turn(
         self,
@@ -207,10 +309,10 @@ class AgentSession:
         turn_id: str | None = None,
         owner: str | None = None,
     ) -> str:
-        """Start a turn and wait for its answer; raise ``TurnFailedError`` if it fails,
-        ``TurnSuspendedError`` (carrying the request) if it parks for input and
-        ``TurnCancelledError`` if it is cancelled."""
-        tid = self.start(
+        """Submit a turn (durably, see ``submit``) and wait for its answer; raise
+        ``TurnFailedError`` if it fails, ``TurnSuspendedError`` (carrying the request)
+        if it parks for input and ``TurnCancelledError`` if it is cancelled."""
+        tid = await self.submit(
             text, event=event, trigger=trigger, replace=replace, turn_id=turn_id, owner=owner
         )
         result = await self.result(tid)
@@ -360,6 +462,8 @@ class AgentSession:
                         self._current = None
         finally:
             self._worker = None
+            if self.runtime._busy.get(self.session_id) is self:
+                del self.runtime._busy[self.session_id]
             while self._queue:
                 request, future = self._queue.popleft()
                 what = f"turn {request.turn_id}" if request is not None else "the reset"
@@ -411,24 +515,25 @@ class AgentSession:
 
     # -- cancellation and reset -------------------------------------------------
 
-    def _signal_all(self, reason: str) -> list[str]:
-        """Tell the running delivery and every queued one to stop at their next
-        checkpoint boundary; return their turn ids."""
+    def _signal_all(self, reason: str, *, keep: str | None = None) -> list[str]:
+        """Tell the running delivery and every queued one (but ``keep``) to stop at
+        their next checkpoint boundary; return their turn ids."""
         signalled: list[str] = []
         requests = [self._current] + [r for r, _ in self._queue]
         for request in requests:
-            if request is not None:
+            if request is not None and request.turn_id != keep:
                 request.cancel.cancel(reason)
                 signalled.append(request.turn_id)
         return signalled
 
-    async def _record_cancel(self, reason: str, *, only: set[str] | None = None) -> list[str]:
+    async def _record_cancel(self, reason: str, *, keep: str | None = None) -> list[str]:
         """Record the cancellation in the store for the session's unfinished turns, so
-        a crash before their next boundary cannot bring them back; a parked turn is
-        ended at once (there is no delivery to reach a boundary)."""
+        a crash before their next boundary cannot bring them back and a process
+        running one sees it; a parked turn is ended at once (there is no delivery to
+        reach a boundary). ``keep`` (a replace) spares that turn and parked ones."""
         recorded: list[str] = []
         for record in await self._store.unfinished():
-            if only is not None and record.turn_id not in only:
+            if keep is not None and (record.turn_id == keep or record.status == "suspended"):
                 continue
             recorded.append(record.turn_id)
             if record.cancel_reason is None:
@@ -442,9 +547,9 @@ class AgentSession:
                     self._enqueue(request, ahead=True)
         return recorded
 
-    async def _record_cancel_quietly(self, reason: str, only: set[str]) -> None:
+    async def _record_cancel_quietly(self, reason: str, keep: str) -> None:
         try:
-            await self._record_cancel(reason, only=only)
+            await self._record_cancel(reason, keep=keep)
         except Exception as exc:
             # The in-memory signal still stops the turns; only crash-durability is lost.
             log.warning(
@@ -524,7 +629,18 @@ class AgentSession:
             return ResetResult(
                 previous_session=None, archived_generation=None, generation=generation
             )
-        await self._store.commit(lambda tx: tx.archive_generation(generation, self.agent.name))
+        # Queued turns the reset cancelled (in any process) end with it; those queued
+        # after it began stay live and run in the new generation.
+        settle = [
+            r for r in await self._store.unfinished() if r.status == "queued" and r.cancel_reason
+        ]
+
+        def write(tx: Transaction) -> None:
+            for record in settle:
+                tx.settle_queued(record.turn_id, "cancelled", reason=record.cancel_reason)
+            tx.archive_generation(generation, self.agent.name)
+
+        await self._store.commit(write)
         return ResetResult(
             previous_session=f"{self.session_id}#g{generation}",
             archived_generation=generation,
@@ -638,6 +754,20 @@ class AgentSession:
             unsubscribe()
 
 
+def _owner_refusal(session_id: str, owner: str) -> str:
+    return (
+        f"session {session_id} was not opened by {owner!r}; a turn for one "
+        "owner cannot run in a session another owner (or code) opened"
+    )
+
+
+def _parked_refusal(session_id: str, turn_id: str) -> str:
+    return (
+        f"session {session_id} is waiting for input on turn {turn_id}; "
+        "resume it (or reset the session) before starting another turn"
+    )
+
+
 def _cancel_request(turn_id: str, reason: str) -> Callable[[Transaction], None]:
     def write(tx: Transaction) -> None:
         tx.request_cancel(turn_id, reason)
@@ -678,6 +808,7 @@ class Runtime:
         *,
         store: Store,
         sink: EventSink | None = None,
+        session_cache: int = 1000,
     ) -> None:
         listed = [agents] if isinstance(agents, Agent) else list(agents)
         self.agents: dict[str, Agent] = {}
@@ -702,7 +833,16 @@ class Runtime:
         # Seals the grants grant_answer issues; its key never leaves this process, and
         # it is no public attribute: a grant is made by grant_answer, never by hand.
         self._grants = GrantSealer()
-        self._sessions: dict[str, AgentSession] = {}
+        if isinstance(session_cache, bool) or not isinstance(session_cache, int):
+            raise ConfigurationError(f"session_cache must be an int, got {session_cache!r}")
+        if session_cache < 0:
+            raise ConfigurationError(f"session_cache must be 0 or more, got {session_cache}")
+        #: How many idle session objects this runtime keeps (least recently used go
+        #: first); busy ones are always kept. Memory is a cache: the store has it all.
+        self.session_cache = session_cache
+        self._sessions: OrderedDict[str, AgentSession] = OrderedDict()
+        #: Sessions with a worker running here, cached or not (see AgentSession.idle).
+        self._busy: dict[str, AgentSession] = {}
         self.children = RuntimeChildren(self, self._grants)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._background: set[asyncio.Task[None]] = set()
@@ -719,7 +859,7 @@ class Runtime:
         tb: TracebackType | None,
     ) -> None:
         """Wait for queued turns to finish (or, on an error, cancel them), then close."""
-        while workers := [s._worker for s in self._sessions.values() if s._worker is not None]:
+        while workers := [s._worker for s in self._busy.values() if s._worker is not None]:
             if exc_type is not None:
                 for task in workers:
                     task.cancel()
@@ -747,8 +887,14 @@ class Runtime:
         task.add_done_callback(self._background.discard)
         return task
 
+    @property
+    def cached_sessions(self) -> int:
+        """How many session objects this runtime holds right now (for monitoring)."""
+        return len(self._sessions)
+
     def session(self, agent_name: str, session_id: str) -> AgentSession:
-        """The session ``session_id`` of agent ``agent_name`` (the same object each time)."""
+        """The session ``session_id`` of agent ``agent_name``: the same object each
+        time while it is busy or among the ``session_cache`` most recently used."""
         agent = self.agents.get(agent_name)
         if agent is None:
             raise ConfigurationError(
@@ -756,16 +902,33 @@ class Runtime:
             )
         if not isinstance(session_id, str) or not session_id:
             raise ConfigurationError("session_id must be a non-empty string")
-        existing = self._sessions.get(session_id)
+        existing = self._sessions.get(session_id) or self._busy.get(session_id)
         if existing is not None:
             if existing.agent.name != agent_name:
                 raise ConfigurationError(
                     f"session {session_id!r} belongs to agent {existing.agent.name!r}"
                 )
+            self._sessions[session_id] = existing
+            self._sessions.move_to_end(session_id)
             return existing
         session = AgentSession(self, agent, self.store.session(session_id))
         self._sessions[session_id] = session
+        self._trim()
         return session
+
+    def _trim(self) -> None:
+        """Drop the least recently used idle sessions beyond ``session_cache``."""
+        excess = len(self._sessions) - self.session_cache
+        if excess <= 0:
+            return
+        drop: list[str] = []
+        for sid, session in self._sessions.items():  # oldest first; usually the first
+            if session.idle:
+                drop.append(sid)
+                if len(drop) == excess:
+                    break
+        for sid in drop:
+            del self._sessions[sid]
 
     async def sessions(self) -> list[SessionInfo]:
         """Every session the store holds, with its agent and status."""

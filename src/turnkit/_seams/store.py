@@ -81,14 +81,35 @@ class Transaction(Protocol):
     def archive_generation(self, generation: int, agent: str) -> None:
         """Reset the session: move its messages, steps, events and turns to the archive
         under ``generation``, empty the live tables, set the status to ``new`` and the
-        generation to ``generation + 1``. Refused if the live generation is not
+        generation to ``generation + 1``. Turns still ``queued`` stay live, with their
+        steps: they run in the new generation. Refused if the live generation is not
         ``generation`` (someone else reset it first)."""
 
+    def queue_turn(self, record: TurnRecord, *, owner: str | None = None) -> None:
+        """Record a submitted turn as ``queued``: its opening and event are kept, the
+        transcript is not touched. A session seen for the first time is created
+        (status ``new``, agent ``record.agent``, recorded as ``owner``'s); an
+        existing one keeps its status and owner. A turn id already taken is an error."""
+
     def open_turn(self, record: TurnRecord, *, owner: str | None = None) -> None:
-        """Record a new running turn and mark the session ``running`` for ``record.agent``.
+        """Record a new running turn, or move the queued turn of that id to running,
+        and mark the session ``running`` for ``record.agent``. A turn id taken by a
+        turn that is not queued is an error.
 
         A session this creates is recorded as ``owner``'s; an existing session keeps
         the owner it has (the engine refuses a turn of another owner before this)."""
+
+    def settle_queued(
+        self,
+        turn_id: str,
+        status: TurnStatus,
+        *,
+        reason: str | None = None,
+        error: str | None = None,
+    ) -> None:
+        """End a ``queued`` turn that will never open (``cancelled`` with ``reason``,
+        or ``failed`` with ``error``), leaving the session's status alone. A turn
+        that is not queued is an error."""
 
     def set_turn_status(
         self,
@@ -138,6 +159,16 @@ class SessionStore(Protocol):
 
     async def turn(self, turn_id: str) -> TurnRecord | None: ...
 
+    async def cancel_reason(self, turn_id: str) -> str | None:
+        """The cancellation recorded for the turn, by any process, if there is one.
+
+        The engine asks at every step boundary of a running turn, so it must be
+        cheap: a store may answer from a change signal it watches (a file's time,
+        a notification) and read the turn only when that moved, as long as a
+        cancellation committed before the call is seen within a bounded delay.
+        """
+        ...
+
     async def messages(self) -> list[Message]: ...
 
     async def events(self, *, turn_id: str | None = None, after: int = 0) -> list[TurnEvent]: ...
@@ -149,7 +180,7 @@ class SessionStore(Protocol):
         ...
 
     async def unfinished(self) -> list[TurnRecord]:
-        """This session's ``running`` and ``suspended`` turns, oldest first."""
+        """This session's ``queued``, ``running`` and ``suspended`` turns, oldest first."""
         ...
 
     async def generations(self) -> list[int]:
@@ -188,7 +219,8 @@ class Store(Protocol):
         while sessions are added."""
 
     async def unfinished_turns(self) -> list[TurnRecord]:
-        """Turns opened but never finished (a process died under them), oldest first."""
+        """Turns to run again after a restart, oldest first: ``running`` ones (a
+        process died under them) and ``queued`` ones (submitted, never opened)."""
 
 
 class NoHandle:

@@ -11,7 +11,9 @@ from typing import Any, Literal, TypeAlias
 
 from .messages import JsonObject, Message
 
-TurnStatus: TypeAlias = Literal["running", "suspended", "completed", "failed", "cancelled"]
+TurnStatus: TypeAlias = Literal[
+    "queued", "running", "suspended", "completed", "failed", "cancelled"
+]
 SessionStatus: TypeAlias = Literal["new", "running", "suspended", "idle"]
 TERMINAL_TURN_STATUSES: frozenset[str] = frozenset({"completed", "failed", "cancelled"})
 

@@ -48,6 +48,9 @@ class TurnRequest:
     #: and a session another owner opened refuses the turn. ``None``: trusted code,
     #: which claims nothing.
     owner: str | None = None
+    #: Submitted durably: the store held the turn as ``queued`` before this delivery
+    #: was asked for, so finding no record means a reset archived it meanwhile.
+    queued: bool = False
     cancel: CancelSignal = field(default_factory=CancelSignal, compare=False)
 
 

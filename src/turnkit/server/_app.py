@@ -363,7 +363,8 @@ class _Api:
         ctx = self._writable(target)
         session = ctx.session(target.session_id)
         try:
-            turn_id = session.start(
+            # Acknowledged only once the store holds the turn (see AgentSession.submit).
+            turn_id = await session.submit(
                 body.text,
                 event=self._inbound(body.text, principal),
                 replace=body.replace,
@@ -374,6 +375,8 @@ class _Api:
             )
         except SessionSuspendedError as exc:
             raise HttpError(409, "session_suspended", str(exc)) from None
+        except ConfigurationError as exc:
+            raise HttpError(409, "session_of_another_agent", str(exc)) from None
         return session, turn_id
 
     async def resume(self, request: Request, principal: Principal) -> Response:

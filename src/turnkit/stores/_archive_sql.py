@@ -4,26 +4,35 @@ One reset is these statements in one transaction: copy every live row of the
 session to the archive tables under the generation being retired, delete the live
 rows, record the generation (its primary key refuses a second reset of the same
 generation) and move the session to the next generation with status ``new``.
+Turns still queued (submitted after the reset began, so never cancelled by it)
+stay live, with their steps, and run in the new generation.
 """
 
 from __future__ import annotations
 
-_LIVE_TABLES = ("messages", "steps", "events", "turns")
+#: Which rows of each live table a reset moves: all but a queued turn's.
+_MOVED = {
+    "messages": "session_id = ?",
+    "events": "session_id = ?",
+    "steps": "session_id = ? AND turn_id NOT IN (SELECT q.turn_id FROM turnkit_turns q "
+    "WHERE q.session_id = turnkit_steps.session_id AND q.status = 'queued')",
+    "turns": "session_id = ? AND status <> 'queued'",
+}
 
 ARCHIVE: tuple[str, ...] = (
     "INSERT INTO turnkit_archived_messages (session_id, generation, idx, turn_id, body) "
     "SELECT session_id, ?, idx, turn_id, body FROM turnkit_messages WHERE session_id = ?",
     "INSERT INTO turnkit_archived_steps (session_id, generation, turn_id, step_id, result) "
-    "SELECT session_id, ?, turn_id, step_id, result FROM turnkit_steps WHERE session_id = ?",
+    "SELECT session_id, ?, turn_id, step_id, result FROM turnkit_steps WHERE " + _MOVED["steps"],
     "INSERT INTO turnkit_archived_events (session_id, generation, seq, turn_id, body) "
     "SELECT session_id, ?, seq, turn_id, body FROM turnkit_events WHERE session_id = ?",
     "INSERT INTO turnkit_archived_turns (session_id, generation, turn_id, agent, status, "
     "opening, event, text, error, created_at, finished_at, pending, cancel_reason) "
     "SELECT session_id, ?, turn_id, agent, status, opening, event, text, error, created_at, "
-    "finished_at, pending, cancel_reason FROM turnkit_turns WHERE session_id = ?",
+    "finished_at, pending, cancel_reason FROM turnkit_turns WHERE " + _MOVED["turns"],
 )
 CLEAR: tuple[str, ...] = tuple(
-    f"DELETE FROM turnkit_{table} WHERE session_id = ?" for table in _LIVE_TABLES
+    f"DELETE FROM turnkit_{table} WHERE {where}" for table, where in _MOVED.items()
 )
 RECORD_GENERATION = (
     "INSERT INTO turnkit_generations (session_id, generation, archived_at) VALUES (?, ?, ?)"

@@ -66,8 +66,23 @@ class RecordedWrites:
     def archive_generation(self, generation: int, agent: str) -> None:
         self._writes.append(lambda tx: tx.archive_generation(generation, agent))
 
+    def queue_turn(self, record: TurnRecord, *, owner: str | None = None) -> None:
+        self._writes.append(lambda tx: tx.queue_turn(record, owner=owner))
+
     def open_turn(self, record: TurnRecord, *, owner: str | None = None) -> None:
         self._writes.append(lambda tx: tx.open_turn(record, owner=owner))
+
+    def settle_queued(
+        self,
+        turn_id: str,
+        status: TurnStatus,
+        *,
+        reason: str | None = None,
+        error: str | None = None,
+    ) -> None:
+        self._writes.append(
+            lambda tx: tx.settle_queued(turn_id, status, reason=reason, error=error)
+        )
 
     def set_turn_status(
         self,

@@ -61,6 +61,8 @@ class _Writes:
         self._sid = session_id
         self.schema = schema
         self.writes: list[_Write] = []
+        #: The turns whose cancellation this commit records (announced once it lands).
+        self.cancels: list[str] = []
 
     def statements(self) -> list[wire.Statement]:
         """Every write as one statement, its values bound."""
@@ -79,19 +81,44 @@ class _Writes:
         self.writes.append((sql.INSERT_EVENT, row))
 
     def request_cancel(self, turn_id: str, reason: str) -> None:
+        self.cancels.append(turn_id)
         missing = f"session {self._sid}: no turn {turn_id} to cancel"
         self.writes.append((_REQUEST_CANCEL_CHECKED, (reason, self._sid, turn_id, missing)))
 
     def archive_generation(self, generation: int, agent: str) -> None:
         self.writes += archive_sql.reset_statements(self._sid, agent, generation, time.time())
 
+    def _turn_values(self, record: TurnRecord, now: float) -> tuple[Any, ...]:
+        return (
+            self._sid,
+            record.turn_id,
+            record.agent,
+            _dumps(record.opening),
+            _dumps(record.event) if record.event is not None else None,
+            record.created_at or now,
+        )
+
+    def queue_turn(self, record: TurnRecord, *, owner: str | None = None) -> None:
+        now = time.time()
+        self.writes.append((sql.QUEUE_TURN, self._turn_values(record, now)))
+        self.writes.append((sql.QUEUE_SESSION, (self._sid, record.agent, now, now, owner)))
+
+    def settle_queued(
+        self,
+        turn_id: str,
+        status: TurnStatus,
+        *,
+        reason: str | None = None,
+        error: str | None = None,
+    ) -> None:
+        missing = f"session {self._sid}: no queued turn {turn_id} to settle"
+        row = (status, error, reason, time.time(), self._sid, turn_id)
+        self.writes.append((_SETTLE_QUEUED_CHECKED, (*row, missing)))
+
     def open_turn(self, record: TurnRecord, *, owner: str | None = None) -> None:
         now = time.time()
-        event = _dumps(record.event) if record.event is not None else None
-        opening = _dumps(record.opening)
-        created = record.created_at or now
-        turn = (self._sid, record.turn_id, record.agent, opening, event, created)
-        self.writes.append((sql.OPEN_TURN, turn))
+        missing = f"session {self._sid}: turn {record.turn_id} already exists"
+        self.writes.append((_OPEN_TURN_CHECKED, (*self._turn_values(record, now), missing)))
         self.writes.append((sql.UPSERT_SESSION, (self._sid, record.agent, now, now, owner)))
 
     def set_turn_status(
@@ -117,6 +144,12 @@ class _Writes:
 _REQUEST_CANCEL_CHECKED = (
     f"WITH t AS ({archive_sql.REQUEST_CANCEL} RETURNING 1) "
     "SELECT turnkit_expect_one(count(*), ?) FROM t"
+)
+_OPEN_TURN_CHECKED = (
+    f"WITH t AS ({sql.OPEN_TURN} RETURNING 1) SELECT turnkit_expect_one(count(*), ?) FROM t"
+)
+_SETTLE_QUEUED_CHECKED = (
+    f"WITH t AS ({sql.SETTLE_QUEUED} RETURNING 1) SELECT turnkit_expect_one(count(*), ?) FROM t"
 )
 #: The turn's move and the session's, in one statement (the session moves only if the
 #: turn did), and the turn's row count checked.

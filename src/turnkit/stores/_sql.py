@@ -22,9 +22,32 @@ INSERT_EVENT = "INSERT INTO turnkit_events (session_id, seq, turn_id, body) VALU
 
 # -- turns and sessions -----------------------------------------------------------------
 
-OPEN_TURN = (
+# A submitted turn is a ``queued`` row: its opening and event are stored, nothing is
+# in the transcript yet. Opening it moves the same row to ``running``; a queued turn
+# that never opens (cancelled, refused) is settled where it stands, and the session's
+# status is left alone, since it never ran.
+
+QUEUE_TURN = (
     "INSERT INTO turnkit_turns (session_id, turn_id, agent, status, opening, event, "
-    "created_at) VALUES (?, ?, ?, 'running', ?, ?, ?)"
+    "created_at) VALUES (?, ?, ?, 'queued', ?, ?, ?)"
+)
+#: A session first seen through a queued turn exists from then on, status ``new``.
+QUEUE_SESSION = (
+    "INSERT INTO turnkit_sessions (session_id, agent, status, created_at, updated_at, owner) "
+    "VALUES (?, ?, 'new', ?, ?, ?) ON CONFLICT (session_id) DO UPDATE SET "
+    "updated_at = excluded.updated_at"
+)
+#: Opens a new turn, or the queued row of the same id; any other row of that id is
+#: left as it is (and the statement reports no row, which the store refuses).
+OPEN_TURN = (
+    "INSERT INTO turnkit_turns AS cur (session_id, turn_id, agent, status, opening, event, "
+    "created_at) VALUES (?, ?, ?, 'running', ?, ?, ?) ON CONFLICT (session_id, turn_id) "
+    "DO UPDATE SET status = 'running' WHERE cur.status = 'queued'"
+)
+SETTLE_QUEUED = (
+    "UPDATE turnkit_turns SET status = ?, error = ?, "
+    "cancel_reason = coalesce(cancel_reason, ?), finished_at = ? "
+    "WHERE session_id = ? AND turn_id = ? AND status = 'queued'"
 )
 #: A session's row as a turn opens: made (with its owner) or moved to ``running``.
 UPSERT_SESSION = (
@@ -56,15 +79,18 @@ TURN_EVENTS = (
 TURN = f"SELECT {TURN_COLUMNS} FROM turnkit_turns WHERE session_id = ? AND turn_id = ?"
 UNFINISHED = (
     f"SELECT {TURN_COLUMNS} FROM turnkit_turns WHERE session_id = ? "
-    "AND status IN ('running', 'suspended') ORDER BY created_at"
+    "AND status IN ('queued', 'running', 'suspended') ORDER BY created_at"
 )
+CANCEL_REASON = "SELECT cancel_reason FROM turnkit_turns WHERE session_id = ? AND turn_id = ?"
 PARKED = (
     f"SELECT {TURN_COLUMNS} FROM turnkit_turns WHERE session_id = ? "
     "AND status = 'suspended' ORDER BY created_at DESC LIMIT 1"
 )
 STATUS = "SELECT status FROM turnkit_sessions WHERE session_id = ?"
+#: What ``recover()`` picks up: turns left running by a dead process, and queued ones.
 UNFINISHED_TURNS = (
-    f"SELECT {TURN_COLUMNS} FROM turnkit_turns WHERE status = 'running' ORDER BY created_at"
+    f"SELECT {TURN_COLUMNS} FROM turnkit_turns WHERE status IN ('queued', 'running') "
+    "ORDER BY created_at"
 )
 
 

@@ -155,20 +155,72 @@ class _MemoryTransaction:
         d.archive[generation] = d.messages
         self._undo.append(partial(d.archive.pop, generation))
         d.archived_seq = d.events[-1][0] if d.events else d.archived_seq
-        d.messages, d.steps, d.turn_steps, d.events, d.turns = [], {}, {}, [], {}
+        # Queued turns (and their steps) stay: they run in the new generation.
+        queued = {t: r for t, r in d.turns.items() if r.status == "queued"}
+        d.steps = {s: v for s, v in d.steps.items() if v[0] in queued}
+        d.turn_steps = {t: v for t, v in d.turn_steps.items() if t in queued}
+        d.messages, d.events, d.turns = [], [], queued
         d.generation = generation + 1
         d.agent = agent
         self._touch("new")
 
-    def open_turn(self, record: TurnRecord, *, owner: str | None = None) -> None:
+    def queue_turn(self, record: TurnRecord, *, owner: str | None = None) -> None:
         if record.turn_id in self._data.turns:
             raise StoreError(f"session {self._session_id}: turn {record.turn_id} already exists")
         self._keep_fields()
         if self._data.agent is None:  # the turn creates the session
             self._data.owner = owner
-        self._put_turn(replace(record, opening=_copy(record.opening), event=_copy(record.event)))
+        self._put_turn(
+            replace(
+                record,
+                status="queued",
+                opening=_copy(record.opening),
+                event=_copy(record.event),
+                created_at=record.created_at or time.time(),
+            )
+        )
+        if self._data.agent is None:
+            self._data.agent = record.agent
+        self._touch(self._data.status)
+
+    def open_turn(self, record: TurnRecord, *, owner: str | None = None) -> None:
+        existing = self._data.turns.get(record.turn_id)
+        if existing is not None and existing.status != "queued":
+            raise StoreError(f"session {self._session_id}: turn {record.turn_id} already exists")
+        if self._data.agent is None:  # the turn creates the session
+            self._data.owner = owner
+        opened = replace(
+            record,
+            status="running",
+            opening=_copy(record.opening),
+            event=_copy(record.event),
+            created_at=existing.created_at if existing is not None else record.created_at,
+            cancel_reason=existing.cancel_reason if existing is not None else None,
+        )
+        self._put_turn(opened)
         self._data.agent = record.agent
         self._touch("running")
+
+    def settle_queued(
+        self,
+        turn_id: str,
+        status: TurnStatus,
+        *,
+        reason: str | None = None,
+        error: str | None = None,
+    ) -> None:
+        record = self._data.turns.get(turn_id)
+        if record is None or record.status != "queued":
+            raise StoreError(f"session {self._session_id}: no queued turn {turn_id} to settle")
+        self._put_turn(
+            replace(
+                record,
+                status=status,
+                error=error,
+                cancel_reason=record.cancel_reason or reason,
+                finished_at=time.time(),
+            )
+        )
 
     def set_turn_status(
         self,
@@ -266,6 +318,10 @@ class _MemorySession:
     async def turn(self, turn_id: str) -> TurnRecord | None:
         return self._data.turns.get(turn_id)
 
+    async def cancel_reason(self, turn_id: str) -> str | None:
+        record = self._data.turns.get(turn_id)
+        return record.cancel_reason if record is not None else None
+
     async def messages(self) -> list[Message]:
         return [message_from_dict(from_json(m)) for m in self._data.messages]
 
@@ -286,7 +342,9 @@ class _MemorySession:
         return [message_from_dict(from_json(m)) for m in self._data.archive.get(generation, [])]
 
     async def unfinished(self) -> list[TurnRecord]:
-        found = [t for t in self._data.turns.values() if t.status in ("running", "suspended")]
+        found = [
+            t for t in self._data.turns.values() if t.status in ("queued", "running", "suspended")
+        ]
         return sorted(found, key=lambda t: t.created_at)
 
     async def parked(self) -> TurnRecord | None:
@@ -341,7 +399,10 @@ class MemoryStore:
 
     async def unfinished_turns(self) -> list[TurnRecord]:
         found = [
-            t for d in self._sessions.values() for t in d.turns.values() if t.status == "running"
+            t
+            for d in self._sessions.values()
+            for t in d.turns.values()
+            if t.status in ("queued", "running")
         ]
         return sorted(found, key=lambda t: t.created_at)
 

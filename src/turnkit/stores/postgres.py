@@ -34,6 +34,7 @@ import json
 import logging
 import os
 import socket
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -46,6 +47,7 @@ from .._values.messages import Message, message_from_dict
 from .._values.records import SessionInfo, SessionKey, SessionSnapshot, SessionStatus, TurnRecord
 from . import _archive_sql as archive_sql
 from . import _sql as sql
+from ._pg_listen import CancelListener, announce
 from ._postgres_schema import migrate, read_store_id
 from ._sql_rows import session_info
 from ._sql_rows import turn_from_row as _turn_from_row
@@ -94,10 +96,17 @@ log = logging.getLogger("turnkit.stores.postgres")
 _TEXT_OF = "(m.body::json ->> 'text')"
 
 
+#: At most how often, in seconds, a running turn reads whether another process
+#: cancelled it (``cancel_reason``), for a cancellation whose announcement was lost.
+CANCEL_POLL = 1.0
+
+
 class _PgSession:
     def __init__(self, store: PostgresStore, session_id: str) -> None:
         self._store = store
         self._sid = session_id
+        #: The last cancel_reason read: (turn id, when, reason).
+        self._cancel_poll: tuple[str, float, str | None] = ("", 0.0, None)
 
     @property
     def session_id(self) -> str:
@@ -163,6 +172,7 @@ class _PgSession:
             # A local tool: it runs on a worker thread, where its SQL may block.
             result, thread_tx = await store._call(self._commit_on_thread, work, token)
             if thread_tx.flushed:
+                await store._announce_cancels(self._sid, thread_tx.cancels)
                 return result
             writes = thread_tx
         try:
@@ -172,6 +182,7 @@ class _PgSession:
         if statements:
             rows = tx.rows if writes is tx and not tx.writes else None
             await self._flush(statements, token, rows)
+        await store._announce_cancels(self._sid, writes.cancels)
         return result
 
     def _commit_on_thread(
@@ -219,6 +230,21 @@ class _PgSession:
             return _turn_row(res, 0) if res.ntuples else None
 
         return await self._store._read(f"turn {turn_id}", read, of=self._sid)
+
+    async def cancel_reason(self, turn_id: str) -> str | None:
+        # Announced cancellations are heard at once (see _pg_listen); the turn's row
+        # is read besides at most every CANCEL_POLL seconds per delivery, for one
+        # whose announcement was lost. The step hot path pays no round trip between.
+        now = time.monotonic()
+        seen_turn, polled, reason = self._cancel_poll
+        announced = self._store._listener.heard(self._sid, turn_id)
+        fresh = now - polled < CANCEL_POLL
+        if seen_turn == turn_id and not announced and (reason is not None or fresh):
+            return reason
+        record = await self.turn(turn_id)
+        reason = record.cancel_reason if record is not None else None
+        self._cancel_poll = (turn_id, now, reason)
+        return reason
 
     async def messages(self) -> list[Message]:
         return await self._select(f"session {self._sid}", sql.MESSAGES, (), _message)
@@ -321,6 +347,7 @@ class PostgresStore:
         self._store_id: str | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._writers = Writers(self._connect, schema, self.holder, busy_timeout)
+        self._listener = CancelListener(self._connect, schema)
         self.commit_senders = commit_senders
         self._committer = _GroupCommitter(
             self._connect, schema, senders=min(commit_senders, max_size)
@@ -409,6 +436,7 @@ class PostgresStore:
             await self._shut()
             raise
         self._apool = apool
+        self._listener.start()
 
     def _open_sync(self) -> None:
         try:
@@ -433,6 +461,7 @@ class PostgresStore:
         self._pool = pool
 
     async def close(self) -> None:
+        await self._listener.stop()
         await self._committer.close()
         await self._writers.close()
         apool, self._apool = self._apool, None
@@ -448,6 +477,18 @@ class PostgresStore:
         if pool is not None:
             await asyncio.get_running_loop().run_in_executor(executor, pool.close)
         executor.shutdown(wait=False)
+
+    async def _announce_cancels(self, session_id: str, turn_ids: list[str]) -> None:
+        """Tell every process listening that these turns' cancellation committed; a
+        failure only delays it until their poll (see ``CANCEL_POLL``)."""
+        if not turn_ids or self._apool is None:
+            return
+        payloads = [self._listener.payload(session_id, t) for t in turn_ids]
+        try:
+            async with self._apool.connection() as conn:
+                await announce(conn, payloads)
+        except psycopg.Error as exc:
+            log.warning("announcing a cancellation on %s failed: %s", session_id, exc)
 
     # -- plumbing ----------------------------------------------------------------
 

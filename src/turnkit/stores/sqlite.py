@@ -38,7 +38,7 @@ from .._values.records import (
 )
 from . import _archive_sql as archive_sql
 from . import _sql as sql
-from ._locks import SessionLocks
+from ._host_locks import HostSessionLocks
 from ._off_loop import RecordedWrites, RunsTool, on_thread
 from ._sql_rows import dumps as _dumps
 from ._sql_rows import session_info
@@ -60,6 +60,8 @@ RESTART_FRAMES = 1024
 CHECKPOINT_BACKSTOP_PAGES = 10_000
 #: Truncate the WAL file back to this many bytes after a checkpoint.
 JOURNAL_SIZE_LIMIT = 64 * 1024 * 1024
+#: Appended to the database's path to name the sidecar file of session writer locks.
+LOCK_FILE_SUFFIX = "-locks"
 
 
 @contextmanager
@@ -175,6 +177,8 @@ class _SqliteTransaction:
     def __init__(self, conn: sqlite3.Connection, session_id: str) -> None:
         self._conn = conn
         self._sid = session_id
+        #: Whether this transaction records a cancellation (others are then told).
+        self.cancels = False
 
     @property
     def handle(self) -> StoreHandle:
@@ -202,6 +206,7 @@ class _SqliteTransaction:
         cur = self._conn.execute(archive_sql.REQUEST_CANCEL, (reason, self._sid, turn_id))
         if cur.rowcount != 1:
             raise StoreError(f"session {self._sid}: no turn {turn_id} to cancel")
+        self.cancels = True
 
     def archive_generation(self, generation: int, agent: str) -> None:
         _check_open(self._conn)
@@ -217,20 +222,43 @@ class _SqliteTransaction:
                     "(another reset came first)"
                 ) from exc
 
+    def _turn_values(self, record: TurnRecord, now: float) -> tuple[Any, ...]:
+        return (
+            self._sid,
+            record.turn_id,
+            record.agent,
+            _dumps(record.opening),
+            _dumps(record.event) if record.event is not None else None,
+            record.created_at or now,
+        )
+
+    def queue_turn(self, record: TurnRecord, *, owner: str | None = None) -> None:
+        _check_open(self._conn)
+        now = time.time()
+        self._conn.execute(sql.QUEUE_TURN, self._turn_values(record, now))
+        self._conn.execute(sql.QUEUE_SESSION, (self._sid, record.agent, now, now, owner))
+
+    def settle_queued(
+        self,
+        turn_id: str,
+        status: TurnStatus,
+        *,
+        reason: str | None = None,
+        error: str | None = None,
+    ) -> None:
+        _check_open(self._conn)
+        cur = self._conn.execute(
+            sql.SETTLE_QUEUED, (status, error, reason, time.time(), self._sid, turn_id)
+        )
+        if cur.rowcount != 1:
+            raise StoreError(f"session {self._sid}: no queued turn {turn_id} to settle")
+
     def open_turn(self, record: TurnRecord, *, owner: str | None = None) -> None:
         _check_open(self._conn)
         now = time.time()
-        self._conn.execute(
-            sql.OPEN_TURN,
-            (
-                self._sid,
-                record.turn_id,
-                record.agent,
-                _dumps(record.opening),
-                _dumps(record.event) if record.event is not None else None,
-                record.created_at or now,
-            ),
-        )
+        cur = self._conn.execute(sql.OPEN_TURN, self._turn_values(record, now))
+        if cur.rowcount != 1:
+            raise StoreError(f"session {self._sid}: turn {record.turn_id} already exists")
         self._conn.execute(sql.UPSERT_SESSION, (self._sid, record.agent, now, now, owner))
 
     def set_turn_status(
@@ -259,13 +287,15 @@ class _SqliteSession:
     def __init__(self, store: SqliteStore, session_id: str) -> None:
         self._store = store
         self._sid = session_id
+        #: The last cancel_reason read: (turn id, the lock file's mark then, reason).
+        self._cancel_seen: tuple[str, bytes | None, str | None] = ("", None, None)
 
     @property
     def session_id(self) -> str:
         return self._sid
 
     def writer(self) -> AbstractAsyncContextManager[None]:
-        # In-process only: one runtime per SQLite file is the supported deployment.
+        # Across processes too: see HostSessionLocks.
         return self._store._locks.hold(self._sid)
 
     async def load(self, turn_id: str | None = None, *, from_index: int = 0) -> SessionSnapshot:
@@ -329,8 +359,9 @@ class _SqliteSession:
     async def _write(self, writes: RecordedWrites) -> None:
         conn = self._store.connection
         await self._begin(conn)
+        tx = _SqliteTransaction(conn, self._sid)
         try:
-            writes.replay(_SqliteTransaction(conn, self._sid))
+            writes.replay(tx)
             conn.execute("COMMIT")
         except BaseException as exc:
             if conn.in_transaction:
@@ -340,6 +371,8 @@ class _SqliteSession:
                 raise
             raise failure from exc
         self._store._committed()
+        if tx.cancels:
+            self._store._locks.signal()
 
     async def _commit_tool(self, work: Callable[[Any], T]) -> T:
         """``work`` runs a local tool: run it on a tool thread. If the tool used
@@ -402,6 +435,19 @@ class _SqliteSession:
     async def turn(self, turn_id: str) -> TurnRecord | None:
         with _reading(f"turn {turn_id}"):
             return self._read_turn(self._store.connection, turn_id)
+
+    async def cancel_reason(self, turn_id: str) -> str | None:
+        # Every process that records a cancellation changes the lock file's mark
+        # after its commit, so the row needs reading only when the mark has moved.
+        mark = self._store._locks.mark()
+        seen_turn, seen_mark, reason = self._cancel_seen
+        if seen_turn == turn_id and mark is not None and mark == seen_mark:
+            return reason
+        with _reading(f"turn {turn_id}"):
+            row = self._store.connection.execute(sql.CANCEL_REASON, (self._sid, turn_id)).fetchone()
+        reason = row[0] if row is not None else None
+        self._cancel_seen = (turn_id, mark, reason)
+        return reason
 
     def _read_turn(self, conn: sqlite3.Connection, turn_id: str) -> TurnRecord | None:
         row = conn.execute(sql.TURN, (self._sid, turn_id)).fetchone()
@@ -471,6 +517,11 @@ class SqliteStore:
     """Sessions in one SQLite file (WAL). ``busy_timeout`` is how long, in seconds, a
     write waits for another process's lock before failing.
 
+    Several processes on one host may share the file: a session is run by one of
+    them at a time, held through a lock on ``<path>-locks`` that the kernel drops
+    when its process dies. A delivery waits up to ``writer_timeout`` seconds for a
+    session another process is running, then raises ``SessionBusyError``.
+
     WAL checkpoints (copying committed pages back into the database file, with an
     fsync) run on a worker thread every ``CHECKPOINT_EVERY`` commits instead of
     inside whichever commit crosses SQLite's threshold, so they never stall the
@@ -481,7 +532,12 @@ class SqliteStore:
     """
 
     def __init__(
-        self, path: str | os.PathLike[str], *, busy_timeout: float = 5.0, tool_threads: int = 8
+        self,
+        path: str | os.PathLike[str],
+        *,
+        busy_timeout: float = 5.0,
+        tool_threads: int = 8,
+        writer_timeout: float = 30.0,
     ) -> None:
         if isinstance(tool_threads, bool) or not isinstance(tool_threads, int) or tool_threads < 1:
             raise ConfigurationError(
@@ -491,6 +547,7 @@ class SqliteStore:
         self.path = os.fspath(path)
         self.busy_timeout = busy_timeout
         self.tool_threads = tool_threads
+        self.writer_timeout = writer_timeout
         self._conn: sqlite3.Connection | None = None
         #: The tool threads and their connections (one each, made on first use).
         self._tool_executor: ThreadPoolExecutor | None = None
@@ -505,7 +562,10 @@ class SqliteStore:
         #: rewound the WAL (for monitoring and tests).
         self.checkpoints = 0
         self.restarts = 0
-        self._locks = SessionLocks()
+        in_memory = self.path in ("", ":memory:") or self.path.startswith("file:")
+        self._locks = HostSessionLocks(
+            None if in_memory else self.path + LOCK_FILE_SUFFIX, writer_timeout
+        )
 
     def _committed(self) -> None:
         """Count a commit; start a background checkpoint when enough have piled up."""
@@ -587,6 +647,12 @@ class SqliteStore:
             raise StoreError(f"SqliteStore: directory {parent!r} does not exist")
         # Migrations may wait for another process's lock: do it off the event loop.
         self._conn = await asyncio.to_thread(self._connect)
+        try:
+            self._locks.open()
+        except BaseException:
+            self._conn.close()
+            self._conn = None
+            raise
         self._tool_local = threading.local()
         self._tool_executor = ThreadPoolExecutor(
             max_workers=self.tool_threads, thread_name_prefix="turnkit-sqlite-tool"
@@ -626,6 +692,7 @@ class SqliteStore:
             self._checkpoint_conn.close()
             self._checkpoint_conn = None
         if self._conn is not None:
+            self._locks.close()
             self._conn.close()
             self._conn = None
 

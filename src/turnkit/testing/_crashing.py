@@ -53,6 +53,9 @@ class _CountingSession:
     async def turn(self, turn_id: str) -> TurnRecord | None:
         return await self._inner.turn(turn_id)
 
+    async def cancel_reason(self, turn_id: str) -> str | None:
+        return await self._inner.cancel_reason(turn_id)
+
     async def messages(self) -> list[Message]:
         return await self._inner.messages()
 

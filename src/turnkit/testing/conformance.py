@@ -63,6 +63,7 @@ __all__ = [
     "test_conformance_load_from_an_index_reads_only_the_rest",
     "test_conformance_local_tool_rows_commit_or_roll_back_with_the_step",
     "test_conformance_park_cancel_and_unfinished",
+    "test_conformance_queued_turns_open_or_settle",
     "test_conformance_reset_archives_a_generation",
     "test_conformance_session_pages_newest_first_by_key",
     "test_conformance_sessions_are_isolated_and_listed",
@@ -501,6 +502,49 @@ async def test_conformance_park_cancel_and_unfinished(conformance_store: StoreUn
         assert await session.status() == "idle"
         with pytest.raises(StoreError, match="no turn"):
             await session.commit(lambda tx: tx.request_cancel("ghost", "requested"))
+
+
+@pytest.mark.asyncio
+async def test_conformance_queued_turns_open_or_settle(conformance_store: StoreUnderTest) -> None:
+    async with _opened(conformance_store) as store:
+        session = store.session("q")
+        await session.commit(lambda tx: tx.queue_turn(_record("q", "t1", created_at=10.0)))
+        await session.commit(lambda tx: tx.queue_turn(_record("q", "t2", created_at=20.0)))
+        await session.commit(lambda tx: tx.queue_turn(_record("q", "t3", created_at=30.0)))
+        queued = await session.turn("t1")
+        assert queued is not None and queued.status == "queued"
+        assert queued.opening == UserMessage(text="open t1", turn_id="t1").to_dict()
+        # A queued turn is stored and listed, but nothing is in the transcript yet.
+        assert await session.status() == "new" and await session.messages() == []
+        assert [i.session_id for i in await store.sessions()] == ["q"]
+        assert [t.turn_id for t in await session.unfinished()] == ["t1", "t2", "t3"]
+        assert [t.turn_id for t in await store.unfinished_turns()] == ["t1", "t2", "t3"]
+        with pytest.raises(StoreError):
+            await session.commit(lambda tx: tx.queue_turn(_record("q", "t1")))
+
+        await _open_turn(session, "t1", created_at=99.0)  # the queued row becomes running
+        opened = await session.turn("t1")
+        assert opened is not None and opened.status == "running"
+        assert opened.created_at == 10.0 and await session.status() == "running"
+        with pytest.raises(StoreError, match="t1"):  # a running turn is not opened twice
+            await session.commit(lambda tx: tx.open_turn(_record("q", "t1")))
+
+        await session.commit(lambda tx: tx.request_cancel("t2", "replaced"))
+        await session.commit(lambda tx: tx.settle_queued("t2", "cancelled", reason="requested"))
+        await session.commit(lambda tx: tx.settle_queued("t3", "failed", error="parked"))
+        t2, t3 = await session.turn("t2"), await session.turn("t3")
+        assert t2 is not None and (t2.status, t2.cancel_reason) == ("cancelled", "replaced")
+        assert t3 is not None and (t3.status, t3.error) == ("failed", "parked")
+        assert t3.finished_at is not None
+        assert await session.status() == "running"  # settling leaves the session alone
+        assert [t.turn_id for t in await session.unfinished()] == ["t1"]
+        for turn_id in ("t1", "t2", "ghost"):  # only a queued turn settles
+
+            def settle(tx: Transaction, turn_id: str = turn_id) -> None:
+                tx.settle_queued(turn_id, "cancelled", reason="x")
+
+            with pytest.raises(StoreError, match="queued"):
+                await session.commit(settle)
 
 
 @pytest.mark.asyncio

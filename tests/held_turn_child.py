@@ -1,0 +1,64 @@
+"""Child process for the cross-process cancel and replace tests (not collected).
+
+Usage::
+
+    python held_turn_child.py STORE SIGNAL_DIR [then-submit]
+
+``STORE`` is a SQLite file path or ``postgresql://…#schema``. Runs turn ``held`` on
+session ``shared`` of agent ``a``: its remote tool creates ``SIGNAL_DIR/holding``
+and waits for ``SIGNAL_DIR/release``; then the model would answer. Prints how the
+turn ended: its status and reason (or error). With ``then-submit``, once the held
+turn is in its tool it submits turn ``after``, prints ``acknowledged`` and waits to
+be killed: a turn the store holds but nobody has run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+from shared_session_child import open_store
+
+from turnkit import Agent, Runtime, UserMessage, tool
+from turnkit.testing import ScriptedModel, ScriptedReply, tool_call
+
+
+def build_agent(signal_dir: Path) -> Agent:
+    @tool
+    async def hold() -> str:
+        """Holds the turn until the parent releases it."""
+        (signal_dir / "holding").touch()
+        while not (signal_dir / "release").exists():
+            await asyncio.sleep(0.01)
+        return "released"
+
+    def respond(messages: object) -> object:
+        last = messages[-1]  # type: ignore[index]
+        if isinstance(last, UserMessage) and last.text == "hold":
+            return ScriptedReply(tool_calls=[tool_call("hold")])
+        if isinstance(last, UserMessage):
+            return f"answered {last.text}"
+        return "held and answered"
+
+    return Agent(name="a", model=ScriptedModel(respond=respond), tools=[hold])
+
+
+async def main(spec: str, signal_dir: Path, then_submit: bool) -> None:
+    async with Runtime(build_agent(signal_dir), store=open_store(spec)) as runtime:
+        session = runtime.session("a", "shared")
+        held = await session.submit("hold", turn_id="held")
+        if then_submit:
+            while not (signal_dir / "holding").exists():
+                await asyncio.sleep(0.01)
+            await session.submit("after", turn_id="after")
+            print("acknowledged", flush=True)
+            await asyncio.sleep(3600)
+        result = await session.result(held)
+        print(result.status, result.reason or result.error or "", flush=True)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) not in (3, 4):
+        raise SystemExit(__doc__)
+    asyncio.run(main(sys.argv[1], Path(sys.argv[2]), sys.argv[3:] == ["then-submit"]))

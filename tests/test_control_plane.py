@@ -1,0 +1,270 @@
+"""The control plane across processes: what one process decides about a session
+holds in every other process on the same store (SQLite file or PostgreSQL)."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from turnkit import Runtime, SessionBusyError, ToolMessage, UserMessage
+from turnkit.stores import SqliteStore, Store
+
+CHILD = Path(__file__).with_name("shared_session_child.py")
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def store_spec(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return str(tmp_path / "shared.db")
+    dsn = request.getfixturevalue("pg_dsn")
+    schema = request.getfixturevalue("pg_schema")
+    return f"{dsn}#{schema}"
+
+
+def open_store(spec: str) -> Store:
+    if spec.startswith("postgresql://"):
+        from turnkit.stores import PostgresStore
+
+        dsn, _, schema = spec.partition("#")
+        return PostgresStore(dsn, schema=schema)
+    return SqliteStore(spec)
+
+
+async def test_two_processes_complete_every_turn_of_one_session_in_order(
+    store_spec: str, tmp_path: Path
+) -> None:
+    # The schema exists before the children race to create it.
+    store = open_store(store_spec)
+    await store.open()
+    await store.close()
+    go = tmp_path / "go"
+    children = [
+        subprocess.Popen(
+            [sys.executable, str(CHILD), store_spec, name, "15", str(go)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for name in ("p", "q")
+    ]
+    for child in children:  # both are ready to run turns, then both start
+        assert child.stdout is not None
+        assert child.stdout.readline() == "ready\n", child.communicate(timeout=60)
+    go.touch()
+    outputs = [child.communicate(timeout=120) for child in children]
+    for child, (out, err) in zip(children, outputs, strict=True):
+        assert child.returncode == 0, err
+        lines = out.split("\n")[:-1]
+        assert [line.split(" ")[1] for line in lines] == ["completed"] * 15, out
+
+    store = open_store(store_spec)
+    await store.open()
+    try:
+        session = store.session("shared")
+        messages = await session.messages()
+        unfinished = await session.unfinished()
+        turns = [await session.turn(f"{n}-{i:02d}") for n in "pq" for i in range(15)]
+    finally:
+        await store.close()
+    assert unfinished == []
+    assert [t.status if t else None for t in turns] == ["completed"] * 30
+    # Each turn's four messages sit together (opening, call, result, answer), and
+    # each process's turns follow one another in the order it started them.
+    by_turn = [m.turn_id for m in messages]
+    assert len(by_turn) == 120
+    assert all(len(set(by_turn[i : i + 4])) == 1 for i in range(0, 120, 4))
+    for name in "pq":
+        mine = [t for t in by_turn[::4] if t.startswith(name)]
+        assert mine == [f"{name}-{i:02d}" for i in range(15)]
+    assert not any(isinstance(m, ToolMessage) and m.is_error for m in messages)
+    assert sum(isinstance(m, UserMessage) for m in messages) == 30
+
+
+HOLDER = """
+import asyncio, sys
+from turnkit.stores import SqliteStore
+
+async def main():
+    store = SqliteStore(sys.argv[1])
+    await store.open()
+    async with store.session("shared").writer():
+        print("holding", flush=True)
+        await asyncio.sleep(3600)
+
+asyncio.run(main())
+"""
+
+
+async def test_a_sqlite_session_held_by_another_process_waits_then_is_released_by_its_death(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "shared.db"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(db)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline() == "holding\n"
+        store = SqliteStore(db, writer_timeout=0.2)
+        await store.open()
+        try:
+            with pytest.raises(SessionBusyError, match="another process on this host"):
+                async with store.session("shared").writer():
+                    pass
+            async with store.session("other").writer():
+                pass  # other sessions are not held
+            holder.kill()  # SIGKILL: no cleanup runs in the holder
+            holder.wait(timeout=30)
+            async with store.session("shared").writer():
+                pass
+        finally:
+            await store.close()
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
+
+
+HELD_CHILD = Path(__file__).with_name("held_turn_child.py")
+
+
+def start_held_turn(spec: str, signals: Path) -> subprocess.Popen[str]:
+    child = subprocess.Popen(
+        [sys.executable, str(HELD_CHILD), spec, str(signals)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while not (signals / "holding").exists():
+        assert child.poll() is None, child.communicate()
+        assert time.monotonic() < deadline, "the child never reached its tool"
+        time.sleep(0.01)
+    return child
+
+
+@pytest.mark.parametrize("how", ["cancel", "replace"])
+async def test_a_cancel_or_replace_from_another_process_stops_the_running_turn(
+    store_spec: str, tmp_path: Path, how: str
+) -> None:
+    store = open_store(store_spec)
+    await store.open()
+    await store.close()
+    child = start_held_turn(store_spec, tmp_path)
+    try:
+        from held_turn_child import build_agent
+
+        async with Runtime(build_agent(tmp_path), store=open_store(store_spec)) as runtime:
+            session = runtime.session("a", "shared")
+            if how == "cancel":
+                assert await session.cancel() == ["held"]
+                (tmp_path / "release").touch()
+            else:
+                new = session.start("again", replace=True)
+                await asyncio.sleep(0.1)  # the replace is recorded meanwhile
+                (tmp_path / "release").touch()
+                assert (await session.result(new)).text == "answered again"
+            out, err = child.communicate(timeout=60)
+            assert child.returncode == 0, err
+            reason = "requested" if how == "cancel" else "replaced"
+            assert out == f"cancelled {reason}\n"
+            record = await session.turn_record("held")
+            assert record is not None and record.status == "cancelled"
+            # The tool's step committed before the boundary; the model was never
+            # asked again for the cancelled turn.
+            held = [m for m in await session.messages() if m.turn_id == "held"]
+            assert [m.role for m in held] == ["user", "assistant", "tool"]
+    finally:
+        child.kill()
+        child.wait(timeout=30)
+
+
+async def test_a_turn_acknowledged_then_killed_before_it_ran_completes_after_restart(
+    store_spec: str, tmp_path: Path
+) -> None:
+    store = open_store(store_spec)
+    await store.open()
+    await store.close()
+    child = subprocess.Popen(
+        [sys.executable, str(HELD_CHILD), store_spec, str(tmp_path), "then-submit"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline() == "acknowledged\n", child.communicate(timeout=60)
+    finally:
+        child.kill()  # SIGKILL: "after" was acknowledged and never ran
+        child.wait(timeout=30)
+    (tmp_path / "release").touch()
+
+    from held_turn_child import build_agent
+
+    async with Runtime(build_agent(tmp_path), store=open_store(store_spec)) as runtime:
+        record = await runtime.session("a", "shared").turn_record("after")
+        assert record is not None and record.status == "queued"
+        results = {r.turn_id: r for r in await runtime.recover()}
+        assert sorted(results) == ["after", "held"]
+        assert results["after"].text == "answered after"
+        assert results["held"].text == "held and answered"
+        messages = await runtime.session("a", "shared").messages()
+    # The turn submitted second opened after the first one ended.
+    assert [(m.turn_id, m.role) for m in messages] == [
+        ("held", "user"),
+        ("held", "assistant"),
+        ("held", "tool"),
+        ("held", "assistant"),
+        ("after", "user"),
+        ("after", "assistant"),
+    ]
+
+
+PARK_CHILD = Path(__file__).with_name("park_child.py")
+
+
+async def test_a_park_made_in_another_process_is_refused_here_over_python_and_http(
+    store_spec: str,
+) -> None:
+    # park_child names a PostgreSQL store postgres:SCHEMA:DSN.
+    spec = store_spec
+    if store_spec.startswith("postgresql://"):
+        dsn, _, schema = store_spec.partition("#")
+        spec = f"postgres:{schema}:{dsn}"
+    parked = subprocess.run(
+        [sys.executable, str(PARK_CHILD), spec, "park"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert parked.stdout == "suspended approve\n", parked.stderr
+
+    from park_child import refund, respond
+    from server_support import serving, snapshot
+
+    from turnkit import Agent, SessionSuspendedError
+    from turnkit.testing import ScriptedModel
+
+    agent = Agent(name="a", model=ScriptedModel(respond=respond), tools=[refund])
+    async with Runtime(agent, store=open_store(store_spec)) as runtime:
+        session = runtime.session("a", "s1")  # this process never saw the park
+        before = await snapshot(runtime)
+        with pytest.raises(SessionSuspendedError, match="waiting for input on turn t-1"):
+            await session.submit("refund o-2")
+        with pytest.raises(SessionSuspendedError):
+            await session.turn("refund o-2")
+        async with serving(runtime) as served:
+            for verb in ("turns", "chat"):
+                answer = await served.client.post(
+                    served.path("a", "s1", verb),
+                    json={"text": "refund o-2"},
+                    headers={"X-User": "u"},
+                )
+                assert answer.status_code == 409, answer.text
+                assert answer.json()["code"] == "session_suspended"
+        assert await snapshot(runtime) == before  # nothing stored
