@@ -268,3 +268,45 @@ async def test_a_park_made_in_another_process_is_refused_here_over_python_and_ht
                 assert answer.status_code == 409, answer.text
                 assert answer.json()["code"] == "session_suspended"
         assert await snapshot(runtime) == before  # nothing stored
+
+
+PARKED_SUBAGENT_CHILD = Path(__file__).with_name("parked_subagent_child.py")
+
+
+@pytest.mark.parametrize("how", ["cancel", "reset"])
+async def test_cancelling_or_resetting_a_parent_ends_its_child_parked_elsewhere(
+    store_spec: str, how: str
+) -> None:
+    parked = subprocess.run(
+        [sys.executable, str(PARKED_SUBAGENT_CHILD), store_spec],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert parked.stdout == "suspended\n", parked.stderr
+
+    from parked_subagent_child import agents
+
+    async with Runtime(agents(), store=open_store(store_spec)) as runtime:
+        children = [s for s in await runtime.sessions() if s.agent == "researcher"]
+        assert [s.status for s in children] == ["suspended"]
+        parent = runtime.session("boss", "s1")
+        if how == "cancel":
+            assert await parent.cancel() == ["parent"]
+        else:
+            await parent.reset()
+        child = runtime.session("researcher", children[0].session_id)
+        record = (await child.events())[0]  # the child turn's id is its first event's
+        ended = await child.result(record.turn_id)
+        assert ended.status == "cancelled"
+        assert await child.pending() is None
+        assert await child.status() == "idle"
+        ended = [e for e in await child.events() if e.type == "turn.cancelled"]
+        assert len(ended) == 1
+        assert ended[0].reason == ("requested" if how == "cancel" else "reset")  # type: ignore[attr-defined]
+        # The child's parked call got the synthetic cancelled result.
+        tool_results = [m for m in await child.messages() if m.role == "tool"]
+        assert [m.result for m in tool_results] == [
+            {"cancelled": True, "reason": ended[0].reason}  # type: ignore[attr-defined]
+        ]

@@ -91,7 +91,13 @@ class RuntimeChildren:
 def child_ids(ctx: ToolContext, agent_name: str) -> tuple[str, str]:
     """The child session id and turn id for this call: the same on every replay."""
     key = ctx.idempotency_key
-    return f"{ctx.session_id}/{agent_name}/{key[3:23]}", key
+    return child_session_id(ctx.session_id, agent_name, key), key
+
+
+def child_session_id(parent_session: str, agent_name: str, key: str) -> str:
+    """The session a child turn of agent ``agent_name`` runs in, for the parent call
+    whose idempotency key is ``key`` (that key is also the child's turn id)."""
+    return f"{parent_session}/{agent_name}/{key[3:23]}"
 
 
 async def run_child(

@@ -19,7 +19,9 @@ from typing import Any
 from pydantic_core import from_json, to_json
 
 from .._engine.agent import Agent
+from .._engine.context import make_idempotency_key
 from .._engine.loop import KnownTranscript, TurnRunner, opening_policy
+from .._engine.position import RunTools, next_step
 from .._errors import (
     ConfigurationError,
     InvalidAnswerError,
@@ -44,11 +46,11 @@ from .._values.messages import (
     UserMessage,
     message_from_dict,
 )
-from .._values.records import SessionInfo, SessionStatus, TurnRecord
-from .._values.step_ids import input_step_id, policy_step_id
+from .._values.records import TERMINAL_TURN_STATUSES, SessionInfo, SessionStatus, TurnRecord
+from .._values.step_ids import input_step_id, policy_step_id, tool_step_id
 from .._values.turns import ResetResult, TurnRequest, TurnResult, result_from_record
 from .approvals import Grant, GrantSealer, check_answer, check_answerer
-from .children import RuntimeChildren
+from .children import RuntimeChildren, child_session_id
 from .observe import TurnStream, event_filter, finished_record, session_events, turn_events
 
 log = logging.getLogger("turnkit.runtime")
@@ -568,9 +570,43 @@ class AgentSession:
         """
         if not isinstance(reason, str) or not reason:
             raise ConfigurationError(f"cancel reason must be a non-empty str, got {reason!r}")
+        children = await self._unfinished_children()  # before the parent's calls close
         signalled = self._signal_all(reason)
         recorded = await self._record_cancel(reason)
+        for child in children:
+            await child.cancel(reason)  # and its own children, in turn
         return list(dict.fromkeys(signalled + recorded))
+
+    async def _unfinished_children(self) -> list[AgentSession]:
+        """The sessions of child turns (``turnkit.subagent``) that this session's
+        unfinished turns are waiting on and that have not ended, wherever they run.
+
+        A child's session and turn ids derive from the parent call's idempotency
+        key, so they are found from the calls the parent still owes a result."""
+        unfinished = await self._store.unfinished()
+        if not unfinished:
+            return []
+        snap = await self._store.load(from_index=NO_MESSAGES)
+        transcript = await self._store.messages()
+        found: list[AgentSession] = []
+        for record in unfinished:
+            step = next_step(transcript, record.turn_id)
+            if not isinstance(step, RunTools):
+                continue
+            for call in step.owed:
+                key = make_idempotency_key(
+                    store_id=snap.store_id,
+                    session_id=self.session_id,
+                    generation=snap.generation,
+                    turn_id=record.turn_id,
+                    step_id=tool_step_id(step.assistant_index, call.id),
+                )
+                for name in self.runtime.agents:
+                    sid = child_session_id(self.session_id, name, key)
+                    child_turn = await self.runtime.store.session(sid).turn(key)
+                    if child_turn is not None and child_turn.status not in TERMINAL_TURN_STATUSES:
+                        found.append(self.runtime.session(name, sid))
+        return found
 
     async def reset(self) -> ResetResult:
         """Retire the session's history and keep its address.
@@ -859,7 +895,11 @@ class Runtime:
         tb: TracebackType | None,
     ) -> None:
         """Wait for queued turns to finish (or, on an error, cancel them), then close."""
-        while workers := [s._worker for s in self._busy.values() if s._worker is not None]:
+        # (A worker cancelled before it ever ran never reaches its ``finally``: done
+        # tasks are skipped, so closing cannot spin on one.)
+        while workers := [
+            s._worker for s in self._busy.values() if s._worker is not None and not s._worker.done()
+        ]:
             if exc_type is not None:
                 for task in workers:
                     task.cancel()
