@@ -570,8 +570,8 @@ class AgentSession:
         """
         if not isinstance(reason, str) or not reason:
             raise ConfigurationError(f"cancel reason must be a non-empty str, got {reason!r}")
-        children = await self._unfinished_children()  # before the parent's calls close
         signalled = self._signal_all(reason)
+        children = await self._unfinished_children()  # before the parent's calls close
         recorded = await self._record_cancel(reason)
         for child in children:
             await child.cancel(reason)  # and its own children, in turn

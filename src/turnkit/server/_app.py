@@ -377,6 +377,9 @@ class _Api:
             raise HttpError(409, "session_suspended", str(exc)) from None
         except ConfigurationError as exc:
             raise HttpError(409, "session_of_another_agent", str(exc)) from None
+        except SessionOwnerError:
+            # Another owner's first turn opened the session since it was checked.
+            raise _unknown_session(target.agent, target.session_id) from None
         return session, turn_id
 
     async def resume(self, request: Request, principal: Principal) -> Response:
