@@ -170,9 +170,7 @@ class ChannelContext:
             granted = await self._grant_if_needed(
                 agent_session, turn_id, input_id, value, by, principal
             )
-        tid = await agent_session.resume(
-            turn_id, input_id, value, by=by, granted=granted, principal=principal
-        )
+        tid = await agent_session.resume(turn_id, input_id, value, by=by, granted=granted)
         return agent_session.observe(tid)
 
     async def resume_delivered(

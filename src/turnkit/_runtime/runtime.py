@@ -353,7 +353,6 @@ class AgentSession:
         *,
         by: str | None = None,
         granted: Grant | None = None,
-        principal: Any = None,
     ) -> str:
         """Answer the parked turn's request and replay it; return the turn id.
 
@@ -363,9 +362,8 @@ class AgentSession:
         parked), ``ResumeAuthorizationError`` (not an admitted answerer) or
         ``InvalidAnswerError`` (the answer breaks the request's schema); none of
         them stores anything. ``await session.result(turn_id)`` waits for the
-        replayed turn. ``principal`` is for ``authorize_answer`` (see ``grant_answer``).
+        replayed turn.
         """
-        del principal  # checked by grant_answer; a resume itself needs only the grant
         if self._resets_pending:
             raise ResumeConflictError(
                 f"session {self.session_id} has a reset pending; its parked turn is being "
