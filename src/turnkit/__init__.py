@@ -36,7 +36,8 @@ from ._errors import (
 from ._runtime.approvals import Grant, ResumeRequest
 from ._runtime.granting import grant_answer
 from ._runtime.observe import TurnStream
-from ._runtime.runtime import AgentSession, Runtime
+from ._runtime.runtime import Runtime
+from ._runtime.session import AgentSession
 from ._seams.model import Model, ModelDelta, ModelDone, ReasoningDelta, TextDelta, ToolSpec
 from ._seams.sink import EventSink, LocalEventSink
 from ._values.events import (

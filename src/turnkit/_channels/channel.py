@@ -20,7 +20,8 @@ from .._errors import ConfigurationError, DeliveryError
 from .._runtime.approvals import Grant, ResumeRequest
 from .._runtime.granting import grant_answer
 from .._runtime.observe import TurnStream
-from .._runtime.runtime import AgentSession, Runtime
+from .._runtime.runtime import Runtime
+from .._runtime.session import AgentSession
 from .._values.events import TurnEvent
 from .._values.inbound import InboundEvent, Proactive
 from .._values.inputs import InputRequest

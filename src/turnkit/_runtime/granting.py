@@ -10,7 +10,7 @@ from __future__ import annotations
 from .._errors import ConfigurationError, ResumeAuthorizationError, ResumeConflictError
 from .._values.inputs import AnswerCheck, AuthorizeAnswer
 from .approvals import Grant, ResumeRequest
-from .runtime import AgentSession
+from .session import AgentSession
 
 
 async def grant_answer(

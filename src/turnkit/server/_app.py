@@ -35,7 +35,8 @@ from .._errors import (
     StoreError,
     TurnError,
 )
-from .._runtime.runtime import AgentSession, Runtime
+from .._runtime.runtime import Runtime
+from .._runtime.session import AgentSession
 from .._seams.store import SessionStore
 from .._values.checkpoints import checkpoint_of
 from .._values.inbound import InboundEvent, User

@@ -1,0 +1,101 @@
+"""Resuming a parked turn: check an answer against what the turn waits for, and
+store it with who gave it, so the turn can be delivered again to go on.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic_core import from_json, to_json
+
+from .._errors import InvalidAnswerError, ResumeConflictError, TurnError
+from .._seams.store import NO_MESSAGES, SessionStore, Transaction
+from .._values.checkpoints import InputAnswer, checkpoint_of
+from .._values.events import InputAnsweredEvent
+from .._values.inbound import InboundEvent
+from .._values.messages import TriggerMessage, UserMessage, message_from_dict
+from .._values.step_ids import input_step_id
+from .._values.turns import TurnRequest
+from .approvals import Grant, GrantSealer, check_answer, check_answerer
+
+
+async def record_answer(
+    store: SessionStore,
+    sealer: GrantSealer,
+    turn_id: str,
+    input_id: str,
+    value: Any,
+    *,
+    by: str | None,
+    granted: Grant | None,
+) -> TurnRequest:
+    """Check the answer under the session's writer and commit it (the answer, the
+    turn back to ``running`` and an ``input.answered`` event, together); return the
+    delivery that replays the turn. Every refusal raises before anything is stored
+    (see ``AgentSession.resume``)."""
+    async with store.writer():
+        record = await store.parked()
+        checkpoint = checkpoint_of(record) if record is not None else None
+        if record is None or checkpoint is None:
+            raise ResumeConflictError(
+                f"session {store.session_id} is not waiting for input (turn {turn_id})"
+            )
+        if record.turn_id != turn_id:
+            raise ResumeConflictError(
+                f"session {store.session_id} waits on turn {record.turn_id}, not {turn_id}"
+            )
+        request = checkpoint.request
+        if request.id != input_id:
+            raise ResumeConflictError(
+                f"turn {turn_id} waits for input {request.id!r}, not {input_id!r}"
+            )
+        check_answerer(
+            request,
+            session_id=store.session_id,
+            generation=checkpoint.generation,
+            by=by,
+            granted=granted,
+            sealer=sealer,
+        )
+        try:
+            encoded = to_json(value)
+        except ValueError as exc:
+            raise InvalidAnswerError(
+                f"the answer to input {input_id!r} is not JSON: {exc}"
+            ) from None
+        try:
+            check_answer(request, value)
+        except ValueError as exc:
+            raise InvalidAnswerError(str(exc)) from None
+
+        # Who answered is logged with the answer, in the same transaction: once,
+        # however often the resumed turn is redelivered after a crash.
+        answered = InputAnsweredEvent(
+            turn_id=turn_id,
+            session_id=store.session_id,
+            input_id=input_id,
+            call_id=request.call_id,
+            by=by,
+            value=from_json(encoded),  # observers get a copy of their own
+            seq=(await store.load(turn_id, from_index=NO_MESSAGES)).next_seq,
+        )
+
+        answer = InputAnswer(value=value, by=by)
+
+        def write(tx: Transaction) -> None:
+            tx.put_step(input_step_id(turn_id, input_id), turn_id, answer.to_dict())
+            tx.set_turn_status(turn_id, "running")
+            tx.log_event(answered)
+
+        await store.commit(write)
+    opening = message_from_dict(record.opening)
+    event = InboundEvent.from_dict(record.event) if record.event else None
+    if not isinstance(opening, UserMessage | TriggerMessage):
+        raise TurnError(f"turn {turn_id} has no opening message to replay")
+    return TurnRequest(
+        turn_id=turn_id,
+        opening=opening,
+        event=event,
+        policy=checkpoint.policy,
+        announce=(answered,),
+    )

@@ -1,0 +1,657 @@
+"""``AgentSession``: one session's queue of turns and its reset barrier.
+
+Turns on one session run one after another in the order they were started; a
+reset cancels what is unfinished and archives behind it. Reading and observing
+come from ``SessionView``, checking an answer from ``resuming``. Nothing here
+touches SQL or a model: it schedules ``TurnRunner``s over the seams it was given.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from .._engine.agent import Agent
+from .._engine.context import make_idempotency_key
+from .._engine.loop import KnownTranscript, TurnRunner, opening_policy
+from .._engine.position import RunTools, next_step
+from .._errors import (
+    ConfigurationError,
+    ResumeConflictError,
+    SessionOwnerError,
+    SessionSuspendedError,
+    TurnCancelledError,
+    TurnError,
+    TurnFailedError,
+    TurnSuspendedError,
+)
+from .._seams.sink import EventSink
+from .._seams.store import NO_MESSAGES, SessionStore, Store, Transaction
+from .._values.events import TurnEvent
+from .._values.inbound import InboundEvent, Proactive
+from .._values.messages import (
+    OpeningMessage,
+    TriggerMessage,
+    UserMessage,
+    message_from_dict,
+)
+from .._values.records import TERMINAL_TURN_STATUSES, TurnRecord
+from .._values.step_ids import policy_step_id, tool_step_id
+from .._values.turns import ResetResult, TurnRequest, TurnResult
+from .approvals import Grant, GrantSealer
+from .children import RuntimeChildren, child_session_id
+from .resuming import record_answer
+from .session_view import SessionView, ViewHost
+
+log = logging.getLogger("turnkit.runtime")
+
+
+class SessionHost(ViewHost, Protocol):
+    """What a session needs of its runtime (``Runtime`` is one)."""
+
+    @property
+    def agents(self) -> dict[str, Agent]: ...
+
+    @property
+    def store(self) -> Store: ...
+
+    @property
+    def children(self) -> RuntimeChildren: ...
+
+    @property
+    def _grants(self) -> GrantSealer: ...
+
+    @property
+    def _busy(self) -> dict[str, AgentSession]: ...
+
+    def _require_loop(self) -> asyncio.AbstractEventLoop: ...
+
+    def session(self, agent_name: str, session_id: str) -> AgentSession: ...
+
+
+#: How many finished turns' in-memory results each session keeps for ``result()``.
+_RECENT_RESULTS = 256
+#: A transcript position past any session's end: ``load`` then reads no messages.
+_PAST_THE_END = 2**31 - 1  # the largest index every store takes (PostgreSQL: integer)
+
+
+class AgentSession(SessionView):
+    """One conversation with one agent, addressed by ``session_id``."""
+
+    runtime: SessionHost
+
+    def __init__(self, runtime: SessionHost, agent: Agent, store: SessionStore) -> None:
+        self.runtime = runtime
+        self.agent = agent
+        self._store = store
+        #: Deliveries in order; ``None`` in place of a request is a reset job.
+        self._queue: deque[tuple[TurnRequest | None, asyncio.Future[Any]]] = deque()
+        self._current: TurnRequest | None = None
+        self._resets_pending = 0
+        self._known = KnownTranscript()
+        self._futures: OrderedDict[str, asyncio.Future[TurnResult]] = OrderedDict()
+        self._worker: asyncio.Task[None] | None = None
+        #: The turn this process saw park, so start() can refuse at once; the store
+        #: stays the authority (another process may have parked or resumed it).
+        self._parked: str | None = None
+        #: Deliveries (and later resets) waiting to be queued behind a reset that is
+        #: still recording its cancellation; ``None`` when no reset is.
+        self._behind_reset: list[tuple[TurnRequest | None, asyncio.Future[Any]]] | None = None
+
+    def delivering(self, turn_id: str) -> bool:
+        """Whether this process has the turn queued or running right now."""
+        future = self._futures.get(turn_id)
+        return future is not None and not future.done()
+
+    # -- starting turns ----------------------------------------------------------
+
+    def start(
+        self,
+        text: str,
+        *,
+        event: InboundEvent | None = None,
+        trigger: Proactive | None = None,
+        replace: bool = False,
+        turn_id: str | None = None,
+        owner: str | None = None,
+    ) -> str:
+        """Queue a turn in this process and return its id at once (fire and forget).
+
+        What it promises: the turn runs here, in order after the session's earlier
+        turns, and its opening commits when it runs; until then it lives only in
+        this process's memory, so a crash before it opens loses it. Use ``submit``
+        to have the store hold it before you acknowledge it to anyone. A session
+        this process saw park is refused at once (``SessionSuspendedError``); a
+        park made elsewhere is found when the turn opens, and the turn then fails
+        with nothing stored.
+
+        Passing the ``turn_id`` of an earlier delivery replays that turn from its
+        last checkpoint instead of opening a new one (``text`` is then ignored).
+        ``replace=True`` first cancels every unfinished turn of the session (reason
+        ``replaced``), here and in any other process; the new turn runs once they
+        have unwound. It never cancels a parked approval.
+
+        ``owner`` (a principal's id) is whose session this must be: a turn that
+        creates the session records it as ``owner``'s, and one on a session with
+        another owner (or none) fails with ``SessionOwnerError``, storing nothing.
+        ``None``, for code acting on its own, checks and records no owner.
+        """
+        self._check_start(text, event, trigger, turn_id, owner)
+        return self._start(text, event, trigger, replace, turn_id, frozenset(), owner)
+
+    async def submit(
+        self,
+        text: str,
+        *,
+        event: InboundEvent | None = None,
+        trigger: Proactive | None = None,
+        replace: bool = False,
+        turn_id: str | None = None,
+        owner: str | None = None,
+    ) -> str:
+        """Queue a turn durably and return its id once the store holds it.
+
+        Unlike ``start``, the turn is recorded as ``queued`` before this returns, so
+        a crash from then on loses nothing: this process runs it in order, or
+        ``runtime.recover()`` in whichever process restarts. Refusals are read
+        from the store, so they hold in every process: ``SessionSuspendedError``
+        while the session waits for input, ``ConfigurationError`` for a session of
+        another agent, ``SessionOwnerError`` for one ``owner`` did not open (see
+        ``start``). ``turn_id`` of a turn the store already has redelivers it.
+        """
+        self._check_start(text, event, trigger, turn_id, owner)
+        if turn_id is not None and await self._store.turn(turn_id) is not None:
+            return self._start(text, event, trigger, replace, turn_id, frozenset(), owner)
+        if self._known.messages is None or owner is not None:
+            # (Without an owner to check, a delivery here has checked the agent.)
+            snap = await self._store.load(from_index=NO_MESSAGES)
+            if snap.agent is not None and snap.agent != self.agent.name:
+                raise ConfigurationError(
+                    f"session {self.session_id} belongs to agent {snap.agent!r}, "
+                    f"not {self.agent.name!r}"
+                )
+            if owner is not None and snap.agent is not None and snap.owner != owner:
+                raise SessionOwnerError(_owner_refusal(self.session_id, owner))
+        parked = await self._store.parked()
+        if parked is not None:
+            self._parked = parked.turn_id
+            raise SessionSuspendedError(_parked_refusal(self.session_id, parked.turn_id))
+        request = self._request(text, event, trigger, turn_id, frozenset(), owner, queued=True)
+        record = TurnRecord(
+            session_id=self.session_id,
+            turn_id=request.turn_id,
+            agent=self.agent.name,
+            status="queued",
+            opening=request.opening.to_dict(),
+            event=event.to_dict() if event is not None else None,
+            created_at=time.time(),
+        )
+        policy = opening_policy(self.agent, request, event).to_dict()
+
+        def write(tx: Transaction) -> None:
+            tx.queue_turn(record, owner=owner)
+            tx.put_step(policy_step_id(record.turn_id), record.turn_id, policy)
+
+        await self._store.commit(write)
+        if replace:
+            self._replace(keep=request.turn_id)
+        return self._enqueue(request)
+
+    def _check_start(
+        self, text: object, event: object, trigger: object, turn_id: object, owner: object
+    ) -> None:
+        if not isinstance(text, str):
+            raise TypeError(f"turn text must be a str, got {type(text).__name__}")
+        if event is not None and not isinstance(event, InboundEvent):
+            raise TypeError(f"event must be an InboundEvent, got {type(event).__name__}")
+        if trigger is not None and not isinstance(trigger, Proactive):
+            raise TypeError(f"trigger must be a Proactive, got {type(trigger).__name__}")
+        if event is not None and trigger is not None:
+            raise ConfigurationError("a turn has either an inbound event or a trigger, not both")
+        if turn_id is not None and (not isinstance(turn_id, str) or not turn_id):
+            raise ConfigurationError("turn_id must be a non-empty string")
+        if owner is not None and (not isinstance(owner, str) or not owner):
+            raise ConfigurationError(f"owner must be a non-empty str or None, got {owner!r}")
+
+    def open_child_turn(
+        self, task: str, trigger: Proactive, turn_id: str, deny: frozenset[str]
+    ) -> str:
+        """Open (or redeliver) turn ``turn_id`` as a child of another turn's tool call:
+        ``trigger`` names the parent agent and ``deny`` carries the parent's denied
+        tools. ``turnkit.subagent`` runs child turns through this."""
+        return self._start(task, None, trigger, False, turn_id, deny, None)
+
+    def _start(
+        self,
+        text: str,
+        event: InboundEvent | None,
+        trigger: Proactive | None,
+        replace: bool,
+        turn_id: str | None,
+        deny: frozenset[str],
+        owner: str | None,
+    ) -> str:
+        """``start`` after its checks; ``deny`` adds tools a new turn may not use (a
+        subagent's child inherits its parent's denials)."""
+        if self._parked is not None and turn_id != self._parked:
+            raise SessionSuspendedError(_parked_refusal(self.session_id, self._parked))
+        request = self._request(text, event, trigger, turn_id, deny, owner, queued=False)
+        if replace:
+            self._replace(keep=request.turn_id)
+        return self._enqueue(request)
+
+    @staticmethod
+    def _request(
+        text: str,
+        event: InboundEvent | None,
+        trigger: Proactive | None,
+        turn_id: str | None,
+        deny: frozenset[str],
+        owner: str | None,
+        *,
+        queued: bool,
+    ) -> TurnRequest:
+        tid = turn_id or uuid.uuid4().hex
+        opening: OpeningMessage = (
+            TriggerMessage(text=text, turn_id=tid, by=trigger.by)
+            if trigger is not None
+            else UserMessage(text=text, turn_id=tid)
+        )
+        source = trigger.source if trigger is not None else None
+        return TurnRequest(
+            turn_id=tid,
+            opening=opening,
+            event=event,
+            source=source,
+            inherited_deny=deny,
+            owner=owner,
+            queued=queued,
+        )
+
+    def _replace(self, *, keep: str) -> None:
+        """Cancel the session's other unfinished turns (reason ``replaced``): the ones
+        here at once, and, recorded in the store, those running in any other process
+        (they stop at their next boundary). Never ``keep``, never a parked approval."""
+        self._signal_all("replaced", keep=keep)
+        self.runtime.spawn(self._record_cancel_quietly("replaced", keep=keep))
+
+    def _enqueue(self, request: TurnRequest, *, ahead: bool = False) -> str:
+        """Queue a delivery. While a reset is recording its cancellation, new turns
+        wait to be queued behind it; ``ahead`` (a cancelled park being closed) goes
+        straight in, before the reset."""
+        tid = request.turn_id
+        pending = self._futures.get(tid)
+        if pending is not None and not pending.done():
+            return tid  # already queued or running here: one delivery is enough
+        loop = self.runtime._require_loop()
+        future: asyncio.Future[TurnResult] = loop.create_future()
+        future.add_done_callback(_mark_exception_seen)
+        self._remember(tid, future)
+        if self._behind_reset is not None and not ahead:
+            self._behind_reset.append((request, future))  # queued once the reset is
+        else:
+            self._queue.append((request, future))
+            self._ensure_worker()
+        return tid
+
+    def _ensure_worker(self) -> None:
+        if self._worker is None:
+            loop = self.runtime._require_loop()
+            self._worker = loop.create_task(self._drain(), name=f"turnkit:{self.session_id}")
+            self.runtime._busy[self.session_id] = self
+
+    @property
+    def idle(self) -> bool:
+        """Whether nothing of this session is queued, running or being reset here, and
+        nobody waits here for a turn's result: the runtime may then drop this object
+        (the store keeps everything; a later ``runtime.session`` makes a new one)."""
+        return (
+            self._worker is None
+            and not self._queue
+            and not self._resets_pending
+            and self._behind_reset is None
+            and all(f.done() for f in self._futures.values())
+        )
+
+    async def turn(
+        self,
+        text: str,
+        *,
+        event: InboundEvent | None = None,
+        trigger: Proactive | None = None,
+        replace: bool = False,
+        turn_id: str | None = None,
+        owner: str | None = None,
+    ) -> str:
+        """Submit a turn (durably, see ``submit``) and wait for its answer; raise
+        ``TurnFailedError`` if it fails, ``TurnSuspendedError`` (carrying the request)
+        if it parks for input and ``TurnCancelledError`` if it is cancelled."""
+        tid = await self.submit(
+            text, event=event, trigger=trigger, replace=replace, turn_id=turn_id, owner=owner
+        )
+        result = await self.result(tid)
+        if result.status == "suspended" and result.request is not None:
+            raise TurnSuspendedError(result.turn_id, result.request)
+        if result.status == "cancelled":
+            raise TurnCancelledError(result.turn_id, result.reason or "requested")
+        if result.status != "completed":
+            raise TurnFailedError(result.turn_id, result.error or result.status)
+        return result.text or ""
+
+    async def resume(
+        self,
+        turn_id: str,
+        input_id: str,
+        value: Any,
+        *,
+        by: str | None = None,
+        granted: Grant | None = None,
+    ) -> str:
+        """Answer the parked turn's request and replay it; return the turn id.
+
+        ``by`` is the answerer's verified identity (never what a user typed);
+        ``granted`` is a ``Grant`` from ``grant_answer`` for a policy answerer.
+        Raises ``ResumeConflictError`` (wrong turn, wrong input id, session not
+        parked), ``ResumeAuthorizationError`` (not an admitted answerer) or
+        ``InvalidAnswerError`` (the answer breaks the request's schema); none of
+        them stores anything. ``await session.result(turn_id)`` waits for the
+        replayed turn.
+        """
+        if self._resets_pending:
+            raise ResumeConflictError(
+                f"session {self.session_id} has a reset pending; its parked turn is being "
+                "archived, so it can no longer be resumed"
+            )
+        request = await record_answer(
+            self._store, self.runtime._grants, turn_id, input_id, value, by=by, granted=granted
+        )
+        self._parked = None
+        return self._enqueue(request)
+
+    def _remember(self, turn_id: str, future: asyncio.Future[TurnResult]) -> None:
+        self._futures[turn_id] = future
+        self._futures.move_to_end(turn_id)
+        while len(self._futures) > _RECENT_RESULTS:
+            oldest, fut = next(iter(self._futures.items()))
+            if not fut.done():
+                break
+            del self._futures[oldest]
+
+    async def _drain(self) -> None:
+        try:
+            while self._queue:
+                request, future = self._queue.popleft()
+                if request is None:
+                    await self._run_reset(future)
+                else:
+                    self._current = request
+                    try:
+                        await self._deliver(request, future)
+                    finally:
+                        self._current = None
+        finally:
+            self._worker = None
+            if self.runtime._busy.get(self.session_id) is self:
+                del self.runtime._busy[self.session_id]
+            while self._queue:
+                request, future = self._queue.popleft()
+                what = f"turn {request.turn_id}" if request is not None else "the reset"
+                _settle(
+                    future,
+                    TurnError(
+                        f"the runtime closed before {what} started; it was never stored, "
+                        "so ask again"
+                    ),
+                )
+
+    async def _deliver(self, request: TurnRequest, future: asyncio.Future[TurnResult]) -> None:
+        # Let observers that were set up right after start() subscribe before we run:
+        # with a local store a whole turn can otherwise finish without yielding once.
+        await asyncio.sleep(0)
+        for event in request.announce:
+            _emit_quietly(self.runtime.sink, event)
+        runner = TurnRunner(
+            agent=self.agent,
+            store=self._store,
+            sink=self.runtime.sink,
+            request=request,
+            children=self.runtime.children,
+            known=self._known,
+        )
+        try:
+            result = await runner.run()
+            self._known.messages = runner.transcript
+            self._known.generation = runner.generation
+            final = result.status in ("completed", "cancelled")
+            self._known.finished = request.turn_id if final else None
+            if result.status == "suspended":
+                self._parked = request.turn_id
+            future.set_result(result)
+        except Exception as exc:
+            self._known.forget()  # read it all again next time, to be safe
+            log.exception("turn %s on session %s crashed", request.turn_id, self.session_id)
+            future.set_exception(exc)
+        except BaseException as exc:
+            interrupted = TurnError(
+                f"turn {request.turn_id} was interrupted ({type(exc).__name__}); it is still "
+                "open in the store: redeliver it or call runtime.recover()"
+            )
+            interrupted.__cause__ = exc
+            self._known.forget()
+            _settle(future, interrupted)
+            if isinstance(exc, asyncio.CancelledError | KeyboardInterrupt | SystemExit):
+                raise
+
+    # -- cancellation and reset -------------------------------------------------
+
+    def _signal_all(self, reason: str, *, keep: str | None = None) -> list[str]:
+        """Tell the running delivery and every queued one (but ``keep``) to stop at
+        their next checkpoint boundary; return their turn ids."""
+        signalled: list[str] = []
+        requests = [self._current] + [r for r, _ in self._queue]
+        for request in requests:
+            if request is not None and request.turn_id != keep:
+                request.cancel.cancel(reason)
+                signalled.append(request.turn_id)
+        return signalled
+
+    async def _record_cancel(self, reason: str, *, keep: str | None = None) -> list[str]:
+        """Record the cancellation in the store for the session's unfinished turns, so
+        a crash before their next boundary cannot bring them back and a process
+        running one sees it; a parked turn is ended at once (there is no delivery to
+        reach a boundary). ``keep`` (a replace) spares that turn and parked ones."""
+        recorded: list[str] = []
+        for record in await self._store.unfinished():
+            if keep is not None and (record.turn_id == keep or record.status == "suspended"):
+                continue
+            recorded.append(record.turn_id)
+            if record.cancel_reason is None:
+                await self._store.commit(_cancel_request(record.turn_id, reason))
+            if record.status == "suspended":
+                self._parked = None
+                opening = message_from_dict(record.opening)
+                if isinstance(opening, UserMessage | TriggerMessage):
+                    request = TurnRequest(turn_id=record.turn_id, opening=opening)
+                    request.cancel.cancel(reason)
+                    self._enqueue(request, ahead=True)
+        return recorded
+
+    async def _record_cancel_quietly(self, reason: str, keep: str) -> None:
+        try:
+            await self._record_cancel(reason, keep=keep)
+        except Exception as exc:
+            # The in-memory signal still stops the turns; only crash-durability is lost.
+            log.warning(
+                "recording the %s cancellation on %s failed: %s", reason, self.session_id, exc
+            )
+
+    async def cancel(self, reason: str = "requested") -> list[str]:
+        """Cancel every unfinished turn of the session, running, queued or parked.
+
+        Each stops at its next checkpoint boundary (before its opening commits,
+        before a model call, between model deltas, between tool calls); what
+        committed stays. The cancellation is recorded in the store first, so a
+        turn cancelled before a crash is not run again by a replay or
+        ``runtime.recover()``. Returns the ids of the turns it reached; their
+        results then say ``status == "cancelled"`` with ``reason``.
+        """
+        if not isinstance(reason, str) or not reason:
+            raise ConfigurationError(f"cancel reason must be a non-empty str, got {reason!r}")
+        signalled = self._signal_all(reason)
+        children = await self._unfinished_children()  # before the parent's calls close
+        recorded = await self._record_cancel(reason)
+        for child in children:
+            await child.cancel(reason)  # and its own children, in turn
+        return list(dict.fromkeys(signalled + recorded))
+
+    async def _unfinished_children(self) -> list[AgentSession]:
+        """The sessions of child turns (``turnkit.subagent``) that this session's
+        unfinished turns are waiting on and that have not ended, wherever they run.
+
+        A child's session and turn ids derive from the parent call's idempotency
+        key, so they are found from the calls the parent still owes a result."""
+        unfinished = await self._store.unfinished()
+        if not unfinished:
+            return []
+        snap = await self._store.load(from_index=NO_MESSAGES)
+        transcript = await self._store.messages()
+        found: list[AgentSession] = []
+        for record in unfinished:
+            step = next_step(transcript, record.turn_id)
+            if not isinstance(step, RunTools):
+                continue
+            for call in step.owed:
+                key = make_idempotency_key(
+                    store_id=snap.store_id,
+                    session_id=self.session_id,
+                    generation=snap.generation,
+                    turn_id=record.turn_id,
+                    step_id=tool_step_id(step.assistant_index, call.id),
+                )
+                for name in self.runtime.agents:
+                    sid = child_session_id(self.session_id, name, key)
+                    child_turn = await self.runtime.store.session(sid).turn(key)
+                    if child_turn is not None and child_turn.status not in TERMINAL_TURN_STATUSES:
+                        found.append(self.runtime.session(name, sid))
+        return found
+
+    async def reset(self) -> ResetResult:
+        """Retire the session's history and keep its address.
+
+        Cancels its unfinished turns (reason ``reset``), then, in order after them,
+        archives the transcript, steps, events and turns under the current
+        generation number and empties the live session (status ``new``) in one
+        transaction. New turns may queue behind it; ``resume`` refuses until it
+        is done.
+        """
+        self._resets_pending += 1
+        # Turns started from now on queue behind this reset, even those started
+        # while its cancellation is still being recorded.
+        first = self._behind_reset is None
+        if first:
+            self._behind_reset = []
+        try:
+            try:
+                self._parked = None  # a stale park is archived with everything else
+                await self.cancel("reset")
+                future: asyncio.Future[ResetResult] = self.runtime._require_loop().create_future()
+                if first:
+                    self._queue.append((None, future))
+                else:
+                    assert self._behind_reset is not None
+                    self._behind_reset.append((None, future))  # behind the earlier reset
+            finally:
+                if first:
+                    held, self._behind_reset = self._behind_reset or [], None
+                    self._queue.extend(held)
+                    if self._queue:
+                        self._ensure_worker()
+            return await future
+        finally:
+            self._resets_pending -= 1
+
+    async def _run_reset(self, future: asyncio.Future[Any]) -> None:
+        self._known.forget()
+        try:
+            async with self._store.writer():
+                result = await self._archive()
+        except Exception as exc:
+            _settle(future, exc)
+            return
+        except BaseException as exc:
+            _settle(future, TurnError(f"the reset was interrupted ({type(exc).__name__})"))
+            raise
+        self._parked = None
+        future.set_result(result)
+
+    async def _archive(self) -> ResetResult:
+        """Archive the live generation, unless it holds nothing (status ``new``: no
+        turn opened since the session began or was last reset), under the writer."""
+        generation = (await self._store.load(from_index=_PAST_THE_END)).generation
+        if await self._store.status() == "new":
+            return ResetResult(
+                previous_session=None, archived_generation=None, generation=generation
+            )
+        # Queued turns the reset cancelled (in any process) end with it; those queued
+        # after it began stay live and run in the new generation.
+        settle = [
+            r for r in await self._store.unfinished() if r.status == "queued" and r.cancel_reason
+        ]
+
+        def write(tx: Transaction) -> None:
+            for record in settle:
+                tx.settle_queued(record.turn_id, "cancelled", reason=record.cancel_reason)
+            tx.archive_generation(generation, self.agent.name)
+
+        await self._store.commit(write)
+        return ResetResult(
+            previous_session=f"{self.session_id}#g{generation}",
+            archived_generation=generation,
+            generation=generation + 1,
+        )
+
+
+def _owner_refusal(session_id: str, owner: str) -> str:
+    return (
+        f"session {session_id} was not opened by {owner!r}; a turn for one "
+        "owner cannot run in a session another owner (or code) opened"
+    )
+
+
+def _parked_refusal(session_id: str, turn_id: str) -> str:
+    return (
+        f"session {session_id} is waiting for input on turn {turn_id}; "
+        "resume it (or reset the session) before starting another turn"
+    )
+
+
+def _cancel_request(turn_id: str, reason: str) -> Callable[[Transaction], None]:
+    def write(tx: Transaction) -> None:
+        tx.request_cancel(turn_id, reason)
+
+    return write
+
+
+def _emit_quietly(sink: EventSink, event: TurnEvent) -> None:
+    """Tell observers ``event``; a sink that raises is logged, never the turn's problem."""
+    try:
+        sink.emit(event)
+    except Exception:
+        log.exception("event sink raised on %s; ignored", event.type)
+
+
+def _settle(future: asyncio.Future[Any], exc: BaseException) -> None:
+    if not future.done():
+        future.set_exception(exc)
+
+
+def _mark_exception_seen(future: asyncio.Future[TurnResult]) -> None:
+    """Mark a failed turn's exception as seen: it is logged already, and a caller
+    that never awaits ``result()`` should not get an asyncio warning for it."""
+    if not future.cancelled():
+        future.exception()

@@ -1,0 +1,168 @@
+"""What a session shows: its state and results read from the store, and its
+events as they happen. ``AgentSession`` gets these methods from ``SessionView``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any, Protocol
+
+from .._seams.sink import EventSink
+from .._seams.store import SessionStore
+from .._values.checkpoints import checkpoint_of
+from .._values.events import TurnEvent
+from .._values.inputs import InputRequest
+from .._values.messages import Message
+from .._values.records import SessionStatus, TurnRecord
+from .._values.turns import TurnResult, result_from_record
+from .observe import TurnStream, event_filter, finished_record, session_events, turn_events
+
+log = logging.getLogger("turnkit.runtime")
+
+
+class ViewHost(Protocol):
+    """What showing a session needs of its runtime."""
+
+    @property
+    def sink(self) -> EventSink: ...
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]: ...
+
+
+class SessionView:
+    """Reading and observing one session; the queue lives in ``AgentSession``."""
+
+    runtime: ViewHost
+    _store: SessionStore
+    #: This process's deliveries of the session's recent turns, by turn id.
+    _futures: OrderedDict[str, asyncio.Future[TurnResult]]
+
+    @property
+    def session_id(self) -> str:
+        return self._store.session_id
+
+    async def turn_record(self, turn_id: str) -> TurnRecord | None:
+        """What the store holds about turn ``turn_id`` of this session, if anything."""
+        return await self._store.turn(turn_id)
+
+    async def pending(self) -> InputRequest | None:
+        """The input request this session is parked on, or ``None``."""
+        parked = await self._parked_input()
+        return parked[0] if parked is not None else None
+
+    async def _parked_input(self) -> tuple[InputRequest, int] | None:
+        """The request this session is parked on and the generation it waits in."""
+        record = await self._store.parked()
+        checkpoint = checkpoint_of(record) if record is not None else None
+        if checkpoint is None:
+            return None
+        return checkpoint.request, checkpoint.generation
+
+    async def generations(self) -> list[int]:
+        """The archived generations of this session (one per reset), oldest first."""
+        return await self._store.generations()
+
+    async def archived_messages(self, generation: int) -> list[Message]:
+        """The transcript the session had in ``generation`` (``"s1#g0"`` is 0)."""
+        return await self._store.archived_messages(generation)
+
+    # -- reading results and state -----------------------------------------------
+
+    async def result(self, turn_id: str) -> TurnResult:
+        """Wait for the turn to end here, or read how it ended from the store."""
+        future = self._futures.get(turn_id)
+        if future is not None:
+            return await asyncio.shield(future)
+        return result_from_record(await finished_record(self._store, turn_id))
+
+    async def messages(self) -> list[Message]:
+        """The live transcript, oldest first."""
+        return await self._store.messages()
+
+    async def status(self) -> SessionStatus:
+        """``new``, ``running``, ``suspended`` or ``idle``."""
+        return await self._store.status()
+
+    async def events(self, *, turn_id: str | None = None, after: int = 0) -> list[TurnEvent]:
+        """Structural events logged for the session (or one turn) with ``seq > after``."""
+        return await self._store.events(turn_id=turn_id, after=after)
+
+    # -- observing ---------------------------------------------------------------
+
+    def observe(self, turn_id: str, *, replay: bool = False) -> TurnStream:
+        """The turn's events as they happen, ending after its terminal event (or its
+        ``input.requested``): ``async for event in session.observe(turn_id)``.
+
+        It listens from the moment it is called, before the first iteration. With
+        ``replay=True`` the events already logged for the turn come first, so a late
+        observer misses nothing structural (live deltas are never replayed).
+        """
+        return TurnStream(
+            sink=self.runtime.sink,
+            store=self._store,
+            turn_id=turn_id,
+            future=self._futures.get(turn_id),
+            replay=replay,
+        )
+
+    def subscribe(
+        self,
+        callback: Callable[[TurnEvent], None],
+        *,
+        turn_id: str | None = None,
+        replay: bool = False,
+    ) -> Callable[[], None]:
+        """Call ``callback`` with this session's events (one turn's, if given).
+
+        Returns the function that unsubscribes. A callback that raises is logged and
+        skipped; it never breaks the turn or other subscribers.
+        """
+        if not replay:
+            wanted = event_filter(self.session_id, turn_id)
+
+            def filtered(event: TurnEvent) -> None:
+                if wanted(event):
+                    callback(event)
+
+            return self.runtime.sink.subscribe(filtered)
+
+        async def forward() -> None:
+            try:
+                async for event in self._stream(turn_id, replay=True):
+                    try:
+                        callback(event)
+                    except Exception:
+                        log.exception("subscriber %r raised on %s; ignored", callback, event.type)
+            except Exception as exc:
+                log.warning("replaying subscription on session %s ended: %s", self.session_id, exc)
+
+        task = self.runtime.spawn(forward())
+
+        def unsubscribe() -> None:
+            task.cancel()
+
+        return unsubscribe
+
+    async def _stream(self, turn_id: str | None, *, replay: bool) -> AsyncIterator[TurnEvent]:
+        queue: asyncio.Queue[TurnEvent] = asyncio.Queue()
+        wanted = event_filter(self.session_id, turn_id)
+
+        def enqueue(event: TurnEvent) -> None:
+            if wanted(event):
+                queue.put_nowait(event)
+
+        # Subscribe before reading the log, so nothing falls between the two.
+        unsubscribe = self.runtime.sink.subscribe(enqueue)
+        try:
+            if turn_id is None:
+                events = session_events(self._store, queue, replay=replay)
+            else:
+                future = self._futures.get(turn_id)
+                events = turn_events(self._store, queue, turn_id, future, replay=replay)
+            async for event in events:
+                yield event
+        finally:
+            unsubscribe()
