@@ -35,6 +35,7 @@ from ._pg_sql import (
 )
 from ._postgres_schema import FENCE_SQLSTATE, MISSING_SQLSTATE
 from ._sql_rows import dumps as _dumps
+from ._sql_rows import turn_values
 
 T = TypeVar("T")
 log = logging.getLogger("turnkit.stores.postgres")
@@ -88,19 +89,9 @@ class _Writes:
     def archive_generation(self, generation: int, agent: str) -> None:
         self.writes += archive_sql.reset_statements(self._sid, agent, generation, time.time())
 
-    def _turn_values(self, record: TurnRecord, now: float) -> tuple[Any, ...]:
-        return (
-            self._sid,
-            record.turn_id,
-            record.agent,
-            _dumps(record.opening),
-            _dumps(record.event) if record.event is not None else None,
-            record.created_at or now,
-        )
-
     def queue_turn(self, record: TurnRecord, *, owner: str | None = None) -> None:
         now = time.time()
-        self.writes.append((sql.QUEUE_TURN, self._turn_values(record, now)))
+        self.writes.append((sql.QUEUE_TURN, turn_values(self._sid, record, now)))
         self.writes.append((sql.QUEUE_SESSION, (self._sid, record.agent, now, now, owner)))
 
     def settle_queued(
@@ -118,7 +109,7 @@ class _Writes:
     def open_turn(self, record: TurnRecord, *, owner: str | None = None) -> None:
         now = time.time()
         missing = f"session {self._sid}: turn {record.turn_id} already exists"
-        self.writes.append((_OPEN_TURN_CHECKED, (*self._turn_values(record, now), missing)))
+        self.writes.append((_OPEN_TURN_CHECKED, (*turn_values(self._sid, record, now), missing)))
         self.writes.append((sql.UPSERT_SESSION, (self._sid, record.agent, now, now, owner)))
 
     def set_turn_status(

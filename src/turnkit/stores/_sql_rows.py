@@ -25,6 +25,18 @@ def dumps(value: Any) -> str:
         raise StoreError(f"cannot store a value as JSON: {exc}") from exc
 
 
+def turn_values(session_id: str, record: TurnRecord, now: float) -> tuple[Any, ...]:
+    """The values of ``_sql.QUEUE_TURN`` and ``_sql.OPEN_TURN`` for ``record``."""
+    return (
+        session_id,
+        record.turn_id,
+        record.agent,
+        dumps(record.opening),
+        dumps(record.event) if record.event is not None else None,
+        record.created_at or now,
+    )
+
+
 def turn_from_row(row: Sequence[Any]) -> TurnRecord:
     """A ``TurnRecord`` from a row selected with ``TURN_COLUMNS``."""
     sid, tid, agent, status, opening, event, text, error, created, finished, pending, why = row

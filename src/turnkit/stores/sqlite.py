@@ -41,7 +41,7 @@ from . import _sql as sql
 from ._host_locks import HostSessionLocks
 from ._off_loop import RecordedWrites, RunsTool, on_thread
 from ._sql_rows import dumps as _dumps
-from ._sql_rows import session_info
+from ._sql_rows import session_info, turn_values
 from ._sql_rows import turn_from_row as _turn_from_row
 from ._sqlite_schema import migrate, read_store_id
 
@@ -222,20 +222,10 @@ class _SqliteTransaction:
                     "(another reset came first)"
                 ) from exc
 
-    def _turn_values(self, record: TurnRecord, now: float) -> tuple[Any, ...]:
-        return (
-            self._sid,
-            record.turn_id,
-            record.agent,
-            _dumps(record.opening),
-            _dumps(record.event) if record.event is not None else None,
-            record.created_at or now,
-        )
-
     def queue_turn(self, record: TurnRecord, *, owner: str | None = None) -> None:
         _check_open(self._conn)
         now = time.time()
-        self._conn.execute(sql.QUEUE_TURN, self._turn_values(record, now))
+        self._conn.execute(sql.QUEUE_TURN, turn_values(self._sid, record, now))
         self._conn.execute(sql.QUEUE_SESSION, (self._sid, record.agent, now, now, owner))
 
     def settle_queued(
@@ -256,7 +246,7 @@ class _SqliteTransaction:
     def open_turn(self, record: TurnRecord, *, owner: str | None = None) -> None:
         _check_open(self._conn)
         now = time.time()
-        cur = self._conn.execute(sql.OPEN_TURN, self._turn_values(record, now))
+        cur = self._conn.execute(sql.OPEN_TURN, turn_values(self._sid, record, now))
         if cur.rowcount != 1:
             raise StoreError(f"session {self._sid}: turn {record.turn_id} already exists")
         self._conn.execute(sql.UPSERT_SESSION, (self._sid, record.agent, now, now, owner))
