@@ -403,3 +403,20 @@ def test_dev_slack_needs_its_secrets_in_the_environment(tmp_path: Path) -> None:
     result = turnkit("dev", "--slack", "--port", "0", cwd=tmp_path)
     assert result.returncode != 0
     assert "SLACK_SIGNING_SECRET and SLACK_BOT_TOKEN" in result.stderr
+
+
+def test_turnkit_run_works_on_the_file_turnkit_dev_is_serving(
+    dev: tuple[subprocess.Popen[str], str], tmp_path: Path
+) -> None:
+    """Both default to .turnkit/sessions.db: two processes on one SQLite file, each
+    session run by one of them at a time, neither failing the other's turns."""
+    proc, url = dev
+    with httpx.Client(base_url=url, timeout=30) as client:
+        first = client.post("/agents/ops/sessions/web/chat", json={"text": "order 2 blue widgets"})
+        assert first.json()["text"] == "Done: order #1 (2 x blue widgets) is packed."
+        done = turnkit("run", "order 1 red pen", cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+        assert "order #2 (1 x red pen)" in done.stdout
+        again = client.post("/agents/ops/sessions/web/chat", json={"text": "order 3 green cups"})
+        assert "order #3 (3 x green cups)" in again.json()["text"]  # one shared file
+    assert proc.poll() is None  # still serving
