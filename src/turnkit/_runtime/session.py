@@ -76,8 +76,6 @@ class SessionHost(ViewHost, Protocol):
 
 #: How many finished turns' in-memory results each session keeps for ``result()``.
 _RECENT_RESULTS = 256
-#: A transcript position past any session's end: ``load`` then reads no messages.
-_PAST_THE_END = 2**31 - 1  # the largest index every store takes (PostgreSQL: integer)
 
 
 class AgentSession(SessionView):
@@ -592,7 +590,7 @@ class AgentSession(SessionView):
     async def _archive(self) -> ResetResult:
         """Archive the live generation, unless it holds nothing (status ``new``: no
         turn opened since the session began or was last reset), under the writer."""
-        generation = (await self._store.load(from_index=_PAST_THE_END)).generation
+        generation = (await self._store.load(from_index=NO_MESSAGES)).generation
         if await self._store.status() == "new":
             return ResetResult(
                 previous_session=None, archived_generation=None, generation=generation
