@@ -32,7 +32,7 @@ from turnkit import (
     receive,
     tool,
 )
-from turnkit.testing import ScriptedModel, ScriptedReply, tool_call
+from turnkit.testing import RecordingSink, ScriptedModel, ScriptedReply, tool_call
 
 
 @dataclass
@@ -251,7 +251,10 @@ async def test_receive_refuses_before_starting_anything(open_runtime: Any) -> No
     assert await runtime.sessions() == []
 
 
-async def test_a_failing_deliver_raises_but_the_turn_still_completes(open_runtime: Any) -> None:
+async def test_a_failing_deliver_raises_but_the_turn_still_completes(
+    open_runtime: Any, sink: RecordingSink, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("ERROR", logger="turnkit.channels")
     agent = Agent(name="ops", model=ScriptedModel(["posted"]))
     channel = RecordingChannel(fail_after=1)
     ctx = mount_agent(agent, await open_runtime(agent), channels=[channel])
@@ -259,6 +262,17 @@ async def test_a_failing_deliver_raises_but_the_turn_still_completes(open_runtim
         await receive(
             channel, ctx, seed="go", target="#x", trigger=Proactive(by="cron:x"), session="s1"
         )
+    # Reported to observers (live) and to the log, naming the turn.
+    (failed,) = [e for e in sink.events if isinstance(e, turnkit.DeliveryFailedEvent)]
+    assert (failed.session_id, failed.channel, failed.target, failed.method) == (
+        "s1",
+        "test",
+        "#x",
+        None,
+    )
+    assert failed.error == "RuntimeError: platform rejected the post"
+    (logged,) = [r.getMessage() for r in caplog.records if r.name == "turnkit.channels"]
+    assert f"turn {failed.turn_id}" in logged and "platform rejected" in logged
     session = ctx.session("s1")
     (info,) = await ctx.runtime.sessions()
     assert info.status == "idle"

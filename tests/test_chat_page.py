@@ -6,6 +6,7 @@ page with Playwright and clicks and types as a person would.
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import re
@@ -827,3 +828,40 @@ def test_the_page_follows_its_address_when_it_is_edited(
     page.evaluate("() => { location.hash = '#ops/new-one'; }")
     expect(page.get_by_test_id("session-title")).to_have_text("ops / new-one")
     expect(page.get_by_test_id("empty")).to_be_visible()
+
+
+def test_a_failed_delivery_elsewhere_shows_as_a_note_in_its_turn(
+    servers: list[DevServer], tmp_path: Path, page: Page
+) -> None:
+    """Another channel's reply to the turn failed (a live ``delivery.failed``, as the
+    Slack channel emits): the page says so in the turn, which still completes."""
+    _, url = serve(servers, tmp_path)
+
+    def with_a_failed_delivery(route: Route) -> None:
+        frames = route.fetch().text().split("\n\n")
+        started = next(f for f in frames if "event: turn.started" in f)
+        turn_id = json.loads(started.split("data: ", 1)[1])["turn_id"]
+        failed = {
+            "type": "delivery.failed",
+            "turn_id": turn_id,
+            "session_id": "ignored",
+            "seq": None,
+            "at": None,
+            "channel": "slack",
+            "target": "C1",
+            "method": "chat.update",
+            "error": "<b>token_revoked</b>",
+        }
+        frames.insert(2, f"event: delivery.failed\ndata: {json.dumps(failed)}")
+        body = "\n\n".join(frames)
+        route.fulfill(status=200, headers={"Content-Type": "text/event-stream"}, body=body)
+
+    page.route("**/turns", with_a_failed_delivery, times=1)
+    page.goto(url)
+    say(page, "hello")
+    wait_for_turns(page, "completed", 1)
+    note = page.get_by_test_id("turn").get_by_test_id("delivery-failed")
+    expect(note).to_have_text(
+        "The slack reply to C1 failed (chat.update): <b>token_revoked</b>. The turn runs on."
+    )
+    expect(page.get_by_test_id("error")).to_have_count(0)

@@ -94,6 +94,17 @@ def test_events_round_trip() -> None:
         turnkit.InputAnsweredEvent(
             turn_id="t", session_id="s", input_id="i", call_id="c", by=None, value=None, seq=9
         ),
+        turnkit.DeliveryFailedEvent(
+            turn_id="t",
+            session_id="s",
+            channel="slack",
+            target="C1",
+            method="chat.update",
+            error="token_revoked",
+        ),
+        turnkit.DeliveryFailedEvent(
+            turn_id="t", session_id="s", channel="x", target="#y", method=None, error="E: e"
+        ),
     ]
     for event in events:
         wire = json.loads(json.dumps(event.to_dict()))

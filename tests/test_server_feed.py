@@ -187,3 +187,55 @@ async def test_a_turn_stream_that_breaks_with_any_error_ends_on_an_error_frame()
     assert len(frames) == 1 and frames[0].startswith(b"event: error\ndata: ")
     assert "an unwrapped driver error" in json.loads(frames[0].split(b"data: ")[1])["error"]
     assert stream.closed
+
+
+async def test_a_failed_delivery_reaches_a_turn_feed_live_and_unnumbered(
+    open_runtime: Any,
+) -> None:
+    gate = asyncio.Event()
+    agent = gated_agent(gate)
+    runtime = await open_runtime(agent)
+    ctx = turnkit.mount_agent(agent, runtime)
+    session = runtime.session("w", "s1")
+    turn_id = session.start("go", owner="alice")
+    while not any(e.type == "action.requested" for e in await session.events()):
+        await asyncio.sleep(0.01)
+    failed = turnkit.DeliveryFailedEvent(
+        turn_id=turn_id,
+        session_id="s1",
+        channel="slack",
+        target="C1",
+        method="chat.update",
+        error="token_revoked",
+    )
+    async with (
+        serving(runtime) as served,
+        aconnect_sse(
+            served.client,
+            "GET",
+            served.path("w", "s1", "events"),
+            params={"turn_id": turn_id},
+            headers=dict(ALICE),
+        ) as source,
+    ):
+        frames = []
+        async for frame in source.aiter_sse():
+            frames.append(frame)
+            if frame.event == "action.requested":
+                ctx.delivery_failed(failed)  # as the Slack channel reports a refused edit
+            if frame.event == "delivery.failed":
+                gate.set()
+    structural = [f for f in frames if f.event != "message.delta"]
+    assert [f.event for f in structural] == [
+        "turn.started",
+        "message.completed",
+        "action.requested",
+        "delivery.failed",
+        "action.completed",
+        "message.completed",
+        "turn.completed",
+    ]
+    sent = json.loads(structural[3].data)
+    assert sent["seq"] is None  # live only: not in the log, so no id to resume after
+    assert turnkit.event_from_dict(sent) == failed
+    assert "delivery.failed" not in [e.type for e in await session.events()]

@@ -45,6 +45,8 @@ class FakeSlack:
     rate_limited: int = 0
     #: An error every ``chat.postMessage`` answers with (``channel_not_found``…).
     post_error: str | None = None
+    #: An error every ``chat.update`` answers with (``token_revoked``…).
+    update_error: str | None = None
     #: The ``ts`` of each message posted, in order.
     posted: list[str] = field(default_factory=list)
     _next_ts: int = 1000
@@ -64,6 +66,8 @@ class FakeSlack:
             )
         if method == "chat.postMessage" and self.post_error:
             return JSONResponse({"ok": False, "error": self.post_error})
+        if method == "chat.update" and self.update_error:
+            return JSONResponse({"ok": False, "error": self.update_error})
         self._next_ts += 1
         ts = f"{self._next_ts}.000"
         if method == "chat.postMessage":
@@ -409,8 +413,13 @@ async def test_replace_in_flight_supersedes_the_first_reply(tmp_path: Path) -> N
     assert second[-1].endswith("Result: order 2 is packed")
 
 
-async def test_a_rate_limited_update_is_sent_again_after_retry_after(tmp_path: Path) -> None:
+async def test_a_rate_limited_update_is_sent_again_after_retry_after(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("WARNING", logger="turnkit")
     async with staged(tmp_path, ops_agent()) as stage:
+        seen: list[turnkit.TurnEvent] = []
+        stage.runtime.sink.subscribe(seen.append)
         stage.slack.rate_limited = 1
         await stage.event("<@B1> where is 3", event_id="Eq1", thread="100.1")
         await stage.settle("Eq1")
@@ -423,6 +432,11 @@ async def test_a_rate_limited_update_is_sent_again_after_retry_after(tmp_path: P
     updates = stage.slack.of("chat.update")
     assert updates[0] == updates[1]  # the refused one, sent again
     assert updates[-1]["text"].endswith("Result: order 3 is packed")
+    # Slack said when to retry, the retry was taken: nothing failed, nothing to report.
+    assert "delivery.failed" not in [e.type for e in seen] and "turn.completed" in [
+        e.type for e in seen
+    ]
+    assert [r for r in caplog.records if r.name.startswith("turnkit")] == []
 
 
 def test_one_session_per_thread() -> None:
@@ -446,6 +460,29 @@ async def test_a_proactive_turn_posts_into_a_channel(tmp_path: Path) -> None:
     (post,) = stage.slack.of("chat.postMessage")
     assert post["channel"] == "C9" and post.get("thread_ts") is None
     assert stage.slack.of("chat.update")[-1]["text"].endswith("Result: order 8 is packed")
+
+
+async def test_a_proactive_reply_slack_refuses_raises_and_surfaces(tmp_path: Path) -> None:
+    async with staged(tmp_path, ops_agent()) as stage:
+        seen: list[turnkit.TurnEvent] = []
+        stage.runtime.sink.subscribe(seen.append)
+        stage.slack.post_error = "channel_not_found"
+        with pytest.raises(turnkit.DeliveryError, match="channel_not_found") as raised:
+            await turnkit.receive(
+                stage.channel,
+                stage.ctx,
+                seed="nightly check of 8",
+                target={"channel_id": "C404"},
+                trigger=turnkit.Proactive(by="cron:nightly"),
+                session="slack:T1:C404:nightly",
+            )
+        session = stage.runtime.session("ops", "slack:T1:C404:nightly")
+        result = await session.result(seen[0].turn_id)  # the turn runs to its end
+    assert result.status == "completed" and result.text == "Result: order 8 is packed"
+    assert (raised.value.method, raised.value.code) == ("chat.postMessage", "channel_not_found")
+    (failed,) = [e for e in seen if isinstance(e, turnkit.DeliveryFailedEvent)]
+    assert (failed.method, failed.error) == ("chat.postMessage", "channel_not_found")
+    assert failed.target == repr({"channel_id": "C404"})
 
 
 async def test_authorize_decides_who_may_start_turns_and_answer_nameless_questions(
@@ -569,24 +606,54 @@ async def test_a_question_that_is_not_yes_or_no_is_answered_in_a_form(tmp_path: 
     assert stage.slack.of("chat.update")[-1]["text"].endswith("Result: counted 12")
 
 
-async def test_a_slack_error_is_logged_with_its_turn_which_still_completes(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+@pytest.mark.parametrize(
+    ("method", "code"),
+    [
+        ("chat.postMessage", "channel_not_found"),
+        ("chat.update", "token_revoked"),
+        ("chat.update", "invalid_auth"),
+    ],
+)
+async def test_a_slack_error_surfaces_as_an_event_and_a_log_and_the_turn_still_completes(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, method: str, code: str
 ) -> None:
-    caplog.set_level("ERROR", logger="turnkit.slack")
+    caplog.set_level("ERROR", logger="turnkit")
     async with staged(tmp_path, ops_agent()) as stage:
-        stage.slack.post_error = "channel_not_found"
+        seen: list[turnkit.TurnEvent] = []
+        stage.runtime.sink.subscribe(seen.append)
+        if method == "chat.postMessage":
+            stage.slack.post_error = code
+        else:
+            stage.slack.update_error = code
         await stage.event("<@B1> where is 6", event_id="Ef1", thread="100.1")
         await stage.settle("Ef1")
         for _ in range(300):
-            if caplog.records:
+            if any(e.type == "delivery.failed" for e in seen):
                 break
             await asyncio.sleep(0.01)
         turn_id = stage.turn("Ef1")
-        record = await stage.runtime.session("ops", SESSION).turn_record(turn_id)
-    assert record is not None and record.text == "Result: order 6 is packed"
-    (logged,) = [r.getMessage() for r in caplog.records if r.name == "turnkit.slack"]
-    assert f"turn {turn_id}" in logged and "channel_not_found" in logged
-    assert "xoxb" not in logged
+        session = stage.runtime.session("ops", SESSION)
+        record = await session.turn_record(turn_id)
+        logged_events = await session.events()
+    assert record is not None and record.status == "completed"
+    assert record.text == "Result: order 6 is packed"
+    (failed,) = [e for e in seen if isinstance(e, turnkit.DeliveryFailedEvent)]
+    assert (failed.turn_id, failed.session_id) == (turn_id, SESSION)
+    assert (failed.channel, failed.target, failed.method, failed.error) == (
+        "slack",
+        "C1",
+        method,
+        code,
+    )
+    assert failed.seq is None  # live only: the session's log is the turn's own story
+    assert "delivery.failed" not in [e.type for e in logged_events]
+    assert logged_events[-1].type == "turn.completed"
+    # The reply stopped at the first refusal: nothing was sent after it.
+    assert [m for m, _ in stage.slack.calls].count(method) == 1
+    (logged,) = [r for r in caplog.records if r.levelname == "ERROR"]
+    text = logged.getMessage()
+    assert f"turn {turn_id}" in text and code in text and method in text and "C1" in text
+    assert "xoxb" not in text
 
 
 async def test_thread_messages_are_for_the_bot_only_in_its_threads_and_count_once(

@@ -317,3 +317,31 @@ def test_turnkit_error_lines_are_escaped(tmp_path: Path) -> None:
     assert status == 2 and err.startswith("turnkit: error: ")
     assert_inert(err)
     assert "a\\x1b]0;pwned\\x07" in err
+
+
+def test_a_failed_delivery_shows_as_a_timeline_line_escaped() -> None:
+    out = io.StringIO(newline="")
+    events: list[turnkit.TurnEvent] = [
+        turnkit.MessageDeltaEvent(turn_id="t", session_id="s", text="partly"),
+        turnkit.DeliveryFailedEvent(
+            turn_id="t",
+            session_id="s",
+            channel="slack",
+            target="C1",
+            method="chat.update",
+            error=f"token_revoked{OSC_CLIPBOARD}",
+        ),
+        turnkit.TurnCompletedEvent(turn_id="t", session_id="s", text="partly"),
+    ]
+
+    async def stream() -> Any:
+        for event in events:
+            yield event
+
+    asyncio.run(turnkit.TerminalChannel(out=out).deliver(None, stream()))
+    shown = out.getvalue()
+    assert_inert(shown)
+    assert shown == (
+        "partly\n  ✗ slack reply to C1 failed (chat.update): "
+        "token_revoked\\x1b]52;c;cm0gLXJmIH4=\\x07\n"
+    )

@@ -43,6 +43,7 @@ from ._seams.sink import EventSink, LocalEventSink
 from ._values.events import (
     ActionCompletedEvent,
     ActionRequestedEvent,
+    DeliveryFailedEvent,
     InputAnsweredEvent,
     InputRequestedEvent,
     MessageCompletedEvent,
@@ -88,6 +89,7 @@ __all__ = [
     "ConfigurationError",
     "DeliveringChannel",
     "DeliveryError",
+    "DeliveryFailedEvent",
     "EventSink",
     "FatalToolError",
     "Grant",

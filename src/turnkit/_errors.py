@@ -128,4 +128,14 @@ class MessageDecodeError(TurnError, ValueError):
 
 
 class DeliveryError(TurnError):
-    """A channel failed to render a turn; the turn itself still ran (or runs) to its end."""
+    """A channel failed to render a turn; the turn itself still ran (or runs) to its end.
+
+    ``method`` is the platform call that failed (``chat.update``) and ``code`` the
+    platform's own error code (``channel_not_found``), when the channel knows them:
+    a channel translates its SDK's error into this one at the call.
+    """
+
+    def __init__(self, message: str, *, method: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.method = method
+        self.code = code

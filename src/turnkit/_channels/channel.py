@@ -5,14 +5,16 @@ A channel has a ``source`` (``"slack"``, ``"cli"``…), turns a platform payload
 platform signs its events) and, if it can reply on its own, renders a turn's event
 stream with ``deliver(target, events)``. ``mount_agent`` gives channels the
 ``ChannelContext`` they drive turns through; ``receive`` starts a turn no person
-opened and renders it with the channel's ``deliver``.
+opened and renders it with the channel's ``deliver``. A reply that fails is
+reported with ``ChannelContext.delivery_failed``: logged, and told to the
+session's observers as a live ``delivery.failed`` event.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any, Protocol, runtime_checkable
 
 from .._engine.agent import Agent
@@ -22,7 +24,7 @@ from .._runtime.granting import grant_answer
 from .._runtime.observe import TurnStream
 from .._runtime.runtime import Runtime
 from .._runtime.session import AgentSession
-from .._values.events import TurnEvent
+from .._values.events import DeliveryFailedEvent, TurnEvent
 from .._values.inbound import InboundEvent, Proactive
 from .._values.inputs import InputRequest
 from .._values.turns import ResetResult, TurnResult
@@ -123,6 +125,26 @@ class ChannelContext:
             text, event=event, trigger=trigger, replace=replace, turn_id=turn_id, owner=owner
         )
 
+    def delivery_failed(self, event: DeliveryFailedEvent) -> None:
+        """Report that a channel's reply to a turn failed: logged as an error on
+        ``turnkit.channels`` and emitted to the session's observers (the SSE feed,
+        the chat page, ``observe``). It is live only: the session's event log is the
+        turn's own story, numbered by the delivery that writes it, and a reply that
+        failed changes nothing in it. The turn itself runs to its end."""
+        log.error(
+            "turn %s (session %s): its %s reply to %s failed%s: %s; the turn runs on",
+            event.turn_id,
+            event.session_id,
+            event.channel,
+            event.target,
+            f" at {event.method}" if event.method else "",
+            event.error,
+        )
+        try:
+            self.runtime.sink.emit(event)
+        except Exception:
+            log.exception("event sink raised on %s; ignored", event.type)
+
     async def result(self, turn_id: str, *, session: str) -> TurnResult:
         return await self.session(session).result(turn_id)
 
@@ -191,7 +213,7 @@ class ChannelContext:
         deliver = _deliver_of(channel)
         # Resume first: the answer is applied whether or not the renderer reads on.
         stream = await self._resume(session, turn_id, input_id, value, by, principal, granted)
-        await _render(channel, deliver, target, stream, turn_id)
+        await _render(channel, deliver, target, stream, self.delivery_failed)
         return await self.result(turn_id, session=session)
 
     async def _grant_if_needed(
@@ -294,7 +316,7 @@ async def receive(
     stream: TurnStream = await submit_stream(
         seed, session=session, trigger=trigger, replace=replace, turn_id=turn_id
     )
-    await _render(channel, deliver, target, stream, stream.turn_id)
+    await _render(channel, deliver, target, stream, getattr(ctx, "delivery_failed", None))
     return await ctx.result(stream.turn_id, session=session)
 
 
@@ -308,15 +330,50 @@ def _deliver_of(channel: Channel) -> Any:
     return deliver
 
 
+def delivery_failure(
+    exc: BaseException, *, channel: str, target: str, session_id: str, turn_id: str
+) -> DeliveryFailedEvent:
+    """The ``delivery.failed`` event of a reply stopped by ``exc``: the platform's
+    method and error code when the channel raised a ``DeliveryError`` naming them,
+    else the exception's type and text."""
+    method = exc.method if isinstance(exc, DeliveryError) else None
+    code = exc.code if isinstance(exc, DeliveryError) else None
+    return DeliveryFailedEvent(
+        turn_id=turn_id,
+        session_id=session_id,
+        channel=channel,
+        target=target,
+        method=method,
+        error=code or f"{type(exc).__name__}: {exc}",
+    )
+
+
 async def _render(
-    channel: Channel, deliver: Any, target: Any, events: AsyncIterator[TurnEvent], turn_id: str
+    channel: Channel,
+    deliver: Any,
+    target: Any,
+    events: TurnStream,
+    report: Callable[[DeliveryFailedEvent], None] | None,
 ) -> None:
+    """Render ``events`` with ``deliver``; a failure is reported (logged and told to
+    observers) and raised as a ``DeliveryError`` naming the turn."""
     try:
         await deliver(target, events)
     except Exception as exc:
+        failure = delivery_failure(
+            exc,
+            channel=channel.source,
+            target=target if isinstance(target, str) else repr(target),
+            session_id=events.session_id,
+            turn_id=events.turn_id,
+        )
+        if report is not None:
+            report(failure)
         raise DeliveryError(
-            f"channel {channel.source!r} failed to deliver turn {turn_id} to {target!r}: "
-            f"{type(exc).__name__}: {exc}; the turn itself still runs to its end"
+            f"channel {channel.source!r} failed to deliver turn {events.turn_id} to {target!r}: "
+            f"{type(exc).__name__}: {exc}; the turn itself still runs to its end",
+            method=failure.method,
+            code=exc.code if isinstance(exc, DeliveryError) else None,
         ) from exc
     finally:
         close = getattr(events, "aclose", None)

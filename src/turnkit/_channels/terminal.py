@@ -91,6 +91,9 @@ class TerminalRenderer:
             self._line(f"  ✗ turn failed: {event.error}")
         elif event.type == "turn.cancelled" and not indent:
             self._line(f"  ✗ turn cancelled: {event.reason}")
+        elif event.type == "delivery.failed" and not indent:
+            at = f" ({event.method})" if event.method else ""
+            self._line(f"  ✗ {event.channel} reply to {event.target} failed{at}: {event.error}")
         elif event.type == "turn.completed":
             self._end_text()
         self.out.flush()

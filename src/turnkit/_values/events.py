@@ -2,7 +2,8 @@
 
 Structural events (a turn started, a message or action completed, a turn ended)
 are logged in the store in the same transaction as the step that caused them and
-carry their sequence number in the session; deltas are live-only and carry none.
+carry their sequence number in the session; deltas, a child's events and a
+channel's delivery failures are live-only and carry none.
 """
 
 from __future__ import annotations
@@ -163,6 +164,24 @@ class SubagentEvent(_TurnEventBase):
     type: Literal["subagent.event"] = "subagent.event"
 
 
+@dataclass(frozen=True, kw_only=True)
+class DeliveryFailedEvent(_TurnEventBase):
+    """A channel could not show the turn where it was going (live only).
+
+    ``channel`` is the channel's source (``slack``), ``target`` where on its platform
+    (a Slack channel id), ``method`` the platform call that failed (``chat.update``;
+    ``None`` when the channel cannot tell) and ``error`` the platform's error code
+    (``channel_not_found``) or what else went wrong. It concerns that reply only: the
+    turn runs to its end regardless, and its record says how it ended.
+    """
+
+    channel: str
+    target: str
+    method: str | None
+    error: str
+    type: Literal["delivery.failed"] = "delivery.failed"
+
+
 TurnEvent: TypeAlias = (
     TurnStartedEvent
     | MessageDeltaEvent
@@ -176,6 +195,7 @@ TurnEvent: TypeAlias = (
     | TurnFailedEvent
     | TurnCancelledEvent
     | SubagentEvent
+    | DeliveryFailedEvent
 )
 
 #: Event types after which a turn has ended for good.
@@ -201,6 +221,7 @@ _EVENT_TYPES: dict[str, type[_Event]] = {
         TurnFailedEvent,
         TurnCancelledEvent,
         SubagentEvent,
+        DeliveryFailedEvent,
     )
 }
 

@@ -14,7 +14,7 @@ import json
 import logging
 import re
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -29,7 +29,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from .._channels.channel import ChannelContext
+from .._channels.channel import ChannelContext, delivery_failure
 from .._errors import (
     ConfigurationError,
     InvalidAnswerError,
@@ -252,9 +252,9 @@ class _Handler:
                 )
                 return
             reply = SlackReply(self.channel.client, thread, self.channel.update_interval)
-            await _render_quietly(reply, session.observe(tid), tid)
+            await self._render(reply, session.observe(tid), session_id, tid)
 
-        runtime.spawn(run())
+        runtime.spawn(_logged(run(), f"the Slack message starting turn {turn_id}"))
 
     async def interactivity(self, request: Request) -> Response:
         body = await self._verified(request)
@@ -278,13 +278,13 @@ class _Handler:
         if action.get("action_id") == OPEN_FORM:
             trigger = payload.get("trigger_id")
             if isinstance(trigger, str):
-                self.ctx.runtime.spawn(self._open_form(answer, str(user), thread, trigger))
+                opening = self._open_form(answer, str(user), thread, trigger)
+                self.ctx.runtime.spawn(_logged(opening, f"the Answer click of {user}"))
             return Response(status_code=200)
         if action.get("action_id") not in (APPROVE, DENY):
             return Response(status_code=200)
-        self.ctx.runtime.spawn(
-            self._resume(answer, action["action_id"] == APPROVE, str(user), thread, claims)
-        )
+        resuming = self._resume(answer, action["action_id"] == APPROVE, str(user), thread, claims)
+        self.ctx.runtime.spawn(_logged(resuming, f"the {action['action_id']} click of {user}"))
         return Response(status_code=200)
 
     async def _open_form(
@@ -341,7 +341,7 @@ class _Handler:
         except InvalidAnswerError as exc:
             return _form_error(str(exc))
         reply = SlackReply(self.channel.client, thread, self.channel.update_interval)
-        self.ctx.runtime.spawn(_render_quietly(reply, stream, request.turn_id))
+        self.ctx.runtime.spawn(self._render(reply, stream, session_id, request.turn_id))
         return Response(status_code=200)
 
     async def _may_answer(self, session_id: str, user: str, claims: dict[str, str]) -> bool:
@@ -408,7 +408,31 @@ class _Handler:
             )
             return
         reply = SlackReply(client, thread, self.channel.update_interval)
-        await _render_quietly(reply, stream, str(answer["turn"]))
+        await self._render(reply, stream, str(answer["session"]), str(answer["turn"]))
+
+    async def _render(
+        self, reply: SlackReply, stream: AsyncIterator[TurnEvent], session_id: str, turn_id: str
+    ) -> None:
+        """Render a turn Slack asked for. A Web API error Slack's retries did not cure
+        (``channel_not_found``, a revoked token) stops this reply and is reported: a
+        log record and a live ``delivery.failed`` event naming the turn, whose own
+        run goes on regardless (it is in the store: ``turnkit show``)."""
+        try:
+            await reply.render(stream)
+        except Exception as exc:
+            self.ctx.delivery_failed(
+                delivery_failure(
+                    exc,
+                    channel=SOURCE,
+                    target=reply.thread.channel,
+                    session_id=session_id,
+                    turn_id=turn_id,
+                )
+            )
+        finally:
+            close = getattr(stream, "aclose", None)
+            if close is not None:
+                await close()
 
 
 def _claims(payload: dict[str, Any]) -> dict[str, str]:
@@ -420,26 +444,13 @@ def _claims(payload: dict[str, Any]) -> dict[str, str]:
     return {"team": str(team), "channel": str(channel)}
 
 
-async def _render_quietly(
-    reply: SlackReply, stream: AsyncIterator[TurnEvent], turn_id: str
-) -> None:
-    """Render a turn Slack asked for; a Web API error Slack's retries did not cure
-    (``channel_not_found``, a revoked token) is logged with the turn it concerns,
-    whose own run goes on regardless (it is in the store: ``turnkit show``)."""
+async def _logged(work: Coroutine[Any, Any, None], what: str) -> None:
+    """Run background work a Slack request started; what breaks it (an ephemeral
+    refusal Slack would not take, a store outage) is logged, never lost in a task."""
     try:
-        await reply.render(stream)
-    except Exception as exc:
-        log.error(
-            "turn %s: its Slack reply in %s failed and was stopped: %s: %s",
-            turn_id,
-            reply.thread.channel,
-            type(exc).__name__,
-            exc,
-        )
-    finally:
-        close = getattr(stream, "aclose", None)
-        if close is not None:
-            await close()
+        await work
+    except Exception:
+        log.exception("Slack: %s failed", what)
 
 
 def _form_error(message: str) -> JSONResponse:

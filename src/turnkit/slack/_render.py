@@ -1,18 +1,22 @@
 """A turn's events as a Slack reply in a thread: a placeholder message edited as the
 text streams (at most once per ``interval`` seconds), a timeline of tool calls with
 their results or errors above the text, and how the turn ended. A parked question
-becomes its own message with Approve / Deny buttons."""
+becomes its own message with Approve / Deny buttons. A Web API error that slack_sdk's
+retries did not cure stops the reply as a ``DeliveryError`` naming the method and
+Slack's error code."""
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
+from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
+from .._errors import DeliveryError
 from .._values.events import TurnEvent
 from .._values.inputs import InputRequest
 
@@ -31,6 +35,8 @@ def is_yes_no(request: InputRequest) -> bool:
     """A question two buttons answer: its schema is a plain boolean."""
     return request.schema == {"type": "boolean"}
 
+
+T = TypeVar("T")
 
 #: The longest text one Slack message takes; a longer reply is cut, marked so.
 MAX_TEXT = 3900
@@ -165,11 +171,14 @@ class SlackReply:
             await self.flush(force=True)
         elif event.type == "input.requested":
             await self.flush(force=True)
-            await self.client.chat_postMessage(
-                channel=self.thread.channel,
-                thread_ts=self._thread_ts(),
-                text=event.request.prompt,
-                blocks=approval_blocks(event.session_id, event.request),
+            await _slack(
+                "chat.postMessage",
+                self.client.chat_postMessage(
+                    channel=self.thread.channel,
+                    thread_ts=self._thread_ts(),
+                    text=event.request.prompt,
+                    blocks=approval_blocks(event.session_id, event.request),
+                ),
             )
         elif event.type == "turn.failed":
             self.ending = f":warning: The turn failed: {event.error}"
@@ -203,8 +212,11 @@ class SlackReply:
         streamed edit at most once per ``interval``; Slack limits how often)."""
         shown = self.body()
         if self.ts is None:
-            posted = await self.client.chat_postMessage(
-                channel=self.thread.channel, thread_ts=self.thread.thread_ts, text=shown
+            posted = await _slack(
+                "chat.postMessage",
+                self.client.chat_postMessage(
+                    channel=self.thread.channel, thread_ts=self.thread.thread_ts, text=shown
+                ),
             )
             self.ts = str(posted["ts"])
             self._shown, self._last_update = shown, time.monotonic()
@@ -213,11 +225,29 @@ class SlackReply:
             return
         if not force and time.monotonic() - self._last_update < self.interval:
             return
-        await self.client.chat_update(channel=self.thread.channel, ts=self.ts, text=shown)
+        await _slack(
+            "chat.update",
+            self.client.chat_update(channel=self.thread.channel, ts=self.ts, text=shown),
+        )
         self._shown, self._last_update = shown, time.monotonic()
 
     def _thread_ts(self) -> str | None:
         return self.thread.thread_ts or self.ts
+
+
+async def _slack(method: str, call: Awaitable[T]) -> T:
+    """Await a Web API call; an error slack_sdk's retry handlers did not cure (they
+    retry a 429 after its ``Retry-After`` and a dropped connection) becomes a
+    ``DeliveryError`` naming ``method`` and Slack's error code (``channel_not_found``,
+    ``token_revoked``), or the exception itself when Slack never answered."""
+    try:
+        return await call
+    except SlackApiError as exc:
+        code = str(exc.response.get("error") or f"HTTP {exc.response.status_code}")
+        raise DeliveryError(f"Slack's {method} failed: {code}", method=method, code=code) from exc
+    except Exception as exc:
+        code = f"{type(exc).__name__}: {exc}"
+        raise DeliveryError(f"Slack's {method} failed: {code}", method=method, code=code) from exc
 
 
 def _escape(text: str) -> str:
