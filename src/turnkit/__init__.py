@@ -40,6 +40,7 @@ from ._runtime.runtime import Runtime
 from ._runtime.session import AgentSession
 from ._seams.model import Model, ModelDelta, ModelDone, ReasoningDelta, TextDelta, ToolSpec
 from ._seams.sink import EventSink, LocalEventSink
+from ._seams.tracer import StepOutcome, StepSpan, StepTrace, Tracer, TurnSpan, TurnTrace
 from ._values.events import (
     ActionCompletedEvent,
     ActionRequestedEvent,
@@ -121,6 +122,9 @@ __all__ = [
     "SessionOwnerError",
     "SessionSuspendedError",
     "SlotRule",
+    "StepOutcome",
+    "StepSpan",
+    "StepTrace",
     "StopReason",
     "StoreError",
     "SubagentError",
@@ -134,6 +138,7 @@ __all__ = [
     "ToolDefinitionError",
     "ToolMessage",
     "ToolSpec",
+    "Tracer",
     "TriggerMessage",
     "TurnCancelledError",
     "TurnCancelledEvent",
@@ -144,9 +149,11 @@ __all__ = [
     "TurnFailedEvent",
     "TurnPolicy",
     "TurnResult",
+    "TurnSpan",
     "TurnStartedEvent",
     "TurnStream",
     "TurnSuspendedError",
+    "TurnTrace",
     "TurnkitError",
     "User",
     "UserMessage",

@@ -1,7 +1,7 @@
 """The turn loop: ask the model, run the tools it asked for, repeat, checkpointing each step.
 
 The engine reads its position off the transcript (see ``_position``), talks only to
-its three seams (``SessionStore``, ``EventSink``, ``Model``) and commits every step
+its seams (``SessionStore``, ``EventSink``, ``Model``, ``Tracer``) and commits every step
 together with the events it caused, so a replay resumes at the first unfinished step.
 Every delivery ends with a terminal event on the sink, however it ends.
 """
@@ -24,6 +24,17 @@ from .._errors import (
 )
 from .._seams.sink import EventSink
 from .._seams.store import NoHandle, SessionStore, StoreHandle, Transaction
+from .._seams.tracer import (
+    NO_SPAN,
+    NO_TRACER,
+    StepOutcome,
+    StepSpan,
+    StepTrace,
+    TraceContext,
+    Tracer,
+    TurnSpan,
+    TurnTrace,
+)
 from .._values.checkpoints import SuspendCheckpoint, ToolStepResult
 from .._values.events import (
     ENDING_EVENT_TYPES,
@@ -53,7 +64,7 @@ from .._values.messages import (
 )
 from .._values.policy import TurnPolicy
 from .._values.records import TurnRecord, TurnStatus
-from .._values.step_ids import model_step_id, policy_step_id, tool_step_id
+from .._values.step_ids import model_step_id, policy_step_id, tool_step_id, trace_step_id
 from .._values.turns import TurnCancelled, TurnFailure, TurnRequest, TurnResult, result_from_record
 from .agent import Agent
 from .context import ChildTurns, ToolContext, TurnParked
@@ -78,6 +89,7 @@ from .tool_call import (
 )
 from .tool_results import error_result, error_text
 from .tools import Tool
+from .tracing import Traced, error_type, outcome_of
 
 log = logging.getLogger("turnkit.engine")
 
@@ -125,6 +137,7 @@ class TurnRunner:
         request: TurnRequest,
         children: ChildTurns | None = None,
         known: KnownTranscript | None = None,
+        tracer: Tracer = NO_TRACER,
     ) -> None:
         self.agent = agent
         self.store = store
@@ -148,6 +161,12 @@ class TurnRunner:
         self.policy = TurnPolicy()
         self._known_finished: str | None = None
         self._record: TurnRecord | None = None
+        self.tracer = tracer
+        self._span: TurnSpan = NO_SPAN
+        #: Whether the next step is the first a redelivery runs (see ``StepTrace``).
+        self._resuming = False
+        #: The error class of the failure the turn ends with, if it fails.
+        self._failure: str | None = None
 
     async def run(self) -> TurnResult:
         """Run the delivery. An exception escaping here (a store outage) leaves the turn
@@ -215,6 +234,27 @@ class TurnRunner:
             self.event = InboundEvent.from_dict(record.event) if record.event else None
             self._durable_cancel = record.cancel_reason
         self.policy = self._resolve_policy()
+        self._resuming = record is not None and not queued
+        trace = TurnTrace(
+            session_id=self.session_id,
+            turn_id=self.turn_id,
+            agent=self.agent.name,
+            replayed=self._resuming,
+            origin=_trace_context(self.steps.get(trace_step_id(self.turn_id))),
+            parent=self.request.trace,
+        )
+        with self.tracer.turn(trace) as span:
+            self._span = span
+            try:
+                result = await self._deliver(record, queued)
+            except BaseException as exc:
+                span.broke(error_type(exc), error_text(exc))
+                raise
+            span.ended(result, self._failure)
+            return result
+
+    async def _deliver(self, record: TurnRecord | None, queued: bool) -> TurnResult:
+        """The delivery once the turn's record is read: replay, open or announce it."""
         opened = record is not None and has_opening_message(self.transcript, self.turn_id)
         superseded = record is not None and not queued and not opened
         if record is not None and record.status == "suspended" and not superseded:
@@ -237,6 +277,7 @@ class TurnRunner:
                 await self._reopen(record)
             return await self._loop()
         except TurnFailure as failure:
+            self._failure = error_type(failure)
             return await self._fail(str(failure))
         except _Park as park:
             return await self._park(park.call, park.request)
@@ -455,6 +496,7 @@ class TurnRunner:
         )
         index = len(self.transcript)
         policy = self.policy.to_dict()
+        context = self._span.context()
         self._boundary()  # the last moment a cancellation leaves no trace
 
         def write(tx: Transaction) -> None:
@@ -468,6 +510,8 @@ class TurnRunner:
             tx.open_turn(record, owner=self.request.owner)
             if policy_step_id(self.turn_id) not in self.steps:  # a queued turn has it
                 tx.put_step(policy_step_id(self.turn_id), self.turn_id, policy)
+            if context:  # the trace later deliveries of this turn refer to
+                tx.put_step(trace_step_id(self.turn_id), self.turn_id, context)
 
         self._unstored = False
         await self._commit(write, events, [m for _, m in closing] + [opening])
@@ -539,9 +583,17 @@ class TurnRunner:
 
     # -- model steps -------------------------------------------------------------
 
+    def _step_trace(self, step_id: str, **what: Any) -> StepTrace:
+        resuming, self._resuming = self._resuming, False
+        return StepTrace(step_id=step_id, replayed=resuming, **what)
+
     async def _model_step(self, index: int) -> None:
         # A step's result commits with its message, so this step was never answered.
         step_id = model_step_id(index)
+        with Traced(self._span.step(self._step_trace(step_id, model=self.agent.model))) as span:
+            await self._ask_and_commit(index, step_id, span)
+
+    async def _ask_and_commit(self, index: int, step_id: str, span: StepSpan) -> None:
         reply = await ask_model(
             self.agent,
             self.policy,
@@ -550,6 +602,7 @@ class TurnRunner:
             self._reasoning_delta,
             self._cancel_reason,
         )
+        span.replied(reply)
         message = _assistant(reply, self.turn_id, reply.tool_calls)
         tid, sid, seq = self.turn_id, self.session_id, self.next_seq
         # Observers may mutate what they get; the transcript must not change with it.
@@ -607,23 +660,35 @@ class TurnRunner:
 
     async def _tool_step(self, assistant_index: int, call: ToolCall) -> None:
         step_id = tool_step_id(assistant_index, call.id)
+        with Traced(self._span.step(self._step_trace(step_id, call=call))) as span:
+            await self._run_tool(step_id, call, span)
+
+    async def _run_tool(self, step_id: str, call: ToolCall, span: StepSpan) -> None:
         # A tool the turn's policy denies is as unknown as one the agent never had.
         tool = self.agent.tool(call.name) if self.policy.allows(call.name) else None
         problem = input_error(call)
         if problem is not None or tool is None:
             text = problem or f"unknown tool: {call.name}"
+            kind = "invalid_input" if problem is not None else "unknown_tool"
+            span.ended(StepOutcome(status="failed", error_type=kind, message=text))
             await self._commit_tool(step_id, call, error_result(text), text)
         elif tool.local:
-            await self._local_tool_step(tool, step_id, call)
+            await self._local_tool_step(tool, step_id, call, span)
         else:
             ctx = self._context(_REMOTE_HANDLE, call, step_id, local=False)
             try:
-                result, error = await run_remote(tool, copy_input(call.input), ctx)
+                result, raised = await run_remote(tool, copy_input(call.input), ctx)
             except TurnParked as parked:
+                span.ended(StepOutcome(status="parked"))
                 raise _Park(call, parked.request) from None
+            if raised is not None:
+                span.ended(outcome_of(raised))
+            error = error_text(raised) if raised is not None else None
             await self._commit_tool(step_id, call, result, error)
 
-    async def _local_tool_step(self, tool: Tool, step_id: str, call: ToolCall) -> None:
+    async def _local_tool_step(
+        self, tool: Tool, step_id: str, call: ToolCall, span: StepSpan
+    ) -> None:
         """Run a ``def`` tool inside the very commit that records what it returned (off
         the event loop: see ``SessionStore.commit``)."""
         index, seq = len(self.transcript), self.next_seq
@@ -651,6 +716,7 @@ class TurnRunner:
                     "deliver the turn again"
                 ) from raised.original
             # The tool's own exception: its error result.
+            span.ended(outcome_of(raised.original))
             text = error_text(raised.original)
             await self._commit_tool(step_id, call, error_result(text), text)
             return
@@ -758,3 +824,12 @@ def _detached(calls: tuple[ToolCall, ...]) -> tuple[ToolCall, ...]:
         )
         for c in calls
     )
+
+
+def _trace_context(stored: object) -> TraceContext | None:
+    """A stored trace context, or ``None`` if there is none (or it is not one)."""
+    if isinstance(stored, dict) and all(
+        isinstance(k, str) and isinstance(v, str) for k, v in stored.items()
+    ):
+        return dict(stored)
+    return None

@@ -98,15 +98,15 @@ def run_local(tool: Tool, data: Any, ctx: ToolContext) -> Any:
         raise ToolRaised(exc) from exc
 
 
-async def run_remote(tool: Tool, data: Any, ctx: ToolContext) -> tuple[Any, str | None]:
-    """Await an ``async def`` tool; return its JSON result and the error text, if any."""
+async def run_remote(tool: Tool, data: Any, ctx: ToolContext) -> tuple[Any, Exception | None]:
+    """Await an ``async def`` tool; return its JSON result (an error result if it
+    raised) and the exception it raised, if any."""
     try:
         return to_json_result(await tool.run(data, ctx)), None
     except FatalToolError as exc:
         raise fatal(tool, exc) from exc
     except Exception as exc:
-        text = error_text(exc)
-        return error_result(text), text
+        return error_result(error_text(exc)), exc
 
 
 def _discard(value: Any) -> None:

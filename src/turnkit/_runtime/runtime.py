@@ -15,6 +15,7 @@ from .._engine.agent import Agent
 from .._errors import ConfigurationError
 from .._seams.sink import EventSink, LocalEventSink
 from .._seams.store import Store
+from .._seams.tracer import NO_TRACER, Tracer
 from .._values.records import SessionInfo
 from .._values.turns import TurnResult
 from .approvals import GrantSealer
@@ -28,7 +29,9 @@ class Runtime:
     """Runs agents' turns over one store and one event sink. Use it with ``async with``.
 
     ``recover()`` replays the turns a dead process left unfinished; call it at
-    startup so a crash needs no caller to redeliver.
+    startup so a crash needs no caller to redeliver. ``tracer`` (for instance
+    ``turnkit.otel.OtelTracer()``) receives a span for every turn, model step and
+    tool call.
     """
 
     def __init__(
@@ -38,6 +41,7 @@ class Runtime:
         store: Store,
         sink: EventSink | None = None,
         session_cache: int = 1000,
+        tracer: Tracer | None = None,
     ) -> None:
         listed = [agents] if isinstance(agents, Agent) else list(agents)
         self.agents: dict[str, Agent] = {}
@@ -59,6 +63,14 @@ class Runtime:
             )
         self.store = store
         self.sink: EventSink = sink if sink is not None else LocalEventSink()
+        if tracer is not None and not isinstance(tracer, Tracer):
+            raise ConfigurationError(
+                "tracer must implement turnkit.Tracer (current, turn), e.g. "
+                f"turnkit.otel.OtelTracer(), got {type(tracer).__name__}"
+            )
+        #: Where the spans of every turn, model step and tool call go (see
+        #: docs/tracing.md); the default records nothing.
+        self.tracer: Tracer = tracer if tracer is not None else NO_TRACER
         # Seals the grants grant_answer issues; its key never leaves this process, and
         # it is no public attribute: a grant is made by grant_answer, never by hand.
         self._grants = GrantSealer()

@@ -14,6 +14,7 @@ import time
 import uuid
 from collections import OrderedDict, deque
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, Protocol
 
 from .._engine.agent import Agent
@@ -32,6 +33,7 @@ from .._errors import (
 )
 from .._seams.sink import EventSink
 from .._seams.store import NO_MESSAGES, SessionStore, Store, Transaction
+from .._seams.tracer import Tracer
 from .._values.events import TurnEvent
 from .._values.inbound import InboundEvent, Proactive
 from .._values.messages import (
@@ -65,6 +67,9 @@ class SessionHost(ViewHost, Protocol):
 
     @property
     def _grants(self) -> GrantSealer: ...
+
+    @property
+    def tracer(self) -> Tracer: ...
 
     @property
     def _busy(self) -> dict[str, AgentSession]: ...
@@ -287,6 +292,10 @@ class AgentSession(SessionView):
         if pending is not None and not pending.done():
             return tid  # already queued or running here: one delivery is enough
         loop = self.runtime._require_loop()
+        if request.trace is None:
+            # Whoever asks for the delivery: its spans go under theirs, not under
+            # whatever the session's worker task happened to start in.
+            request = replace(request, trace=self.runtime.tracer.current())
         future: asyncio.Future[TurnResult] = loop.create_future()
         future.add_done_callback(_mark_exception_seen)
         self._remember(tid, future)
@@ -420,6 +429,7 @@ class AgentSession(SessionView):
             request=request,
             children=self.runtime.children,
             known=self._known,
+            tracer=self.runtime.tracer,
         )
         try:
             result = await runner.run()

@@ -11,6 +11,7 @@ MODEL = "model"
 TOOL = "tool"
 INPUT = "input"
 POLICY = "policy"
+TRACE = "trace"
 
 
 def model_step_id(index: int) -> str:
@@ -33,6 +34,12 @@ def policy_step_id(turn_id: str) -> str:
     return f"{POLICY}:{turn_id}"
 
 
+def trace_step_id(turn_id: str) -> str:
+    """The memo row that keeps the trace context a turn first opened in (one per
+    turn, written only when a tracer records it)."""
+    return f"{TRACE}:{turn_id}"
+
+
 def relayed_input_id(step_id: str, input_id: str) -> str:
     """The input id under which a parent turn asks a child turn's question
     ``input_id``: ``<parent call's step id>/<id>``, unique per call and question."""
@@ -40,7 +47,7 @@ def relayed_input_id(step_id: str, input_id: str) -> str:
 
 
 def step_kind(step_id: str) -> str:
-    """``model``, ``tool``, ``input`` or ``policy`` (what precedes the first colon)."""
+    """``model``, ``tool``, ``input``, ``policy`` or ``trace`` (what precedes the first colon)."""
     return step_id.partition(":")[0]
 
 

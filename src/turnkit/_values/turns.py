@@ -51,6 +51,9 @@ class TurnRequest:
     #: Submitted durably: the store held the turn as ``queued`` before this delivery
     #: was asked for, so finding no record means a reset archived it meanwhile.
     queued: bool = False
+    #: The trace context of the code that asked for this delivery (W3C Trace Context
+    #: headers), so its spans sit under that code's span wherever the turn runs.
+    trace: dict[str, str] | None = None
     cancel: CancelSignal = field(default_factory=CancelSignal, compare=False)
 
 

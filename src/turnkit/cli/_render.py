@@ -26,7 +26,7 @@ from .._values.messages import (
 )
 from .._values.policy import TurnPolicy
 from .._values.records import SessionInfo
-from .._values.step_ids import INPUT, MODEL, POLICY, TOOL, step_kind, step_position
+from .._values.step_ids import INPUT, MODEL, POLICY, TOOL, TRACE, step_kind, step_position
 from ._show import ArchiveView, SessionView, TurnView, utc
 
 #: Longest a tool input, result or step value is shown in text output.
@@ -176,10 +176,11 @@ def _end_time(start: float, end: float) -> str:
 
 
 def _ordered(steps: dict[str, Any]) -> list[tuple[str, Any]]:
-    """Steps in the order they happened: the policy, then by transcript position."""
+    """Steps in the order they happened: the policy and trace context, then by
+    transcript position."""
 
     def key(step_id: str) -> tuple[int, int, str]:
-        order = {POLICY: 0, INPUT: 2}.get(step_kind(step_id), 1)
+        order = {POLICY: 0, TRACE: 0, INPUT: 2}.get(step_kind(step_id), 1)
         return (order, step_position(step_id) or 0, step_id)
 
     return sorted(steps.items(), key=lambda item: key(item[0]))
@@ -210,6 +211,11 @@ def _summary_of(kind: str, value: Any) -> str:
         policy = TurnPolicy.from_dict(value)
         denied = ", ".join(sorted(policy.deny_tools)) or "none"
         return f"source {policy.source or 'none (started from code)'}, tools denied: {denied}"
+    if kind == TRACE and isinstance(value, dict):
+        # W3C traceparent: version-traceid-spanid-flags.
+        parts = str(value.get("traceparent", "")).split("-")
+        if len(parts) == 4:
+            return f"opened in trace {parts[1]} (span {parts[2]})"
     return compact(value)
 
 
