@@ -676,3 +676,94 @@ async def test_thread_messages_are_for_the_bot_only_in_its_threads_and_count_onc
         messages = await stage.runtime.session("ops", SESSION).messages()
     assert [m.text for m in messages if m.role == "user"] == ["where is 2", "where is 3"]
     assert len(stage.slack.of("chat.postMessage")) == 2
+
+
+class FakeClock:
+    """The pacer's clock, moved by the test."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Script:
+    """A turn's events handed to a reply one at a time: ``give`` returns once the
+    reply has done everything the event made it do (it asked for the next one)."""
+
+    def __init__(self, turn_id: str) -> None:
+        self.turn_id = turn_id
+        self._next: asyncio.Queue[turnkit.TurnEvent | None] = asyncio.Queue()
+        self._handled = asyncio.Event()
+
+    async def events(self) -> AsyncIterator[turnkit.TurnEvent]:
+        while (event := await self._next.get()) is not None:
+            yield event
+            self._handled.set()
+
+    async def delta(self, text: str) -> None:
+        self._handled.clear()
+        self._next.put_nowait(
+            turnkit.MessageDeltaEvent(turn_id=self.turn_id, session_id="s", text=text)
+        )
+        await self._handled.wait()
+
+    def end(self) -> None:
+        self._next.put_nowait(None)
+
+
+async def test_streamed_edits_are_paced_per_slack_channel_across_its_replies() -> None:
+    """Two replies streaming into one channel share its one-edit-a-second pace; a
+    reply in another channel keeps its own. Time is the pacer's clock, moved by the
+    script: a quarter second per round of deltas."""
+    from slack_sdk.web.async_client import AsyncWebClient
+
+    from turnkit.slack import EditPacer, SlackChannel, SlackThread
+
+    fake = FakeSlack()
+    api = Starlette(routes=[Route("/api/{method}", fake.handle, methods=["POST"])])
+    clock = FakeClock()
+    async with uvicorn_on(api) as api_url:
+        channel = SlackChannel(
+            signing_secret=SECRET,
+            client=AsyncWebClient(token="xoxb-test", base_url=f"{api_url}/api/"),
+            pacer=EditPacer(1.0, clock=clock),
+        )
+        a, b, c = Script("a"), Script("b"), Script("c")
+        where = {a: SlackThread(channel="C1", thread_ts="1.1"), b: SlackThread(channel="C1")}
+        where[c] = SlackThread(channel="C2", thread_ts="2.2")
+        replies = [asyncio.create_task(channel.deliver(where[s], s.events())) for s in (a, b, c)]
+        for script in (a, b, c):
+            await script.delta(script.turn_id)  # each posts its placeholder at 0.0
+        for step in range(1, 17):
+            clock.now = step * 0.25
+            # Who speaks first in C1 changes every second, as it would by chance.
+            first, second = (b, a) if (step // 4) % 2 else (a, b)
+            for script in (first, second, c):
+                await script.delta(script.turn_id)
+        for script in (a, b, c):
+            script.end()
+        await asyncio.gather(*replies)
+    posted = dict(zip("abc", fake.posted, strict=True))
+    updates = [(u["channel"], u["ts"], u["text"]) for u in fake.of("chat.update")]
+    # In C1 one streamed edit a second in all, whichever reply had the next delta
+    # (at steps 4, 8, 12, 16); then each reply's last edit, if it still had news.
+    assert [u for u in updates if u[0] == "C1"] == [
+        ("C1", posted["b"], "b" * 5),
+        ("C1", posted["a"], "a" * 9),
+        ("C1", posted["b"], "b" * 13),
+        ("C1", posted["a"], "a" * 17),
+        ("C1", posted["b"], "b" * 17),  # b's end: it goes whatever the pace
+    ]
+    # C2's reply was never held back by C1's.
+    assert [u for u in updates if u[0] == "C2"] == [
+        ("C2", posted["c"], "c" * n) for n in (5, 9, 13, 17)
+    ]
+
+
+def test_an_edit_pacer_refuses_a_negative_interval() -> None:
+    from turnkit.slack import EditPacer
+
+    with pytest.raises(turnkit.ConfigurationError, match="interval must be seconds >= 0"):
+        EditPacer(-1)

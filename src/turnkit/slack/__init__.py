@@ -11,6 +11,7 @@ except ImportError as exc:  # pragma: no cover - exercised without the extra
     ) from exc
 
 from ._channel import SlackChannel, session_of, slack_channel, turn_of
+from ._pacing import EditPacer
 from ._render import SlackThread
 
-__all__ = ["SlackChannel", "SlackThread", "session_of", "slack_channel", "turn_of"]
+__all__ = ["EditPacer", "SlackChannel", "SlackThread", "session_of", "slack_channel", "turn_of"]

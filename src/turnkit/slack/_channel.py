@@ -42,6 +42,7 @@ from .._values.events import TurnEvent
 from .._values.inbound import InboundEvent, User
 from ..server._authorize import Action, Authorize, SessionAccess, allowed
 from ..server._principal import Principal
+from ._pacing import EditPacer
 from ._render import (
     APPROVE,
     DENY,
@@ -77,12 +78,18 @@ class SlackChannel:
         replace_in_flight: bool = False,
         update_interval: float = 1.0,
         authorize: Authorize | None = None,
+        pacer: EditPacer | None = None,
     ) -> None:
         self.verifier = SignatureVerifier(signing_secret)
         self.client = client
         self.replace_in_flight = replace_in_flight
-        self.update_interval = update_interval
+        #: Shared by every reply this channel renders: Slack's limit is per channel.
+        self.pacer = pacer if pacer is not None else EditPacer(update_interval)
         self.authorize = authorize
+
+    def _reply(self, thread: SlackThread) -> SlackReply:
+        """A renderer of one turn into ``thread``, paced with the channel's other replies."""
+        return SlackReply(self.client, thread, self.pacer)
 
     # -- the Channel protocol ------------------------------------------------------
 
@@ -122,7 +129,7 @@ class SlackChannel:
         """Render a turn into ``target`` (a ``SlackThread``, or a dict with
         ``channel_id`` and optionally ``thread_ts``)."""
         thread = _thread_of(target)
-        await SlackReply(self.client, thread, self.update_interval).render(events)
+        await self._reply(thread).render(events)
 
     # -- the ASGI app ---------------------------------------------------------------
 
@@ -251,7 +258,7 @@ class _Handler:
                     text="This thread is waiting for an answer above; answer it first.",
                 )
                 return
-            reply = SlackReply(self.channel.client, thread, self.channel.update_interval)
+            reply = self.channel._reply(thread)
             await self._render(reply, session.observe(tid), session_id, tid)
 
         runtime.spawn(_logged(run(), f"the Slack message starting turn {turn_id}"))
@@ -340,7 +347,7 @@ class _Handler:
             return _form_error("This question was already answered.")
         except InvalidAnswerError as exc:
             return _form_error(str(exc))
-        reply = SlackReply(self.channel.client, thread, self.channel.update_interval)
+        reply = self.channel._reply(thread)
         self.ctx.runtime.spawn(self._render(reply, stream, session_id, request.turn_id))
         return Response(status_code=200)
 
@@ -407,7 +414,7 @@ class _Handler:
                 channel=thread.channel, user=user, text="This question was already answered."
             )
             return
-        reply = SlackReply(client, thread, self.channel.update_interval)
+        reply = self.channel._reply(thread)
         await self._render(reply, stream, str(answer["session"]), str(answer["turn"]))
 
     async def _render(
@@ -475,7 +482,9 @@ def slack_channel(
     its bot token posts the replies (through slack_sdk's ``AsyncWebClient``, which
     retries rate limits after ``Retry-After`` and dropped connections).
     ``replace_in_flight`` cancels a thread's unfinished turn when a newer message
-    arrives in it; that reply ends "superseded by a newer message". ``authorize``
+    arrives in it; that reply ends "superseded by a newer message".
+    ``update_interval`` spaces the streamed edits of all the replies in one Slack
+    channel (Slack changes about one message per second per channel). ``authorize``
     (as for ``create_app``; the principal is the Slack user id, with the team and
     channel as claims) decides who may start turns and answer questions naming
     nobody; without it, whoever can write in the thread may."""

@@ -1,5 +1,5 @@
 """A turn's events as a Slack reply in a thread: a placeholder message edited as the
-text streams (at most once per ``interval`` seconds), a timeline of tool calls with
+text streams (as often as the channel's ``EditPacer`` allows), a timeline of tool calls with
 their results or errors above the text, and how the turn ended. A parked question
 becomes its own message with Approve / Deny buttons. A Web API error that slack_sdk's
 retries did not cure stops the reply as a ``DeliveryError`` naming the method and
@@ -8,7 +8,6 @@ Slack's error code."""
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -19,6 +18,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 from .._errors import DeliveryError
 from .._values.events import TurnEvent
 from .._values.inputs import InputRequest
+from ._pacing import EditPacer
 
 #: The ``action_id`` of the two buttons of a yes-or-no question.
 APPROVE = "turnkit_approve"
@@ -140,16 +140,15 @@ def _wants_json(request: InputRequest) -> bool:
 class SlackReply:
     """Renders one turn's events into one thread (see the module docstring)."""
 
-    def __init__(self, client: AsyncWebClient, thread: SlackThread, interval: float) -> None:
+    def __init__(self, client: AsyncWebClient, thread: SlackThread, pacer: EditPacer) -> None:
         self.client = client
         self.thread = thread
-        self.interval = interval
+        self.pacer = pacer
         self.ts: str | None = None
         self.text = ""
         self.timeline: list[str] = []
         self.ending: str | None = None
         self._shown = ""
-        self._last_update = 0.0
 
     async def render(self, events: AsyncIterator[TurnEvent]) -> None:
         async for event in events:
@@ -208,28 +207,32 @@ class SlackReply:
         return shown
 
     async def flush(self, *, force: bool = False) -> None:
-        """Post the placeholder, or edit it when there is something new to show (a
-        streamed edit at most once per ``interval``; Slack limits how often)."""
+        """Post the placeholder, or edit it when there is something new to show: a
+        streamed edit when the channel's pacer allows (Slack limits how often the
+        messages of a channel change), a forced one (the timeline, the end) always."""
         shown = self.body()
+        channel = self.thread.channel
         if self.ts is None:
+            self.pacer.sent(channel)
             posted = await _slack(
                 "chat.postMessage",
                 self.client.chat_postMessage(
-                    channel=self.thread.channel, thread_ts=self.thread.thread_ts, text=shown
+                    channel=channel, thread_ts=self.thread.thread_ts, text=shown
                 ),
             )
             self.ts = str(posted["ts"])
-            self._shown, self._last_update = shown, time.monotonic()
+            self._shown = shown
             return
         if shown == self._shown:
             return
-        if not force and time.monotonic() - self._last_update < self.interval:
-            return
+        if force:
+            self.pacer.sent(channel)
+        elif not self.pacer.take(channel):
+            return  # shown by a later edit: the next delta's, or the last one
         await _slack(
-            "chat.update",
-            self.client.chat_update(channel=self.thread.channel, ts=self.ts, text=shown),
+            "chat.update", self.client.chat_update(channel=channel, ts=self.ts, text=shown)
         )
-        self._shown, self._last_update = shown, time.monotonic()
+        self._shown = shown
 
     def _thread_ts(self) -> str | None:
         return self.thread.thread_ts or self.ts
