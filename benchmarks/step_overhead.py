@@ -6,6 +6,7 @@ Run from the repo root::
     .venv/bin/python benchmarks/step_overhead.py --runs 3 --steps 10 100
     .venv/bin/python benchmarks/step_overhead.py --stores postgres --dsn postgresql://…
     .venv/bin/python benchmarks/step_overhead.py --json results.json
+    .venv/bin/python benchmarks/step_overhead.py --tracer sdk   # with OpenTelemetry spans
 
 Each case is ONE turn on a fresh session and store: a zero-latency model calls a
 no-op tool once per model step for N steps and then answers with text, so the turn
@@ -160,6 +161,8 @@ class Where:
 
     tmp: Path
     dsn: str
+    #: ``--tracer``: none (the default no-op), api (OtelTracer, no SDK) or sdk.
+    tracer: str = "none"
 
 
 _db_numbers = itertools.count()
@@ -182,6 +185,20 @@ async def _fresh_store(kind: StoreKind, where: Where) -> AsyncIterator[Store]:
             await asyncio.to_thread(_floor.drop_schema, where.dsn, schema)
 
 
+def _tracer(kind: str) -> turnkit.Tracer | None:
+    """The runtime's tracer for ``--tracer``: ``sdk`` records every span with the
+    OpenTelemetry SDK (and exports none), ``api`` is OtelTracer with no SDK set up."""
+    if kind == "none":
+        return None
+    from turnkit.otel import OtelTracer
+
+    if kind == "api":
+        return OtelTracer()
+    from opentelemetry.sdk.trace import TracerProvider
+
+    return OtelTracer(TracerProvider())
+
+
 async def _run_turn(
     store_kind: StoreKind, tool_kind: ToolKind, steps: int, where: Where
 ) -> RunSample:
@@ -198,7 +215,7 @@ async def _run_turn(
 
     async with (
         _fresh_store(store_kind, where) as store,
-        turnkit.Runtime(agent, store=store) as runtime,
+        turnkit.Runtime(agent, store=store, tracer=_tracer(where.tracer)) as runtime,
     ):
         session = runtime.session("bench", _SESSION)
         unsubscribe = session.subscribe(on_event)
@@ -591,6 +608,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=["def", "async"],
         help="no-op tool variants: plain def (local) and async def (remote)",
     )
+    p.add_argument(
+        "--tracer",
+        choices=["none", "api", "sdk"],
+        default="none",
+        help="spans per turn and step: none; OtelTracer without an SDK; with the SDK's provider",
+    )
     p.add_argument("--warmup", type=int, default=1, help="untimed turns per store/tool first")
     p.add_argument("--no-gc", action="store_true", help="disable the cyclic GC while timing")
     p.add_argument("--no-floor", action="store_true", help="skip the SQLite and PostgreSQL floors")
@@ -664,7 +687,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         gc.disable()
     with tempfile.TemporaryDirectory(prefix="turnkit-bench-") as d:
         tmp = Path(d)
-        cases = asyncio.run(run_cases(args, stores, Where(tmp=tmp, dsn=args.dsn)))
+        where = Where(tmp=tmp, dsn=args.dsn, tracer=args.tracer)
+        cases = asyncio.run(run_cases(args, stores, where))
         floors = measure_floors(args, stores, tmp)
     if args.no_gc:
         gc.enable()

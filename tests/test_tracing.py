@@ -34,7 +34,7 @@ from turnkit.cli._show import read_session
 from turnkit.models import anthropic
 from turnkit.otel import OtelTracer
 from turnkit.stores import MemoryStore, SqliteStore
-from turnkit.testing import ScriptedModel
+from turnkit.testing import ScriptedModel, ScriptedReply, tool_call
 
 CHILD = Path(__file__).with_name("tracing_child.py")
 
@@ -181,6 +181,31 @@ async def test_a_failed_model_step_fails_its_span_and_the_turn(
         assert dict(span.attributes or {})["error.type"] == "turnkit.ModelError"
         assert span.status.status_code == trace.StatusCode.ERROR
     assert dict(turn.attributes or {})["turnkit.turn.status"] == "failed"
+
+
+async def test_a_subagents_turn_runs_under_the_tool_call_that_asked_for_it(
+    traced: Traced, tmp_path: Path
+) -> None:
+    def lead_reply(messages: Any) -> Any:
+        if isinstance(messages[-1], turnkit.UserMessage):
+            return ScriptedReply(tool_calls=[tool_call("researcher", {"task": "price?"})])
+        return f"says: {messages[-1].result['text']}"
+
+    lead = turnkit.Agent(
+        name="lead",
+        model=ScriptedModel(respond=lead_reply),
+        tools=[turnkit.subagent("researcher", description="Looks things up.")],
+    )
+    researcher = turnkit.Agent(name="researcher", model=ScriptedModel(["$3."]))
+    store = SqliteStore(tmp_path / "t.db")
+    async with turnkit.Runtime([lead, researcher], store=store, tracer=traced.tracer) as rt:
+        assert await rt.session("lead", "s1").turn("How much?") == "says: $3."
+    (parent,) = traced.named("invoke_agent lead")
+    (call,) = traced.named("execute_tool researcher")
+    (child_turn,) = traced.named("invoke_agent researcher")
+    assert parent_of(call) == ids(parent)[1]
+    assert parent_of(child_turn) == ids(call)[1] and ids(child_turn)[0] == ids(parent)[0]
+    assert dict(child_turn.attributes or {})["gen_ai.conversation.id"].startswith("s1/")
 
 
 async def test_without_an_sdk_nothing_is_recorded_or_stored(tmp_path: Path) -> None:

@@ -32,6 +32,10 @@ def error_type(exc: BaseException | None) -> str:
     return f"{kind.__module__}.{kind.__qualname__}"
 
 
+#: A step that returned (one value, made once: every step of every turn reports it).
+OK = StepOutcome(status="ok")
+
+
 def outcome_of(exc: BaseException) -> StepOutcome:
     """How a step that raised ``exc`` ended."""
     if isinstance(exc, TurnCancelled):
@@ -57,5 +61,5 @@ class Traced(AbstractContextManager[StepSpan]):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool | None:
-        self._span.ended(StepOutcome(status="ok") if exc is None else outcome_of(exc))
+        self._span.ended(OK if exc is None else outcome_of(exc))
         return self._manager.__exit__(exc_type, exc, tb)
