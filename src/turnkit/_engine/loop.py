@@ -632,10 +632,18 @@ class TurnRunner:
         await self._commit(write, events, [message])
 
     def _text_delta(self, text: str) -> None:
-        self._emit(MessageDeltaEvent(turn_id=self.turn_id, session_id=self.session_id, text=text))
+        self._emit(
+            MessageDeltaEvent(
+                turn_id=self.turn_id, session_id=self.session_id, text=text, next_seq=self.next_seq
+            )
+        )
 
     def _reasoning_delta(self, text: str) -> None:
-        self._emit(ReasoningDeltaEvent(turn_id=self.turn_id, session_id=self.session_id, text=text))
+        self._emit(
+            ReasoningDeltaEvent(
+                turn_id=self.turn_id, session_id=self.session_id, text=text, next_seq=self.next_seq
+            )
+        )
 
     # -- tool steps --------------------------------------------------------------
 

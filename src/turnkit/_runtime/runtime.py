@@ -7,12 +7,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from types import TracebackType
 from typing import Any
 
 from .._engine.agent import Agent
 from .._errors import ConfigurationError
+from .._seams.relay import EventRelay, RelayingStore
 from .._seams.sink import EventSink, LocalEventSink
 from .._seams.store import Store
 from .._seams.tracer import NO_TRACER, Tracer
@@ -87,11 +88,20 @@ class Runtime:
         self.children = RuntimeChildren(self, self._grants)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._background: set[asyncio.Task[None]] = set()
+        self._unrelay: Callable[[], None] | None = None
 
     async def __aenter__(self) -> Runtime:
         await self.store.open()
         self._loop = asyncio.get_running_loop()
+        relay = self.relay
+        if relay is not None:
+            self._unrelay = self.sink.subscribe(relay.publish)
         return self
+
+    @property
+    def relay(self) -> EventRelay | None:
+        """The store's relay of live events to other processes, if it has one."""
+        return self.store.relay if isinstance(self.store, RelayingStore) else None
 
     async def __aexit__(
         self,
@@ -112,6 +122,9 @@ class Runtime:
         for task in list(self._background):
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
+        if self._unrelay is not None:
+            self._unrelay()
+            self._unrelay = None
         self._loop = None
         await self.store.close()
 

@@ -59,17 +59,27 @@ class TurnStartedEvent(_TurnEventBase):
 
 @dataclass(frozen=True, kw_only=True)
 class MessageDeltaEvent(_TurnEventBase):
-    """A live piece of the reply's text (never logged, never replayed)."""
+    """A live piece of the reply's text (never logged, never replayed).
+
+    ``next_seq`` is the session's next event number when it was emitted: the number
+    its reply's ``message.completed`` will be logged under. A feed joining deltas
+    heard from another process with the log uses it to place them: a delta whose
+    ``next_seq`` is already logged is stale, one past what it has shown waits for
+    the events before it. ``None`` where nothing tells it.
+    """
 
     text: str
+    next_seq: int | None = None
     type: Literal["message.delta"] = "message.delta"
 
 
 @dataclass(frozen=True, kw_only=True)
 class ReasoningDeltaEvent(_TurnEventBase):
-    """A live piece of the model's reasoning (never logged, never replayed)."""
+    """A live piece of the model's reasoning (never logged, never replayed);
+    ``next_seq`` as in ``MessageDeltaEvent``."""
 
     text: str
+    next_seq: int | None = None
     type: Literal["reasoning.delta"] = "reasoning.delta"
 
 

@@ -325,7 +325,9 @@ class _Api:
         if request.method == "HEAD":
             # The headers a GET would answer with, and no feed: one would never end.
             return Response(media_type="text/event-stream", headers=STREAM_HEADERS)
-        feed = EventFeed(store, self.runtime.sink, after=after, turn_id=turn_id)
+        feed = EventFeed(
+            store, self.runtime.sink, after=after, turn_id=turn_id, relay=self.runtime.relay
+        )
         return feed_stream(feed, self.limits.keepalive_seconds, self.limits.feed_poll_seconds)
 
     # -- turns -----------------------------------------------------------------

@@ -1,8 +1,9 @@
 """A session's event feed: the logged events after a sequence number, then the live ones.
 
 This is what lets a client that dropped mid-turn reconnect and see the rest: the
-feed subscribes to the sink before it reads the store's event log, then joins the
-two without a gap or a duplicate.
+feed subscribes to the sink (and to the store's relay, which carries the deltas of
+turns running in other processes) before it reads the store's event log, then
+joins them without a gap, a duplicate, or a delta out of its place.
 """
 
 from __future__ import annotations
@@ -11,10 +12,22 @@ import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 
 from .._runtime.observe import event_filter
+from .._seams.relay import EventRelay, Logged, Relayed
 from .._seams.sink import EventSink
 from .._seams.store import SessionStore
-from .._values.events import ENDING_EVENT_TYPES, TERMINAL_EVENT_TYPES, TurnEvent
+from .._values.events import (
+    ENDING_EVENT_TYPES,
+    TERMINAL_EVENT_TYPES,
+    MessageDeltaEvent,
+    ReasoningDeltaEvent,
+    TurnEvent,
+)
 from .._values.records import TERMINAL_TURN_STATUSES
+
+#: Relayed items a feed keeps queued at most; past it they are dropped (a logged
+#: message carries its whole text, the poll finds what a hint said), so a slow
+#: client costs bounded memory.
+RELAYED_LIMIT = 2_000
 
 
 class EventFeed:
@@ -24,34 +37,51 @@ class EventFeed:
     log, yields ``None`` after ``idle`` seconds of quiet (the caller's cue for a
     keep-alive), and for a single turn it ends after that turn's terminal event or
     its ``input.requested``. It stops listening when the iteration ends, however it
-    ends; a feed that is never iterated never listens.
+    ends; a feed that is never iterated never listens. With a ``relay`` it also
+    hears the deltas of the session's turns running in other processes, and reads
+    the log as soon as one of them says it logged something.
     """
 
     def __init__(
-        self, store: SessionStore, sink: EventSink, *, after: int, turn_id: str | None = None
+        self,
+        store: SessionStore,
+        sink: EventSink,
+        *,
+        after: int,
+        turn_id: str | None = None,
+        relay: EventRelay | None = None,
     ) -> None:
         self._store = store
         self._sink = sink
+        self._relay = relay
         self._after = after
         self._turn_id = turn_id
-        self._queue: asyncio.Queue[TurnEvent] = asyncio.Queue()
-        self._unsubscribe: Callable[[], None] | None = None
+        self._queue: asyncio.Queue[Relayed] = asyncio.Queue()
+        self._stops: list[Callable[[], None]] = []
 
     def close(self) -> None:
         """Stop listening (idempotent)."""
-        if self._unsubscribe is not None:
-            self._unsubscribe()
-            self._unsubscribe = None
+        while self._stops:
+            self._stops.pop()()
 
     def _listen(self) -> None:
         wanted = event_filter(self._store.session_id, self._turn_id)
         queue = self._queue
+        turn_id = self._turn_id
 
         def enqueue(event: TurnEvent) -> None:
             if wanted(event):
                 queue.put_nowait(event)
 
-        self._unsubscribe = self._sink.subscribe(enqueue)
+        def enqueue_relayed(item: Relayed) -> None:
+            if turn_id is not None and item.turn_id != turn_id:
+                return
+            if queue.qsize() < RELAYED_LIMIT:
+                queue.put_nowait(item)
+
+        self._stops.append(self._sink.subscribe(enqueue))
+        if self._relay is not None:
+            self._stops.append(self._relay.follow(self._store.session_id, enqueue_relayed))
 
     async def events(
         self, *, idle: float, poll: float | None = None
@@ -101,20 +131,24 @@ class EventFeed:
     ) -> AsyncIterator[TurnEvent | None]:
         """Live events, less those the log already held.
 
-        A delta that arrived before the log was read is held until the next event
-        says whether its message was logged (then it is dropped) or is still being
-        written (then it is sent); numbers never go back, even across a reset. While
-        the sink is quiet for ``poll`` seconds the store is asked for newer logged
-        events: a turn running in another process reaches this one only through its
-        log.
+        A delta knows its place (``next_seq``, the number its reply will be logged
+        under): one whose reply was already sent whole is dropped, and one that comes
+        ahead of events the feed has not sent (a turn running in another process,
+        whose log is read only now) waits for a read of the log. A delta that does not
+        know its place and arrived before the log was read is held until the next
+        event says whether its message was logged (then it is dropped) or is still
+        being written (then it is sent); numbers never go back, even across a reset.
+        While nothing comes for ``poll`` seconds, or when another process says it
+        logged something, the store is asked for newer logged events.
         """
         held: list[TurnEvent] = []
         taken = 0
         quiet = 0.0
+        placed = 0  # the latest place a read of the log was made for
         wait = min(idle, poll) if poll is not None else idle
         while True:
             try:
-                event = await asyncio.wait_for(self._queue.get(), timeout=wait)
+                item = await asyncio.wait_for(self._queue.get(), timeout=wait)
             except TimeoutError:
                 quiet += wait
                 if poll is not None:
@@ -135,6 +169,24 @@ class EventFeed:
                 continue
             quiet = 0.0
             taken += 1
+            place = _place(item)
+            if place is not None and place > last + 1 and place != placed:
+                # Logged elsewhere and not sent yet: the log first.
+                placed = place
+                fresh = await self._store.events(turn_id=self._turn_id, after=last)
+                read_mark = taken + self._queue.qsize()
+                if fresh:
+                    held.clear()
+                for event in fresh:
+                    last = event.seq or last
+                    yield event
+            if isinstance(item, Logged):
+                continue
+            event = item
+            if place is not None:
+                if place > last:  # else its reply was already sent whole
+                    yield event
+                continue
             if event.seq is None:
                 if taken <= read_mark and _is_delta(event):
                     held.append(event)
@@ -159,6 +211,16 @@ class EventFeed:
 
 def _is_delta(event: TurnEvent) -> bool:
     return event.type in ("message.delta", "reasoning.delta")
+
+
+def _place(item: Relayed) -> int | None:
+    """Where an item belongs in the log: a ``Logged`` hint's number plus one, a
+    delta's ``next_seq``; ``None`` for everything else."""
+    if isinstance(item, Logged):
+        return item.seq + 1
+    if isinstance(item, MessageDeltaEvent | ReasoningDeltaEvent):
+        return item.next_seq
+    return None
 
 
 def _ends(event: TurnEvent, status: str | None) -> bool:

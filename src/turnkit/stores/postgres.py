@@ -48,6 +48,7 @@ from .._values.records import SessionInfo, SessionKey, SessionSnapshot, SessionS
 from . import _archive_sql as archive_sql
 from . import _sql as sql
 from ._pg_listen import CancelListener, announce
+from ._pg_relay import PgEventRelay
 from ._postgres_schema import migrate, read_store_id
 from ._sql_rows import session_info
 from ._sql_rows import turn_from_row as _turn_from_row
@@ -308,7 +309,8 @@ class PostgresStore:
     all are busy go out together, in one transaction, as soon as one is free (see
     ``_GroupCommitter``). Few senders make big groups; on the two-core machine of
     the benchmarks two beat ten by 1.5-2x at 100 sessions. A server with many cores
-    may want more.
+    may want more. ``relay_events`` carries live events to the other processes
+    (see ``relay``).
     """
 
     def __init__(
@@ -321,6 +323,7 @@ class PostgresStore:
         busy_timeout: float = 30.0,
         connect_timeout: float = 10.0,
         commit_senders: int = 2,
+        relay_events: bool = True,
     ) -> None:
         if not _SCHEMA_NAME.match(schema):
             raise ConfigurationError(
@@ -348,6 +351,7 @@ class PostgresStore:
         self._executor: ThreadPoolExecutor | None = None
         self._writers = Writers(self._connect, schema, self.holder, busy_timeout)
         self._listener = CancelListener(self._connect, schema)
+        self._relay = PgEventRelay(self._connect, schema) if relay_events else None
         self.commit_senders = commit_senders
         self._committer = _GroupCommitter(
             self._connect, schema, senders=min(commit_senders, max_size)
@@ -462,6 +466,8 @@ class PostgresStore:
 
     async def close(self) -> None:
         await self._listener.stop()
+        if self._relay is not None:
+            await self._relay.stop()
         await self._committer.close()
         await self._writers.close()
         apool, self._apool = self._apool, None
@@ -549,6 +555,13 @@ class PostgresStore:
             return [row(r) for r in await cur.fetchall()]
 
         return await self._read(what, read, of=of)
+
+    @property
+    def relay(self) -> PgEventRelay | None:
+        """Carries live events (deltas, and hints that events were logged) to the other
+        processes on this database over LISTEN/NOTIFY; ``None`` if ``relay_events``
+        was turned off. Its connections open on first use (see ``_pg_relay``)."""
+        return self._relay
 
     @property
     def busy_timeout(self) -> float:

@@ -1,0 +1,287 @@
+"""Live events across processes on PostgreSQL: deltas relayed over LISTEN/NOTIFY.
+
+The wire format is checked on its own (chunks under NOTIFY's limit, reassembled in
+any order, never twice); then two stores on one schema relay a delta larger than
+one notification; then a feed served by one process streams a turn running in
+another, its text growing live and each delta in its place among logged events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from httpx_sse import aconnect_sse
+from relay_child import PIECES
+from server_support import serving
+
+import turnkit
+from turnkit import MessageDeltaEvent, ReasoningDeltaEvent, TurnCompletedEvent
+from turnkit._seams.relay import Logged, Relayed
+from turnkit.stores import PostgresStore
+from turnkit.stores._pg_relay_wire import (
+    MAX_PAYLOAD,
+    Reassembler,
+    delta_entry,
+    delta_from,
+    encode,
+)
+from turnkit.testing import ScriptedModel
+
+CHILD = Path(__file__).with_name("relay_child.py")
+ALICE = {"X-User": "alice"}
+
+
+def test_a_large_batch_is_cut_under_the_payload_limit_and_joined_in_any_order() -> None:
+    text = "é€😀 " * 5000  # non-ASCII: 3-4 bytes each in UTF-8, escaped as ASCII
+    delta = MessageDeltaEvent(turn_id="t1", session_id="s1", text=text, next_seq=4)
+    payloads = encode("app", "abc", 1, 12.5, [delta_entry(delta)])
+    assert len(payloads) > 1
+    assert all(len(p.encode()) <= MAX_PAYLOAD < 8000 for p in payloads)
+    joined = Reassembler("app", "me")
+    for payload in reversed(payloads[1:]):
+        assert joined.add(payload) is None  # not whole yet
+    batch = joined.add(payloads[0])
+    assert batch is not None and (batch.sender, batch.number, batch.at) == ("abc", 1, 12.5)
+    assert [delta_from(e) for e in batch.entries] == [delta]
+    assert joined.add(payloads[0]) is None  # a batch is delivered once
+
+
+def test_the_reassembler_skips_its_own_other_schemas_stale_batches_and_noise() -> None:
+    entry = delta_entry(ReasoningDeltaEvent(turn_id="t", session_id="s", text="hm", next_seq=2))
+    joined = Reassembler("app", "me")
+    assert joined.add(encode("app", "me", 1, 0.0, [entry])[0]) is None  # our own
+    assert joined.add(encode("other", "you", 1, 0.0, [entry])[0]) is None
+    assert joined.add("not/ours") is None and joined.add("app/you/x/0/1/{}") is None
+    assert joined.add(encode("app", "you", 2, 0.0, [entry])[0]) is not None
+    assert joined.add(encode("app", "you", 1, 0.0, [entry])[0]) is None  # older than 2
+    batch = joined.add(encode("app", "you", 3, 0.0, [entry])[0])
+    assert batch is not None
+    assert delta_from(batch.entries[0]) == ReasoningDeltaEvent(
+        turn_id="t", session_id="s", text="hm", next_seq=2
+    )
+
+
+def test_unfinished_batches_are_bounded() -> None:
+    joined = Reassembler("app", "me")
+    for number in range(1, 1000):
+        first = encode("app", "you", number, 0.0, [["d", "s", "t", "x", 1, "y" * 9000, 0]])[0]
+        joined.add(first)  # never completed
+    assert len(joined._partial) <= 64
+
+
+async def test_a_delta_larger_than_a_notification_reaches_another_store(
+    pg_dsn: str, pg_schema: str
+) -> None:
+    sender, receiver = (PostgresStore(pg_dsn, schema=pg_schema) for _ in range(2))
+    await sender.open()
+    await receiver.open()
+    try:
+        assert sender.relay is not None and receiver.relay is not None
+        heard: asyncio.Queue[Relayed] = asyncio.Queue()
+        stop = receiver.relay.follow("s1", heard.put_nowait)
+        receiver.relay.follow("s2", lambda item: pytest.fail(f"s2 heard {item}"))
+        while not receiver.relay.listening:
+            await asyncio.sleep(0.01)
+        sent = [
+            MessageDeltaEvent(turn_id="t1", session_id="s1", text=t, next_seq=3)
+            for t in ("Hel", "€" * 9000, "lo")
+        ]
+        logged = TurnCompletedEvent(turn_id="t1", session_id="s1", text="x", seq=3)
+        for event in (*sent, logged):
+            sender.relay.publish(event)
+        got = [await asyncio.wait_for(heard.get(), 10) for _ in range(4)]
+        assert got == [*sent, Logged(session_id="s1", turn_id="t1", seq=3)]
+        # The sender does not hear itself.
+        own: list[Relayed] = []
+        sender.relay.follow("s1", own.append)
+        while not sender.relay.listening:
+            await asyncio.sleep(0.01)
+        sender.relay.publish(sent[0])
+        assert await asyncio.wait_for(heard.get(), 10) == sent[0]
+        assert own == []
+        stop()
+    finally:
+        await sender.close()
+        await receiver.close()
+
+
+async def test_relaying_can_be_turned_off(pg_dsn: str, pg_schema: str) -> None:
+    store = PostgresStore(pg_dsn, schema=pg_schema, relay_events=False)
+    agent = turnkit.Agent(name="a", model=ScriptedModel(["hi"]))
+    async with turnkit.Runtime(agent, store=store) as runtime:
+        assert store.relay is None and runtime.relay is None
+        session = runtime.session("a", "s")
+        assert (await session.result(session.start("x"))).status == "completed"
+
+
+def wait_line(child: subprocess.Popen[str]) -> str:
+    assert child.stdout is not None
+    line = child.stdout.readline().strip()
+    if not line:
+        _, err = child.communicate(timeout=10)
+        pytest.fail(f"the child ended early: {err}")
+    return line
+
+
+@pytest.mark.slow
+async def test_a_feed_streams_deltas_of_a_turn_running_in_another_process(
+    pg_dsn: str, pg_schema: str, tmp_path: Path
+) -> None:
+    child = subprocess.Popen(
+        [sys.executable, str(CHILD), pg_dsn, pg_schema, str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert await asyncio.to_thread(wait_line, child) == "ready"
+        # This process serves the feed and runs nothing: the child runs the turn.
+        agent = turnkit.Agent(name="a", model=ScriptedModel([]))
+        store = PostgresStore(pg_dsn, schema=pg_schema)
+        async with turnkit.Runtime(agent, store=store) as runtime, serving(runtime) as served:
+            last = (await runtime.session("a", "live").events())[-1].seq
+            frames = await follow(served, last, store, tmp_path)
+        assert await asyncio.to_thread(wait_line, child) == "completed"
+    finally:
+        child.kill()
+        child.wait()
+    kinds = [f["type"] for f in frames]
+    first = kinds.index("message.completed")
+    # The first step's delta is dropped if its step was logged before the feed got
+    # to it (its message is then sent whole); if it came, it came in its place.
+    assert kinds[:1] == ["turn.started"] and kinds[1:first] in ([], ["message.delta"])
+    assert kinds[first:] == [
+        "message.completed",
+        "action.requested",
+        "action.completed",
+        *(["message.delta"] * 3),
+        "message.completed",
+        "turn.completed",
+    ]
+    answer = [f["text"] for f in frames[-5:-2]]
+    assert answer == PIECES  # every piece once, in order, the large one whole
+    assert frames[-2]["message"]["text"] == "".join(PIECES)
+    seqs = [f["seq"] for f in frames if f["seq"] is not None]
+    assert seqs == sorted(seqs) and len(seqs) == len(set(seqs))
+
+
+async def follow(served: Any, after: int | None, store: PostgresStore, folder: Path) -> list[Any]:
+    """The feed's frames up to ``turn.completed``; tells the child each answer piece
+    was seen, so the next one may go."""
+    frames: list[Any] = []
+    path = served.path("a", "live", "events")
+
+    async def read() -> None:
+        async with aconnect_sse(
+            served.client, "GET", path, params={"after": after}, headers=ALICE
+        ) as source:
+            async for sse in source.aiter_sse():
+                frames.append(sse.json())
+                if sse.event == "message.delta" and frames[-1]["text"] in PIECES:
+                    index = PIECES.index(frames[-1]["text"])
+                    (folder / f"seen-{index}").touch()
+                if sse.event == "turn.completed":
+                    return
+
+    reading = asyncio.create_task(read())
+    assert store.relay is not None
+    while not store.relay.listening:
+        await asyncio.sleep(0.01)
+    (folder / "go").touch()
+    await asyncio.wait_for(reading, 60)
+    return frames
+
+
+class HandRelay:
+    """A relay the test speaks through: ``say`` is what another process relayed."""
+
+    def __init__(self) -> None:
+        self.followers: list[Any] = []
+
+    def publish(self, event: turnkit.TurnEvent) -> None:
+        pass
+
+    def follow(self, session_id: str, callback: Any) -> Any:
+        self.followers.append(callback)
+        return lambda: self.followers.remove(callback)
+
+    def say(self, item: Relayed) -> None:
+        for callback in self.followers:
+            callback(item)
+
+
+class GrowingLog:
+    """A session store whose log shows events up to ``visible`` only: what another
+    process has committed so far."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self.visible = 0
+        self.reads = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def events(self, **kwargs: Any) -> list[Any]:
+        self.reads += 1
+        return [e for e in await self._inner.events(**kwargs) if e.seq <= self.visible]
+
+
+async def test_a_feed_places_relayed_deltas_among_the_logged_events() -> None:
+    from turnkit.server._feed import EventFeed
+    from turnkit.stores import MemoryStore
+    from turnkit.testing import ScriptedReply, tool_call
+
+    @turnkit.tool
+    def look() -> str:
+        """Looks."""
+        return "seen"
+
+    model = ScriptedModel([ScriptedReply(tool_calls=[tool_call("look")]), "Done."])
+    agent = turnkit.Agent(name="a", model=model, tools=[look])
+    async with turnkit.Runtime(agent, store=MemoryStore()) as runtime:
+        session = runtime.session("a", "s")
+        turn_id = session.start("go")
+        await session.result(turn_id)
+        # Logged: 1 turn.started, 2 message.completed, 3 action.requested,
+        # 4 action.completed, 5 message.completed, 6 turn.completed.
+        log = GrowingLog(runtime.store.session("s"))
+        log.visible = 1
+        relay = HandRelay()
+        feed = EventFeed(log, turnkit.LocalEventSink(), after=0, relay=relay)
+        items = feed.events(idle=5)
+        assert [e.seq for e in [await items.__anext__()]] == [1]
+
+        def delta(text: str, place: int) -> MessageDeltaEvent:
+            return MessageDeltaEvent(turn_id=turn_id, session_id="s", text=text, next_seq=place)
+
+        # A delta of step 5 ahead of events 2-4 the feed has not sent: the log first.
+        log.visible = 4
+        relay.say(delta("Do", 5))
+        relay.say(delta("ne.", 5))
+        got = [await items.__anext__() for _ in range(5)]
+        assert [(e.type, e.seq) for e in got[:3]] == [
+            ("message.completed", 2),
+            ("action.requested", 3),
+            ("action.completed", 4),
+        ]
+        assert [e.text for e in got[3:]] == ["Do", "ne."]
+        reads = log.reads
+        # A late delta of a step already sent whole is dropped; a hint reads the log.
+        relay.say(delta("stale", 2))
+        log.visible = 6
+        relay.say(Logged(session_id="s", turn_id=turn_id, seq=6))
+        got = [await items.__anext__() for _ in range(2)]
+        assert [(e.type, e.seq) for e in got] == [("message.completed", 5), ("turn.completed", 6)]
+        assert log.reads == reads + 1  # the second delta of step 5 needed no read
+        relay.say(delta("late", 5))  # its reply is logged now: dropped
+        relay.say(Logged(session_id="s", turn_id=turn_id, seq=6))  # nothing new
+        relay.say(delta("Next", 7))
+        assert (await items.__anext__()) == delta("Next", 7)
+        await items.aclose()
+        assert relay.followers == []
