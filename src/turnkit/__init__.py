@@ -38,7 +38,16 @@ from ._runtime.granting import grant_answer
 from ._runtime.observe import TurnStream
 from ._runtime.runtime import Runtime
 from ._runtime.session import AgentSession
-from ._seams.model import Model, ModelDelta, ModelDone, ReasoningDelta, TextDelta, ToolSpec
+from ._seams.model import (
+    Model,
+    ModelDelta,
+    ModelDone,
+    OutputModel,
+    OutputSpec,
+    ReasoningDelta,
+    TextDelta,
+    ToolSpec,
+)
 from ._seams.sink import EventSink, LocalEventSink
 from ._seams.tracer import StepOutcome, StepSpan, StepTrace, Tracer, TurnSpan, TurnTrace
 from ._values.events import (
@@ -109,6 +118,8 @@ __all__ = [
     "ModelDone",
     "ModelError",
     "ModelReply",
+    "OutputModel",
+    "OutputSpec",
     "Proactive",
     "ReasoningDelta",
     "ReasoningDeltaEvent",

@@ -5,11 +5,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .._errors import ConfigurationError, ToolDefinitionError
-from .._seams.model import Model, ToolSpec
+from .._seams.model import Model, OutputSpec, ToolSpec
 from .._values.policy import SurfacePolicy, TurnPolicy, resolve_policy
+from .output import OutputContract, check_retries
 from .tools import Tool, check_tool_name
 
 if TYPE_CHECKING:
@@ -33,6 +34,12 @@ class Agent:
     max_steps: int | None = None
     #: Decides policy answerers: ``async (AnswerCheck) -> bool``, used by ``grant_answer``.
     authorize_answer: AuthorizeAnswer | None = None
+    #: The type a turn's final answer must have: a pydantic model, a dataclass or a
+    #: ``TypedDict``. ``None``: the answer is free text. See docs/output.md.
+    output_type: type[Any] | None = None
+    #: Answers failing validation that the model may correct per turn before it fails.
+    output_retries: int = 1
+    _output: OutputContract | None = field(init=False, repr=False, compare=False)
     _by_name: dict[str, Tool] = field(init=False, repr=False, compare=False)
     _specs: tuple[ToolSpec, ...] = field(init=False, repr=False, compare=False)
     #: Sources whose unused policy ``mount_agent`` has warned about (once each).
@@ -90,7 +97,21 @@ class Agent:
         object.__setattr__(self, "tools", tuple(self.tools))
         object.__setattr__(self, "_by_name", by_name)
         object.__setattr__(self, "_specs", tuple(t.spec for t in self.tools))
+        object.__setattr__(self, "_output", self._output_contract(by_name))
         self._check_surfaces(by_name)
+
+    def _output_contract(self, by_name: Mapping[str, Tool]) -> OutputContract | None:
+        where = f"agent {self.name!r}"
+        if self.output_type is None:
+            check_retries(self.output_retries, where)
+            return None
+        contract = OutputContract.build(self.output_type, self.output_retries, where)
+        if contract.spec.name in by_name:
+            raise ConfigurationError(
+                f"{where}: a tool is named {contract.spec.name!r}, the name of the tool typed "
+                "answers are given with; rename it"
+            )
+        return contract
 
     def _check_surfaces(self, by_name: Mapping[str, Tool]) -> None:
         """Normalize and check the per-source settings, naming the source at fault."""
@@ -154,3 +175,8 @@ class Agent:
     @property
     def tool_specs(self) -> tuple[ToolSpec, ...]:
         return self._specs
+
+    @property
+    def output_spec(self) -> OutputSpec | None:
+        """What the model is asked a final answer to look like, if ``output_type`` is set."""
+        return self._output.spec if self._output is not None else None

@@ -69,6 +69,7 @@ from .._values.turns import TurnCancelled, TurnFailure, TurnRequest, TurnResult,
 from .agent import Agent
 from .context import ChildTurns, ToolContext, TurnParked
 from .model_call import ask_model
+from .output import answer_tail, takes_output, with_output
 from .position import (
     CallModel,
     Finished,
@@ -175,7 +176,7 @@ class TurnRunner:
         as committing its opening (a session of another agent, a parked session)."""
         try:
             async with self.store.writer():
-                return await self._run()
+                result = await self._run()
         except BaseException as exc:
             what = (
                 "delivery failed before the turn could end (it stays open): "
@@ -191,6 +192,8 @@ class TurnRunner:
                 )
             )
             raise
+        # A typed answer is parsed from the text the turn stored, however it ended.
+        return with_output(self.agent._output, result)
 
     async def _run(self) -> TurnResult:
         known = self.known
@@ -604,21 +607,29 @@ class TurnRunner:
         )
         span.replied(reply)
         message = _assistant(reply, self.turn_id, reply.tool_calls)
-        tid, sid, seq = self.turn_id, self.session_id, self.next_seq
+        # What follows the reply in the same commit (a typed answer's result, or a
+        # refused one's error), and the turn's answer if this step ends it.
+        tail, answer = answer_tail(
+            self.agent._output,
+            reply,
+            self.transcript,
+            self.turn_id,
+            as_tool=not takes_output(self.agent.model),
+        )
+        tid, sid, seq = self.turn_id, self.session_id, count(self.next_seq)
         # Observers may mutate what they get; the transcript must not change with it.
         shown = _assistant(reply, tid, _detached(reply.tool_calls)) if reply.tool_calls else message
         events: list[TurnEvent] = [
-            MessageCompletedEvent(turn_id=tid, session_id=sid, message=shown, seq=seq)
+            MessageCompletedEvent(turn_id=tid, session_id=sid, message=shown, seq=next(seq))
         ]
         events += [
-            ActionRequestedEvent(turn_id=tid, session_id=sid, call=c, seq=seq + i)
-            for i, c in enumerate(shown.tool_calls, start=1)
+            ActionRequestedEvent(turn_id=tid, session_id=sid, call=c, seq=next(seq))
+            for c in shown.tool_calls
         ]
-        final = not reply.tool_calls
-        if final:
-            events.append(
-                TurnCompletedEvent(turn_id=tid, session_id=sid, text=reply.text, seq=seq + 1)
-            )
+        events += [e for m in tail if (e := self._tail_event(m, next(seq))) is not None]
+        if answer is not None:
+            completed = TurnCompletedEvent(turn_id=tid, session_id=sid, text=answer, seq=next(seq))
+            events.append(completed)
 
         def write(tx: Transaction) -> None:
             # Part of the commit: a cancel that arrived after the last delta or while
@@ -626,10 +637,32 @@ class TurnRunner:
             self._boundary()
             tx.put_step(step_id, self.turn_id, reply.to_dict())
             tx.append_message(index, message)
-            if final:
-                tx.set_turn_status(self.turn_id, "completed", text=reply.text)
+            for offset, later in enumerate(tail, start=1):
+                if isinstance(later, ToolMessage):
+                    stored = ToolStepResult(result=later.result, error=_error_of(later))
+                    tx.put_step(tool_step_id(index, later.call_id), tid, stored.to_dict())
+                tx.append_message(index + offset, later)
+            if answer is not None:
+                tx.set_turn_status(self.turn_id, "completed", text=answer)
 
-        await self._commit(write, events, [message])
+        await self._commit(write, events, [message, *tail])
+
+    def _tail_event(self, message: Message, seq: int) -> TurnEvent | None:
+        """The event for a message a model step commits after its reply, if any."""
+        tid, sid = self.turn_id, self.session_id
+        if isinstance(message, ToolMessage):
+            return ActionCompletedEvent(
+                turn_id=tid,
+                session_id=sid,
+                call_id=message.call_id,
+                name=message.name,
+                result=copy_input(message.result),
+                error=_error_of(message),
+                seq=seq,
+            )
+        if isinstance(message, AssistantMessage):
+            return MessageCompletedEvent(turn_id=tid, session_id=sid, message=message, seq=seq)
+        return None  # the feedback on a refused text answer: in the transcript only
 
     def _text_delta(self, text: str) -> None:
         self._emit(
@@ -819,6 +852,13 @@ def _assistant(reply: ModelReply, turn_id: str, calls: tuple[ToolCall, ...]) -> 
         stop=reply.stop,
         provider_state=reply.provider_state,
     )
+
+
+def _error_of(message: ToolMessage) -> str | None:
+    """The error text of an error result the engine made (``{"error": text}``)."""
+    if not message.is_error or not isinstance(message.result, dict):
+        return None
+    return str(message.result.get("error", ""))
 
 
 def _detached(calls: tuple[ToolCall, ...]) -> tuple[ToolCall, ...]:

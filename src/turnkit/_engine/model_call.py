@@ -6,18 +6,19 @@ redelivery asks the model again.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from itertools import islice
 from typing import overload
 
 from pydantic_core import from_json, to_json
 
 from .._errors import ModelError
-from .._seams.model import ModelDone, ReasoningDelta, TextDelta
+from .._seams.model import ModelDelta, ModelDone, ReasoningDelta, TextDelta
 from .._values.messages import Message, ModelReply, StopReason, ToolCall
 from .._values.policy import TurnPolicy
 from .._values.turns import TurnCancelled, TurnFailure
 from .agent import Agent
+from .output import takes_output
 from .tool_results import error_text
 
 
@@ -69,9 +70,7 @@ async def ask_model(
     """
     reply: ModelReply | None = None
     try:
-        stream = agent.model.stream(
-            TranscriptView(transcript), agent.tool_specs_for(policy), system=policy.system
-        )
+        stream = _stream(agent, policy, TranscriptView(transcript))
         try:
             async for delta in stream:
                 if isinstance(delta, TextDelta):
@@ -100,6 +99,19 @@ async def ask_model(
         raise TurnFailure("model error: the stream ended without ModelDone")
     check_reply(reply)
     return stored_form(reply)
+
+
+def _stream(
+    agent: Agent, policy: TurnPolicy, transcript: Sequence[Message]
+) -> AsyncIterator[ModelDelta]:
+    """The model's stream, asked for a typed answer natively where the model can
+    give one, else with the answer offered as one more tool."""
+    model, tools, spec = agent.model, agent.tool_specs_for(policy), agent.output_spec
+    if spec is None:
+        return model.stream(transcript, tools, system=policy.system)
+    if takes_output(model):
+        return model.stream(transcript, tools, system=policy.system, output=spec)
+    return model.stream(transcript, (*tools, spec.tool()), system=policy.system)
 
 
 def check_reply(reply: object) -> None:

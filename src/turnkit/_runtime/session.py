@@ -15,7 +15,7 @@ import uuid
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from .._engine.agent import Agent
 from .._engine.context import make_idempotency_key
@@ -51,6 +51,8 @@ from .resuming import record_answer
 from .session_view import SessionView, ViewHost
 
 log = logging.getLogger("turnkit.runtime")
+
+_T = TypeVar("_T")
 
 
 class SessionHost(ViewHost, Protocol):
@@ -338,6 +340,42 @@ class AgentSession(SessionView):
         """Submit a turn (durably, see ``submit``) and wait for its answer; raise
         ``TurnFailedError`` if it fails, ``TurnSuspendedError`` (carrying the request)
         if it parks for input and ``TurnCancelledError`` if it is cancelled."""
+        result = await self._turn_result(text, event, trigger, replace, turn_id, owner)
+        return result.text or ""
+
+    async def turn_output(
+        self,
+        text: str,
+        output_type: type[_T],
+        *,
+        event: InboundEvent | None = None,
+        trigger: Proactive | None = None,
+        replace: bool = False,
+        turn_id: str | None = None,
+        owner: str | None = None,
+    ) -> _T:
+        """``turn``, for an agent with an ``output_type``: wait for the answer and return
+        it parsed, typed as ``output_type``, which must be the agent's own
+        (``ConfigurationError`` otherwise, before anything runs). Raises what
+        ``turn`` raises."""
+        if output_type is not self.agent.output_type:
+            raise ConfigurationError(
+                f"turn_output({getattr(output_type, '__name__', output_type)}): agent "
+                f"{self.agent.name!r} answers with output_type={self.agent.output_type!r}"
+            )
+        result = await self._turn_result(text, event, trigger, replace, turn_id, owner)
+        return result.output_as(output_type)
+
+    async def _turn_result(
+        self,
+        text: str,
+        event: InboundEvent | None,
+        trigger: Proactive | None,
+        replace: bool,
+        turn_id: str | None,
+        owner: str | None,
+    ) -> TurnResult:
+        """Submit a turn and wait for it to complete, raising for any other ending."""
         tid = await self.submit(
             text, event=event, trigger=trigger, replace=replace, turn_id=turn_id, owner=owner
         )
@@ -348,7 +386,7 @@ class AgentSession(SessionView):
             raise TurnCancelledError(result.turn_id, result.reason or "requested")
         if result.status != "completed":
             raise TurnFailedError(result.turn_id, result.error or result.status)
-        return result.text or ""
+        return result
 
     async def resume(
         self,

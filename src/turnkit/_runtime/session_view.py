@@ -10,6 +10,8 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any, Protocol
 
+from .._engine.agent import Agent
+from .._engine.output import with_output
 from .._seams.sink import EventSink
 from .._seams.store import SessionStore
 from .._values.checkpoints import checkpoint_of
@@ -36,6 +38,7 @@ class SessionView:
     """Reading and observing one session; the queue lives in ``AgentSession``."""
 
     runtime: ViewHost
+    agent: Agent
     _store: SessionStore
     #: This process's deliveries of the session's recent turns, by turn id.
     _futures: OrderedDict[str, asyncio.Future[TurnResult]]
@@ -72,11 +75,13 @@ class SessionView:
     # -- reading results and state -----------------------------------------------
 
     async def result(self, turn_id: str) -> TurnResult:
-        """Wait for the turn to end here, or read how it ended from the store."""
+        """Wait for the turn to end here, or read how it ended from the store (a typed
+        answer's ``output`` is parsed from the answer the store holds)."""
         future = self._futures.get(turn_id)
         if future is not None:
             return await asyncio.shield(future)
-        return result_from_record(await finished_record(self._store, turn_id))
+        record = await finished_record(self._store, turn_id)
+        return with_output(self.agent._output, result_from_record(record))
 
     async def messages(self) -> list[Message]:
         """The live transcript, oldest first."""

@@ -57,6 +57,24 @@ class ToolSpec:
         }
 
 
+@dataclass(frozen=True, kw_only=True)
+class OutputSpec:
+    """The shape a turn's final answer must have (``Agent(output_type=...)``).
+
+    ``schema`` is the JSON schema of the answer, always an object. A model that
+    answers by calling a tool calls the one named ``name`` with the answer as its
+    input; a model that answers in text replies with the answer's JSON alone.
+    """
+
+    name: str
+    description: str
+    schema: JsonObject
+
+    def tool(self) -> ToolSpec:
+        """The answer as a tool the model calls, for models without native support."""
+        return ToolSpec(name=self.name, description=self.description, input_schema=self.schema)
+
+
 @runtime_checkable
 class Model(Protocol):
     """A language model the engine can drive.
@@ -64,6 +82,11 @@ class Model(Protocol):
     ``stream`` must yield zero or more deltas and then one ``ModelDone``. Raising
     fails the model step before anything is committed, so redelivering the turn
     asks the model again. Adapters translate their SDK's errors into ``ModelError``.
+
+    A model that can ask its provider for structured output declares it by taking
+    one more keyword, ``output: OutputSpec | None = None`` (see ``OutputModel``);
+    the engine then passes the agent's ``OutputSpec`` there. A model without it
+    is offered the answer as one more tool, ``output.tool()``.
     """
 
     def stream(
@@ -72,4 +95,23 @@ class Model(Protocol):
         tools: Sequence[ToolSpec],
         *,
         system: str | None,
+    ) -> AsyncIterator[ModelDelta]: ...
+
+
+@runtime_checkable
+class OutputModel(Protocol):
+    """A ``Model`` with native structured output: ``stream`` takes ``output``.
+
+    With an ``OutputSpec`` the reply carries the answer either as a call to the
+    tool ``output.name`` (tool-forced output) or as its text, the answer's JSON
+    (a provider's JSON-schema response format). The engine validates either form.
+    """
+
+    def stream(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[ToolSpec],
+        *,
+        system: str | None,
+        output: OutputSpec | None = None,
     ) -> AsyncIterator[ModelDelta]: ...

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal, TypeVar, cast
 
 from .._values.records import TurnRecord
 from .events import TurnEvent
@@ -11,6 +11,8 @@ from .inbound import InboundEvent
 from .inputs import InputRequest
 from .messages import OpeningMessage
 from .policy import TurnPolicy
+
+_T = TypeVar("_T")
 
 
 class CancelSignal:
@@ -61,7 +63,10 @@ class TurnRequest:
 class TurnResult:
     """How a turn ended: ``completed`` with ``text``, ``failed`` with ``error``,
     ``suspended`` (parked) with the ``request`` it waits on, or ``cancelled`` with
-    its ``reason`` (``requested``, ``replaced``, ``reset``)."""
+    its ``reason`` (``requested``, ``replaced``, ``reset``).
+
+    For an agent with an ``output_type``, a completed turn's ``text`` is its
+    answer's JSON and ``output`` the answer parsed into that type."""
 
     turn_id: str
     status: Literal["completed", "failed", "suspended", "cancelled"]
@@ -69,6 +74,25 @@ class TurnResult:
     error: str | None = None
     request: InputRequest | None = None
     reason: str | None = None
+    output: Any = None
+
+    def output_as(self, output_type: type[_T]) -> _T:
+        """``output``, typed as ``output_type`` for the type checker and checked to be
+        one (a ``TypedDict`` is checked to be a dict): ``result.output_as(Invoice)``."""
+        if self.output is None:
+            raise ValueError(
+                f"turn {self.turn_id} has no typed output (it is {self.status}, or its "
+                "agent has no output_type)"
+            )
+        # A TypedDict (typing's or typing_extensions') allows no isinstance check.
+        typed_dict = hasattr(output_type, "__required_keys__")
+        kind: type = dict if typed_dict else output_type
+        if not isinstance(self.output, kind):
+            raise TypeError(
+                f"turn {self.turn_id}'s output is a {type(self.output).__name__}, "
+                f"not a {getattr(output_type, '__name__', output_type)}"
+            )
+        return cast(_T, self.output)  # checked just above (a TypedDict as a dict)
 
 
 @dataclass(frozen=True, kw_only=True)

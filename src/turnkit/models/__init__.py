@@ -59,12 +59,15 @@ def openai(
     max_retries: int | None = None,
     client: openai_sdk.AsyncOpenAI | None = None,
     api_key: str | None = None,
+    structured_output: bool = True,
 ) -> OpenAIModel:
     """OpenAI, or any OpenAI-compatible server at ``base_url``, through Chat Completions.
 
     With a ``base_url`` and no key anywhere, a placeholder key is sent (local servers
     take any). ``max_tokens`` is sent as ``max_completion_tokens`` when given;
-    ``max_retries`` bounds the SDK's own retries (default: the SDK's).
+    ``max_retries`` bounds the SDK's own retries (default: the SDK's). A typed answer
+    is asked for with a JSON-schema ``response_format``; ``structured_output=False``
+    offers it as a tool instead, for a server that has no such response format.
     """
     from ._openai import OpenAIModel
 
@@ -75,6 +78,7 @@ def openai(
         max_retries=max_retries,
         client=client,
         api_key=api_key,
+        structured_output=structured_output,
     )
 
 

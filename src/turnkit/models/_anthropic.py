@@ -13,7 +13,14 @@ from collections.abc import AsyncIterator, Sequence
 from typing import cast
 
 from .._errors import ConfigurationError, ModelError
-from .._seams.model import ModelDelta, ModelDone, ReasoningDelta, TextDelta, ToolSpec
+from .._seams.model import (
+    ModelDelta,
+    ModelDone,
+    OutputSpec,
+    ReasoningDelta,
+    TextDelta,
+    ToolSpec,
+)
 from .._values.messages import (
     AssistantMessage,
     JsonObject,
@@ -28,7 +35,12 @@ from ._common import INPUT_ERROR, missing_sdk, result_text
 
 try:
     import anthropic as sdk
-    from anthropic.types import MessageParam, ThinkingConfigParam, ToolParam
+    from anthropic.types import (
+        MessageParam,
+        ThinkingConfigParam,
+        ToolChoiceParam,
+        ToolParam,
+    )
 except ImportError as exc:  # pragma: no cover - exercised by the no-extras import test
     raise ImportError(missing_sdk("anthropic", "anthropic")) from exc
 
@@ -52,6 +64,11 @@ class AnthropicModel:
 
     ``thinking=True`` asks for adaptive thinking; an ``int`` asks for manual extended
     thinking with that token budget (for models without adaptive thinking).
+
+    A typed answer (``output``) is asked for as a tool the model is forced to use:
+    the output tool itself when the turn offers no other tool, any tool when it
+    does (so the model can still work before it answers). With thinking on, the
+    API forces no tool, so the model is only offered it.
     """
 
     provider = "anthropic"
@@ -87,13 +104,16 @@ class AnthropicModel:
         tools: Sequence[ToolSpec],
         *,
         system: str | None,
+        output: OutputSpec | None = None,
     ) -> AsyncIterator[ModelDelta]:
+        offered = [*tools, output.tool()] if output is not None else list(tools)
         manager = self.client.messages.stream(
             model=self.model,
             max_tokens=self.max_tokens,
             messages=cast("list[MessageParam]", wire_messages(messages, self.thinking_on)),
             system=system if system else sdk.omit,
-            tools=[cast(ToolParam, t.to_dict()) for t in tools] if tools else sdk.omit,
+            tools=[cast(ToolParam, t.to_dict()) for t in offered] if offered else sdk.omit,
+            tool_choice=self._tool_choice(output, bool(tools)),
             thinking=self.thinking,
         )
         stopped = False
@@ -120,6 +140,15 @@ class AnthropicModel:
     async def aclose(self) -> None:
         """Close the SDK client's connections (the runtime never needs this)."""
         await self.client.close()
+
+    def _tool_choice(self, output: OutputSpec | None, others: bool) -> ToolChoiceParam | sdk.Omit:
+        """Force the answer through a tool: the output tool, or any tool while the
+        model may still need the others. Thinking allows no forcing."""
+        if output is None or self.thinking_on:
+            return sdk.omit
+        if others:
+            return {"type": "any"}
+        return {"type": "tool", "name": output.name}
 
 
 def _thinking_config(thinking: bool | int, max_tokens: int) -> ThinkingConfigParam | sdk.Omit:

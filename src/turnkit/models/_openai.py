@@ -13,7 +13,14 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
 from .._errors import ConfigurationError, ModelError
-from .._seams.model import ModelDelta, ModelDone, ReasoningDelta, TextDelta, ToolSpec
+from .._seams.model import (
+    ModelDelta,
+    ModelDone,
+    OutputSpec,
+    ReasoningDelta,
+    TextDelta,
+    ToolSpec,
+)
 from .._values.messages import (
     AssistantMessage,
     Message,
@@ -24,6 +31,7 @@ from .._values.messages import (
     ToolMessage,
 )
 from ._common import arguments_call, missing_sdk, result_text
+from ._strict_schema import strict_schema
 
 try:
     import openai as sdk
@@ -32,6 +40,7 @@ try:
         ChatCompletionFunctionToolParam,
         ChatCompletionMessageFunctionToolCallParam,
         ChatCompletionMessageParam,
+        completion_create_params,
     )
     from openai.types.chat.chat_completion_chunk import ChoiceDelta
 except ImportError as exc:  # pragma: no cover - exercised by the no-extras import test
@@ -52,7 +61,12 @@ PLACEHOLDER_KEY = "unused"
 
 
 class OpenAIModel:
-    """A turnkit ``Model`` over the official SDK's streaming Chat Completions API."""
+    """A turnkit ``Model`` over the official SDK's streaming Chat Completions API.
+
+    A typed answer (``output``) is asked for with a JSON-schema ``response_format``,
+    strict when the schema fits strict mode's subset. ``structured_output=False``
+    offers it as a tool instead, for servers without JSON-schema responses.
+    """
 
     provider = "openai"
 
@@ -65,9 +79,11 @@ class OpenAIModel:
         max_retries: int | None = None,
         client: sdk.AsyncOpenAI | None = None,
         api_key: str | None = None,
+        structured_output: bool = True,
     ) -> None:
         self.model = model
         self.max_tokens = max_tokens
+        self.structured_output = structured_output
         if client is None:
             client = _client(api_key, base_url, max_retries)
         elif max_retries is not None:
@@ -85,13 +101,17 @@ class OpenAIModel:
         tools: Sequence[ToolSpec],
         *,
         system: str | None,
+        output: OutputSpec | None = None,
     ) -> AsyncIterator[ModelDelta]:
         reply = _Reply()
+        as_tool = output is not None and not self.structured_output
+        offered = [*tools, output.tool()] if as_tool and output is not None else list(tools)
         try:
             chunks = await self.client.chat.completions.create(
                 model=self.model,
                 messages=wire_messages(messages, system),
-                tools=[_tool(t) for t in tools] if tools else sdk.omit,
+                tools=[_tool(t) for t in offered] if offered else sdk.omit,
+                response_format=_response_format(output) if not as_tool else sdk.omit,
                 max_completion_tokens=self.max_tokens if self.max_tokens else sdk.omit,
                 stream=True,
             )
@@ -170,6 +190,23 @@ def _tool(spec: ToolSpec) -> ChatCompletionFunctionToolParam:
             "name": spec.name,
             "description": spec.description,
             "parameters": spec.input_schema,
+        },
+    }
+
+
+def _response_format(
+    output: OutputSpec | None,
+) -> completion_create_params.ResponseFormat | sdk.Omit:
+    """A JSON-schema response format for ``output``: strict when the schema allows."""
+    if output is None:
+        return sdk.omit
+    strict = strict_schema(output.schema)
+    return {
+        "type": "json_schema",
+        "json_schema": {
+            "name": output.name,
+            "schema": strict if strict is not None else output.schema,
+            "strict": strict is not None,
         },
     }
 
