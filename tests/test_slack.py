@@ -160,9 +160,11 @@ class Stage:
     ctx: turnkit.ChannelContext
     #: The message ts each event id was sent with (a retry sends the same message).
     sent: dict[str, str] = field(default_factory=dict)
+    #: The Slack channel each event id was sent in.
+    where: dict[str, str] = field(default_factory=dict)
 
     def turn(self, event_id: str) -> str:
-        return f"slack-C1-{self.sent[event_id]}"
+        return f"slack-{self.where.get(event_id, 'C1')}-{self.sent[event_id]}"
 
     async def event(
         self,
@@ -174,15 +176,17 @@ class Stage:
         retry: int | None = None,
         kind: str = "app_mention",
         ts: str | None = None,
+        channel: str = "C1",
         **extra: Any,
     ) -> httpx.Response:
         ts = ts or self.sent.get(event_id) or f"{time.time():.6f}"
         self.sent[event_id] = ts
+        self.where[event_id] = channel
         event = {
             "type": kind,
             "user": user,
             "text": text,
-            "channel": "C1",
+            "channel": channel,
             "ts": ts,
             **extra,
         }
@@ -221,9 +225,11 @@ class Stage:
         headers = {**signed(body), "Content-Type": "application/x-www-form-urlencoded"}
         return await self.client.post("/slack/interactivity", content=body, headers=headers)
 
-    async def settle(self, event_id: str, *, status: str = "completed") -> None:
+    async def settle(
+        self, event_id: str, *, status: str = "completed", session_id: str | None = None
+    ) -> None:
         """Wait until the turn of ``event_id`` reached ``status`` and its reply was drawn."""
-        session = self.runtime.session("ops", SESSION)
+        session = self.runtime.session("ops", session_id or SESSION)
         turn_id = self.turn(event_id)
         for _ in range(2000):
             record = await session.turn_record(turn_id)
@@ -767,3 +773,58 @@ def test_an_edit_pacer_refuses_a_negative_interval() -> None:
 
     with pytest.raises(turnkit.ConfigurationError, match="interval must be seconds >= 0"):
         EditPacer(-1)
+
+
+async def test_direct_messages_start_a_session_per_thread_and_continue_it(
+    tmp_path: Path,
+) -> None:
+    dm = {"kind": "message", "channel": "D1", "channel_type": "im"}
+    async with staged(tmp_path, ops_agent()) as stage:
+        # A direct message needs no mention: it starts a thread, and a session.
+        await stage.event("where is 11", event_id="Ed1", ts="300.1", **dm)
+        first = "slack:T1:D1:300.1"
+        await stage.settle("Ed1", session_id=first)
+        # A reply in that thread goes on in the same session.
+        await stage.event("where is 12", event_id="Ed2", thread="300.1", **dm)
+        await stage.settle("Ed2", session_id=first)
+        # Another message at the top of the conversation starts another.
+        await stage.event("where is 13", event_id="Ed3", ts="400.1", **dm)
+        second = "slack:T1:D1:400.1"
+        await stage.settle("Ed3", session_id=second)
+        # A reply under a message of the person's that the bot never answered is
+        # still for the bot: in a direct conversation, everything is.
+        await stage.event("where is 14", event_id="Ed4", thread="500.1", **dm)
+        third = "slack:T1:D1:500.1"
+        await stage.settle("Ed4", session_id=third)
+        # Its own messages there are not.
+        await stage.event("from the bot 15", event_id="Ed5", bot_id="B1", **dm)
+        await asyncio.sleep(0.2)
+        sessions = sorted(i.session_id for i in await stage.runtime.sessions())
+        asked = {
+            s: [
+                m.text for m in await stage.runtime.session("ops", s).messages() if m.role == "user"
+            ]
+            for s in sessions
+        }
+    assert asked == {
+        first: ["where is 11", "where is 12"],
+        second: ["where is 13"],
+        third: ["where is 14"],
+    }
+    posts = stage.slack.of("chat.postMessage")
+    assert [(p["channel"], p["thread_ts"]) for p in posts] == [
+        ("D1", "300.1"),
+        ("D1", "300.1"),
+        ("D1", "400.1"),
+        ("D1", "500.1"),
+    ]
+    assert stage.slack.of("chat.update")[-1]["text"].endswith("Result: order 14 is packed")
+
+
+async def test_a_group_conversation_is_a_channel_not_a_direct_message(tmp_path: Path) -> None:
+    async with staged(tmp_path, ops_agent()) as stage:
+        await stage.event(
+            "where is 21", event_id="Eg1", kind="message", channel="G1", channel_type="mpim"
+        )
+        await asyncio.sleep(0.2)
+        assert await stage.runtime.sessions() == [] and stage.slack.calls == []

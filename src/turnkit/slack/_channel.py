@@ -4,8 +4,9 @@ Every request is verified with the app's signing secret (slack_sdk's
 ``SignatureVerifier``: HMAC-SHA256 over ``v0:timestamp:body``, a five-minute
 window, a constant-time compare) before anything is read from it; one that fails
 gets 401 and starts nothing. Slack wants an answer within three seconds, so a
-message is acknowledged at once and its turn runs in the background. The event's
-id keys the turn, so Slack's retry of an event never starts a second one.
+message is acknowledged at once and its turn runs in the background. The message
+(its channel and ts) keys the turn, so Slack's retry of an event never starts a
+second one.
 """
 
 from __future__ import annotations
@@ -94,8 +95,9 @@ class SlackChannel:
     # -- the Channel protocol ------------------------------------------------------
 
     def to_event(self, payload: Any) -> InboundEvent | None:
-        """The inbound event of an Events API callback (``app_mention``, or a message
-        in a thread), or ``None`` for what is not a person talking to the bot."""
+        """The inbound event of an Events API callback (``app_mention``, a message in
+        a thread, a direct message), or ``None`` for what is not a person talking to
+        the bot."""
         if not isinstance(payload, dict) or payload.get("type") != "event_callback":
             return None
         event = payload.get("event")
@@ -106,7 +108,7 @@ class SlackChannel:
             return None
         if event.get("bot_id") or event.get("subtype") not in _HUMAN_SUBTYPES:
             return None  # the bot's own messages, edits and the like
-        if kind == "message" and event.get("thread_ts") is None:
+        if kind == "message" and event.get("thread_ts") is None and not _is_direct(event):
             return None  # a plain channel message: only mentions and threads are for us
         user, text = event.get("user"), event.get("text")
         if not isinstance(user, str) or not user or not isinstance(text, str):
@@ -146,6 +148,12 @@ class SlackChannel:
         )
 
 
+def _is_direct(event: dict[str, Any]) -> bool:
+    """A message in a direct conversation with the bot (its App Home's Messages tab):
+    all of it is for the bot, mentioned or not, threaded or not."""
+    return event.get("type") == "message" and event.get("channel_type") == "im"
+
+
 def turn_of(payload: dict[str, Any]) -> str:
     """The turn a message starts, keyed by the message itself (its channel and ts):
     Slack's retries of an event, and the ``app_mention`` and ``message`` events
@@ -155,7 +163,9 @@ def turn_of(payload: dict[str, Any]) -> str:
 
 
 def session_of(payload: dict[str, Any]) -> str:
-    """One session per thread: ``slack:<team>:<channel>:<thread_ts>``."""
+    """One session per thread: ``slack:<team>:<channel>:<thread_ts>``. A message
+    outside a thread (a mention in a channel, a direct message) starts the thread
+    of its reply, and so a session of its own."""
     event = payload["event"]
     thread = event.get("thread_ts") or event["ts"]
     team = payload.get("team_id") or event.get("team") or ""
@@ -230,7 +240,7 @@ class _Handler:
             # recovery (not a second reply) finishes it.
             if await session.turn_record(turn_id) is not None:
                 return
-            if event.get("type") == "message":
+            if event.get("type") == "message" and not _is_direct(event):
                 # Slack sends every thread reply of a channel the bot is in; only
                 # threads the bot already talks in (a session) are for it.
                 known = await self.ctx.runtime.store.session(session_id).load(
