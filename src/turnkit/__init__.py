@@ -12,6 +12,7 @@ from ._channels.subagent import SubagentError, subagent
 from ._channels.terminal import TerminalChannel
 from ._engine.agent import Agent
 from ._engine.context import ToolContext
+from ._engine.tool_sources import ToolSource
 from ._engine.tools import ActionContext, Tool, define_action, tool
 from ._errors import (
     ConfigurationError,
@@ -69,6 +70,7 @@ from ._values.events import (
 )
 from ._values.inbound import InboundEvent, Proactive, User
 from ._values.inputs import AnswerCheck, Answerer, Answerers, InputRequest
+from ._values.listed_tools import ListedTool
 from ._values.messages import (
     AssistantMessage,
     Message,
@@ -108,6 +110,7 @@ __all__ = [
     "InputRequest",
     "InputRequestedEvent",
     "InvalidAnswerError",
+    "ListedTool",
     "LocalEventSink",
     "Message",
     "MessageCompletedEvent",
@@ -148,6 +151,7 @@ __all__ = [
     "ToolContext",
     "ToolDefinitionError",
     "ToolMessage",
+    "ToolSource",
     "ToolSpec",
     "Tracer",
     "TriggerMessage",

@@ -11,6 +11,7 @@ from .._errors import ConfigurationError, ToolDefinitionError
 from .._seams.model import Model, OutputSpec, ToolSpec
 from .._values.policy import SurfacePolicy, TurnPolicy, resolve_policy
 from .output import OutputContract, check_retries
+from .tool_sources import ToolSource
 from .tools import Tool, check_tool_name
 
 if TYPE_CHECKING:
@@ -24,7 +25,9 @@ class Agent:
     name: str
     model: Model
     instructions: str = ""
-    tools: Sequence[Tool] = ()
+    #: ``Tool`` values, and tool sources (``turnkit.mcp.mcp_tools(...)``) whose tools
+    #: are listed when a turn opens and stored with it.
+    tools: Sequence[Tool | ToolSource] = ()
     #: Per-source policies keyed by the inbound event's ``source`` (``SurfacePolicy``
     #: or its dict form ``{"mode": "append" | "replace", "deny_tools": [...]}``).
     surfaces: Mapping[str, SurfacePolicy] = field(default_factory=dict)
@@ -42,6 +45,7 @@ class Agent:
     _output: OutputContract | None = field(init=False, repr=False, compare=False)
     _by_name: dict[str, Tool] = field(init=False, repr=False, compare=False)
     _specs: tuple[ToolSpec, ...] = field(init=False, repr=False, compare=False)
+    _sources: dict[str, ToolSource] = field(init=False, repr=False, compare=False)
     #: Sources whose unused policy ``mount_agent`` has warned about (once each).
     _warned_sources: set[str] = field(init=False, repr=False, compare=False, default_factory=set)
 
@@ -82,7 +86,11 @@ class Agent:
                 f"got {type(self.tools).__name__}"
             )
         by_name: dict[str, Tool] = {}
+        sources: dict[str, ToolSource] = {}
         for t in self.tools:
+            if isinstance(t, ToolSource) and not isinstance(t, Tool):
+                self._add_source(t, sources)
+                continue
             if not isinstance(t, Tool):
                 raise ConfigurationError(
                     f"agent {self.name!r}: {t!r} is not a Tool (decorate it with @turnkit.tool)"
@@ -96,7 +104,8 @@ class Agent:
             by_name[t.name] = t
         object.__setattr__(self, "tools", tuple(self.tools))
         object.__setattr__(self, "_by_name", by_name)
-        object.__setattr__(self, "_specs", tuple(t.spec for t in self.tools))
+        object.__setattr__(self, "_sources", sources)
+        object.__setattr__(self, "_specs", tuple(t.spec for t in by_name.values()))
         object.__setattr__(self, "_output", self._output_contract(by_name))
         self._check_surfaces(by_name)
 
@@ -112,6 +121,18 @@ class Agent:
                 "answers are given with; rename it"
             )
         return contract
+
+    def _add_source(self, source: ToolSource, sources: dict[str, ToolSource]) -> None:
+        key = source.key
+        if not isinstance(key, str) or not key:
+            raise ConfigurationError(
+                f"agent {self.name!r}: tool source {source!r} has no key (a non-empty str)"
+            )
+        if key in sources:
+            raise ConfigurationError(
+                f"agent {self.name!r}: two tool sources share the key {key!r}; name them apart"
+            )
+        sources[key] = source
 
     def _check_surfaces(self, by_name: Mapping[str, Tool]) -> None:
         """Normalize and check the per-source settings, naming the source at fault."""
@@ -143,8 +164,10 @@ class Agent:
                     f"for {source!r} (add instructions.{source}.md or "
                     f"source_instructions[{source!r}], or leave the mode unset)"
                 )
+            # A source's tools are known only once listed, so with sources a name
+            # that is none of the agent's own may be one of theirs.
             unknown = [n for n in surface.deny_tools if n not in by_name]
-            if unknown:
+            if unknown and not self._sources:
                 raise ConfigurationError(
                     f"{where}: surface {source!r} denies {unknown}, which the agent does not "
                     f"have (its tools: {sorted(by_name)})"
@@ -162,18 +185,23 @@ class Agent:
             source_instructions=self.source_instructions,
         )
 
-    def tool_specs_for(self, policy: TurnPolicy) -> tuple[ToolSpec, ...]:
-        """The tools offered to the model under ``policy``: denied ones are left out."""
-        if not policy.deny_tools:
-            return self._specs
-        return tuple(s for s in self._specs if policy.allows(s.name))
-
     def tool(self, name: str) -> Tool | None:
-        """The offered tool called ``name``, or ``None``."""
+        """The agent's own tool called ``name``, or ``None`` (a turn's ``TurnTools``
+        also knows what the agent's tool sources listed for it)."""
         return self._by_name.get(name)
+
+    def tool_source(self, key: str) -> ToolSource | None:
+        """The tool source whose key is ``key``, or ``None``."""
+        return self._sources.get(key)
+
+    @property
+    def tool_sources(self) -> tuple[ToolSource, ...]:
+        """The tool sources among ``tools``, in their order."""
+        return tuple(self._sources.values())
 
     @property
     def tool_specs(self) -> tuple[ToolSpec, ...]:
+        """What the model is told about the agent's own tools (not its sources')."""
         return self._specs
 
     @property

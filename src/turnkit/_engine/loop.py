@@ -52,6 +52,7 @@ from .._values.events import (
 )
 from .._values.inbound import InboundEvent
 from .._values.inputs import InputRequest
+from .._values.listed_tools import ListedTools
 from .._values.messages import (
     AssistantMessage,
     Message,
@@ -64,7 +65,13 @@ from .._values.messages import (
 )
 from .._values.policy import TurnPolicy
 from .._values.records import TurnRecord, TurnStatus
-from .._values.step_ids import model_step_id, policy_step_id, tool_step_id, trace_step_id
+from .._values.step_ids import (
+    model_step_id,
+    policy_step_id,
+    tool_step_id,
+    tools_step_id,
+    trace_step_id,
+)
 from .._values.turns import TurnCancelled, TurnFailure, TurnRequest, TurnResult, result_from_record
 from .agent import Agent
 from .context import ChildTurns, ToolContext, TurnParked
@@ -91,6 +98,7 @@ from .tool_call import (
 from .tool_results import error_result, error_text
 from .tools import Tool
 from .tracing import Traced, error_type, outcome_of
+from .turn_tools import TurnTools, list_tool_sources
 
 log = logging.getLogger("turnkit.engine")
 
@@ -160,6 +168,7 @@ class TurnRunner:
         #: yet (a failed commit may still have landed, so from then on it may be).
         self._unstored = False
         self.policy = TurnPolicy()
+        self.tools = TurnTools(agent)
         self._known_finished: str | None = None
         self._record: TurnRecord | None = None
         self.tracer = tracer
@@ -373,7 +382,28 @@ class TurnRunner:
         await self._commit(write, [event], messages)
         return TurnResult(turn_id=self.turn_id, status="cancelled", reason=reason)
 
+    async def _list_tools(self) -> None:
+        """The tools the turn's sources listed: stored with the turn the first time it
+        runs (before its first model step), read back on every later delivery."""
+        step_id = tools_step_id(self.turn_id)
+        stored = self.steps.get(step_id)
+        if stored is None and not self.agent.tool_sources:
+            return
+        if stored is None:
+            listed = await list_tool_sources(self.agent)
+            row = listed.to_dict()
+
+            def write(tx: Transaction) -> None:
+                tx.put_step(step_id, self.turn_id, row)
+
+            await self._commit(write, [])
+            self.steps[step_id] = row
+        else:
+            listed = ListedTools.from_dict(stored)
+        self.tools = TurnTools(self.agent, listed)
+
     async def _loop(self) -> TurnResult:
+        await self._list_tools()
         limit = self.agent.max_steps
         taken = count_model_steps(self.transcript, self.turn_id) if limit is not None else 0
         while True:
@@ -604,6 +634,7 @@ class TurnRunner:
             self._text_delta,
             self._reasoning_delta,
             self._cancel_reason,
+            tools=self.tools.specs_for(self.policy),
         )
         span.replied(reply)
         message = _assistant(reply, self.turn_id, reply.tool_calls)
@@ -706,7 +737,7 @@ class TurnRunner:
 
     async def _run_tool(self, step_id: str, call: ToolCall, span: StepSpan) -> None:
         # A tool the turn's policy denies is as unknown as one the agent never had.
-        tool = self.agent.tool(call.name) if self.policy.allows(call.name) else None
+        tool = self.tools.tool(call.name) if self.policy.allows(call.name) else None
         problem = input_error(call)
         if problem is not None or tool is None:
             text = problem or f"unknown tool: {call.name}"

@@ -13,7 +13,7 @@ from typing import overload
 from pydantic_core import from_json, to_json
 
 from .._errors import ModelError
-from .._seams.model import ModelDelta, ModelDone, ReasoningDelta, TextDelta
+from .._seams.model import ModelDelta, ModelDone, ReasoningDelta, TextDelta, ToolSpec
 from .._values.messages import Message, ModelReply, StopReason, ToolCall
 from .._values.policy import TurnPolicy
 from .._values.turns import TurnCancelled, TurnFailure
@@ -62,15 +62,18 @@ async def ask_model(
     on_text: Callable[[str], None],
     on_reasoning: Callable[[str], None],
     cancelled: Callable[[], str | None] = lambda: None,
+    *,
+    tools: Sequence[ToolSpec],
 ) -> ModelReply:
-    """Stream one reply from ``agent.model``; deltas go to the callbacks as they arrive.
+    """Stream one reply from ``agent.model``, offering it ``tools`` (the turn's, as its
+    policy allows); deltas go to the callbacks as they arrive.
 
     ``cancelled`` is asked after every delta: a reason stops the stream there (the
     adapter's iterator is closed) and raises ``TurnCancelled``; nothing is kept.
     """
     reply: ModelReply | None = None
     try:
-        stream = _stream(agent, policy, TranscriptView(transcript))
+        stream = _stream(agent, policy, TranscriptView(transcript), tools)
         try:
             async for delta in stream:
                 if isinstance(delta, TextDelta):
@@ -102,11 +105,11 @@ async def ask_model(
 
 
 def _stream(
-    agent: Agent, policy: TurnPolicy, transcript: Sequence[Message]
+    agent: Agent, policy: TurnPolicy, transcript: Sequence[Message], tools: Sequence[ToolSpec]
 ) -> AsyncIterator[ModelDelta]:
     """The model's stream, asked for a typed answer natively where the model can
     give one, else with the answer offered as one more tool."""
-    model, tools, spec = agent.model, agent.tool_specs_for(policy), agent.output_spec
+    model, spec = agent.model, agent.output_spec
     if spec is None:
         return model.stream(transcript, tools, system=policy.system)
     if takes_output(model):

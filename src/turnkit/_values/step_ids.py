@@ -12,6 +12,7 @@ TOOL = "tool"
 INPUT = "input"
 POLICY = "policy"
 TRACE = "trace"
+TOOLS = "tools"
 
 
 def model_step_id(index: int) -> str:
@@ -40,6 +41,11 @@ def trace_step_id(turn_id: str) -> str:
     return f"{TRACE}:{turn_id}"
 
 
+def tools_step_id(turn_id: str) -> str:
+    """The memo row that keeps the tools a turn's tool sources listed (one per turn)."""
+    return f"{TOOLS}:{turn_id}"
+
+
 def relayed_input_id(step_id: str, input_id: str) -> str:
     """The input id under which a parent turn asks a child turn's question
     ``input_id``: ``<parent call's step id>/<id>``, unique per call and question."""
@@ -47,7 +53,8 @@ def relayed_input_id(step_id: str, input_id: str) -> str:
 
 
 def step_kind(step_id: str) -> str:
-    """``model``, ``tool``, ``input``, ``policy`` or ``trace`` (what precedes the first colon)."""
+    """``model``, ``tool``, ``input``, ``policy``, ``trace`` or ``tools`` (what precedes the
+    first colon)."""
     return step_id.partition(":")[0]
 
 

@@ -17,6 +17,7 @@ from .._channels.printable import printable
 from .._errors import MessageDecodeError
 from .._values.checkpoints import InputAnswer, ToolStepResult
 from .._values.inputs import Answerer, InputRequest
+from .._values.listed_tools import ListedTools
 from .._values.messages import (
     AssistantMessage,
     Message,
@@ -26,7 +27,7 @@ from .._values.messages import (
 )
 from .._values.policy import TurnPolicy
 from .._values.records import SessionInfo
-from .._values.step_ids import INPUT, MODEL, POLICY, TOOL, TRACE, step_kind, step_position
+from .._values.step_ids import INPUT, MODEL, POLICY, TOOL, TOOLS, TRACE, step_kind, step_position
 from ._show import ArchiveView, SessionView, TurnView, utc
 
 #: Longest a tool input, result or step value is shown in text output.
@@ -176,11 +177,11 @@ def _end_time(start: float, end: float) -> str:
 
 
 def _ordered(steps: dict[str, Any]) -> list[tuple[str, Any]]:
-    """Steps in the order they happened: the policy and trace context, then by
-    transcript position."""
+    """Steps in the order they happened: the policy, trace context and listed tools,
+    then by transcript position."""
 
     def key(step_id: str) -> tuple[int, int, str]:
-        order = {POLICY: 0, TRACE: 0, INPUT: 2}.get(step_kind(step_id), 1)
+        order = {POLICY: 0, TRACE: 0, TOOLS: 0, INPUT: 2}.get(step_kind(step_id), 1)
         return (order, step_position(step_id) or 0, step_id)
 
     return sorted(steps.items(), key=lambda item: key(item[0]))
@@ -216,6 +217,9 @@ def _summary_of(kind: str, value: Any) -> str:
         parts = str(value.get("traceparent", "")).split("-")
         if len(parts) == 4:
             return f"opened in trace {parts[1]} (span {parts[2]})"
+    if kind == TOOLS:
+        listed = ListedTools.from_dict(value).tools
+        return "tools listed: " + (", ".join(f"{t.name} ({t.source})" for t in listed) or "none")
     return compact(value)
 
 
