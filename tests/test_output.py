@@ -5,6 +5,7 @@ the store by another runtime, after a crash too."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,6 +13,7 @@ from typing import Any
 
 import pytest
 from pydantic import BaseModel, Field
+from server_support import serving
 from typing_extensions import TypedDict  # pydantic wants this one before Python 3.12
 
 import turnkit
@@ -263,6 +265,17 @@ async def test_the_answer_is_read_back_from_the_store_by_another_runtime(
         again = await rt.session("a", "s1").result(tid)
     assert again.output == first.output == Invoice(total=3, currency="EUR")
     assert again.text == first.text
+
+
+async def test_the_http_chat_answer_carries_the_output(runtime_for: Any) -> None:
+    rt = await runtime_for(invoices(ScriptedModel([answer(total=3, currency="EUR")])))
+    async with serving(rt) as served:
+        reply = await served.client.post(
+            served.path("a", "s1", "chat"), json={"text": "total?"}, headers={"X-User": "ann"}
+        )
+    body = reply.json()
+    assert body["status"] == "completed", body
+    assert body["output"] == {"total": 3, "currency": "EUR"} == json.loads(body["text"])
 
 
 class Crash(Exception):

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
+from pydantic_core import to_jsonable_python
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -351,6 +352,8 @@ class _Api:
         answer: dict[str, Any] = {"status": result.status, "turn_id": turn_id}
         if result.status == "completed":
             answer["text"] = result.text
+            if result.output is not None:  # a typed answer, as JSON
+                answer["output"] = to_jsonable_python(result.output)
         elif result.status == "suspended":
             answer["request"] = None if result.request is None else result.request.to_dict()
         elif result.status == "failed":
