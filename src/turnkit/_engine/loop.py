@@ -529,7 +529,8 @@ class TurnRunner:
         )
         index = len(self.transcript)
         policy = self.policy.to_dict()
-        context = self._span.context()
+        stored_trace = trace_step_id(self.turn_id) in self.steps
+        context = None if stored_trace else self._span.context()
         self._boundary()  # the last moment a cancellation leaves no trace
 
         def write(tx: Transaction) -> None:
