@@ -21,7 +21,17 @@ PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 #: Where the README's links point, so they work on a package index page too.
 REPOSITORY = "https://github.com/turnkit/turnkit"
 LINK = re.compile(r"\]\(([^)\s]+)\)")
-INTEGRATIONS = {"anthropic", "openai", "postgres", "server", "cron", "slack", "otel", "mcp"}
+INTEGRATIONS = {
+    "anthropic",
+    "openai",
+    "postgres",
+    "server",
+    "cron",
+    "slack",
+    "otel",
+    "mcp",
+    "metrics",
+}
 
 
 def test_every_extra_installs_something_and_all_is_every_integration() -> None:

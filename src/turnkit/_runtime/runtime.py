@@ -150,6 +150,11 @@ class Runtime:
         """How many session objects this runtime holds right now (for monitoring)."""
         return len(self._sessions)
 
+    @property
+    def running_sessions(self) -> int:
+        """How many sessions have a delivery running in this process (for monitoring)."""
+        return len(self._busy)
+
     def session(self, agent_name: str, session_id: str) -> AgentSession:
         """The session ``session_id`` of agent ``agent_name``: the same object each
         time while it is busy or among the ``session_cache`` most recently used."""

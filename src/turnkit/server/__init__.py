@@ -1,7 +1,8 @@
 """The HTTP surface: a ``Runtime`` as a Starlette ASGI app (``turnkit[server]``).
 
 ``create_app(runtime, authenticate=…)`` serves turns as server-sent events, resumes,
-resets, transcripts and a reconnectable event feed; see docs/server.md.
+resets, transcripts and a reconnectable event feed; ``ops_app(runtime)`` serves
+health, readiness and Prometheus metrics (``turnkit[metrics]``); see docs/server.md.
 """
 
 try:
@@ -13,6 +14,7 @@ except ImportError as exc:  # pragma: no cover - exercised without the extra
 
 from ._app import ServerLimits, create_app
 from ._authorize import Action, Authorize, SessionAccess, owner_only
+from ._ops import ops_app
 from ._principal import Authenticate, Principal, loopback_only
 from ._sse import event_frame, frame
 
@@ -27,5 +29,6 @@ __all__ = [
     "event_frame",
     "frame",
     "loopback_only",
+    "ops_app",
     "owner_only",
 ]

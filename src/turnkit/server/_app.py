@@ -55,6 +55,7 @@ from ._bodies import (
 )
 from ._feed import EventFeed
 from ._hosts import HostGuard, checked_names
+from ._ops import healthz, readiness
 from ._principal import Authenticate, Principal, authenticated
 from ._sessions_page import page_of_sessions
 from ._streams import HEADERS as STREAM_HEADERS
@@ -133,8 +134,9 @@ def create_app(
     """The HTTP surface of ``runtime`` (see docs/server.md).
 
     ``authenticate(request) -> Principal | None`` is required and runs before
-    anything else. ``authorize(principal, SessionAccess) -> bool`` (plain or async)
-    decides who may use which session; without it a session is its owner's alone
+    anything else but the probes, ``/healthz`` and ``/readyz``.
+    ``authorize(principal, SessionAccess) -> bool`` (plain or async) decides who
+    may use which session; without it a session is its owner's alone
     (``owner_only``), and every refusal answers 404 exactly as a session that does
     not exist. ``allowed_hosts`` lists the names the server answers to (any other
     ``Host`` is refused with 421; ``None`` checks none, for a proxy that already
@@ -164,6 +166,9 @@ def create_app(
     guard = _Guard(authenticate, runtime)
     session = "/agents/{agent}/sessions/{session}"
     routes: list[BaseRoute] = [
+        # For probes, which carry no credentials; they tell nothing about sessions.
+        Route("/healthz", healthz, methods=["GET"]),
+        Route("/readyz", readiness(runtime), methods=["GET"]),
         Route("/agents", guard(api.agents), methods=["GET"]),
         Route("/agents/{agent}/sessions", guard(api.sessions), methods=["GET"]),
         Route(f"{session}/turns", guard(api.turns), methods=["POST"]),

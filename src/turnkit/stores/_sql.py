@@ -93,6 +93,12 @@ UNFINISHED_TURNS = (
     "ORDER BY created_at"
 )
 
+#: How many turns are queued, running and parked, store-wide (for monitoring).
+TURN_COUNTS = (
+    "SELECT status, count(*) FROM turnkit_turns "
+    "WHERE status IN ('queued', 'running', 'suspended') GROUP BY status"
+)
+
 
 # -- session lists ----------------------------------------------------------------------
 

@@ -406,6 +406,15 @@ class MemoryStore:
         ]
         return sorted(found, key=lambda t: t.created_at)
 
+    async def turn_counts(self) -> dict[str, int]:
+        """How many turns are ``queued``, ``running`` and ``suspended`` (for monitoring)."""
+        counts = {"queued": 0, "running": 0, "suspended": 0}
+        for data in self._sessions.values():
+            for turn in data.turns.values():
+                if turn.status in counts:
+                    counts[turn.status] += 1
+        return counts
+
 
 def _preview(messages: list[bytes]) -> str | None:
     """The preview of a session whose encoded transcript is ``messages``."""

@@ -604,3 +604,8 @@ class PostgresStore:
 
     async def unfinished_turns(self) -> list[TurnRecord]:
         return await self._select("unfinished turns", sql.UNFINISHED_TURNS, (), _turn_from_row)
+
+    async def turn_counts(self) -> dict[str, int]:
+        """How many turns are ``queued``, ``running`` and ``suspended`` (for monitoring)."""
+        rows = await self._select("turn counts", sql.TURN_COUNTS, (), tuple)
+        return {"queued": 0, "running": 0, "suspended": 0} | {str(s): int(n) for s, n in rows}

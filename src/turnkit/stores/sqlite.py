@@ -711,3 +711,9 @@ class SqliteStore:
         with _reading("unfinished turns"):
             rows = self.connection.execute(sql.UNFINISHED_TURNS).fetchall()
             return [_turn_from_row(r) for r in rows]
+
+    async def turn_counts(self) -> dict[str, int]:
+        """How many turns are ``queued``, ``running`` and ``suspended`` (for monitoring)."""
+        with _reading("turn counts"):
+            rows = self.connection.execute(sql.TURN_COUNTS).fetchall()
+        return {"queued": 0, "running": 0, "suspended": 0} | {str(s): int(n) for s, n in rows}
