@@ -51,7 +51,7 @@ class Gates:
         return wait
 
 
-def gated_agent(gates: Gates, *, calls: int = 1) -> turnkit.Agent:
+def gated_agent(gates: Gates, *, calls: int = 1, parallel: int = 4) -> turnkit.Agent:
     def respond(messages: Any) -> Any:
         last = messages[-1]
         if isinstance(last, UserMessage):
@@ -60,7 +60,8 @@ def gated_agent(gates: Gates, *, calls: int = 1) -> turnkit.Agent:
             )
         return f"answered {last.turn_id[:4]}"
 
-    return turnkit.Agent(name="a", model=ScriptedModel(respond=respond), tools=[gates.tool()])
+    model = ScriptedModel(respond=respond)
+    return turnkit.Agent(name="a", model=model, tools=[gates.tool()], max_parallel_tools=parallel)
 
 
 def roles(messages: Sequence[turnkit.Message]) -> list[str]:
@@ -114,7 +115,7 @@ async def test_a_batch_of_three_cancelled_after_the_first_gets_synthetic_results
     open_runtime: Any, sink: RecordingSink
 ) -> None:
     gates = Gates()
-    rt = await open_runtime(gated_agent(gates, calls=3))
+    rt = await open_runtime(gated_agent(gates, calls=3, parallel=1))  # one after another
     session = rt.session("a", "s1")
     tid = session.start("x")
     await gates.reached.wait()

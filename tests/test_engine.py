@@ -352,13 +352,16 @@ async def test_next_turn_closes_calls_a_failed_turn_left_unanswered(open_runtime
     assert len(await session.messages()) == len(msgs)
 
 
-async def test_idempotency_key_is_stable_per_call_and_unique_otherwise(open_runtime: Any) -> None:
-    keys: list[str] = []
+@pytest.mark.parametrize("parallel", [1, 4])
+async def test_idempotency_key_is_stable_per_call_and_unique_otherwise(
+    open_runtime: Any, parallel: int
+) -> None:
+    keys: list[tuple[str, str]] = []
 
     @tool
     async def charge(ctx: ToolContext) -> str:
         """Charge a card."""
-        keys.append(ctx.idempotency_key)
+        keys.append((ctx.call_id, ctx.idempotency_key))
         if len(keys) == 1:
             raise FatalToolError("network dropped after the charge")
         return "charged"
@@ -369,7 +372,10 @@ async def test_idempotency_key_is_stable_per_call_and_unique_otherwise(open_runt
             return ScriptedReply(tool_calls=[tool_call("charge"), tool_call("charge", id="c2")])
         return "ok"
 
-    rt = await open_runtime(agent(ScriptedModel(respond=respond), charge))
+    model = ScriptedModel(respond=respond)
+    rt = await open_runtime(
+        turnkit.Agent(name="a", model=model, tools=[charge], max_parallel_tools=parallel)
+    )
     s1, s2 = rt.session("a", "s1"), rt.session("a", "s2")
     tid = s1.start("pay")
     assert (await s1.result(tid)).status == "failed"
@@ -377,8 +383,11 @@ async def test_idempotency_key_is_stable_per_call_and_unique_otherwise(open_runt
     assert (await s1.result(tid)).status == "completed"
     await s1.turn("pay again")
     await s2.turn("pay")
-    assert keys[0] == keys[1]  # the same call, replayed
-    assert len(set(keys[1:])) == len(keys[1:])  # every other call, turn and session differs
+    failed_call, failed_key = keys[0]
+    replays = [key for call, key in keys[1:3] if call == failed_call]
+    assert replays == [failed_key]  # the same call, replayed once with its key
+    others = [key for _, key in keys if key != failed_key]
+    assert len(set(others)) == len(others) == 2 + 2 + 1  # every other call, turn, session
     assert len(keys) == 2 + 2 + 2 + 1
 
 

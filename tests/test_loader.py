@@ -227,3 +227,17 @@ def test_malformed_settings_name_agent_py(tmp_path: Path) -> None:
     folder = write(tmp_path / "x", {"agent.py": "agent = {'surfaces': ['slack']}\n"})
     with pytest.raises(turnkit.ConfigurationError, match=r"agent\.py: surfaces must be a dict"):
         turnkit.load_agent(folder, model=ScriptedModel([]))
+
+
+def test_agent_py_sets_max_parallel_tools(tmp_path: Path) -> None:
+    folder = write(
+        tmp_path / "par",
+        {
+            "agent.py": 'agent = {"max_parallel_tools": 2}\n',
+            "instructions.md": "x",
+        },
+    )
+    assert turnkit.load_agent(folder, model=ScriptedModel([])).max_parallel_tools == 2
+    (folder / "agent.py").write_text('agent = {"max_parallel_tools": 0}\n')
+    with pytest.raises(turnkit.ConfigurationError, match="max_parallel_tools"):
+        turnkit.load_agent(folder, model=ScriptedModel([]))

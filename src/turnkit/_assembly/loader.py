@@ -41,6 +41,7 @@ class AgentConfig:
     surfaces: Mapping[str, SurfacePolicy | Mapping[str, Any]] = field(default_factory=dict)
     authorize_answer: AuthorizeAnswer | None = None
     max_steps: int | None = None
+    max_parallel_tools: int = 4
 
     def __post_init__(self) -> None:
         if self.name is not None and (not isinstance(self.name, str) or not self.name.strip()):
@@ -157,6 +158,7 @@ class AgentFolder:
                 source_instructions=self.source_instructions,
                 authorize_answer=self.config.authorize_answer,
                 max_steps=self.config.max_steps,
+                max_parallel_tools=self.config.max_parallel_tools,
             )
         except ConfigurationError as exc:
             raise ConfigurationError(f"agent folder {str(self.path)!r}: {exc}") from None

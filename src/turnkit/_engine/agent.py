@@ -35,6 +35,10 @@ class Agent:
     source_instructions: Mapping[str, str] = field(default_factory=dict)
     #: Model steps one turn may take before it fails; ``None`` means no limit.
     max_steps: int | None = None
+    #: How many ``async def`` calls of one model step may run at once (``1`` runs
+    #: every call of a step one after another). Plain ``def`` calls always run one
+    #: at a time, in their own transactions.
+    max_parallel_tools: int = 4
     #: Decides policy answerers: ``async (AnswerCheck) -> bool``, used by ``grant_answer``.
     authorize_answer: AuthorizeAnswer | None = None
     #: The type a turn's final answer must have: a pydantic model, a dataclass or a
@@ -72,6 +76,15 @@ class Agent:
             raise ConfigurationError(
                 f"agent {self.name!r}: max_steps must be a positive int or None, "
                 f"got {self.max_steps!r}"
+            )
+        if (
+            not isinstance(self.max_parallel_tools, int)
+            or isinstance(self.max_parallel_tools, bool)
+            or self.max_parallel_tools < 1
+        ):
+            raise ConfigurationError(
+                f"agent {self.name!r}: max_parallel_tools must be a positive int, "
+                f"got {self.max_parallel_tools!r}"
             )
         if self.authorize_answer is not None and not callable(self.authorize_answer):
             raise ConfigurationError(

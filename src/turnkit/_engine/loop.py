@@ -23,7 +23,7 @@ from .._errors import (
     StoreError,
 )
 from .._seams.sink import EventSink
-from .._seams.store import NoHandle, SessionStore, StoreHandle, Transaction
+from .._seams.store import NO_MESSAGES, NoHandle, SessionStore, StoreHandle, Transaction
 from .._seams.tracer import (
     NO_SPAN,
     NO_TRACER,
@@ -74,9 +74,11 @@ from .._values.step_ids import (
 )
 from .._values.turns import TurnCancelled, TurnFailure, TurnRequest, TurnResult, result_from_record
 from .agent import Agent
+from .batch import committed_results, in_order
 from .context import ChildTurns, ToolContext, TurnParked
 from .model_call import ask_model
 from .output import answer_tail, takes_output, with_output
+from .parallel import Asked, Outcome, Ran, run_batch
 from .position import (
     CallModel,
     Finished,
@@ -341,9 +343,14 @@ class TurnRunner:
     async def _step_boundary(self) -> None:
         """A boundary between steps: also stop if another process (or runtime) has
         recorded a cancellation of this turn since the delivery began."""
+        await self._poll_cancel()
+        self._boundary()
+
+    async def _poll_cancel(self) -> str | None:
+        """Why the turn is to stop, asking the store too unless it is known already."""
         if self._cancel_reason() is None:
             self._durable_cancel = await self.store.cancel_reason(self.turn_id)
-        self._boundary()
+        return self._cancel_reason()
 
     def _cancelled_unopened(self, reason: str) -> TurnResult:
         """Cancelled before its opening committed: nothing is stored, observers are told."""
@@ -359,19 +366,24 @@ class TurnRunner:
         step = next_step(self.transcript, self.turn_id)
         owed: Sequence[ToolCall] = step.owed if isinstance(step, RunTools) else ()
         index = len(self.transcript)
+        assistant_index = step.assistant_index if isinstance(step, RunTools) else 0
+        # Calls of the batch whose result committed (they finished) keep it.
+        kept = committed_results(assistant_index, owed, self.steps, self.turn_id)
         result = {"cancelled": True, "reason": reason}
         messages = [
-            ToolMessage(
+            kept.get(c.id)
+            or ToolMessage(
                 call_id=c.id, name=c.name, result=dict(result), turn_id=self.turn_id, is_error=True
             )
             for c in owed
         ]
-        assistant_index = step.assistant_index if isinstance(step, RunTools) else 0
 
         def write(tx: Transaction) -> None:
             for offset, (call, message) in enumerate(zip(owed, messages, strict=True)):
-                stored = ToolStepResult(result=message.result, error=f"cancelled: {reason}")
-                tx.put_step(tool_step_id(assistant_index, call.id), self.turn_id, stored.to_dict())
+                if call.id not in kept:
+                    stored = ToolStepResult(result=message.result, error=f"cancelled: {reason}")
+                    step_id = tool_step_id(assistant_index, call.id)
+                    tx.put_step(step_id, self.turn_id, stored.to_dict())
                 tx.append_message(index + offset, message)
             tx.request_cancel(self.turn_id, reason)
             tx.set_turn_status(self.turn_id, "cancelled")
@@ -417,9 +429,7 @@ class TurnRunner:
                 await self._model_step(step.index)
                 taken += 1
             elif isinstance(step, RunTools):
-                for call in step.owed:
-                    await self._step_boundary()
-                    await self._tool_step(step.assistant_index, call)
+                await self._tool_batch(step)
             elif isinstance(step, Finished):
                 return TurnResult(turn_id=self.turn_id, status="completed", text=step.text)
             else:
@@ -494,7 +504,9 @@ class TurnRunner:
                 raise _Refused(refusal)
             raise SessionSuspendedError(refusal)
         crashed = stale if stale is not None and stale.status == "running" else None
-        closing = self._closing_results(INTERRUPTED_CALL_ERROR if crashed else STALE_CALL_ERROR)
+        closing = await self._closing_results(
+            INTERRUPTED_CALL_ERROR if crashed else STALE_CALL_ERROR
+        )
         record = TurnRecord(
             session_id=self.session_id,
             turn_id=self.turn_id,
@@ -516,7 +528,8 @@ class TurnRunner:
                 error=m.result["error"],
                 seq=next(seq),
             )
-            for _, m in closing
+            for step_id, m in closing
+            if step_id is not None
         ]
         if crashed is not None:
             events.append(
@@ -535,8 +548,9 @@ class TurnRunner:
 
         def write(tx: Transaction) -> None:
             for offset, (step_id, msg) in enumerate(closing):
-                stored = ToolStepResult(result=msg.result, error=msg.result["error"])
-                tx.put_step(step_id, msg.turn_id, stored.to_dict())
+                if step_id is not None:
+                    stored = ToolStepResult(result=msg.result, error=msg.result["error"])
+                    tx.put_step(step_id, msg.turn_id, stored.to_dict())
                 tx.append_message(index + offset, msg)
             if crashed is not None:
                 tx.set_turn_status(crashed.turn_id, "failed", error=SUPERSEDED_ERROR)
@@ -551,15 +565,21 @@ class TurnRunner:
         await self._commit(write, events, [m for _, m in closing] + [opening])
         self._opened = True
 
-    def _closing_results(self, reason: str) -> list[tuple[str, ToolMessage]]:
-        """Error results for the calls an earlier turn left unanswered at the tail."""
+    async def _closing_results(self, reason: str) -> list[tuple[str | None, ToolMessage]]:
+        """Results for the calls an earlier turn left unanswered at the tail: the ones
+        it committed (a call of a parallel batch that finished), else an error, with
+        the step id to store it under (``None``: stored already)."""
         stale = stale_calls(self.transcript, self.turn_id)
         if stale is None:
             return []
         index, calls = stale
         owner = self.transcript[index].turn_id
+        steps = (await self.store.load(owner, from_index=NO_MESSAGES)).steps
+        kept = committed_results(index, calls, steps, owner)
         return [
-            (
+            (None, kept[c.id])
+            if c.id in kept
+            else (
                 tool_step_id(index, c.id),
                 ToolMessage(
                     call_id=c.id,
@@ -731,14 +751,56 @@ class TurnRunner:
             _local=local,
         )
 
+    async def _tool_batch(self, step: RunTools) -> None:
+        """Run the calls the batch still owes a result, in parallel when the agent
+        allows it (``max_parallel_tools``); a result committed before (the call
+        finished ahead of an earlier one, then the process stopped) is not run again."""
+        index, owed = step.assistant_index, step.owed
+        if tool_step_id(index, owed[0].id) in self.steps:
+            await self._take_committed(step)  # its message was never appended
+            return
+        todo = [c for c in owed if tool_step_id(index, c.id) not in self.steps]
+        limit = self.agent.max_parallel_tools
+        if limit > 1 and len(todo) > 1:
+            asked = await run_batch(_BatchSteps(self, index), todo, limit)
+            if asked:
+                raise _Park(*asked[0])
+            return
+        for call in todo:
+            await self._step_boundary()
+            await self._tool_step(index, call)
+
+    async def _take_committed(self, step: RunTools) -> None:
+        """Append the committed results at the head of the batch to the transcript."""
+        held = committed_results(step.assistant_index, step.owed, self.steps, self.turn_id)
+        ready = in_order(step.owed, held)
+        index = len(self.transcript)
+
+        def write(tx: Transaction) -> None:
+            for offset, message in enumerate(ready):
+                tx.append_message(index + offset, message)
+
+        await self._commit(write, [], ready)
+
+    def _allowed_tool(self, call: ToolCall) -> Tool | None:
+        """The call's tool; a tool the turn's policy denies is as unknown as one the
+        agent never had."""
+        return self.tools.tool(call.name) if self.policy.allows(call.name) else None
+
+    def _remote_tool(self, call: ToolCall) -> Tool | None:
+        """The call's tool if it is ``async def`` and will run (allowed, input read)."""
+        tool = self._allowed_tool(call)
+        if tool is None or tool.local or input_error(call) is not None:
+            return None
+        return tool
+
     async def _tool_step(self, assistant_index: int, call: ToolCall) -> None:
         step_id = tool_step_id(assistant_index, call.id)
         with Traced(self._span.step(self._step_trace(step_id, call=call))) as span:
             await self._run_tool(step_id, call, span)
 
     async def _run_tool(self, step_id: str, call: ToolCall, span: StepSpan) -> None:
-        # A tool the turn's policy denies is as unknown as one the agent never had.
-        tool = self.tools.tool(call.name) if self.policy.allows(call.name) else None
+        tool = self._allowed_tool(call)
         problem = input_error(call)
         if problem is not None or tool is None:
             text = problem or f"unknown tool: {call.name}"
@@ -748,16 +810,24 @@ class TurnRunner:
         elif tool.local:
             await self._local_tool_step(tool, step_id, call, span)
         else:
-            ctx = self._context(_REMOTE_HANDLE, call, step_id, local=False)
-            try:
-                result, raised = await run_remote(tool, copy_input(call.input), ctx)
-            except TurnParked as parked:
-                span.ended(StepOutcome(status="parked"))
-                raise _Park(call, parked.request) from None
-            if raised is not None:
-                span.ended(outcome_of(raised))
-            error = error_text(raised) if raised is not None else None
-            await self._commit_tool(step_id, call, result, error)
+            outcome = await self._run_remote(tool, step_id, call, span)
+            if isinstance(outcome, Asked):
+                raise _Park(call, outcome.request)
+            await self._commit_tool(step_id, call, outcome.value, outcome.error)
+
+    async def _run_remote(
+        self, tool: Tool, step_id: str, call: ToolCall, span: StepSpan
+    ) -> Outcome:
+        """Await a remote tool; what it returned, or the question it asked."""
+        ctx = self._context(_REMOTE_HANDLE, call, step_id, local=False)
+        try:
+            result, raised = await run_remote(tool, copy_input(call.input), ctx)
+        except TurnParked as parked:
+            span.ended(StepOutcome(status="parked"))
+            return Asked(parked.request)
+        if raised is not None:
+            span.ended(outcome_of(raised))
+        return Ran(result, error_text(raised) if raised is not None else None)
 
     async def _local_tool_step(
         self, tool: Tool, step_id: str, call: ToolCall, span: StepSpan
@@ -767,7 +837,7 @@ class TurnRunner:
         index, seq = len(self.transcript), self.next_seq
         handles: list[StoreHandle] = []
 
-        def work(tx: Transaction) -> tuple[ToolMessage, ActionCompletedEvent]:
+        def work(tx: Transaction) -> _Written:
             # Asking for the handle, before anything else, tells the store that this
             # work runs tool code, which may block: it runs it off the event loop.
             handle = tx.handle
@@ -779,7 +849,7 @@ class TurnRunner:
             return self._write_tool(tx, _ToolRow(index, seq, step_id, call, value, None))
 
         try:
-            message, event = await self.store.commit(work)
+            written = await self.store.commit(work)
         except ToolRaised as raised:
             # The transaction rolled back, undoing the tool's own writes.
             if handles and transient(handles[-1], raised.original):
@@ -795,7 +865,7 @@ class TurnRunner:
             return
         except FatalToolError as exc:
             raise fatal(tool, exc) from exc
-        self._after_tool(message, event)
+        self._after_tool(written)
 
     async def _commit_tool(
         self, step_id: str, call: ToolCall, value: Any, error: str | None
@@ -803,15 +873,15 @@ class TurnRunner:
         """Commit a tool step whose result is already known."""
         row = _ToolRow(len(self.transcript), self.next_seq, step_id, call, value, error)
 
-        def work(tx: Transaction) -> tuple[ToolMessage, ActionCompletedEvent]:
+        def work(tx: Transaction) -> _Written:
             return self._write_tool(tx, row)
 
-        self._after_tool(*await self.store.commit(work))
+        self._after_tool(await self.store.commit(work))
 
-    def _write_tool(
-        self, tx: Transaction, row: _ToolRow
-    ) -> tuple[ToolMessage, ActionCompletedEvent]:
-        """The rows of one tool step: its memo, its tool message, its ``action.completed``."""
+    def _write_tool(self, tx: Transaction, row: _ToolRow) -> _Written:
+        """The rows of one tool step: its memo, its ``action.completed``, and its tool
+        message with those of the calls after it that were waiting for it (the
+        transcript keeps the order the model asked in)."""
         call = row.call
         message = ToolMessage(
             call_id=call.id,
@@ -829,16 +899,58 @@ class TurnRunner:
             error=row.error,
             seq=row.seq,
         )
-        stored = ToolStepResult(result=row.value, error=row.error)
-        tx.put_step(row.step_id, self.turn_id, stored.to_dict())
-        tx.append_message(row.index, message)
+        stored = ToolStepResult(result=row.value, error=row.error).to_dict()
+        tx.put_step(row.step_id, self.turn_id, stored)
+        ready = self._ready_after(call, message)
+        for offset, ready_message in enumerate(ready):
+            tx.append_message(row.index + offset, ready_message)
         tx.log_event(event)
-        return message, event
+        return _Written(row.step_id, stored, ready, event)
 
-    def _after_tool(self, message: ToolMessage, event: ActionCompletedEvent) -> None:
+    def _ready_after(self, call: ToolCall, message: ToolMessage) -> list[ToolMessage]:
+        """The messages that join the transcript once ``call``'s result commits."""
+        step = next_step(self.transcript, self.turn_id)
+        if not isinstance(step, RunTools):
+            return [message]
+        held = committed_results(step.assistant_index, step.owed, self.steps, self.turn_id)
+        held[call.id] = message
+        return in_order(step.owed, held)
+
+    def _after_tool(self, written: _Written) -> None:
+        self.steps[written.step_id] = written.stored
         self.next_seq += 1
-        self.transcript.append(message)
-        self._emit(event)
+        self.transcript.extend(written.messages)
+        self._emit(written.event)
+
+
+class _BatchSteps:
+    """The runner's side of ``run_batch``, for the calls of one assistant message."""
+
+    def __init__(self, runner: TurnRunner, assistant_index: int) -> None:
+        self._runner = runner
+        self._index = assistant_index
+
+    def runs_remote(self, call: ToolCall) -> bool:
+        return self._runner._remote_tool(call) is not None
+
+    async def remote(self, call: ToolCall) -> Outcome:
+        runner = self._runner
+        tool = runner._remote_tool(call)
+        assert tool is not None  # (only calls runs_remote admitted come here)
+        step_id = tool_step_id(self._index, call.id)
+        # The span covers the tool's run; its result commits from the batch's driver.
+        with Traced(runner._span.step(runner._step_trace(step_id, call=call))) as span:
+            return await runner._run_remote(tool, step_id, call, span)
+
+    async def commit_remote(self, call: ToolCall, ran: Ran) -> None:
+        step_id = tool_step_id(self._index, call.id)
+        await self._runner._commit_tool(step_id, call, ran.value, ran.error)
+
+    async def run_here(self, call: ToolCall) -> None:
+        await self._runner._tool_step(self._index, call)
+
+    async def cancel_reason(self) -> str | None:
+        return await self._runner._poll_cancel()
 
 
 class _Refused(Exception):
@@ -862,6 +974,17 @@ class _Park(Exception):
         super().__init__(request.id)
         self.call = call
         self.request = request
+
+
+@dataclass(frozen=True)
+class _Written:
+    """What one tool step committed: its memo, the messages that joined the
+    transcript with it (its own, maybe with later calls' or none yet), its event."""
+
+    step_id: str
+    stored: Any
+    messages: list[ToolMessage]
+    event: ActionCompletedEvent
 
 
 @dataclass(frozen=True)
