@@ -26,12 +26,13 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from datetime import UTC, datetime, time, timedelta, tzinfo
 from typing import Any, NoReturn, Protocol, runtime_checkable
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from .._errors import ConfigurationError
+from .._seams.election import ElectingStore, Election
 from .._values.inbound import Proactive
 from .channel import Channel, ChannelContext, receive
 
@@ -330,6 +331,7 @@ async def schedule(
     clock: Callable[[], datetime] = _utc_now,
     sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
     catch_up: bool = True,
+    elect: bool = True,
 ) -> NoReturn:
     """Fire each entry's slots through ``receive(channel, ctx, ...)`` until cancelled.
 
@@ -345,10 +347,17 @@ async def schedule(
     the clock passed while a firing ran are logged as missed and only the latest
     of them fires. ``clock`` (returning a timezone-aware datetime) and ``sleep``
     are injectable for tests; an exception from either ends the scheduler with it.
-    Run one scheduler per store: slot ids keep a second one from opening a second
-    turn, but not from rendering the same turn twice.
+
+    On a store that holds elections (``PostgresStore``), with ``elect`` (the
+    default), any number of processes may run the same schedule: one is elected
+    (an advisory lock named after the entries) and fires; the others wait, and one
+    of them takes over, catching up, when the leader's connection ends. On a store
+    without elections run one scheduler per store: slot ids keep a second one from
+    opening a second turn, but not from rendering the same turn twice.
     """
     _check_setup(channel, ctx, entries, clock, sleep, catch_up)
+    if not isinstance(elect, bool):
+        raise ConfigurationError(f"schedule: elect must be a bool, got {elect!r}")
     now = _aware("schedule: clock()", clock())
     for entry in entries:
         ctx.session(entry.session)  # an unknown or foreign session fails here, not later
@@ -361,6 +370,43 @@ async def schedule(
         now.isoformat(),
         " (catching up)" if catch_up else "",
     )
+    store = ctx.runtime.store
+    if not elect or not isinstance(store, ElectingStore):
+        await _fire_all(runner, entries, catch_up)
+    name = "schedule:" + ",".join(sorted(entry.name for entry in entries))
+    election = store.election(name)
+    while True:
+        log.info("schedule %s: standing for election (another process may lead)", name)
+        # A process that takes over catches up: the slot a leader that died missed
+        # fires if it has no turn yet.
+        took_over = await election.lead()
+        log.info("schedule %s: this process leads; firing", name)
+        try:
+            await _while_leading(election, _fire_all(runner, entries, catch_up or took_over))
+        finally:
+            await election.resign()
+        log.warning("schedule %s: lost the lead; standing again", name)
+        catch_up = True
+
+
+async def _while_leading(election: Election, firing: Coroutine[Any, Any, NoReturn]) -> None:
+    """Run ``firing`` until ``election`` is lost (then stop it and return); what
+    ends ``firing`` (a clock or sleep failure) is raised."""
+    fire = asyncio.ensure_future(firing)
+    lost = asyncio.ensure_future(election.lost())
+    try:
+        await asyncio.wait({fire, lost}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (fire, lost):
+            task.cancel()
+        await asyncio.gather(fire, lost, return_exceptions=True)
+    failure = fire.exception() if fire.done() and not fire.cancelled() else None
+    if failure is not None:
+        raise failure
+
+
+async def _fire_all(runner: _Runner, entries: Sequence[ScheduledTurn], catch_up: bool) -> NoReturn:
+    """Fire every entry's slots until cancelled, or until the clock or sleep fails."""
     tasks = [
         asyncio.create_task(runner.run(entry, catch_up), name=f"turnkit:schedule:{entry.name}")
         for entry in entries

@@ -47,6 +47,7 @@ from .._values.messages import Message, message_from_dict
 from .._values.records import SessionInfo, SessionKey, SessionSnapshot, SessionStatus, TurnRecord
 from . import _archive_sql as archive_sql
 from . import _sql as sql
+from ._pg_election import PgElection
 from ._pg_listen import CancelListener, announce
 from ._pg_relay import PgEventRelay
 from ._postgres_schema import migrate, read_store_id
@@ -555,6 +556,16 @@ class PostgresStore:
             return [row(r) for r in await cur.fetchall()]
 
         return await self._read(what, read, of=of)
+
+    def election(self, name: str, *, interval: float = 1.0) -> PgElection:
+        """The election for job ``name`` among every process on this schema: one
+        leads at a time, through an advisory lock on a connection of its own; the
+        others ask again every ``interval`` seconds (see ``_pg_election``)."""
+        if not isinstance(name, str) or not name:
+            raise ConfigurationError(f"an election needs a non-empty name, got {name!r}")
+        if isinstance(interval, bool) or not isinstance(interval, int | float) or interval <= 0:
+            raise ConfigurationError(f"interval must be a positive number, got {interval!r}")
+        return PgElection(self._connect, self.schema, name, interval=float(interval))
 
     @property
     def relay(self) -> PgEventRelay | None:
