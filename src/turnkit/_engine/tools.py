@@ -84,6 +84,11 @@ class Tool:
     #: a context parameter, a ``define_action``), so a local step need not hand it
     #: the transaction's handle, which some stores open only on demand.
     needs_store: bool = True
+    #: For a ``define_action`` tool, its own ``run(input, ActionContext)``: what
+    #: ``turnkit.mcp.server`` calls to serve the action outside any turn.
+    action: Callable[[Any, ActionContext], Any] | None = field(
+        default=None, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         if not isinstance(self.spec, ToolSpec):
@@ -275,9 +280,9 @@ def define_action(
         async def run_remote(data: Any, ctx: ToolContext) -> Any:
             return await cast(Any, run)(data, action_ctx(ctx))
 
-        return Tool(spec, run_remote, needs_store=False)
+        return Tool(spec, run_remote, needs_store=False, action=run)
 
     def run_local(data: Any, ctx: ToolContext) -> Any:
         return run(data, action_ctx(ctx))
 
-    return Tool(spec, run_local, needs_store=False)
+    return Tool(spec, run_local, needs_store=False, action=run)

@@ -11,15 +11,18 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised without the extra
     raise ImportError("turnkit.mcp needs the MCP SDK: pip install 'turnkit[mcp]'") from exc
 
+from ._server import McpEndpoint, server
 from ._servers import HttpServer, StdioServer, http, stdio
 from ._tools import IDEMPOTENCY_KEY, McpTools, mcp_tools
 
 __all__ = [
     "IDEMPOTENCY_KEY",
     "HttpServer",
+    "McpEndpoint",
     "McpTools",
     "StdioServer",
     "http",
     "mcp_tools",
+    "server",
     "stdio",
 ]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -55,6 +55,7 @@ from ._bodies import (
 )
 from ._feed import EventFeed
 from ._hosts import HostGuard, checked_names
+from ._mounts import Authenticated, Mountable
 from ._ops import healthz, readiness
 from ._principal import Authenticate, Principal, authenticated
 from ._sessions_page import page_of_sessions
@@ -130,6 +131,7 @@ def create_app(
     notice: str | None = None,
     source: str = "http",
     own_runtime: bool = False,
+    mcp: Mountable | None = None,
 ) -> Starlette:
     """The HTTP surface of ``runtime`` (see docs/server.md).
 
@@ -149,6 +151,10 @@ def create_app(
     With ``own_runtime`` the app opens the runtime when the server starts (and
     recovers the turns a previous process left open, in the background) and closes
     it when the server stops: what ``uvicorn module:app`` needs.
+
+    ``mcp`` (``turnkit.mcp.server(runtime, agent)``) is served at its path, ``/mcp``,
+    behind ``authenticate`` and deciding with ``authorize`` like every endpoint; it
+    runs while the app's lifespan does (see docs/mcp.md).
     """
     if not isinstance(runtime, Runtime):
         raise ConfigurationError(
@@ -179,6 +185,13 @@ def create_app(
         Route(f"{session}/transcript", guard(api.transcript), methods=["GET"]),
         Route(f"{session}/events", guard(api.events), methods=["GET"]),
     ]
+    if mcp is not None:
+        if not isinstance(mcp, Mountable):
+            raise ConfigurationError(
+                f"create_app: mcp= takes turnkit.mcp.server(...), got {type(mcp).__name__}"
+            )
+        mounted = Authenticated(mcp.asgi(api.authorize), authenticate)
+        routes.append(Route(mcp.path, mounted))
     if chat_page:
         static = resources.files("turnkit.server") / "static"
         # Behind ``authenticate`` too: it sees every request the app serves.
@@ -190,17 +203,27 @@ def create_app(
         # Outermost, so a request from a rebound name or another site reaches nothing.
         middleware=[Middleware(HostGuard, hosts=hosts, origins=origins)],
         exception_handlers={HTTPException: _http_exception, Exception: _unexpected},
-        lifespan=_owning(runtime) if own_runtime else None,
+        lifespan=_lifespan(runtime if own_runtime else None, mcp),
     )
 
 
-def _owning(runtime: Runtime) -> Callable[[Starlette], AbstractAsyncContextManager[None]]:
+def _lifespan(
+    runtime: Runtime | None, mounted: Mountable | None
+) -> Callable[[Starlette], AbstractAsyncContextManager[None]] | None:
+    """Open the runtime (if the app owns it) and run the mounted app while serving."""
+    if runtime is None and mounted is None:
+        return None
+
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        async with runtime:
-            recovering = runtime.spawn(recover_quietly(runtime))
+        async with AsyncExitStack() as stack:
+            if runtime is not None:
+                await stack.enter_async_context(runtime)
+                recovering = runtime.spawn(recover_quietly(runtime))
+                stack.callback(recovering.cancel)
+            if mounted is not None:
+                await stack.enter_async_context(mounted.running())
             yield
-            recovering.cancel()
 
     return lifespan
 
