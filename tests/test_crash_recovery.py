@@ -37,6 +37,8 @@ from crash_child import (
 )
 from postgres_support import drop_schema, new_schema, postgres_dsn
 
+from turnkit import Usage
+
 pytestmark = pytest.mark.slow
 
 CHILD = Path(__file__).with_name("crash_child.py")
@@ -264,6 +266,7 @@ def test_reference_run(reference: Reference) -> None:
         "error": None,
         "request": None,
         "reason": None,
+        "usage": Usage().to_dict(),  # the scripted model reports none
     }
 
 

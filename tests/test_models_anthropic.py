@@ -43,6 +43,9 @@ def server() -> Iterator[FakeProvider]:
 
 
 def calc(server: FakeProvider, **options: Any) -> turnkit.Agent:
+    """The calculator agent; prompt caching is off unless asked for, so the request
+    bodies these tests compare are the plain ones (caching has tests of its own)."""
+    options.setdefault("cache", False)
     model = anthropic("claude-test", api_key="test-key", base_url=server.url, **options)
     return turnkit.Agent(name="calc", model=model, instructions="Be brief.", tools=[add, divide])
 
@@ -206,7 +209,7 @@ async def test_a_thinking_budget_asks_for_manual_extended_thinking(server: FakeP
 
 async def test_trigger_messages_are_sent_as_user_messages(server: FakeProvider) -> None:
     server.add(wire.message(wire.text("Report sent.")))
-    model = anthropic("claude-test", api_key="k", base_url=server.url)
+    model = anthropic("claude-test", api_key="k", base_url=server.url, cache=False)
     await final_reply(model, [TriggerMessage(text="daily report", turn_id="t", by="cron:daily")])
     body = server.requests[0].body
     assert body["messages"] == [
@@ -236,7 +239,7 @@ async def final_reply(model: turnkit.Model, messages: list[turnkit.Message]) -> 
 )
 async def test_every_stop_reason_is_normalized(server: FakeProvider, raw: str, kind: str) -> None:
     server.add(wire.message(wire.text("some text"), stop_reason=raw))
-    model = anthropic("claude-test", api_key="k", base_url=server.url)
+    model = anthropic("claude-test", api_key="k", base_url=server.url, cache=False)
     reply = await final_reply(model, [UserMessage(text="hi", turn_id="t")])
     assert reply.stop == StopReason(kind=kind, raw=raw)  # type: ignore[arg-type]
 

@@ -84,6 +84,7 @@ from ._values.messages import (
 )
 from ._values.policy import SurfacePolicy, TurnPolicy
 from ._values.turns import ResetResult, TurnResult
+from ._values.usage import Usage
 
 __all__ = [
     "ActionCompletedEvent",
@@ -170,6 +171,7 @@ __all__ = [
     "TurnSuspendedError",
     "TurnTrace",
     "TurnkitError",
+    "Usage",
     "User",
     "UserMessage",
     "define_action",

@@ -86,7 +86,32 @@ def _block(index: int, start: dict[str, Any], deltas: list[dict[str, Any]]) -> l
     return events
 
 
-def message(*blocks: Block, stop_reason: str | None = "end_turn", finish: bool = True) -> Canned:
+@dataclass(frozen=True)
+class Tokens:
+    """The usage a message reports: ``input`` excludes the cache reads and writes, as
+    the API counts it; ``message_start`` carries the input side, ``message_delta``
+    the final output count."""
+
+    input: int = 12
+    output: int = 9
+    cache_read: int = 0
+    cache_write: int = 0
+
+    def start(self) -> dict[str, int]:
+        return {
+            "input_tokens": self.input,
+            "output_tokens": 1,
+            "cache_read_input_tokens": self.cache_read,
+            "cache_creation_input_tokens": self.cache_write,
+        }
+
+
+def message(
+    *blocks: Block,
+    stop_reason: str | None = "end_turn",
+    finish: bool = True,
+    tokens: Tokens = Tokens(),
+) -> Canned:
     """A streamed message; ``finish=False`` cuts it off before ``message_delta``."""
     start = {
         "id": "msg_fake",
@@ -96,7 +121,7 @@ def message(*blocks: Block, stop_reason: str | None = "end_turn", finish: bool =
         "content": [],
         "stop_reason": None,
         "stop_sequence": None,
-        "usage": {"input_tokens": 12, "output_tokens": 1},
+        "usage": tokens.start(),
     }
     events: list[Event] = [
         ("message_start", {"type": "message_start", "message": start}),
@@ -109,7 +134,11 @@ def message(*blocks: Block, stop_reason: str | None = "end_turn", finish: bool =
         events.append(
             (
                 "message_delta",
-                {"type": "message_delta", "delta": delta, "usage": {"output_tokens": 9}},
+                {
+                    "type": "message_delta",
+                    "delta": delta,
+                    "usage": {"output_tokens": tokens.output},
+                },
             )
         )
         events.append(("message_stop", {"type": "message_stop"}))

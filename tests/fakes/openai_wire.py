@@ -22,8 +22,32 @@ class Call:
     arguments: str  # sent as is, so a test can send text that is not JSON
 
 
-def _chunk(delta: dict[str, Any], finish: str | None = None) -> tuple[None, dict[str, Any]]:
-    choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+@dataclass(frozen=True)
+class Tokens:
+    """The usage chunk's figures: prompt tokens include the cached ones, completion
+    tokens the reasoning ones, as the API counts them."""
+
+    prompt: int = 20
+    completion: int = 7
+    cached: int = 0
+    reasoning: int = 0
+
+    def usage(self) -> dict[str, Any]:
+        return {
+            "prompt_tokens": self.prompt,
+            "completion_tokens": self.completion,
+            "total_tokens": self.prompt + self.completion,
+            "prompt_tokens_details": {"cached_tokens": self.cached, "audio_tokens": 0},
+            "completion_tokens_details": {"reasoning_tokens": self.reasoning},
+        }
+
+
+def _chunk(
+    delta: dict[str, Any] | None, finish: str | None = None, usage: Tokens | None = None
+) -> tuple[None, dict[str, Any]]:
+    choices = []
+    if delta is not None:
+        choices.append({"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish})
     return (
         None,
         {
@@ -32,7 +56,8 @@ def _chunk(delta: dict[str, Any], finish: str | None = None) -> tuple[None, dict
             "created": 1_700_000_000,
             "model": "gpt-test",
             "system_fingerprint": None,
-            "choices": [choice],
+            "choices": choices,
+            "usage": usage.usage() if usage is not None else None,
         },
     )
 
@@ -43,8 +68,10 @@ def completion(
     finish: str | None = "stop",
     reasoning: Sequence[str] = (),
     refusal: str | None = None,
+    tokens: Tokens | None = Tokens(),
 ) -> Canned:
-    """A streamed completion; ``finish=None`` ends it without a finish reason."""
+    """A streamed completion; ``finish=None`` ends it without a finish reason. Its
+    last chunk reports ``tokens`` (no choices, as ``include_usage`` streams it)."""
     events: list[tuple[str | None, Any]] = [_chunk({"role": "assistant", "content": ""})]
     events += [_chunk({"reasoning_content": r}) for r in reasoning]
     events += [_chunk({"content": p}) for p in pieces]
@@ -62,6 +89,8 @@ def completion(
             )
     if finish is not None:
         events.append(_chunk({}, finish))
+    if tokens is not None:
+        events.append(_chunk(None, usage=tokens))
     events.append((None, "[DONE]"))
     return Canned(events=tuple(events))
 

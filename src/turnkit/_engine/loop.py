@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from itertools import count
-from typing import Any
+from typing import Any, Literal, TypeAlias
 
 from .._errors import (
     ConfigurationError,
@@ -73,6 +73,7 @@ from .._values.step_ids import (
     trace_step_id,
 )
 from .._values.turns import TurnCancelled, TurnFailure, TurnRequest, TurnResult, result_from_record
+from .._values.usage import Usage, steps_usage
 from .agent import Agent
 from .batch import committed_results, in_order
 from .context import ChildTurns, ToolContext, TurnParked
@@ -103,6 +104,8 @@ from .tracing import Traced, error_type, outcome_of
 from .turn_tools import TurnTools, list_tool_sources
 
 log = logging.getLogger("turnkit.engine")
+
+TurnStatusResult: TypeAlias = Literal["completed", "failed", "suspended", "cancelled"]
 
 _REMOTE_HANDLE = NoHandle(
     "this tool is async (remote) and runs outside the step transaction; "
@@ -179,6 +182,8 @@ class TurnRunner:
         self._resuming = False
         #: The error class of the failure the turn ends with, if it fails.
         self._failure: str | None = None
+        #: What the turn's stored model calls used, in every delivery so far.
+        self.usage = Usage()
 
     async def run(self) -> TurnResult:
         """Run the delivery. An exception escaping here (a store outage) leaves the turn
@@ -237,6 +242,7 @@ class TurnRunner:
             known.finished if known is not None and prefix and not snap.messages else None
         )
         self.steps, self.next_seq = snap.steps, snap.next_seq
+        self.usage = steps_usage(self.steps)
         self.generation, self.store_id = snap.generation, snap.store_id
         record = self._record = snap.turn
         if record is None and self.request.queued:
@@ -281,7 +287,7 @@ class TurnRunner:
             # Finished, parked (no answer yet), or superseded by a later turn: nothing to
             # run, so say again how it ended (a parked turn re-announces its request).
             await self._announce_outcome()
-            return result_from_record(record)
+            return result_from_record(record, self.usage)
         if queued and self._cancel_reason() is not None:
             return await self._settle_queued("cancelled", reason=self._cancel_reason())
         try:
@@ -392,7 +398,7 @@ class TurnRunner:
             turn_id=self.turn_id, session_id=self.session_id, reason=reason, seq=self.next_seq
         )
         await self._commit(write, [event], messages)
-        return TurnResult(turn_id=self.turn_id, status="cancelled", reason=reason)
+        return self._result("cancelled", reason=reason)
 
     async def _list_tools(self) -> None:
         """The tools the turn's sources listed: stored with the turn the first time it
@@ -431,7 +437,7 @@ class TurnRunner:
             elif isinstance(step, RunTools):
                 await self._tool_batch(step)
             elif isinstance(step, Finished):
-                return TurnResult(turn_id=self.turn_id, status="completed", text=step.text)
+                return self._result("completed", text=step.text)
             else:
                 raise StoreError(f"turn {self.turn_id}: opening message missing after commit")
 
@@ -610,7 +616,7 @@ class TurnRunner:
             turn_id=self.turn_id, session_id=self.session_id, error=error, seq=self.next_seq
         )
         await self._commit(write, [failed])
-        return TurnResult(turn_id=self.turn_id, status="failed", error=error)
+        return self._result("failed", error=error)
 
     async def _park(self, call: ToolCall, request: InputRequest) -> TurnResult:
         """Write the one suspend checkpoint: the request and what a resume in another
@@ -633,7 +639,11 @@ class TurnRunner:
             turn_id=self.turn_id, session_id=self.session_id, request=request, seq=self.next_seq
         )
         await self._commit(write, [asked])
-        return TurnResult(turn_id=self.turn_id, status="suspended", request=request)
+        return self._result("suspended", request=request)
+
+    def _result(self, status: TurnStatusResult, **outcome: Any) -> TurnResult:
+        """How this delivery ends the turn, with what the turn's model calls used."""
+        return TurnResult(turn_id=self.turn_id, status=status, usage=self.usage, **outcome)
 
     # -- model steps -------------------------------------------------------------
 
@@ -698,6 +708,8 @@ class TurnRunner:
                 tx.set_turn_status(self.turn_id, "completed", text=answer)
 
         await self._commit(write, events, [message, *tail])
+        if reply.usage is not None:
+            self.usage = self.usage + reply.usage
 
     def _tail_event(self, message: Message, seq: int) -> TurnEvent | None:
         """The event for a message a model step commits after its reply, if any."""
@@ -1006,6 +1018,7 @@ def _assistant(reply: ModelReply, turn_id: str, calls: tuple[ToolCall, ...]) -> 
         tool_calls=calls,
         stop=reply.stop,
         provider_state=reply.provider_state,
+        usage=reply.usage,
     )
 
 

@@ -17,6 +17,7 @@ from .._seams.model import ModelDelta, ModelDone, ReasoningDelta, TextDelta, Too
 from .._values.messages import Message, ModelReply, StopReason, ToolCall
 from .._values.policy import TurnPolicy
 from .._values.turns import TurnCancelled, TurnFailure
+from .._values.usage import Usage
 from .agent import Agent
 from .output import takes_output
 from .tool_results import error_text
@@ -123,6 +124,8 @@ def check_reply(reply: object) -> None:
         raise TurnFailure(f"model error: ModelDone.reply must be a ModelReply, got {reply!r}")
     if not isinstance(reply.text, str):
         raise TurnFailure(f"model error: reply text must be a str, got {type(reply.text).__name__}")
+    if reply.usage is not None and not isinstance(reply.usage, Usage):
+        raise TurnFailure(f"model error: reply usage must be a Usage, got {reply.usage!r}")
     if reply.empty and reply.stop is not None and reply.stop.abnormal:
         raw = f" ({reply.stop.raw})" if reply.stop.raw else ""
         raise TurnFailure(
@@ -158,6 +161,7 @@ def _decoded_types(reply: ModelReply) -> bool:
         and type(reply.tool_calls) is tuple
         and (reply.stop is None or type(reply.stop) is StopReason)
         and (reply.provider_state is None or type(reply.provider_state) is dict)
+        and (reply.usage is None or type(reply.usage) is Usage)
         and all(
             type(c) is ToolCall
             and type(c.id) is str

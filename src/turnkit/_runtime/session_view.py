@@ -20,7 +20,9 @@ from .._values.inputs import InputRequest
 from .._values.messages import Message
 from .._values.records import SessionStatus, TurnRecord
 from .._values.turns import TurnResult, result_from_record
+from .._values.usage import Usage
 from .observe import TurnStream, event_filter, finished_record, session_events, turn_events
+from .usage import session_usage, turn_usage
 
 log = logging.getLogger("turnkit.runtime")
 
@@ -81,7 +83,12 @@ class SessionView:
         if future is not None:
             return await asyncio.shield(future)
         record = await finished_record(self._store, turn_id)
-        return with_output(self.agent._output, result_from_record(record))
+        usage = await turn_usage(self._store, turn_id)
+        return with_output(self.agent._output, result_from_record(record, usage))
+
+    async def usage(self) -> Usage:
+        """What the live generation's model calls used in all, read from the store."""
+        return await session_usage(self._store)
 
     async def messages(self) -> list[Message]:
         """The live transcript, oldest first."""

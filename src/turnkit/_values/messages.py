@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, TypeAlias, TypeVar, cast, get_args
 
 from .._errors import MessageDecodeError
+from .usage import Usage
 
 JsonObject: TypeAlias = dict[str, Any]
 
@@ -132,6 +133,8 @@ class ModelReply:
     #: Opaque, JSON-able data an adapter needs back on the next call (for example
     #: Anthropic's signed thinking blocks). Stored on the assistant message.
     provider_state: JsonObject | None = None
+    #: The tokens the step used, as the provider reported them (``None``: not reported).
+    usage: Usage | None = None
 
     @property
     def empty(self) -> bool:
@@ -143,6 +146,7 @@ class ModelReply:
             "tool_calls": [c.to_dict() for c in self.tool_calls],
             "stop": self.stop.to_dict() if self.stop else None,
             "provider_state": self.provider_state,
+            "usage": self.usage.to_dict() if self.usage is not None else None,
         }
 
     @classmethod
@@ -154,7 +158,14 @@ class ModelReply:
             tool_calls=_calls_from(d, "model reply"),
             stop=StopReason.from_dict(stop) if stop is not None else None,
             provider_state=_get_optional(d, "provider_state", dict, "model reply"),
+            usage=_usage(d),
         )
+
+
+def _usage(d: Mapping[str, Any]) -> Usage | None:
+    """The optional ``usage`` of a reply or assistant message (absent in older rows)."""
+    data = d.get("usage")
+    return Usage.from_dict(data) if data is not None else None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -191,6 +202,8 @@ class AssistantMessage:
     tool_calls: tuple[ToolCall, ...] = ()
     stop: StopReason | None = None
     provider_state: JsonObject | None = None
+    #: What the model step that wrote this message used (its reply's ``usage``).
+    usage: Usage | None = None
     role: Literal["assistant"] = "assistant"
 
     def to_dict(self) -> JsonObject:
@@ -201,6 +214,7 @@ class AssistantMessage:
             "tool_calls": [c.to_dict() for c in self.tool_calls],
             "stop": self.stop.to_dict() if self.stop else None,
             "provider_state": self.provider_state,
+            "usage": self.usage.to_dict() if self.usage is not None else None,
         }
 
 
@@ -250,6 +264,7 @@ def message_from_dict(data: object) -> Message:
             tool_calls=_calls_from(d, what),
             stop=StopReason.from_dict(stop) if stop is not None else None,
             provider_state=_get_optional(d, "provider_state", dict, what),
+            usage=_usage(d),
         )
     if role == "tool":
         if "result" not in d:

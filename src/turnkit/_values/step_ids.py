@@ -13,6 +13,7 @@ INPUT = "input"
 POLICY = "policy"
 TRACE = "trace"
 TOOLS = "tools"
+HISTORY = "history"
 
 
 def model_step_id(index: int) -> str:

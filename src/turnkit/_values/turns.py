@@ -11,6 +11,7 @@ from .inbound import InboundEvent
 from .inputs import InputRequest
 from .messages import OpeningMessage
 from .policy import TurnPolicy
+from .usage import NO_USAGE, Usage
 
 _T = TypeVar("_T")
 
@@ -66,7 +67,8 @@ class TurnResult:
     its ``reason`` (``requested``, ``replaced``, ``reset``).
 
     For an agent with an ``output_type``, a completed turn's ``text`` is its
-    answer's JSON and ``output`` the answer parsed into that type."""
+    answer's JSON and ``output`` the answer parsed into that type. ``usage`` sums
+    the tokens of every model call the turn stored, in every delivery of it."""
 
     turn_id: str
     status: Literal["completed", "failed", "suspended", "cancelled"]
@@ -74,6 +76,7 @@ class TurnResult:
     error: str | None = None
     request: InputRequest | None = None
     reason: str | None = None
+    usage: Usage = NO_USAGE
     output: Any = None
 
     def output_as(self, output_type: type[_T]) -> _T:
@@ -123,17 +126,15 @@ class TurnCancelled(Exception):
         self.reason = reason
 
 
-def result_from_record(record: TurnRecord) -> TurnResult:
+def result_from_record(record: TurnRecord, usage: Usage = NO_USAGE) -> TurnResult:
+    """How the stored turn ended; ``usage`` is what its stored steps used."""
+    tid = record.turn_id
     if record.status == "completed":
-        return TurnResult(turn_id=record.turn_id, status="completed", text=record.text or "")
+        return TurnResult(turn_id=tid, status="completed", text=record.text or "", usage=usage)
     if record.status == "cancelled":
-        return TurnResult(
-            turn_id=record.turn_id, status="cancelled", reason=record.cancel_reason or "requested"
-        )
+        reason = record.cancel_reason or "requested"
+        return TurnResult(turn_id=tid, status="cancelled", reason=reason, usage=usage)
     if record.status == "suspended" and record.pending is not None:
-        return TurnResult(
-            turn_id=record.turn_id,
-            status="suspended",
-            request=InputRequest.from_dict(record.pending["request"]),
-        )
-    return TurnResult(turn_id=record.turn_id, status="failed", error=record.error or "failed")
+        request = InputRequest.from_dict(record.pending["request"])
+        return TurnResult(turn_id=tid, status="suspended", request=request, usage=usage)
+    return TurnResult(turn_id=tid, status="failed", error=record.error or "failed", usage=usage)

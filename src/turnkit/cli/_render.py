@@ -28,6 +28,7 @@ from .._values.messages import (
 from .._values.policy import TurnPolicy
 from .._values.records import SessionInfo
 from .._values.step_ids import INPUT, MODEL, POLICY, TOOL, TOOLS, TRACE, step_kind, step_position
+from .._values.usage import Usage
 from ._show import ArchiveView, SessionView, TurnView, utc
 
 #: Longest a tool input, result or step value is shown in text output.
@@ -92,7 +93,23 @@ def _header(view: SessionView, store: str) -> str:
         ("generation", str(view.generation)),
         ("store", store),
     ]
+    usage = view.usage
+    if usage:
+        rows.append(("usage", describe_usage(usage)))
     return table(("session", view.session_id), rows)
+
+
+def describe_usage(usage: Usage) -> str:
+    """``1,220 in (600 cached), 12 out (4 reasoning)``: input with its cache share,
+    output with its reasoning share."""
+    cache = [f"{usage.cache_read_tokens:,} cached"] if usage.cache_read_tokens else []
+    if usage.cache_write_tokens:
+        cache.append(f"{usage.cache_write_tokens:,} written to cache")
+    text = f"{usage.input_tokens:,} in" + (f" ({', '.join(cache)})" if cache else "")
+    text += f", {usage.output_tokens:,} out"
+    if usage.reasoning_tokens:
+        text += f" ({usage.reasoning_tokens:,} reasoning)"
+    return text
 
 
 def _transcript(messages: Sequence[Message], turns: Sequence[TurnView]) -> str:
@@ -156,6 +173,9 @@ def _turn_lines(turn: TurnView) -> Iterator[str]:
             yield f"    cancel reason: {record.cancel_reason}"
         if record.text:
             yield f"    answer: {compact(record.text)}"
+    usage = turn.usage
+    if usage:
+        yield f"    usage: {describe_usage(usage)}"
     for answered in turn.answers:
         who = answered.by if answered.by is not None else "(nobody named)"
         yield (
@@ -201,7 +221,8 @@ def _summary_of(kind: str, value: Any) -> str:
         said = compact(reply.text, 80)
         shown = f'"{said}"' if said else "(no text)"
         calls = ", ".join(c.name or "?" for c in reply.tool_calls)
-        return f"reply {shown}" + (f" → {calls}" if calls else "")
+        used = f"  [{describe_usage(reply.usage)}]" if reply.usage else ""
+        return f"reply {shown}" + (f" → {calls}" if calls else "") + used
     if kind == TOOL:
         step = ToolStepResult.from_dict(value)
         return f"✗ {compact(step.error)}" if step.error else f"result {compact(step.result)}"

@@ -21,6 +21,7 @@ from .._values.inputs import InputRequest
 from .._values.messages import JsonObject, Message
 from .._values.records import SessionInfo, TurnRecord
 from .._values.times import rfc3339
+from .._values.usage import Usage, steps_usage
 from ._progress import Progress
 from ._store import CliError
 
@@ -36,6 +37,11 @@ class TurnView:
     record: TurnRecord | None
     steps: dict[str, Any] = field(default_factory=dict)
     answers: list[InputAnsweredEvent] = field(default_factory=list)
+
+    @property
+    def usage(self) -> Usage:
+        """What the turn's stored model calls used."""
+        return steps_usage(self.steps)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,6 +61,14 @@ class SessionView:
     def request(self) -> InputRequest | None:
         """The parked turn's pending request, if the session is parked."""
         return parked_request(self.parked)
+
+    @property
+    def usage(self) -> Usage:
+        """What every turn of the live generation used."""
+        result = Usage()
+        for turn in self.turns:
+            result = result + turn.usage
+        return result
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -190,6 +204,7 @@ def session_json(view: SessionView, store: str) -> JsonObject:
         "turns": [_turn_json(t) for t in view.turns],
         "parked": None if request is None else request.to_dict(),
         "generations": view.generations,
+        "usage": view.usage.to_dict(),
     }
 
 
@@ -204,6 +219,7 @@ def _turn_json(turn: TurnView) -> JsonObject:
         "error": record.error if record else None,
         "cancel_reason": record.cancel_reason if record else None,
         "steps": turn.steps,
+        "usage": turn.usage.to_dict(),
         "answers": [
             {
                 "input_id": a.input_id,

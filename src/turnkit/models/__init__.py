@@ -29,6 +29,7 @@ def anthropic(
     client: anthropic_sdk.AsyncAnthropic | None = None,
     api_key: str | None = None,
     base_url: str | None = None,
+    cache: bool = True,
 ) -> AnthropicModel:
     """Claude through the Messages API.
 
@@ -36,7 +37,9 @@ def anthropic(
     thinking blocks are kept on the transcript, so tool-use turns work with it on.
     ``max_retries`` bounds the SDK's own retries of overloads, rate limits and 5xx
     (default: the SDK's). Without ``client``, one is made from ``api_key`` and
-    ``base_url`` (default: the SDK reads ``ANTHROPIC_API_KEY``).
+    ``base_url`` (default: the SDK reads ``ANTHROPIC_API_KEY``). ``cache`` marks the
+    system prompt and the conversation so far for Anthropic's prompt cache; the hits
+    show in each reply's ``usage``.
     """
     from ._anthropic import AnthropicModel
 
@@ -48,6 +51,7 @@ def anthropic(
         client=client,
         api_key=api_key,
         base_url=base_url,
+        cache=cache,
     )
 
 
@@ -60,6 +64,7 @@ def openai(
     client: openai_sdk.AsyncOpenAI | None = None,
     api_key: str | None = None,
     structured_output: bool = True,
+    stream_usage: bool = True,
 ) -> OpenAIModel:
     """OpenAI, or any OpenAI-compatible server at ``base_url``, through Chat Completions.
 
@@ -68,6 +73,8 @@ def openai(
     ``max_retries`` bounds the SDK's own retries (default: the SDK's). A typed answer
     is asked for with a JSON-schema ``response_format``; ``structured_output=False``
     offers it as a tool instead, for a server that has no such response format.
+    ``stream_usage`` asks the server to end the stream with the token usage
+    (``stream_options``); turn it off for a server that refuses the option.
     """
     from ._openai import OpenAIModel
 
@@ -79,6 +86,7 @@ def openai(
         client=client,
         api_key=api_key,
         structured_output=structured_output,
+        stream_usage=stream_usage,
     )
 
 

@@ -5,6 +5,12 @@ With thinking on, the API requires an assistant turn's thinking blocks, signatur
 all, to come back unchanged on the next call of a tool-use turn. The adapter keeps the
 reply's content blocks, in order, on the assistant message's ``provider_state``, so
 they survive replays and restarts like everything else the store holds.
+
+Prompt caching (on unless ``cache=False``) marks two breakpoints: the system prompt,
+which caches the tools and the prompt, and the last block of the request, which
+caches the conversation so far; the next step or turn reads that prefix back as long
+as the history policy leaves it unchanged. The reply's usage, cache reads and writes
+included, goes on the stored reply.
 """
 
 from __future__ import annotations
@@ -31,12 +37,14 @@ from .._values.messages import (
     ToolCall,
     ToolMessage,
 )
+from .._values.usage import Usage
 from ._common import INPUT_ERROR, missing_sdk, result_text
 
 try:
     import anthropic as sdk
     from anthropic.types import (
         MessageParam,
+        TextBlockParam,
         ThinkingConfigParam,
         ToolChoiceParam,
         ToolParam,
@@ -57,6 +65,8 @@ _STOPS: dict[str, StopKind] = {
     "model_context_window_exceeded": "context_window",
 }
 _KEPT_BLOCKS = frozenset({"thinking", "redacted_thinking"})
+#: The prompt-cache breakpoint (five minutes, refreshed on every hit).
+_CACHED: JsonObject = {"type": "ephemeral"}
 
 
 class AnthropicModel:
@@ -68,7 +78,8 @@ class AnthropicModel:
     A typed answer (``output``) is asked for as a tool the model is forced to use:
     the output tool itself when the turn offers no other tool, any tool when it
     does (so the model can still work before it answers). With thinking on, the
-    API forces no tool, so the model is only offered it.
+    API forces no tool, so the model is only offered it. ``cache=False`` sends no
+    prompt-cache breakpoints.
     """
 
     provider = "anthropic"
@@ -83,8 +94,10 @@ class AnthropicModel:
         client: sdk.AsyncAnthropic | None = None,
         api_key: str | None = None,
         base_url: str | None = None,
+        cache: bool = True,
     ) -> None:
         self.model = model
+        self.cache = cache
         self.max_tokens = max_tokens
         self.thinking = _thinking_config(thinking, max_tokens)
         self.thinking_on = thinking is not False
@@ -107,11 +120,14 @@ class AnthropicModel:
         output: OutputSpec | None = None,
     ) -> AsyncIterator[ModelDelta]:
         offered = [*tools, output.tool()] if output is not None else list(tools)
+        wire = wire_messages(messages, self.thinking_on)
+        if self.cache:
+            mark_last_block(wire)
         manager = self.client.messages.stream(
             model=self.model,
             max_tokens=self.max_tokens,
-            messages=cast("list[MessageParam]", wire_messages(messages, self.thinking_on)),
-            system=system if system else sdk.omit,
+            messages=cast("list[MessageParam]", wire),
+            system=self._system(system),
             tools=[cast(ToolParam, t.to_dict()) for t in offered] if offered else sdk.omit,
             tool_choice=self._tool_choice(output, bool(tools)),
             thinking=self.thinking,
@@ -136,6 +152,14 @@ class AnthropicModel:
         except Exception as exc:  # a transport failure mid-stream the SDK did not wrap
             raise ModelError(f"anthropic: the stream broke: {type(exc).__name__}: {exc}") from exc
         yield ModelDone(reply=reply_from(final))
+
+    def _system(self, system: str | None) -> list[TextBlockParam] | str | sdk.Omit:
+        """The system prompt, as a cached block when caching is on."""
+        if not system:
+            return sdk.omit
+        if not self.cache:
+            return system
+        return [{"type": "text", "text": system, "cache_control": {"type": "ephemeral"}}]
 
     async def aclose(self) -> None:
         """Close the SDK client's connections (the runtime never needs this)."""
@@ -210,6 +234,17 @@ def _assistant_blocks(message: AssistantMessage, thinking: bool) -> list[JsonObj
     return blocks
 
 
+def mark_last_block(wire: list[JsonObject]) -> None:
+    """Put a cache breakpoint on the request's last block that may carry one (not a
+    thinking block), so the next call reads everything up to it from the cache."""
+    if not wire:
+        return
+    for block in reversed(wire[-1]["content"]):
+        if block.get("type") not in _KEPT_BLOCKS:
+            block["cache_control"] = dict(_CACHED)
+            return
+
+
 def _tool_use(call: ToolCall) -> JsonObject:
     return {"type": "tool_use", "id": call.id, "name": call.name, "input": call.input}
 
@@ -246,6 +281,24 @@ def reply_from(message: sdk.types.Message) -> ModelReply:
         tool_calls=tuple(calls),
         stop=stop,
         provider_state={STATE_KEY: {"content": blocks}} if thought else None,
+        usage=usage_from(message.usage),
+    )
+
+
+def usage_from(usage: sdk.types.Usage) -> Usage:
+    """turnkit's ``Usage`` for the API's: its ``input_tokens`` leave out the tokens read
+    from or written to the cache, which turnkit's include."""
+    read = usage.cache_read_input_tokens or 0
+    written = usage.cache_creation_input_tokens or 0
+    # Newer SDKs break the output down; older ones lack the field.
+    details = getattr(usage, "output_tokens_details", None)
+    reasoning = getattr(details, "thinking_tokens", None)
+    return Usage(
+        input_tokens=usage.input_tokens + read + written,
+        output_tokens=usage.output_tokens,
+        cache_read_tokens=read,
+        cache_write_tokens=written,
+        reasoning_tokens=reasoning if isinstance(reasoning, int) else 0,
     )
 
 

@@ -2,7 +2,8 @@
 OpenAI-compatible server (vLLM, Ollama, llama.cpp, LM Studio) through ``base_url``.
 
 Tool-call arguments arrive in pieces and are assembled here; arguments that are not a
-JSON object become an error result the model reads, not a crashed turn.
+JSON object become an error result the model reads, not a crashed turn. The stream
+asks for the usage chunk (``stream_options``), which goes on the stored reply.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from .._values.messages import (
     ToolCall,
     ToolMessage,
 )
+from .._values.usage import Usage
 from ._common import arguments_call, missing_sdk, result_text
 from ._strict_schema import strict_schema
 
@@ -43,6 +45,7 @@ try:
         completion_create_params,
     )
     from openai.types.chat.chat_completion_chunk import ChoiceDelta
+    from openai.types.completion_usage import CompletionUsage
 except ImportError as exc:  # pragma: no cover - exercised by the no-extras import test
     raise ImportError(missing_sdk("openai", "openai")) from exc
 
@@ -80,8 +83,10 @@ class OpenAIModel:
         client: sdk.AsyncOpenAI | None = None,
         api_key: str | None = None,
         structured_output: bool = True,
+        stream_usage: bool = True,
     ) -> None:
         self.model = model
+        self.stream_usage = stream_usage
         self.max_tokens = max_tokens
         self.structured_output = structured_output
         if client is None:
@@ -114,6 +119,7 @@ class OpenAIModel:
                 response_format=_response_format(output) if not as_tool else sdk.omit,
                 max_completion_tokens=self.max_tokens if self.max_tokens else sdk.omit,
                 stream=True,
+                stream_options={"include_usage": True} if self.stream_usage else sdk.omit,
             )
             async with chunks:
                 async for chunk in chunks:
@@ -229,9 +235,12 @@ class _Reply:
     refusal: list[str] = field(default_factory=list)
     calls: dict[int, _PendingCall] = field(default_factory=dict)
     finish_reason: str | None = None
+    usage: Usage | None = None
 
     def add(self, chunk: ChatCompletionChunk) -> list[ModelDelta]:
         shown: list[ModelDelta] = []
+        if chunk.usage is not None:  # the last chunk, with no choices
+            self.usage = usage_from(chunk.usage)
         for choice in chunk.choices:
             if choice.index != 0:
                 continue
@@ -277,7 +286,21 @@ class _Reply:
             text="".join(self.text) or refused,
             tool_calls=calls,
             stop=StopReason(kind=kind, raw=self.finish_reason),
+            usage=self.usage,
         )
+
+
+def usage_from(usage: CompletionUsage) -> Usage:
+    """turnkit's ``Usage`` for a completion's: prompt tokens include the cached ones,
+    completion tokens the reasoning ones, as turnkit's counts do."""
+    prompt, completion = usage.prompt_tokens_details, usage.completion_tokens_details
+    return Usage(
+        input_tokens=usage.prompt_tokens,
+        output_tokens=usage.completion_tokens,
+        cache_read_tokens=(prompt.cached_tokens or 0) if prompt else 0,
+        cache_write_tokens=(getattr(prompt, "cache_write_tokens", None) or 0) if prompt else 0,
+        reasoning_tokens=(completion.reasoning_tokens or 0) if completion else 0,
+    )
 
 
 def describe_error(exc: sdk.OpenAIError, label: str) -> str:

@@ -15,6 +15,7 @@ from typing import Any
 from .._errors import ModelError
 from .._seams.model import ModelDelta, ModelDone, ReasoningDelta, TextDelta, ToolSpec
 from .._values.messages import JsonObject, Message, ModelReply, StopReason, ToolCall
+from .._values.usage import Usage
 
 
 def tool_call(name: str, input: JsonObject | None = None, *, id: str = "") -> ToolCall:
@@ -28,6 +29,7 @@ class ScriptedReply:
 
     ``text`` streams as ``chunks`` deltas (by default one per word), after the
     ``reasoning`` deltas. ``stop`` defaults to ``tool_use`` or ``end_turn``.
+    ``usage`` is reported as the step's token usage, as a provider would.
     """
 
     text: str = ""
@@ -36,6 +38,7 @@ class ScriptedReply:
     stop: StopReason | None = None
     chunks: int | None = None
     provider_state: JsonObject | None = None
+    usage: Usage | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -121,6 +124,7 @@ class ScriptedModel:
                 tool_calls=calls,
                 stop=stop,
                 provider_state=reply.provider_state,
+                usage=reply.usage,
             )
         )
 
@@ -136,5 +140,6 @@ def _as_scripted(entry: Any) -> ScriptedReply:
             tool_calls=entry.tool_calls,
             stop=entry.stop,
             provider_state=entry.provider_state,
+            usage=entry.usage,
         )
     raise ModelError(f"ScriptedModel: script entry {entry!r} is not a reply, exception or callable")

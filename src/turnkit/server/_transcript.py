@@ -1,5 +1,6 @@
 """What ``GET …/transcript`` answers: the live generation, with its event log when
-asked (the chat page draws a session's history from it), or an archived generation.
+asked (the chat page draws a session's history from it) and the tokens its turns
+used, or an archived generation.
 
 Archived generations keep their transcript only: the store's seam reads no archived
 events, so an archived answer has no ``events``.
@@ -10,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from .._runtime.usage import session_usage
 from .._seams.store import SessionStore
 from ._bodies import HttpError, flag, non_negative_int
 
@@ -32,6 +34,8 @@ async def transcript_body(store: SessionStore, query: Mapping[str, str]) -> dict
         "last_seq": snapshot.next_seq - 1,
         "messages": [m.to_dict() for m in snapshot.messages],
         "generations": await store.generations(),
+        # What every turn's model calls used (each assistant message has its own).
+        "usage": (await session_usage(store, snapshot.messages)).to_dict(),
     }
     if events is not None:
         body["events"] = events
