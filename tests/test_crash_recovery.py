@@ -267,6 +267,7 @@ def test_reference_run(reference: Reference) -> None:
         "request": None,
         "reason": None,
         "usage": Usage().to_dict(),  # the scripted model reports none
+        "output": None,
     }
 
 
