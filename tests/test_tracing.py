@@ -105,8 +105,12 @@ async def test_one_turn_is_a_span_tree_with_genai_attributes(
             wire.ToolUse("toolu_1", "add", {"a": 2, "b": 3}),
             wire.ToolUse("toolu_2", "divide", {"a": 1, "b": 0}),
             stop_reason="tool_use",
+            tokens=wire.Tokens(input=100, output=20, cache_write=400),
         ),
-        wire.message(wire.text("5, and 1/0 fails.")),
+        wire.message(
+            wire.text("5, and 1/0 fails."),
+            tokens=wire.Tokens(input=30, output=7, cache_read=400),
+        ),
     )
     model = anthropic("claude-test", api_key="k", base_url=server.url)
     agent = turnkit.Agent(name="calc", model=model, tools=[add, divide])
@@ -139,6 +143,12 @@ async def test_one_turn_is_a_span_tree_with_genai_attributes(
         "turnkit.turn.id": "t-1",
         "turnkit.replayed": False,
         "turnkit.turn.status": "completed",
+        # The delivery's model steps, summed (input counts the cached tokens too).
+        "gen_ai.usage.input_tokens": 500 + 430,
+        "gen_ai.usage.output_tokens": 27,
+        "gen_ai.usage.cache_read.input_tokens": 400,
+        "gen_ai.usage.cache_creation.input_tokens": 400,
+        "gen_ai.usage.reasoning.output_tokens": 0,
     }
     first = dict(chats[0].attributes or {})
     assert chats[0].kind == trace.SpanKind.CLIENT
@@ -148,7 +158,14 @@ async def test_one_turn_is_a_span_tree_with_genai_attributes(
     assert first["gen_ai.response.finish_reasons"] == ("tool_use",)
     assert first["turnkit.step.id"] == "model:1"
     assert first["turnkit.replayed"] is False
-    assert dict(chats[1].attributes or {})["turnkit.step.id"] == "model:4"
+    assert first["gen_ai.usage.input_tokens"] == 500  # as the server reported it
+    assert first["gen_ai.usage.output_tokens"] == 20
+    assert first["gen_ai.usage.cache_creation.input_tokens"] == 400
+    assert first["gen_ai.usage.cache_read.input_tokens"] == 0
+    second = dict(chats[1].attributes or {})
+    assert second["gen_ai.usage.input_tokens"] == 430
+    assert second["gen_ai.usage.cache_read.input_tokens"] == 400
+    assert second["turnkit.step.id"] == "model:4"
     added, divided = (dict(t.attributes or {}) for t in tools)
     assert added["gen_ai.tool.name"] == "add" and added["gen_ai.tool.call.id"] == "toolu_1"
     assert added["turnkit.step.id"] == "tool:1:toolu_1" and "error.type" not in added

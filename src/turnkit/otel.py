@@ -25,6 +25,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 from ._seams.tracer import StepOutcome, StepTrace, TraceContext, TurnTrace
 from ._values.messages import ModelReply
 from ._values.turns import TurnResult
+from ._values.usage import Usage
 
 __all__ = ["OtelTracer"]
 
@@ -42,6 +43,9 @@ RESPONSE_MODEL = "gen_ai.response.model"
 FINISH_REASONS = "gen_ai.response.finish_reasons"
 INPUT_TOKENS = "gen_ai.usage.input_tokens"
 OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
+CACHE_READ_TOKENS = "gen_ai.usage.cache_read.input_tokens"
+CACHE_WRITE_TOKENS = "gen_ai.usage.cache_creation.input_tokens"
+REASONING_TOKENS = "gen_ai.usage.reasoning.output_tokens"
 TOOL_NAME = "gen_ai.tool.name"
 TOOL_CALL_ID = "gen_ai.tool.call.id"
 TOOL_TYPE = "gen_ai.tool.type"
@@ -107,6 +111,8 @@ class _TurnSpan:
         self._tracer = tracer
         self._span = span
         self._common = common
+        #: What this delivery's model steps reported, summed.
+        self._usage: Usage | None = None
 
     def context(self) -> TraceContext:
         carrier: TraceContext = {}
@@ -146,10 +152,15 @@ class _TurnSpan:
         )
         # Current while the step runs, so a model SDK's or a tool's own spans nest here.
         with _current(span):
-            yield _StepSpan(span)
+            yield _StepSpan(span, self)
+
+    def used(self, usage: Usage) -> None:
+        self._usage = usage if self._usage is None else self._usage + usage
 
     def ended(self, result: TurnResult, error_type: str | None = None) -> None:
         self._span.set_attribute(TURN_STATUS, result.status)
+        if self._usage is not None:
+            _set_usage(self._span, self._usage)
         if result.status == "failed":
             _fail(self._span, error_type or "_OTHER", result.error)
 
@@ -160,13 +171,17 @@ class _TurnSpan:
 class _StepSpan:
     """A model step's ``chat`` span or a tool call's ``execute_tool`` span."""
 
-    def __init__(self, span: trace.Span) -> None:
+    def __init__(self, span: trace.Span, turn: _TurnSpan) -> None:
         self._span = span
+        self._turn = turn
         self._done = False
 
     def replied(self, reply: ModelReply) -> None:
         if reply.stop is not None:
             self._span.set_attribute(FINISH_REASONS, [reply.stop.raw or reply.stop.kind])
+        if reply.usage is not None:
+            _set_usage(self._span, reply.usage)
+            self._turn.used(reply.usage)
 
     def ended(self, outcome: StepOutcome) -> None:
         if self._done:
@@ -175,6 +190,20 @@ class _StepSpan:
         self._span.set_attribute(STEP_OUTCOME, outcome.status)
         if outcome.status == "failed":
             _fail(self._span, outcome.error_type or "_OTHER", outcome.message)
+
+
+def _set_usage(span: trace.Span, usage: Usage) -> None:
+    """The token counts, as the conventions count them: input includes the cached
+    tokens, output the reasoning ones (which turnkit's ``Usage`` does too)."""
+    span.set_attributes(
+        {
+            INPUT_TOKENS: usage.input_tokens,
+            OUTPUT_TOKENS: usage.output_tokens,
+            CACHE_READ_TOKENS: usage.cache_read_tokens,
+            CACHE_WRITE_TOKENS: usage.cache_write_tokens,
+            REASONING_TOKENS: usage.reasoning_tokens,
+        }
+    )
 
 
 def _current(span: trace.Span) -> AbstractContextManager[trace.Span]:
