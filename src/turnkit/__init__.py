@@ -12,6 +12,7 @@ from ._channels.subagent import SubagentError, subagent
 from ._channels.terminal import TerminalChannel
 from ._engine.agent import Agent
 from ._engine.context import ToolContext
+from ._engine.limits import Limits
 from ._engine.tool_sources import ToolSource
 from ._engine.tools import ActionContext, Tool, define_action, tool
 from ._errors import (
@@ -111,6 +112,7 @@ __all__ = [
     "InputRequest",
     "InputRequestedEvent",
     "InvalidAnswerError",
+    "Limits",
     "ListedTool",
     "LocalEventSink",
     "Message",

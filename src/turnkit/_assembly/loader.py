@@ -25,6 +25,7 @@ from types import ModuleType
 from typing import Any
 
 from .._engine.agent import Agent
+from .._engine.limits import Limits
 from .._engine.tools import Tool
 from .._errors import ConfigurationError
 from .._seams.model import Model
@@ -42,6 +43,8 @@ class AgentConfig:
     authorize_answer: AuthorizeAnswer | None = None
     max_steps: int | None = None
     max_parallel_tools: int = 4
+    #: ``Limits`` or its keys as a dict (``{"tool_calls": 20, "tokens": 200_000}``).
+    limits: Limits | Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.name is not None and (not isinstance(self.name, str) or not self.name.strip()):
@@ -159,9 +162,24 @@ class AgentFolder:
                 authorize_answer=self.config.authorize_answer,
                 max_steps=self.config.max_steps,
                 max_parallel_tools=self.config.max_parallel_tools,
+                limits=_limits(self.config.limits),
             )
         except ConfigurationError as exc:
             raise ConfigurationError(f"agent folder {str(self.path)!r}: {exc}") from None
+
+
+def _limits(value: Limits | Mapping[str, Any] | None) -> Limits:
+    if value is None:
+        return Limits()
+    if isinstance(value, Limits):
+        return value
+    if not isinstance(value, Mapping):
+        raise ConfigurationError(f"limits must be a Limits or a dict, got {value!r}")
+    known = {f.name for f in fields(Limits)}
+    unknown = sorted(set(value) - known)
+    if unknown:
+        raise ConfigurationError(f"unknown limit(s) {unknown}; known: {sorted(known)}")
+    return Limits(**value)
 
 
 def _check_folder(folder: Path) -> None:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from .._errors import ConfigurationError, ToolDefinitionError
 from .._seams.model import Model, OutputSpec, ToolSpec
 from .._values.policy import SurfacePolicy, TurnPolicy, resolve_policy
+from .limits import NO_LIMITS, Limits
 from .output import OutputContract, check_retries
 from .tool_sources import ToolSource
 from .tools import Tool, check_tool_name
@@ -34,7 +35,10 @@ class Agent:
     #: Instruction overlays keyed by source (``instructions.<source>.md`` in a folder).
     source_instructions: Mapping[str, str] = field(default_factory=dict)
     #: Model steps one turn may take before it fails; ``None`` means no limit.
+    #: Shorthand for ``limits=Limits(model_steps=...)``.
     max_steps: int | None = None
+    #: What one turn may do before it fails: model steps, tool calls, tokens.
+    limits: Limits = NO_LIMITS
     #: How many ``async def`` calls of one model step may run at once (``1`` runs
     #: every call of a step one after another). Plain ``def`` calls always run one
     #: at a time, in their own transactions.
@@ -77,6 +81,7 @@ class Agent:
                 f"agent {self.name!r}: max_steps must be a positive int or None, "
                 f"got {self.max_steps!r}"
             )
+        self._fold_limits()
         if (
             not isinstance(self.max_parallel_tools, int)
             or isinstance(self.max_parallel_tools, bool)
@@ -146,6 +151,22 @@ class Agent:
                 f"agent {self.name!r}: two tool sources share the key {key!r}; name them apart"
             )
         sources[key] = source
+
+    def _fold_limits(self) -> None:
+        """``max_steps`` is ``limits.model_steps``: either may be given, or both alike."""
+        if not isinstance(self.limits, Limits):
+            raise ConfigurationError(
+                f"agent {self.name!r}: limits must be a turnkit.Limits, got {self.limits!r}"
+            )
+        steps, capped = self.max_steps, self.limits.model_steps
+        if steps is not None and capped is not None and steps != capped:
+            raise ConfigurationError(
+                f"agent {self.name!r}: max_steps={steps} and limits.model_steps={capped} "
+                "disagree; give one of them"
+            )
+        if steps is not None:
+            object.__setattr__(self, "limits", replace(self.limits, model_steps=steps))
+        object.__setattr__(self, "max_steps", self.limits.model_steps)
 
     def _check_surfaces(self, by_name: Mapping[str, Tool]) -> None:
         """Normalize and check the per-source settings, naming the source at fault."""

@@ -77,8 +77,9 @@ from .._values.usage import Usage, steps_usage
 from .agent import Agent
 from .batch import committed_results, in_order
 from .context import ChildTurns, ToolContext, TurnParked
+from .limits import calls_asked_before
 from .model_call import ask_model
-from .output import answer_tail, takes_output, with_output
+from .output import OUTPUT_TOOL, answer_tail, takes_output, with_output
 from .parallel import Asked, Outcome, Ran, run_batch
 from .position import (
     CallModel,
@@ -104,6 +105,9 @@ from .tracing import Traced, error_type, outcome_of
 from .turn_tools import TurnTools, list_tool_sources
 
 log = logging.getLogger("turnkit.engine")
+
+#: Calls that are no tool call for ``Limits.tool_calls``: a typed answer's own.
+_NOT_TOOLS = frozenset({OUTPUT_TOOL})
 
 TurnStatusResult: TypeAlias = Literal["completed", "failed", "suspended", "cancelled"]
 
@@ -422,19 +426,18 @@ class TurnRunner:
 
     async def _loop(self) -> TurnResult:
         await self._list_tools()
-        limit = self.agent.max_steps
-        taken = count_model_steps(self.transcript, self.turn_id) if limit is not None else 0
+        limits, name = self.agent.limits, self.agent.name
+        taken = count_model_steps(self.transcript, self.turn_id) if limits.model_steps else 0
         while True:
             step = next_step(self.transcript, self.turn_id)
             if isinstance(step, CallModel):
                 await self._step_boundary()
-                if limit is not None and taken >= limit:
-                    raise TurnFailure(
-                        f"the turn reached agent {self.agent.name!r}'s limit of {limit} model steps"
-                    )
+                limits.check_model_call(name, taken, self.usage)
                 await self._model_step(step.index)
                 taken += 1
             elif isinstance(step, RunTools):
+                if limits.tool_calls is not None:
+                    self._check_tool_batch(step)
                 await self._tool_batch(step)
             elif isinstance(step, Finished):
                 return self._result("completed", text=step.text)
@@ -762,6 +765,16 @@ class TurnRunner:
             _steps=self.steps,
             _local=local,
         )
+
+    def _check_tool_batch(self, step: RunTools) -> None:
+        """Fail the turn before a batch that would take it past its tool-call limit
+        (a typed answer's own call is no tool call)."""
+        index = step.assistant_index
+        message = self.transcript[index]
+        calls = message.tool_calls if isinstance(message, AssistantMessage) else ()
+        batch = sum(1 for c in calls if c.name not in _NOT_TOOLS)
+        before = calls_asked_before(self.transcript, self.turn_id, index, skip=_NOT_TOOLS)
+        self.agent.limits.check_tool_batch(self.agent.name, before, batch)
 
     async def _tool_batch(self, step: RunTools) -> None:
         """Run the calls the batch still owes a result, in parallel when the agent
