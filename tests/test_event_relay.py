@@ -29,6 +29,8 @@ from turnkit.stores._pg_relay_wire import (
     delta_entry,
     delta_from,
     encode,
+    failure_entry,
+    relayed_from,
 )
 from turnkit.testing import ScriptedModel
 
@@ -64,6 +66,56 @@ def test_the_reassembler_skips_its_own_other_schemas_stale_batches_and_noise() -
     assert delta_from(batch.entries[0]) == ReasoningDeltaEvent(
         turn_id="t", session_id="s", text="hm", next_seq=2
     )
+
+
+FAILED_REPLY = turnkit.DeliveryFailedEvent(
+    turn_id="t1",
+    session_id="s1",
+    channel="slack",
+    target="C1",
+    method="chat.update",
+    error="token_revoked",
+)
+
+
+def test_a_failed_reply_crosses_whole_and_a_malformed_entry_is_refused() -> None:
+    joined = Reassembler("app", "me")
+    entries = [failure_entry(FAILED_REPLY), ["l", "s1", "t1", 4]]
+    batch = joined.add(encode("app", "you", 1, 0.0, entries)[0])
+    assert batch is not None
+    heard = [relayed_from(e) for e in batch.entries]
+    assert heard == [FAILED_REPLY, Logged(session_id="s1", turn_id="t1", seq=4)]
+    assert heard[0].at == FAILED_REPLY.at
+    other_session = ["f", "s2", "t1", FAILED_REPLY.to_dict()]
+    not_a_failure = [
+        "f",
+        "s1",
+        "t1",
+        TurnCompletedEvent(turn_id="t1", session_id="s1", text="x").to_dict(),
+    ]
+    for entry in (other_session, not_a_failure, ["x", "s1"]):
+        with pytest.raises(ValueError):
+            relayed_from(entry)
+
+
+async def test_a_failed_reply_reaches_another_store(pg_dsn: str, pg_schema: str) -> None:
+    """The Slack route and the chat page may be served by two processes: the page's
+    feed hears of a Slack reply that failed in the other one."""
+    sender, receiver = (PostgresStore(pg_dsn, schema=pg_schema) for _ in range(2))
+    await sender.open()
+    await receiver.open()
+    try:
+        assert sender.relay is not None and receiver.relay is not None
+        heard: asyncio.Queue[Relayed] = asyncio.Queue()
+        stop = receiver.relay.follow("s1", heard.put_nowait)
+        while not receiver.relay.listening:
+            await asyncio.sleep(0.01)
+        sender.relay.publish(FAILED_REPLY)
+        assert await asyncio.wait_for(heard.get(), 10) == FAILED_REPLY
+        stop()
+    finally:
+        await sender.close()
+        await receiver.close()
 
 
 def test_unfinished_batches_are_bounded() -> None:

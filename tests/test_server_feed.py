@@ -239,3 +239,44 @@ async def test_a_failed_delivery_reaches_a_turn_feed_live_and_unnumbered(
     assert sent["seq"] is None  # live only: not in the log, so no id to resume after
     assert turnkit.event_from_dict(sent) == failed
     assert "delivery.failed" not in [e.type for e in await session.events()]
+
+
+class HandRelay:
+    """An ``EventRelay`` the test speaks for: what ``tell`` says, followers hear."""
+
+    def __init__(self) -> None:
+        self.followers: list[Callable[[Any], None]] = []
+
+    def publish(self, event: turnkit.TurnEvent) -> None:
+        pass
+
+    def follow(self, session_id: str, callback: Callable[[Any], None]) -> Callable[[], None]:
+        self.followers.append(callback)
+        return lambda: self.followers.remove(callback)
+
+    def tell(self, item: Any) -> None:
+        for callback in list(self.followers):
+            callback(item)
+
+
+async def test_a_failed_reply_relayed_from_another_process_reaches_the_feed(
+    open_runtime: Any,
+) -> None:
+    runtime = await open_runtime(gated_agent(asyncio.Event()))
+    relay = HandRelay()
+    failed = turnkit.DeliveryFailedEvent(
+        turn_id="t9",
+        session_id="s1",
+        channel="slack",
+        target="C1",
+        method="chat.postMessage",
+        error="channel_not_found",
+    )
+    feed = EventFeed(runtime.store.session("s1"), runtime.sink, after=0, relay=relay)
+    items = feed.events(idle=5)
+    first = asyncio.ensure_future(items.__anext__())
+    while not relay.followers:
+        await asyncio.sleep(0.01)
+    relay.tell(failed)
+    assert await asyncio.wait_for(first, 5) is failed
+    await items.aclose()

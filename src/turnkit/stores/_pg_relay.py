@@ -1,7 +1,8 @@
 """Live events between processes on one PostgreSQL database, over LISTEN/NOTIFY.
 
 A process that runs turns publishes what other processes cannot read from the
-log: its deltas, and a hint each time it logged events (so a feed elsewhere reads
+log: its deltas, its channels' failed replies (``delivery.failed``), and a hint
+each time it logged events (so a feed elsewhere reads
 the log at once instead of at its next poll). Publishing only appends to a
 bounded buffer; a task of its own sends the buffer every ``LINGER`` seconds as
 one batch, cut into chunks under NOTIFY's payload limit, on a connection of its
@@ -25,9 +26,23 @@ from typing import Any
 
 import psycopg
 
-from .._seams.relay import Logged, Relayed
-from .._values.events import MessageDeltaEvent, ReasoningDeltaEvent, TurnEvent
-from ._pg_relay_wire import Batch, Reassembler, delta_entry, delta_from, encode, logged_entry
+from .._errors import MessageDecodeError
+from .._seams.relay import Relayed
+from .._values.events import (
+    DeliveryFailedEvent,
+    MessageDeltaEvent,
+    ReasoningDeltaEvent,
+    TurnEvent,
+)
+from ._pg_relay_wire import (
+    Batch,
+    Reassembler,
+    delta_entry,
+    encode,
+    failure_entry,
+    logged_entry,
+    relayed_from,
+)
 
 log = logging.getLogger("turnkit.stores.postgres")
 
@@ -81,6 +96,8 @@ class PgEventRelay:
             return
         if isinstance(event, MessageDeltaEvent | ReasoningDeltaEvent):
             entry = delta_entry(event)
+        elif isinstance(event, DeliveryFailedEvent):
+            entry = failure_entry(event)
         elif event.seq is not None:
             last = self._buffer[-1] if self._buffer else None
             if last is not None and last[0] == "l" and last[1] == event.session_id:
@@ -180,12 +197,8 @@ class PgEventRelay:
                 followers = self._followers.get(entry[1])
                 if not followers:
                     continue
-                heard: Relayed = (
-                    delta_from(entry)
-                    if entry[0] == "d"
-                    else Logged(session_id=entry[1], turn_id=str(entry[2]), seq=int(entry[3]))
-                )
-            except (ValueError, TypeError, IndexError):
+                heard = relayed_from(entry)
+            except (ValueError, TypeError, IndexError, MessageDecodeError):
                 continue  # a malformed entry: skip it, keep the rest
             for callback in tuple(followers.values()):
                 try:

@@ -15,7 +15,14 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from .._values.events import MessageDeltaEvent, ReasoningDeltaEvent, TurnEvent
+from .._seams.relay import Logged, Relayed
+from .._values.events import (
+    DeliveryFailedEvent,
+    MessageDeltaEvent,
+    ReasoningDeltaEvent,
+    TurnEvent,
+    event_from_dict,
+)
 
 #: The largest payload sent, in bytes: PostgreSQL refuses 8000 and more.
 MAX_PAYLOAD = 7900
@@ -55,6 +62,28 @@ def delta_from(entry: list[Any]) -> TurnEvent:
     if cls is None or not isinstance(text, str) or not isinstance(session_id, str):
         raise ValueError(f"not a relayed delta: {entry!r}")
     return cls(session_id=session_id, turn_id=str(turn_id), text=text, next_seq=next_seq, at=at)
+
+
+def failure_entry(event: DeliveryFailedEvent) -> list[Any]:
+    """A channel's failed reply: live only, and wanted wherever the turn is watched
+    (the Slack route and the chat page may be served by different processes)."""
+    return ["f", event.session_id, event.turn_id, event.to_dict()]
+
+
+def relayed_from(entry: list[Any]) -> Relayed:
+    """What an entry carries: a delta (``"d"``), a failed reply (``"f"``) or a hint
+    that events were logged (``"l"``); ``ValueError`` if it is malformed."""
+    kind = entry[0]
+    if kind == "d":
+        return delta_from(entry)
+    if kind == "f":
+        event = event_from_dict(entry[3])
+        if not isinstance(event, DeliveryFailedEvent) or event.session_id != entry[1]:
+            raise ValueError(f"not a relayed delivery failure: {entry!r}")
+        return event
+    if kind == "l":
+        return Logged(session_id=entry[1], turn_id=str(entry[2]), seq=int(entry[3]))
+    raise ValueError(f"not a relayed entry: {entry!r}")
 
 
 def encode(schema: str, sender: str, number: int, at: float, entries: list[list[Any]]) -> list[str]:
