@@ -10,7 +10,7 @@ import hmac
 import json
 import socket
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +49,8 @@ class FakeSlack:
     update_error: str | None = None
     #: The ``ts`` of each message posted, in order.
     posted: list[str] = field(default_factory=list)
+    #: When the last call came (``time.monotonic()``).
+    last_call: float = 0.0
     _next_ts: int = 1000
 
     async def handle(self, request: Request) -> Response:
@@ -59,6 +61,7 @@ class FakeSlack:
         else:
             args = {k: v[0] for k, v in parse_qs(raw.decode()).items()}
         self.calls.append((method, args))
+        self.last_call = time.monotonic()
         if method == "chat.update" and self.rate_limited:
             self.rate_limited -= 1
             return JSONResponse(
@@ -96,6 +99,14 @@ async def uvicorn_on(app: Any) -> AsyncIterator[str]:
         server.should_exit = True
         await task
         sock.close()
+
+
+async def eventually(done: Callable[[], bool], *, seconds: float = 20.0) -> None:
+    """Wait until ``done()`` (a generous bound: the machine may be busy); the
+    assertions after it say what was wrong if it never came."""
+    deadline = time.monotonic() + seconds
+    while not done() and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
 
 
 def signed(body: bytes, *, secret: str = SECRET, at: int | None = None) -> dict[str, str]:
@@ -235,7 +246,11 @@ class Stage:
             record = await session.turn_record(turn_id)
             done = record is not None and record.status == status
             if done and (status == "suspended" or not session.delivering(turn_id)):
-                await asyncio.sleep(0.1)  # the renderer's last call
+                # The renderer's last calls: wait until Slack has heard nothing for a
+                # while since then.
+                since = time.monotonic()
+                while time.monotonic() - max(since, self.slack.last_call) < 0.3:
+                    await asyncio.sleep(0.05)
                 return
             await asyncio.sleep(0.01)
         raise AssertionError(f"turn {turn_id} never became {status}")
@@ -379,10 +394,7 @@ async def test_an_approval_clicked_by_the_asker_completes_and_by_another_is_refu
         before = (await session.messages(), await session.events())
         refused = await stage.click(approve, user="U2", thread="100.1")
         assert refused.status_code == 200
-        for _ in range(500):
-            if stage.slack.of("chat.postEphemeral"):
-                break
-            await asyncio.sleep(0.01)
+        await eventually(lambda: bool(stage.slack.of("chat.postEphemeral")))
         (ephemeral,) = stage.slack.of("chat.postEphemeral")
         assert ephemeral["user"] == "U2" and "may not answer" in ephemeral["text"]
         assert (await session.messages(), await session.events()) == before
@@ -390,10 +402,7 @@ async def test_an_approval_clicked_by_the_asker_completes_and_by_another_is_refu
         await stage.settle("Ea1")
         late = await stage.click(deny, user="U1", thread="100.1")
         assert late.status_code == 200
-        for _ in range(500):
-            if len(stage.slack.of("chat.postEphemeral")) == 2:
-                break
-            await asyncio.sleep(0.01)
+        await eventually(lambda: bool(len(stage.slack.of("chat.postEphemeral")) == 2))
         assert "already answered" in stage.slack.of("chat.postEphemeral")[1]["text"]
         events = await session.events()
     answered = [e for e in events if e.type == "input.answered"]
@@ -429,12 +438,12 @@ async def test_a_rate_limited_update_is_sent_again_after_retry_after(
         stage.slack.rate_limited = 1
         await stage.event("<@B1> where is 3", event_id="Eq1", thread="100.1")
         await stage.settle("Eq1")
-        for _ in range(300):
-            if stage.slack.of("chat.update")[-1:] and stage.slack.of("chat.update")[-1][
-                "text"
-            ].endswith("order 3 is packed"):
-                break
-            await asyncio.sleep(0.02)
+        await eventually(
+            lambda: bool(
+                stage.slack.of("chat.update")[-1:]
+                and stage.slack.of("chat.update")[-1]["text"].endswith("order 3 is packed")
+            )
+        )
     updates = stage.slack.of("chat.update")
     assert updates[0] == updates[1]  # the refused one, sent again
     assert updates[-1]["text"].endswith("Result: order 3 is packed")
@@ -504,10 +513,7 @@ async def test_authorize_decides_who_may_start_turns_and_answer_nameless_questio
 
     async with staged(tmp_path, ops_agent(), authorize=ops_only) as stage:
         await stage.event("<@B1> where is 4", event_id="Ez1", user="U3", thread="100.1")
-        for _ in range(500):
-            if stage.slack.of("chat.postEphemeral"):
-                break
-            await asyncio.sleep(0.01)
+        await eventually(lambda: bool(stage.slack.of("chat.postEphemeral")))
         (refusal,) = stage.slack.of("chat.postEphemeral")
         assert refusal["user"] == "U3" and "may not use" in refusal["text"]
         assert await stage.runtime.sessions() == []  # nothing started, nothing stored
@@ -580,10 +586,7 @@ async def test_a_question_that_is_not_yes_or_no_is_answered_in_a_form(tmp_path: 
         (button,) = blocks[1]["elements"]
         assert button["action_id"] == "turnkit_answer_open"
         await stage.click(button, user="U1", thread="100.1")
-        for _ in range(500):
-            if stage.slack.of("views.open"):
-                break
-            await asyncio.sleep(0.01)
+        await eventually(lambda: bool(stage.slack.of("views.open")))
         (opened,) = stage.slack.of("views.open")
         view = opened["view"]
         if isinstance(view, str):
@@ -633,10 +636,7 @@ async def test_a_slack_error_surfaces_as_an_event_and_a_log_and_the_turn_still_c
             stage.slack.update_error = code
         await stage.event("<@B1> where is 6", event_id="Ef1", thread="100.1")
         await stage.settle("Ef1")
-        for _ in range(300):
-            if any(e.type == "delivery.failed" for e in seen):
-                break
-            await asyncio.sleep(0.01)
+        await eventually(lambda: bool(any(e.type == "delivery.failed" for e in seen)))
         turn_id = stage.turn("Ef1")
         session = stage.runtime.session("ops", SESSION)
         record = await session.turn_record(turn_id)
