@@ -40,6 +40,7 @@ from ._runtime.granting import grant_answer
 from ._runtime.observe import TurnStream
 from ._runtime.runtime import Runtime
 from ._runtime.session import AgentSession
+from ._runtime.worker import Worker
 from ._seams.model import (
     Model,
     ModelDelta,
@@ -176,6 +177,7 @@ __all__ = [
     "Usage",
     "User",
     "UserMessage",
+    "Worker",
     "define_action",
     "event_from_dict",
     "grant_answer",

@@ -17,6 +17,7 @@ from .._seams.store import SessionStore
 from .._values.events import ENDING_EVENT_TYPES, TERMINAL_EVENT_TYPES, TurnEvent
 from .._values.records import TurnRecord
 from .._values.turns import TurnResult
+from .remote import Remote, remote_turn_events
 
 
 def event_filter(session_id: str, turn_id: str | None) -> Callable[[TurnEvent], bool]:
@@ -44,6 +45,7 @@ class TurnStream:
         turn_id: str,
         future: asyncio.Future[TurnResult] | None,
         replay: bool,
+        remote: Remote | None = None,
     ) -> None:
         self.turn_id = turn_id
         self.session_id = store.session_id
@@ -55,7 +57,12 @@ class TurnStream:
                 queue.put_nowait(event)
 
         self._unsubscribe: Callable[[], None] | None = sink.subscribe(enqueue)
-        self._events = turn_events(store, queue, turn_id, future, replay=replay)
+        if remote is not None and future is None:
+            # Run by a worker elsewhere: followed through the store.
+            after = 0 if replay else remote.after
+            self._events = remote_turn_events(store, queue, turn_id, after=after, poll=remote.poll)
+        else:
+            self._events = turn_events(store, queue, turn_id, future, replay=replay)
 
     def __aiter__(self) -> TurnStream:
         return self

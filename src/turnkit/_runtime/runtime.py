@@ -33,6 +33,11 @@ class Runtime:
     startup so a crash needs no caller to redeliver. ``tracer`` (for instance
     ``turnkit.otel.OtelTracer()``) receives a span for every turn, model step and
     tool call.
+
+    With ``run_turns=False`` the runtime runs no turn itself: it stores them
+    (``submit``, ``resume``, ``cancel`` and ``reset`` all work) for the workers
+    (``turnkit.Worker``) on the same store, and follows them through the store,
+    reading it at most ``remote_poll`` seconds apart: an HTTP node's runtime.
     """
 
     def __init__(
@@ -43,6 +48,8 @@ class Runtime:
         sink: EventSink | None = None,
         session_cache: int = 1000,
         tracer: Tracer | None = None,
+        run_turns: bool = True,
+        remote_poll: float = 0.5,
     ) -> None:
         listed = [agents] if isinstance(agents, Agent) else list(agents)
         self.agents: dict[str, Agent] = {}
@@ -82,6 +89,16 @@ class Runtime:
         #: How many idle session objects this runtime keeps (least recently used go
         #: first); busy ones are always kept. Memory is a cache: the store has it all.
         self.session_cache = session_cache
+        if not isinstance(run_turns, bool):
+            raise ConfigurationError(f"run_turns must be a bool, got {run_turns!r}")
+        if isinstance(remote_poll, bool) or not isinstance(remote_poll, int | float):
+            raise ConfigurationError(f"remote_poll must be a number, got {remote_poll!r}")
+        if not remote_poll > 0:
+            raise ConfigurationError(f"remote_poll must be more than 0, got {remote_poll!r}")
+        #: Whether turns run in this process (``False``: workers elsewhere run them).
+        self.run_turns = run_turns
+        #: The longest wait, in seconds, between two reads of a turn run elsewhere.
+        self.remote_poll = float(remote_poll)
         self._sessions: OrderedDict[str, AgentSession] = OrderedDict()
         #: Sessions with a worker running here, cached or not (see AgentSession.idle).
         self._busy: dict[str, AgentSession] = {}
@@ -205,6 +222,8 @@ class Runtime:
         it never keeps the others from recovering.
         """
         self._require_loop()
+        if not self.run_turns:
+            return []  # the workers recover them
         waits = []
         for record in await self.store.unfinished_turns():
             try:

@@ -100,6 +100,7 @@ class AgentSession(SessionView):
         self._resets_pending = 0
         self._known = KnownTranscript()
         self._futures: OrderedDict[str, asyncio.Future[TurnResult]] = OrderedDict()
+        self._handed: OrderedDict[str, int | None] = OrderedDict()
         self._worker: asyncio.Task[None] | None = None
         #: The turn this process saw park, so start() can refuse at once; the store
         #: stays the authority (another process may have parked or resumed it).
@@ -197,8 +198,21 @@ class AgentSession(SessionView):
             created_at=time.time(),
         )
         policy = opening_policy(self.agent, request, event).to_dict()
+        # A replace cancels the turns before it in the same commit, so no process can
+        # run one of them once this one is stored (parked ones are never replaced).
+        replaced = (
+            [
+                r.turn_id
+                for r in await self._store.unfinished()
+                if r.status != "suspended" and r.cancel_reason is None
+            ]
+            if replace
+            else []
+        )
 
         def write(tx: Transaction) -> None:
+            for turn_id in replaced:
+                tx.request_cancel(turn_id, "replaced")
             tx.queue_turn(record, owner=owner)
             tx.put_step(policy_step_id(record.turn_id), record.turn_id, policy)
 
@@ -243,6 +257,11 @@ class AgentSession(SessionView):
     ) -> str:
         """``start`` after its checks; ``deny`` adds tools a new turn may not use (a
         subagent's child inherits its parent's denials)."""
+        if not self.runtime.run_turns:
+            raise ConfigurationError(
+                "this runtime hands its turns to workers (run_turns=False), so a turn "
+                "must be stored for them: use submit() (or turn()), not start()"
+            )
         if self._parked is not None and turn_id != self._parked:
             raise SessionSuspendedError(_parked_refusal(self.session_id, self._parked))
         request = self._request(text, event, trigger, turn_id, deny, owner, queued=False)
@@ -290,6 +309,8 @@ class AgentSession(SessionView):
         wait to be queued behind it; ``ahead`` (a cancelled park being closed) goes
         straight in, before the reset."""
         tid = request.turn_id
+        if not self.runtime.run_turns:
+            return self._hand_off(request)
         pending = self._futures.get(tid)
         if pending is not None and not pending.done():
             return tid  # already queued or running here: one delivery is enough
@@ -307,6 +328,33 @@ class AgentSession(SessionView):
             self._queue.append((request, future))
             self._ensure_worker()
         return tid
+
+    def _hand_off(self, request: TurnRequest) -> str:
+        """Leave a stored turn to the workers (``run_turns=False``), noting where its
+        story starts: a new turn's first event, or a resume's ``input.answered``."""
+        tid = request.turn_id
+        numbered = [e.seq for e in request.announce if e.seq is not None]
+        self._handed[tid] = min(numbered) - 1 if numbered else (0 if request.queued else None)
+        self._handed.move_to_end(tid)
+        while len(self._handed) > _RECENT_RESULTS:
+            self._handed.popitem(last=False)
+        return tid
+
+    def run_stored(self, record: TurnRecord) -> str:
+        """Deliver a turn the store holds (queued, left running, or parked with a
+        cancellation to close) in this process; return its id. The store decides
+        what the delivery does, so a park this process remembers is not consulted
+        (another process may have resumed it since). ``Worker`` and recovery use it."""
+        self._parked = None
+        text = str(record.opening.get("text", ""))
+        return self._start(text, None, None, False, record.turn_id, frozenset(), None)
+
+    def interrupt(self) -> None:
+        """Stop this process's deliveries of the session now, between two awaits,
+        leaving their turns open in the store for another process to take over (a
+        worker whose grace period on shutdown ran out)."""
+        if self._worker is not None:
+            self._worker.cancel()
 
     def _ensure_worker(self) -> None:
         if self._worker is None:

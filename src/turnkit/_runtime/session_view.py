@@ -22,6 +22,7 @@ from .._values.records import SessionStatus, TurnRecord
 from .._values.turns import TurnResult, result_from_record
 from .._values.usage import Usage
 from .observe import TurnStream, event_filter, finished_record, session_events, turn_events
+from .remote import Remote, wait_for_end
 from .usage import session_usage, turn_usage
 
 log = logging.getLogger("turnkit.runtime")
@@ -32,6 +33,12 @@ class ViewHost(Protocol):
 
     @property
     def sink(self) -> EventSink: ...
+
+    @property
+    def run_turns(self) -> bool: ...
+
+    @property
+    def remote_poll(self) -> float: ...
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]: ...
 
@@ -44,6 +51,9 @@ class SessionView:
     _store: SessionStore
     #: This process's deliveries of the session's recent turns, by turn id.
     _futures: OrderedDict[str, asyncio.Future[TurnResult]]
+    #: Turns handed to workers (``run_turns=False``) and the event each one's story
+    #: goes on after (``None``: from when it is observed).
+    _handed: OrderedDict[str, int | None]
 
     @property
     def session_id(self) -> str:
@@ -82,7 +92,11 @@ class SessionView:
         future = self._futures.get(turn_id)
         if future is not None:
             return await asyncio.shield(future)
-        record = await finished_record(self._store, turn_id)
+        if not self.runtime.run_turns:
+            # Workers run this runtime's turns: wait for the store to say it ended.
+            record = await wait_for_end(self._store, turn_id, self.runtime.remote_poll)
+        else:
+            record = await finished_record(self._store, turn_id)
         usage = await turn_usage(self._store, turn_id)
         return with_output(self.agent._output, result_from_record(record, usage))
 
@@ -112,12 +126,16 @@ class SessionView:
         ``replay=True`` the events already logged for the turn come first, so a late
         observer misses nothing structural (live deltas are never replayed).
         """
+        remote = None
+        if not self.runtime.run_turns:
+            remote = Remote(self._handed.get(turn_id), self.runtime.remote_poll)
         return TurnStream(
             sink=self.runtime.sink,
             store=self._store,
             turn_id=turn_id,
             future=self._futures.get(turn_id),
             replay=replay,
+            remote=remote,
         )
 
     def subscribe(

@@ -70,6 +70,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_sessions(commands)
     _add_show(commands)
     _add_dev(commands)
+    _add_worker(commands)
     return parser
 
 
@@ -302,6 +303,98 @@ def _port(text: str) -> int:
     return value
 
 
+# -- worker ------------------------------------------------------------------------
+
+
+def _add_worker(commands: Any) -> None:
+    worker = commands.add_parser(
+        "worker",
+        help="run the turns a shared PostgreSQL store holds (a deployment's worker)",
+        description="Run the turns of the given agents that a shared PostgreSQL store "
+        "holds, with any number of other workers on any hosts: HTTP nodes store the "
+        "turns, workers claim and run them, one worker at a time per session. SIGTERM "
+        "stops it gracefully (no new claims; turns under way finish or are handed back).",
+    )
+    worker.add_argument(
+        "agent_dirs", nargs="+", metavar="AGENT_DIR", help="the agent folders whose turns it runs"
+    )
+    worker.add_argument(
+        "--store", required=True, metavar="DSN", help="the PostgreSQL DSN (postgresql://…)"
+    )
+    worker.add_argument(
+        "--concurrency",
+        type=_positive_int,
+        default=32,
+        metavar="N",
+        help="sessions it runs at once (default: 32)",
+    )
+    worker.add_argument(
+        "--poll",
+        type=_seconds,
+        default=1.0,
+        metavar="SECONDS",
+        help="how often it looks for turns nobody announced, such as a dead worker's (default: 1)",
+    )
+    worker.add_argument(
+        "--grace",
+        type=_seconds,
+        default=30.0,
+        metavar="SECONDS",
+        help="on SIGTERM, how long turns under way may finish before they are handed "
+        "back (default: 30)",
+    )
+    worker.add_argument(
+        "--idle-timeout",
+        type=_seconds,
+        default=10.0,
+        metavar="SECONDS",
+        help="how long this worker may go silent (paused, cut off) before PostgreSQL "
+        "frees its sessions for other workers: the idle_session_timeout of its lock "
+        "connection, which it pings meanwhile (default: 10)",
+    )
+    worker.set_defaults(handler=_worker)
+
+
+async def _worker(args: argparse.Namespace, progress: Progress) -> int:
+    del progress
+    from ._open import is_postgres_dsn
+    from ._worker import WorkerOptions, serve_worker
+
+    if not is_postgres_dsn(args.store):
+        raise CliError(
+            f"turnkit worker needs a PostgreSQL store (postgresql://…), not {args.store!r}: "
+            "workers on many hosts share one database"
+        )
+    agents = []
+    for path in args.agent_dirs:
+        folder = AgentFolder.read(path)
+        chosen = choose_model(folder)
+        if chosen.note:
+            print(printable(f"turnkit: {folder.name}: {chosen.note}"), file=sys.stderr)
+        agents.append(folder.agent(chosen.model))
+    from ..stores._takeover import Takeover
+
+    takeover = Takeover(idle_timeout=args.idle_timeout, heartbeat=min(2.0, args.idle_timeout / 4))
+    store = await writable_store(args.store, takeover=takeover)
+    options = WorkerOptions(
+        concurrency=args.concurrency,
+        poll=args.poll,
+        grace=args.grace,
+        store_label=describe_store(args.store),
+    )
+    return await serve_worker(agents, store, options)
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not value > 0 or value != value or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected more than 0 seconds, got {text!r}")
+    return value
+
+
 # -- sessions and show -------------------------------------------------------------
 
 
@@ -357,7 +450,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     handler: Handler = args.handler
     progress_line = Progress()  # erased before any error is printed
-    unlog = log_to_stderr(tracebacks=args.command == "dev")
+    unlog = log_to_stderr(tracebacks=args.command in ("dev", "worker"))
     try:
         return asyncio.run(handler(args, progress_line))
     except (CliError, TurnkitError) as exc:

@@ -14,6 +14,7 @@ import re
 
 from .._errors import ConfigurationError
 from .._seams.store import Store
+from ..stores._takeover import Takeover
 from ..stores.sqlite import SqliteStore
 
 _POSTGRES_URL = re.compile(r"^postgres(?:ql)?://", re.IGNORECASE)
@@ -26,13 +27,14 @@ def is_postgres_dsn(spec: str) -> bool:
     return bool(_POSTGRES_URL.match(spec) or _LIBPQ_KEYWORDS.match(spec))
 
 
-def open_store(spec: str) -> Store:
+def open_store(spec: str, *, takeover: Takeover | None = None) -> Store:
     """The store ``spec`` names: a PostgreSQL DSN or a SQLite file path.
 
     Nothing is connected yet; the runtime opens the store. A PostgreSQL DSN without
     ``turnkit[postgres]`` installed raises ``ConfigurationError`` naming the extra.
     The first schema of a ``search_path`` in the DSN's ``options`` is the schema
-    turnkit's tables live in (``public`` when there is none).
+    turnkit's tables live in (``public`` when there is none). ``takeover`` is the
+    liveness settings of a PostgreSQL store (its default if ``None``).
     """
     if not isinstance(spec, str) or not spec.strip():
         raise ConfigurationError("--store must be a SQLite file path or a PostgreSQL DSN")
@@ -44,7 +46,7 @@ def open_store(spec: str) -> Store:
                 f"--store {redact_dsn(spec)!r} is a PostgreSQL DSN, which needs "
                 "psycopg: pip install 'turnkit[postgres]'"
             ) from exc
-        return PostgresStore(spec, schema=dsn_schema(spec))
+        return PostgresStore(spec, schema=dsn_schema(spec), takeover=takeover)
     folder = os.path.dirname(os.path.abspath(spec))
     try:
         os.makedirs(folder, exist_ok=True)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from .._errors import TurnkitError
 from .._seams.store import Store
+from ..stores._takeover import Takeover
 from ._open import dsn_schema, is_postgres_dsn, open_store, redact_dsn
 
 DEFAULT_STORE = os.path.join(".turnkit", "sessions.db")
@@ -61,11 +62,11 @@ async def reading_store(spec: str) -> AsyncIterator[Store]:
         await store.close()
 
 
-async def writable_store(spec: str) -> Store:
+async def writable_store(spec: str, *, takeover: Takeover | None = None) -> Store:
     """The store ``turnkit run`` runs on, already open (a SQLite file is created), so
     a store that cannot be opened is reported before anything else happens. The
     runtime's own ``open()`` is then a no-op, and its exit closes the store."""
-    store = _store_for(spec)
+    store = _store_for(spec, takeover=takeover)
     try:
         await store.open()
     except TurnkitError as exc:
@@ -73,9 +74,9 @@ async def writable_store(spec: str) -> Store:
     return store
 
 
-def _store_for(spec: str) -> Store:
+def _store_for(spec: str, *, takeover: Takeover | None = None) -> Store:
     try:
-        return open_store(spec)
+        return open_store(spec, takeover=takeover)
     except TurnkitError as exc:
         raise CliError(one_line(str(exc))) from None
 

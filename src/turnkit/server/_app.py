@@ -132,6 +132,7 @@ def create_app(
     source: str = "http",
     own_runtime: bool = False,
     mcp: Mountable | None = None,
+    run_turns: bool | None = None,
 ) -> Starlette:
     """The HTTP surface of ``runtime`` (see docs/server.md).
 
@@ -155,6 +156,11 @@ def create_app(
     ``mcp`` (``turnkit.mcp.server(runtime, agent)``) is served at its path, ``/mcp``,
     behind ``authenticate`` and deciding with ``authorize`` like every endpoint; it
     runs while the app's lifespan does (see docs/mcp.md).
+
+    ``run_turns=False`` makes the app an HTTP node of a deployment with workers
+    (``turnkit worker``): it sets the runtime's ``run_turns``, so turns, resumes,
+    cancellations and resets are stored for the workers, and streams and answers
+    follow the turns through the store. ``None`` leaves the runtime as it is.
     """
     if not isinstance(runtime, Runtime):
         raise ConfigurationError(
@@ -166,6 +172,10 @@ def create_app(
         )
     if not isinstance(source, str) or not source:
         raise ConfigurationError(f"source must be a non-empty str, got {source!r}")
+    if run_turns is not None:
+        if not isinstance(run_turns, bool):
+            raise ConfigurationError(f"run_turns must be a bool or None, got {run_turns!r}")
+        runtime.run_turns = run_turns
     hosts = checked_names(allowed_hosts, "allowed_hosts")
     origins = checked_names(allowed_origins, "allowed_origins") or []
     api = _Api(runtime, limits or ServerLimits(), source, notice, checked_authorize(authorize))
@@ -181,6 +191,7 @@ def create_app(
         Route(f"{session}/chat", guard(api.chat), methods=["POST"]),
         Route(f"{session}/resume", guard(api.resume), methods=["POST"]),
         Route(f"{session}/reset", guard(api.reset), methods=["POST"]),
+        Route(f"{session}/cancel", guard(api.cancel), methods=["POST"]),
         Route(f"{session}/pending", guard(api.pending), methods=["GET"]),
         Route(f"{session}/transcript", guard(api.transcript), methods=["GET"]),
         Route(f"{session}/events", guard(api.events), methods=["GET"]),
@@ -461,6 +472,14 @@ class _Api:
                 "generation": done.generation,
             }
         )
+
+    async def cancel(self, request: Request, principal: Principal) -> Response:
+        empty_body(await self._body(request, optional=True), "cancel")
+        target = await self._target(request, principal, "turn")
+        ctx = self._writable(target)
+        # Recorded in the store: a worker running one stops at its next boundary.
+        cancelled = await ctx.session(target.session_id).cancel("requested")
+        return JSONResponse({"cancelled": cancelled})
 
     # -- helpers ---------------------------------------------------------------
 

@@ -7,6 +7,7 @@ deployments with many processes.
 
 from typing import TYPE_CHECKING, Any
 
+from .._seams.queue import TurnQueue
 from .._seams.store import SessionStore, Store, StoreHandle, Transaction
 from .._values.records import (
     SessionInfo,
@@ -16,6 +17,7 @@ from .._values.records import (
     TurnStatus,
     preview_of,
 )
+from ._takeover import Takeover
 from .memory import MemoryStore
 from .sqlite import SqliteStore
 
@@ -41,7 +43,9 @@ __all__ = [
     "SqliteStore",
     "Store",
     "StoreHandle",
+    "Takeover",
     "Transaction",
+    "TurnQueue",
     "TurnRecord",
     "TurnStatus",
     "preview_of",

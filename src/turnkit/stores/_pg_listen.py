@@ -1,4 +1,5 @@
-"""Cancellations heard across processes on PostgreSQL, through LISTEN/NOTIFY.
+"""Cancellations and runnable turns heard across processes on PostgreSQL, through
+LISTEN/NOTIFY.
 
 A process that records a cancellation sends a notification once it has committed;
 every ``PostgresStore`` on the database listens on one connection of its own and
@@ -6,6 +7,11 @@ notes which turns were named, so a running turn learns of it at its next step
 boundary without a round trip per step. Notifications are a hint only: one that
 is lost (a listener reconnecting, a sender that died right after its commit) is
 made up for by ``PostgresStore``'s bounded poll of the turn's row.
+
+The same connection hears the workers' queue (``_pg_queue.CHANNEL``): a commit that
+makes a turn runnable notifies it, and ``work`` is set for a worker to claim again
+(a worker polls besides, for what no notification announces: a dead process's
+sessions, freed when PostgreSQL ends its connection).
 """
 
 from __future__ import annotations
@@ -42,6 +48,8 @@ class CancelListener:
         self._task: asyncio.Task[None] | None = None
         #: Whether the listening connection is up (else only the poll finds cancels).
         self.listening = False
+        #: Set when a turn of ``schema`` became runnable (see ``_pg_queue``).
+        self.work = asyncio.Event()
 
     def start(self) -> None:
         if self._task is None:
@@ -74,9 +82,14 @@ class CancelListener:
                 conn = await self._connect()
                 async with conn:
                     await conn.execute("LISTEN turnkit_cancel")  # CHANNEL
+                    await conn.execute("LISTEN turnkit_queue")  # _pg_queue.CHANNEL
                     self.listening = True
+                    self.work.set()  # what was announced while not listening
                     async for note in conn.notifies():
-                        self._note(note.payload)
+                        if note.channel == CHANNEL:
+                            self._note(note.payload)
+                        elif note.payload == self._schema:
+                            self.work.set()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:

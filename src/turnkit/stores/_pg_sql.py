@@ -116,8 +116,11 @@ def pg_wire(sql: str, schema: str) -> bytes:
 
 
 def _lock_key(schema: str, session_id: str) -> int:
-    digest = hashlib.blake2b(f"{schema}\0{session_id}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big", signed=True)
+    """The advisory-lock key of a session's writer: what ``turnkit_lock_key`` (in the
+    schema) computes too, so a claim can lock sessions in SQL. Not a security
+    boundary: md5 only spreads the ids over the key space."""
+    digest = hashlib.md5(f'"{schema}"/{session_id}'.encode(), usedforsecurity=False).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
 
 
 def _connection_lost(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:

@@ -28,6 +28,7 @@ from . import _pg_wire as wire
 from ._locks import SessionLocks
 from ._pg_commit import Connect, _close_quietly, _Sender
 from ._pg_sql import _LOAD_SQL, _lock_key, pg_wire
+from ._takeover import Takeover
 
 log = logging.getLogger("turnkit.stores.postgres")
 
@@ -57,6 +58,7 @@ _PREPARED = {
     b"turnkit_claim": _CLAIM_SQL,
     b"turnkit_load": _LOAD_SQL,
     b"turnkit_unlock": _UNLOCK_SQL,
+    b"turnkit_ping": "SELECT 1",
 }
 
 _Entry = tuple[wire.Statement, "asyncio.Future[PGresult] | None", "_Sender | None"]
@@ -84,13 +86,17 @@ class _LockChannel:
     it held: a delivery that still runs is then fenced off at its next commit if
     another process takes its session over, exactly as when the connection dies."""
 
-    def __init__(self, connect: Connect, prepared: dict[bytes, bytes]) -> None:
+    def __init__(self, connect: Connect, prepared: dict[bytes, bytes], takeover: Takeover) -> None:
         self._connect = connect
         self._prepared = prepared
+        self._takeover = takeover
         self.sender: _Sender | None = None
         self._queue: list[_Entry] = []
         self._pumping = False
         self._tasks: set[asyncio.Task[None]] = set()
+        self._beat: asyncio.Task[None] | None = None
+        #: The connection each watched statement ran on (see ``run_here``).
+        self._ran_on: dict[asyncio.Future[PGresult], _Sender | None] = {}
 
     async def run(
         self, statements: Sequence[wire.Statement], *, on: _Sender | None = None
@@ -105,6 +111,21 @@ class _LockChannel:
         for future in futures:
             future.exception()  # each one's failure counts as seen
         return [future.result() for future in futures]
+
+    async def run_here(self, statement: wire.Statement) -> tuple[PGresult, _Sender]:
+        """Run ``statement`` in the next batch; its result and the connection it ran
+        on (whose session-level locks it took are held there)."""
+        future: asyncio.Future[PGresult] = asyncio.get_running_loop().create_future()
+        self._ran_on[future] = None
+        self._queue.append((statement, future, None))
+        self._kick()
+        try:
+            res = await future
+            sender = self._ran_on[future]
+        finally:
+            self._ran_on.pop(future, None)
+        assert sender is not None
+        return res, sender
 
     def post(self, statement: wire.Statement) -> None:
         """Run ``statement`` in the next batch, unwaited (a failure is logged)."""
@@ -150,6 +171,8 @@ class _LockChannel:
             return
         for (_, future, _), res in zip(batch, results, strict=True):
             if future is not None and not future.done():
+                if future in self._ran_on:
+                    self._ran_on[future] = sender
                 future.set_result(res)
 
     @staticmethod
@@ -166,6 +189,9 @@ class _LockChannel:
         return kept
 
     async def _connection(self) -> _Sender:
+        """The lock connection, opened if there is none (or it is unfit). Only the
+        pump calls it: a check while a batch is out would take its results for a
+        hang-up."""
         loop = asyncio.get_running_loop()
         if self.sender is not None:
             if self.sender.usable(loop):
@@ -176,6 +202,8 @@ class _LockChannel:
             # Losing an acquisition in a server crash is harmless: a holder whose token
             # did not survive has committed nothing after it, and is fenced off.
             await conn.execute(b"SET synchronous_commit = off")
+            # How soon the server frees this connection's locks if we go silent.
+            await conn.execute(self._takeover.lock_settings(conn.info.server_version))
             await wire.exchange(
                 conn,
                 [wire.Prepare(name, statement) for name, statement in self._prepared.items()],
@@ -184,10 +212,26 @@ class _LockChannel:
             await conn.close()
             raise
         self.sender = _Sender(conn, loop)
+        self._beat = loop.create_task(self._heartbeat(self.sender), name="turnkit-lock-heartbeat")
         return self.sender
+
+    async def _heartbeat(self, sender: _Sender) -> None:
+        """Speak on ``sender`` every ``heartbeat`` seconds while it is the lock
+        connection, so its ``idle_session_timeout`` ends it only if this process
+        stops running."""
+        ping = wire.execute(b"turnkit_ping", ())
+        while True:
+            await asyncio.sleep(self._takeover.heartbeat)
+            if self.sender is not sender:
+                return
+            self._queue.append((ping, None, sender))  # never sent on another connection
+            self._kick()
 
     async def _drop(self) -> None:
         sender, self.sender = self.sender, None
+        beat, self._beat = self._beat, None
+        if beat is not None and beat is not asyncio.current_task():
+            beat.cancel()
         if sender is not None:
             await _close_quietly(sender)
 
@@ -202,9 +246,16 @@ class Writers:
     held with the lock not taken yet (pending), the lock taken by a read with no
     token written yet (unclaimed), or both (a token to fence commits with)."""
 
-    def __init__(self, connect: Connect, schema: str, holder: str, busy_timeout: float) -> None:
+    def __init__(
+        self,
+        connect: Connect,
+        schema: str,
+        holder: str,
+        busy_timeout: float,
+        takeover: Takeover,
+    ) -> None:
         prepared = {name: pg_wire(sql, schema) for name, sql in _PREPARED.items()}
-        self.channel = _LockChannel(connect, prepared)
+        self.channel = _LockChannel(connect, prepared, takeover)
         self._schema = schema
         self._holder = holder
         self.busy_timeout = busy_timeout
@@ -213,6 +264,8 @@ class Writers:
         self._pending: set[str] = set()
         #: The lock connection that took each held session's lock.
         self._held: dict[str, _Sender] = {}
+        #: Sessions a claim locked for a delivery that has not begun to hold them.
+        self._claimed: set[str] = set()
 
     @asynccontextmanager
     async def hold(self, session_id: str) -> AsyncIterator[None]:
@@ -220,7 +273,10 @@ class Writers:
         delivery's first load, read or commit (a load takes it in the same round
         trip), and released without waiting when the delivery ends."""
         async with self._locks.hold(session_id):
-            self._pending.add(session_id)
+            if session_id in self._claimed:
+                self._claimed.discard(session_id)  # locked by the claim: not pending
+            else:
+                self._pending.add(session_id)
             holding = _holding.set(_holding.get() | {session_id})
             try:
                 yield
@@ -233,6 +289,29 @@ class Writers:
                     # (A lock whose connection is gone went with it.)
                     key = _lock_key(self._schema, session_id)
                     self.channel.post(wire.execute(b"turnkit_unlock", (key,)))
+
+    async def claim(self, statement: wire.Statement) -> PGresult:
+        """Run a claim (a statement that takes the writer locks of the sessions it
+        returns, first column their ids) on the lock connection, and hold each
+        session it returns for the delivery that will hold its ``writer()`` next."""
+        res, sender = await self.channel.run_here(statement)
+        for row in range(res.ntuples):
+            session_id = res.get_value(row, 0)
+            assert session_id is not None
+            sid = session_id.decode()
+            self._held[sid] = sender
+            self._claimed.add(sid)
+        return res
+
+    def unclaim(self, session_id: str) -> None:
+        """Release a claimed session whose delivery never held it (no-op otherwise)."""
+        if session_id not in self._claimed:
+            return
+        self._claimed.discard(session_id)
+        sender = self._held.pop(session_id, None)
+        if sender is not None and sender is self.channel.sender and not sender.suspect:
+            key = _lock_key(self._schema, session_id)
+            self.channel.post(wire.execute(b"turnkit_unlock", (key,)))
 
     def must_lock(self, session_id: str) -> bool:
         """Whether the caller holds ``writer()`` of this session and its lock is not

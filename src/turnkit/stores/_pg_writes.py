@@ -23,6 +23,7 @@ from .._values.records import TERMINAL_TURN_STATUSES, TurnRecord, TurnStatus, se
 from . import _archive_sql as archive_sql
 from . import _pg_wire as wire
 from . import _sql as sql
+from ._pg_queue import WAKE_SQL
 from ._pg_sql import (
     _ABORTED,
     _ENDED,
@@ -64,6 +65,13 @@ class _Writes:
         self.writes: list[_Write] = []
         #: The turns whose cancellation this commit records (announced once it lands).
         self.cancels: list[str] = []
+        self._wakes = False
+
+    def _wake_workers(self) -> None:
+        """Notify the workers in this commit: it makes a turn runnable."""
+        if not self._wakes:
+            self._wakes = True
+            self.writes.append((WAKE_SQL, (self.schema,)))
 
     def statements(self) -> list[wire.Statement]:
         """Every write as one statement, its values bound."""
@@ -85,14 +93,17 @@ class _Writes:
         self.cancels.append(turn_id)
         missing = f"session {self._sid}: no turn {turn_id} to cancel"
         self.writes.append((_REQUEST_CANCEL_CHECKED, (reason, self._sid, turn_id, missing)))
+        self._wake_workers()  # a parked turn is runnable once cancelled
 
     def archive_generation(self, generation: int, agent: str) -> None:
         self.writes += archive_sql.reset_statements(self._sid, agent, generation, time.time())
+        self._wake_workers()  # queued turns stay, to run in the new generation
 
     def queue_turn(self, record: TurnRecord, *, owner: str | None = None) -> None:
         now = time.time()
         self.writes.append((sql.QUEUE_TURN, turn_values(self._sid, record, now)))
         self.writes.append((sql.QUEUE_SESSION, (self._sid, record.agent, now, now, owner)))
+        self._wake_workers()
 
     def settle_queued(
         self,
@@ -128,6 +139,8 @@ class _Writes:
         turn = (status, text, error, finished, kept, self._sid, turn_id)
         session = (session_status_after(status), now, self._sid)
         self.writes.append((_SET_STATUS_CHECKED, (*turn, *session, missing)))
+        if status == "running":
+            self._wake_workers()  # resumed: a worker runs it on
 
 
 #: PostgreSQL checks an update's row count on the server (``turnkit_expect_one``), so

@@ -17,6 +17,18 @@ FENCE_SQLSTATE = "TK001"
 #: SQLSTATE raised by ``turnkit_expect_one`` when an update found no row.
 MISSING_SQLSTATE = "TK002"
 
+
+def claimable(alias: str = "") -> str:
+    """The condition on a turns row (named ``alias``) that some worker should run it:
+    queued, running (or left running by a process that died), or parked with a
+    cancellation recorded (a delivery then ends it cancelled)."""
+    a = f"{alias}." if alias else ""
+    return (
+        f"({a}status IN ('queued', 'running') "
+        f"OR ({a}status = 'suspended' AND {a}cancel_reason IS NOT NULL))"
+    )
+
+
 MIGRATIONS: list[tuple[str, ...]] = [
     (
         """CREATE TABLE turnkit_sessions (
@@ -168,6 +180,16 @@ MIGRATIONS: list[tuple[str, ...]] = [
         "ALTER TABLE turnkit_sessions ADD COLUMN owner text",
         "CREATE INDEX turnkit_sessions_owned ON turnkit_sessions "
         "(owner, agent, updated_at DESC, session_id) WHERE owner IS NOT NULL",
+    ),
+    # v7: the turns table as the workers' queue. The runnable turns (queued, running,
+    # parked with a cancellation to close) by age, and the writer lock's key computed
+    # in SQL, so one statement can pick sessions and lock them.
+    (
+        f"CREATE INDEX turnkit_turns_claimable ON turnkit_turns (created_at) WHERE {claimable()}",
+        """CREATE FUNCTION turnkit_lock_key(sid text) RETURNS bigint
+        LANGUAGE sql IMMUTABLE AS $fn$
+            SELECT ('x' || substr(md5('{schema}/' || sid), 1, 16))::bit(64)::bigint
+        $fn$""",
     ),
 ]
 

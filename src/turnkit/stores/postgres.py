@@ -28,6 +28,7 @@ connection, the group committer) in ``_pg_commit``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import functools
 import json
@@ -36,7 +37,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager
 from typing import Any, TypeVar, cast
@@ -53,6 +54,7 @@ from ._pg_relay import PgEventRelay
 from ._postgres_schema import migrate, read_store_id
 from ._sql_rows import session_info
 from ._sql_rows import turn_from_row as _turn_from_row
+from ._takeover import Takeover
 
 try:
     import psycopg
@@ -65,6 +67,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     ) from exc
 from . import _pg_wire as wire
 from ._pg_commit import _GroupCommitter
+from ._pg_queue import CLAIM_SQL
 from ._pg_sql import (
     _LOAD_SQL,
     _SCHEMA_NAME,
@@ -312,6 +315,10 @@ class PostgresStore:
     the benchmarks two beat ten by 1.5-2x at 100 sessions. A server with many cores
     may want more. ``relay_events`` carries live events to the other processes
     (see ``relay``).
+    ``takeover`` sets how soon PostgreSQL frees the sessions of a
+    process that went silent (see ``Takeover``).
+
+    It is also a ``TurnQueue``: workers (``turnkit.Worker``) claim the turns it holds.
     """
 
     def __init__(
@@ -325,6 +332,7 @@ class PostgresStore:
         connect_timeout: float = 10.0,
         commit_senders: int = 2,
         relay_events: bool = True,
+        takeover: Takeover | None = None,
     ) -> None:
         if not _SCHEMA_NAME.match(schema):
             raise ConfigurationError(
@@ -350,7 +358,13 @@ class PostgresStore:
         self._pool: ConnectionPool[Any] | None = None
         self._store_id: str | None = None
         self._executor: ThreadPoolExecutor | None = None
-        self._writers = Writers(self._connect, schema, self.holder, busy_timeout)
+        if takeover is not None and not isinstance(takeover, Takeover):
+            raise ConfigurationError(
+                f"PostgresStore takeover must be a Takeover, got {type(takeover).__name__}"
+            )
+        #: How soon PostgreSQL frees the sessions of a process that went silent.
+        self.takeover = takeover if takeover is not None else Takeover()
+        self._writers = Writers(self._connect, schema, self.holder, busy_timeout, self.takeover)
         self._listener = CancelListener(self._connect, schema)
         self._relay = PgEventRelay(self._connect, schema) if relay_events else None
         self.commit_senders = commit_senders
@@ -371,6 +385,8 @@ class PostgresStore:
             theirs = str(given.get("options") or os.environ.get("PGOPTIONS") or "").strip()
             name = given.get("application_name") or os.environ.get("PGAPPNAME")
             self._kwargs = {
+                # TCP keepalives, unless the DSN chose its own.
+                **{k: v for k, v in self.takeover.client_settings().items() if k not in given},
                 "autocommit": True,
                 "client_encoding": "utf8",
                 "options": f"{theirs} -c search_path={path}".strip(),
@@ -620,3 +636,26 @@ class PostgresStore:
         """How many turns are ``queued``, ``running`` and ``suspended`` (for monitoring)."""
         rows = await self._select("turn counts", sql.TURN_COUNTS, (), tuple)
         return {"queued": 0, "running": 0, "suspended": 0} | {str(s): int(n) for s, n in rows}
+
+    # -- the TurnQueue protocol --------------------------------------------------
+
+    async def claim(
+        self, agents: Sequence[str], *, limit: int, skip: Collection[str] = ()
+    ) -> list[TurnRecord]:
+        self._listener.work.clear()  # a notification from now on wakes the next wait
+        if limit < 1 or not agents:
+            return []
+        params = (json.dumps(list(agents)), json.dumps(list(skip)), limit)
+        statement = wire.Query(pg_wire(CLAIM_SQL, self.schema), wire.values(params))
+        try:
+            res = await self._writers.claim(statement)
+        except StoreError as exc:
+            raise StoreError(f"claiming turns failed: {exc}") from exc
+        return [_turn_row(res, row) for row in range(res.ntuples)]
+
+    def unclaim(self, session_id: str) -> None:
+        self._writers.unclaim(session_id)
+
+    async def wait_for_turns(self, timeout: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._listener.work.wait(), timeout)

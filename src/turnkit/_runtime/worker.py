@@ -1,0 +1,193 @@
+"""``Worker``: runs the turns a shared store holds, in any number of processes.
+
+A worker claims runnable sessions from the store (``TurnQueue.claim``), oldest
+runnable turn first, delivers each session's turn in its runtime, and claims again
+when a delivery ends, when the store announces a runnable turn, or every ``poll``
+seconds (what finds a dead process's sessions). A session is one worker's at a
+time: the claim holds its writer lock for the delivery, and PostgreSQL releases it
+if the worker dies, after which another worker replays the turn from its
+checkpoints. Only the store decides what runs; the worker keeps nothing that
+another could not rebuild.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from .._errors import ConfigurationError, StoreError
+from .._seams.queue import TurnQueue
+from .._values.records import TurnRecord
+from .runtime import Runtime
+from .session import AgentSession
+
+log = logging.getLogger("turnkit.worker")
+
+#: The first pause before a session whose delivery broke is claimed again here; it
+#: doubles with each failure in a row, up to ``_MAX_BACKOFF``.
+_FIRST_BACKOFF = 1.0
+_MAX_BACKOFF = 60.0
+
+
+class Worker:
+    """Runs ``runtime``'s agents' turns from the runtime's store, at most
+    ``concurrency`` sessions at once, until ``stop()``.
+
+    The store must be a ``TurnQueue`` (``PostgresStore``). Use it inside the
+    runtime: ``async with runtime: await worker.run()``. ``poll`` bounds how long a
+    runnable turn nobody announced waits (a dead worker's, mostly); ``grace`` is
+    how long ``run`` lets deliveries finish after ``stop()`` before it interrupts
+    them, leaving their turns to another worker.
+    """
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        *,
+        concurrency: int = 32,
+        poll: float = 1.0,
+        grace: float = 30.0,
+    ) -> None:
+        if not isinstance(runtime, Runtime):
+            raise ConfigurationError(
+                f"Worker needs a turnkit.Runtime, got {type(runtime).__name__}"
+            )
+        if not isinstance(runtime.store, TurnQueue):
+            raise ConfigurationError(
+                f"a Worker claims turns from a shared store (PostgresStore); "
+                f"{type(runtime.store).__name__} is not one"
+            )
+        if not runtime.run_turns:
+            raise ConfigurationError("a Worker runs turns: its runtime needs run_turns=True")
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+            raise ConfigurationError(f"concurrency must be an int >= 1, got {concurrency!r}")
+        for name, value in (("poll", poll), ("grace", grace)):
+            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+                raise ConfigurationError(f"{name} must be a number >= 0, got {value!r}")
+        if not poll > 0:
+            raise ConfigurationError("poll must be more than 0")
+        self.runtime = runtime
+        self.queue: TurnQueue = runtime.store
+        self.concurrency = concurrency
+        self.poll = float(poll)
+        self.grace = float(grace)
+        #: Sessions delivering here now, and the task following each delivery.
+        self._running: dict[str, asyncio.Task[None]] = {}
+        self._sessions: dict[str, AgentSession] = {}
+        #: Sessions whose delivery broke: when this worker may claim each again, and
+        #: how many times in a row it broke.
+        self._backoff: dict[str, tuple[float, int]] = {}
+        self._wake = asyncio.Event()
+        self._stopping = False
+        #: How many turns this worker has claimed (for tests and monitoring).
+        self.claimed = 0
+
+    @property
+    def running(self) -> int:
+        """How many sessions this worker is delivering a turn of right now."""
+        return len(self._running)
+
+    def stop(self) -> None:
+        """Stop claiming; ``run`` returns once the current deliveries are over."""
+        self._stopping = True
+        self._wake.set()
+
+    async def run(self) -> None:
+        """Claim and deliver turns until ``stop()``; then let the deliveries finish
+        (for ``grace`` seconds at most, then interrupt them) and return."""
+        self.runtime._require_loop()
+        try:
+            while not self._stopping:
+                claimed = await self._claim_once()
+                if claimed and self.running < self.concurrency:
+                    continue  # there may be more
+                await self._wait()
+        finally:
+            await self._drain()
+
+    async def _claim_once(self) -> int:
+        free = self.concurrency - self.running
+        if free <= 0:
+            return 0
+        now = time.monotonic()
+        for sid in [s for s, (at, _) in self._backoff.items() if at <= now]:
+            if sid not in self._running:
+                del self._backoff[sid]
+        skip = {*self._running, *self._backoff}
+        try:
+            records = await self.queue.claim(sorted(self.runtime.agents), limit=free, skip=skip)
+        except StoreError as exc:
+            log.warning("claiming turns failed (trying again in %gs): %s", self.poll, exc)
+            return 0
+        for record in records:
+            self._deliver(record)
+        self.claimed += len(records)
+        return len(records)
+
+    async def _wait(self) -> None:
+        """Until a turn may be runnable: announced by the store, a delivery here
+        ended, ``stop()``, or ``poll`` seconds passed."""
+        self._wake.clear()
+        announced = asyncio.ensure_future(self.queue.wait_for_turns(self.poll))
+        woken = asyncio.ensure_future(self._wake.wait())
+        try:
+            await asyncio.wait({announced, woken}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (announced, woken):
+                task.cancel()
+
+    def _deliver(self, record: TurnRecord) -> None:
+        sid = record.session_id
+        try:
+            session = self.runtime.session(record.agent, sid)
+            turn_id = session.run_stored(record)
+        except Exception as exc:
+            self.queue.unclaim(sid)
+            log.warning("cannot deliver turn %s of %s: %s", record.turn_id, sid, exc)
+            self._back_off(sid)
+            return
+        self._sessions[sid] = session
+        task = asyncio.get_running_loop().create_task(
+            self._follow(session, turn_id), name=f"turnkit-worker:{sid}"
+        )
+        self._running[sid] = task
+
+    async def _follow(self, session: AgentSession, turn_id: str) -> None:
+        sid = session.session_id
+        try:
+            await session.result(turn_id)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            # The turn stays open in the store; it is claimed again after a pause
+            # (here), or sooner by another worker.
+            log.warning("delivering turn %s of %s broke: %s", turn_id, sid, exc)
+            self._back_off(sid)
+        else:
+            self._backoff.pop(sid, None)
+        finally:
+            self._running.pop(sid, None)
+            self._sessions.pop(sid, None)
+            self.queue.unclaim(sid)  # (a no-op once its delivery held it)
+            self._wake.set()
+
+    def _back_off(self, sid: str) -> None:
+        failures = self._backoff.get(sid, (0.0, 0))[1] + 1
+        pause = min(_FIRST_BACKOFF * 2 ** (failures - 1), _MAX_BACKOFF)
+        self._backoff[sid] = (time.monotonic() + pause, failures)
+
+    async def _drain(self) -> None:
+        """Let the deliveries under way end, for ``grace`` seconds at most; then
+        interrupt them (their turns stay open, for another worker to take over)."""
+        tasks = list(self._running.values())
+        if not tasks:
+            return
+        _, late = await asyncio.wait(tasks, timeout=self.grace)
+        if late:
+            log.warning(
+                "%d turn(s) still running after %gs: handing them back", len(late), self.grace
+            )
+            for session in list(self._sessions.values()):
+                session.interrupt()
+            await asyncio.wait(late)

@@ -1,0 +1,39 @@
+"""The ``TurnQueue`` seam: a store whose submitted turns workers in any process claim.
+
+A store that many processes share (``PostgresStore``) offers it beside ``Store``.
+``turnkit.Worker`` claims runnable sessions from it and delivers their turns; the
+claim hands each session's writer lock to the delivery that holds its ``writer()``
+next, so a session is one worker's at a time. See ``docs/stores.md``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from typing import Protocol, runtime_checkable
+
+from .._values.records import TurnRecord
+
+
+@runtime_checkable
+class TurnQueue(Protocol):
+    """What ``Worker`` needs of the store beside ``Store``."""
+
+    async def claim(
+        self, agents: Sequence[str], *, limit: int, skip: Collection[str] = ()
+    ) -> list[TurnRecord]:
+        """Claim at most ``limit`` sessions of ``agents`` that no process holds (and
+        not in ``skip``), oldest runnable turn first, and return each one's runnable
+        turn: its oldest turn that is queued, running (a dead process left it so) or
+        parked with a cancellation recorded. Each session returned is this process's
+        until the next ``writer()`` of it ends (or ``unclaim``); two claims anywhere
+        never return one session at once."""
+        ...
+
+    def unclaim(self, session_id: str) -> None:
+        """Give back a claimed session whose delivery never held its ``writer()``."""
+        ...
+
+    async def wait_for_turns(self, timeout: float) -> None:
+        """Return once a turn may have become runnable since the last ``claim`` (a
+        submission, a resume, a cancellation anywhere), or after ``timeout`` seconds."""
+        ...

@@ -1,0 +1,60 @@
+"""``turnkit worker``: one process of a deployment's workers, on a shared PostgreSQL.
+
+It serves no HTTP: HTTP nodes (``create_app(..., run_turns=False)``) store the turns
+and workers run them. ``SIGTERM`` (or ``SIGINT``) stops it gracefully: it claims
+nothing more, lets the turns under way finish for ``grace`` seconds, hands back what
+is left (another worker replays it from its checkpoints) and exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from .._engine.agent import Agent
+from .._runtime.runtime import Runtime
+from .._runtime.worker import Worker
+from .._seams.store import Store
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerOptions:
+    """How ``turnkit worker`` runs: sessions at once, the poll, the shutdown grace."""
+
+    concurrency: int = 32
+    poll: float = 1.0
+    grace: float = 30.0
+    store_label: str = ""
+
+
+#: Called with the running worker once it claims turns, returning what to undo when
+#: it stops: where a process adds what it serves beside the worker (a health port).
+WorkerHook = Callable[[Worker], Callable[[], None]]
+
+
+async def serve_worker(
+    agents: Sequence[Agent], store: Store, options: WorkerOptions, hooks: Sequence[WorkerHook] = ()
+) -> int:
+    """Run a worker until ``SIGTERM`` or ``SIGINT``; the exit status."""
+    async with Runtime(list(agents), store=store) as runtime:
+        worker = Worker(
+            runtime, concurrency=options.concurrency, poll=options.poll, grace=options.grace
+        )
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, worker.stop)
+        undo = [hook(worker) for hook in hooks]
+        names = ", ".join(a.name for a in agents)
+        print(f"turnkit worker: running {names} on {options.store_label}", flush=True)
+        try:
+            await worker.run()
+        finally:
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(signum)
+            for step in reversed(undo):
+                step()
+    print("turnkit worker: stopped", file=sys.stderr, flush=True)
+    return 0

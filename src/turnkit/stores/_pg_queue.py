@@ -1,0 +1,48 @@
+"""PostgresStore as the workers' queue: the statement that claims runnable sessions,
+and the notification that wakes workers when a commit makes a turn runnable.
+
+There is no queue beside the transcript: a submitted turn is its ``queued`` row in
+``turnkit_turns``. A claim takes, oldest first, the first runnable turn of sessions
+no process holds, skipping rows another claim is reading (``FOR NO KEY UPDATE
+SKIP LOCKED``), and takes each session's writer lock (the advisory lock of
+``_pg_writer``) in the same statement, on the lock connection: from then on the
+session is the claiming process's until its delivery ends or its connection dies.
+"""
+
+from __future__ import annotations
+
+from ._pg_sql import _TURN_COLUMNS_T
+from ._postgres_schema import claimable
+
+#: Wakes the workers listening on this database (payload: the schema).
+CHANNEL = "turnkit_queue"
+
+#: The sessions whose writer lock some connection holds, as lock keys.
+_HELD = (
+    "SELECT (l.classid::bigint << 32) | l.objid::bigint AS k FROM pg_locks l "
+    "WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted "
+    "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+)
+
+#: Parameters: the agents this worker runs (a JSON array), sessions it skips (a JSON
+#: array), and how many sessions it takes at most. Each session's runnable turn is
+#: its oldest claimable one, so its turns run one at a time in submission order.
+CLAIM_SQL = (
+    f"WITH held AS ({_HELD}), c AS ("
+    "SELECT t.session_id, t.turn_id, t.created_at FROM turnkit_turns t "
+    f"WHERE {claimable('t')} "
+    "AND t.agent IN (SELECT json_array_elements_text(?::json)) "
+    "AND t.session_id NOT IN (SELECT json_array_elements_text(?::json)) "
+    "AND NOT EXISTS (SELECT 1 FROM turnkit_turns e WHERE e.session_id = t.session_id "
+    f"AND {claimable('e')} AND (e.created_at, e.turn_id) < (t.created_at, t.turn_id)) "
+    "AND turnkit_lock_key(t.session_id) NOT IN (SELECT k FROM held) "
+    "ORDER BY t.created_at LIMIT ? FOR NO KEY UPDATE OF t SKIP LOCKED) "
+    # Every row of ``c`` is tried (no LIMIT out here), so no lock is taken and lost.
+    f"SELECT {_TURN_COLUMNS_T} FROM c JOIN turnkit_turns t "
+    "ON t.session_id = c.session_id AND t.turn_id = c.turn_id "
+    "WHERE pg_try_advisory_lock(turnkit_lock_key(c.session_id)) ORDER BY c.created_at"
+)
+
+#: Sent inside a commit that makes a turn runnable (a submission, a resume, a
+#: cancellation of a parked turn): delivered when, and only if, it commits.
+WAKE_SQL = "SELECT pg_notify('turnkit_queue', ?)"
