@@ -80,8 +80,10 @@ class Worker:
         self._backoff: dict[str, tuple[float, int]] = {}
         self._wake = asyncio.Event()
         self._stopping = False
-        #: How many turns this worker has claimed (for tests and monitoring).
+        #: How many turns this worker has claimed (for monitoring), and how many of
+        #: them were running already: left by a process that died or stalled.
         self.claimed = 0
+        self.takeovers = 0
 
     @property
     def running(self) -> int:
@@ -123,6 +125,7 @@ class Worker:
         for record in records:
             self._deliver(record)
         self.claimed += len(records)
+        self.takeovers += sum(r.status == "running" for r in records)
         return len(records)
 
     async def _wait(self) -> None:
