@@ -79,7 +79,7 @@ from .batch import committed_results, in_order
 from .context import ChildTurns, ToolContext, TurnParked
 from .limits import calls_asked_before
 from .model_call import ask_model
-from .output import OUTPUT_TOOL, answer_tail, takes_output, with_output
+from .output import OUTPUT_TOOL, answer_tail, with_output
 from .parallel import Asked, Outcome, Ran, run_batch
 from .position import (
     CallModel,
@@ -679,7 +679,7 @@ class TurnRunner:
             reply,
             self.transcript,
             self.turn_id,
-            as_tool=not takes_output(self.agent.model),
+            self.agent.model,
         )
         tid, sid, seq = self.turn_id, self.session_id, count(self.next_seq)
         # Observers may mutate what they get; the transcript must not change with it.

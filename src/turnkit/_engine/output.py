@@ -226,8 +226,7 @@ def answer_tail(
     reply: ModelReply,
     transcript: Sequence[Message],
     turn_id: str,
-    *,
-    as_tool: bool,
+    model: Model,
 ) -> tuple[list[Message], str | None]:
     """What a model step commits after ``reply``'s own message, and the turn's answer
     text if the step ends the turn (``None``: the turn goes on).
@@ -239,7 +238,7 @@ def answer_tail(
     """
     if contract is None:
         return [], None if reply.tool_calls else reply.text
-    verdict = judge(contract, reply, as_tool=as_tool)
+    verdict = judge(contract, reply, as_tool=not takes_output(model))
     if verdict is None:
         return [], None
     if isinstance(verdict, Answer):
