@@ -251,6 +251,8 @@ async def test_a_worker_killed_mid_turn_is_taken_over_and_the_step_runs_once(
     turn_id = await nodes.submit("k1", "hold k1")
     await nodes.wait_for_file(f"started-{first.pid}-*")
     second = nodes.start_worker()
+    await asyncio.sleep(1.0)  # past its first claims: it finds the turn by its poll
+    assert not list(nodes.hold.glob(f"started-{second.pid}-*"))  # not while the first lives
     killed = time.monotonic()
     first.kill()
     first.wait()
@@ -270,10 +272,13 @@ async def test_a_paused_worker_resumed_after_a_takeover_cannot_commit(nodes: Clu
     first = nodes.start_worker("--idle-timeout", "2")
     turn_id = await nodes.submit("p1", "hold p1")
     await nodes.wait_for_file(f"started-{first.pid}-*")
-    first.send_signal(signal.SIGSTOP)
     second = nodes.start_worker("--idle-timeout", "2")
+    await asyncio.sleep(1.0)
+    first.send_signal(signal.SIGSTOP)
+    paused = time.monotonic()
     # PostgreSQL ends the silent worker's lock connection, and the session moves.
     await nodes.wait_for_file(f"started-{second.pid}-*", timeout=60)
+    print(f"takeover after SIGSTOP (--idle-timeout 2): {time.monotonic() - paused:.2f}s")
     first.send_signal(signal.SIGCONT)
     (nodes.hold / "release").touch()  # both calls return; only one step may land
     await nodes.wait_for("SELECT 1 FROM turnkit_turns WHERE status = 'completed'")
