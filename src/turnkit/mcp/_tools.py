@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
+import pydantic
 from mcp import Client, MCPError
 from mcp.types import CONNECTION_CLOSED, REQUEST_TIMEOUT, CallToolResult, TextContent
 from mcp.types import Tool as McpTool
@@ -83,7 +84,7 @@ class McpTools:
             if failure is None:
                 failure = exc
         if failure is not None:
-            raise RuntimeError(f"MCP server {self.key!r}: {reason(failure)}") from None
+            raise Exception(f"MCP server {self.key!r}: {reason(failure)}") from None
         return found
 
     async def _pages(self, client: Client, found: list[ListedTool]) -> None:
@@ -141,6 +142,9 @@ class McpTools:
             return Exception(
                 f"MCP server {self.key!r} answered {target!r} with error {exc.code}: {exc.message}"
             )
+        if isinstance(exc, pydantic.ValidationError) or _bad_structured_content(exc):
+            # An answer came, one the SDK could not accept: the server's to fix.
+            return Exception(f"MCP server {self.key!r} answered {target!r} wrongly: {exc}")
         if isinstance(exc, TimeoutError):
             return self._unknown(target, f"no answer within {self.timeout:g}s")
         return self._unknown(target, reason(exc))
@@ -175,6 +179,11 @@ class McpTools:
             input_schema=dict(tool.input_schema),
             target=tool.name,
         )
+
+
+def _bad_structured_content(exc: Exception) -> bool:
+    """The SDK's ``RuntimeError`` for a result that breaks the tool's output schema."""
+    return isinstance(exc, RuntimeError) and str(exc).startswith("Invalid structured content")
 
 
 def _read(result: CallToolResult) -> Any:
