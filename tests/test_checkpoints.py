@@ -67,7 +67,9 @@ def test_a_checkpoint_keeps_its_stored_form_exactly() -> None:
         "event",
         "policy",
         "generation",
+        "requests",
     ]
+    assert stored["requests"] == [REQUEST.to_dict()]
     assert stored["policy"] == {"source": "slack", "system": "Be brief.", "deny_tools": ["a", "b"]}
     assert SuspendCheckpoint.from_dict(json.loads(_stored(stored))) == checkpoint
 
@@ -84,10 +86,27 @@ def test_a_checkpoint_written_before_policies_and_generations_still_reads() -> N
     assert checkpoint.request == REQUEST and checkpoint.event is None
 
 
+def test_a_checkpoint_of_several_requests_answers_them_one_by_one() -> None:
+    other = InputRequest(id="ok@c2", prompt="Refund too?", turn_id="t1", call_id="c2", tool="r")
+    checkpoint = SuspendCheckpoint(
+        request=REQUEST,
+        call_id="c1",
+        opening_text="x",
+        event=None,
+        policy=TurnPolicy(),
+        requests=(REQUEST, other),
+    )
+    assert SuspendCheckpoint.from_dict(json.loads(_stored(checkpoint.to_dict()))) == checkpoint
+    assert checkpoint.find("ok@c2") == other and checkpoint.find("nope") is None
+    left = checkpoint.without("ok")
+    assert (left.request, left.call_id, left.requests) == (other, "c2", (other,))
+
+
 @pytest.mark.parametrize(
     ("data", "match"),
     [
         (None, "expected a JSON object with a request"),
+        ({"request": REQUEST.to_dict(), "requests": {}}, "requests must be a list"),
         ({"call_id": "c1"}, "expected a JSON object with a request"),
         ({"request": {"id": "ok"}}, "input request: missing or malformed field"),
         ({"request": REQUEST.to_dict(), "generation": "2"}, "generation must be an integer"),

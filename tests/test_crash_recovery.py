@@ -268,6 +268,7 @@ def test_reference_run(reference: Reference) -> None:
         "reason": None,
         "usage": Usage().to_dict(),  # the scripted model reports none
         "output": None,
+        "requests": [],
     }
 
 

@@ -289,7 +289,7 @@ async def test_reset_transcript_pending_and_the_paged_session_list(open_runtime:
         ]
         assert (
             await served.client.get(served.path("calc", "s0", "pending"), headers=ALICE)
-        ).json() == {"request": None}
+        ).json() == {"request": None, "requests": []}
         reset = await served.client.post(served.path("calc", "s0", "reset"), headers=ALICE)
         assert reset.json() == {
             "previous_session": "s0#g0",

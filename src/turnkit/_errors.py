@@ -67,15 +67,21 @@ class TurnCancelledError(TurnError):
 
 
 class TurnSuspendedError(TurnError):
-    """The awaited turn parked on an input request; ``request`` says what it waits for.
+    """The awaited turn parked on an input request; ``request`` says what it waits for
+    (``requests``: every open question, when several calls of a step asked).
 
-    Answer it with ``await session.resume(turn_id, request.id, value, by=...)``.
+    Answer it with ``await session.resume(turn_id, request.id, value, by=...)``, and
+    each of ``requests`` likewise.
     """
 
-    def __init__(self, turn_id: str, request: Any) -> None:
-        super().__init__(f"turn {turn_id} is waiting for input {request.id!r}: {request.prompt}")
+    def __init__(self, turn_id: str, request: Any, requests: tuple[Any, ...] = ()) -> None:
+        more = f" (and {len(requests) - 1} more)" if len(requests) > 1 else ""
+        super().__init__(
+            f"turn {turn_id} is waiting for input {request.id!r}: {request.prompt}{more}"
+        )
         self.turn_id = turn_id
         self.request = request
+        self.requests = tuple(requests) or (request,)
 
 
 class SessionSuspendedError(TurnError):

@@ -151,6 +151,9 @@ class ChannelContext:
     async def pending(self, *, session: str) -> InputRequest | None:
         return await self.session(session).pending()
 
+    async def pending_all(self, *, session: str) -> list[InputRequest]:
+        return await self.session(session).pending_all()
+
     async def reset_session(self, *, session: str) -> ResetResult:
         """Archive the session's history and start it afresh (see ``AgentSession.reset``)."""
         return await self.session(session).reset()
@@ -227,8 +230,9 @@ class ChannelContext:
     ) -> Grant | None:
         if self.agent.authorize_answer is None:
             return None
-        request = await agent_session.pending()
-        if request is None or request.turn_id != turn_id or request.id != input_id:
+        waiting = await agent_session.pending_all()
+        request = next((r for r in waiting if r.id == input_id), None)
+        if request is None or request.turn_id != turn_id:
             return None  # resume() says what is wrong
         if any(a.kind == "user" and a.user_id == by for a in request.answerers):
             return None  # admitted as the named user; no policy needed

@@ -12,7 +12,7 @@ from .._errors import FatalToolError
 from .._values.checkpoints import InputAnswer
 from .._values.inbound import InboundEvent
 from .._values.inputs import Answerer, Answerers, InputRequest, as_answerers, check_schema
-from .._values.step_ids import input_step_id
+from .._values.step_ids import call_input_id, input_step_id
 from .._values.turns import TurnResult
 
 if TYPE_CHECKING:
@@ -133,7 +133,10 @@ class ToolContext:
             raise FatalToolError(f"ctx.request_input: id must be a non-empty str, got {input_id!r}")
         if not isinstance(prompt, str):
             raise FatalToolError(f"ctx.request_input: prompt must be a str, got {prompt!r}")
-        answer = self._steps.get(input_step_id(self.turn_id, input_id))
+        # An answer to this call alone (several calls asked with this id) comes first.
+        answer = self._steps.get(
+            input_step_id(self.turn_id, call_input_id(input_id, self.call_id))
+        ) or self._steps.get(input_step_id(self.turn_id, input_id))
         if answer is not None:
             return InputAnswer.from_dict(answer).value
         try:

@@ -75,7 +75,7 @@ from .._values.step_ids import (
 from .._values.turns import TurnCancelled, TurnFailure, TurnRequest, TurnResult, result_from_record
 from .._values.usage import Usage, steps_usage
 from .agent import Agent
-from .batch import committed_results, in_order
+from .batch import committed_results, distinct_ids, in_order
 from .context import ChildTurns, ToolContext, TurnParked
 from .limits import calls_asked_before
 from .model_call import ask_model
@@ -304,7 +304,7 @@ class TurnRunner:
             self._failure = error_type(failure)
             return await self._fail(str(failure))
         except _Park as park:
-            return await self._park(park.call, park.request)
+            return await self._park(park.requests)
         except TurnCancelled as cancelled:
             if not self._opened and queued:
                 return await self._settle_queued("cancelled", reason=cancelled.reason)
@@ -621,28 +621,36 @@ class TurnRunner:
         await self._commit(write, [failed])
         return self._result("failed", error=error)
 
-    async def _park(self, call: ToolCall, request: InputRequest) -> TurnResult:
-        """Write the one suspend checkpoint: the request and what a resume in another
-        process needs to replay the turn as it was opened."""
+    async def _park(self, asked: tuple[InputRequest, ...]) -> TurnResult:
+        """Write the one suspend checkpoint: the requests (one per call that asked)
+        and what a resume in another process needs to replay the turn as it was
+        opened."""
+        requests = distinct_ids(asked)
+        first = requests[0]
         # The stored opening (a redelivery may have been started with other text).
         opening = self._record.opening if self._record else self.request.opening.to_dict()
         checkpoint = SuspendCheckpoint(
-            request=request,
-            call_id=call.id,
+            request=first,
+            call_id=first.call_id,
             opening_text=str(opening.get("text", "")),
             event=self.event,
             policy=self.policy,
             generation=self.generation,
+            requests=requests,
         ).to_dict()
 
         def write(tx: Transaction) -> None:
             tx.set_turn_status(self.turn_id, "suspended", pending=checkpoint)
 
-        asked = InputRequestedEvent(
-            turn_id=self.turn_id, session_id=self.session_id, request=request, seq=self.next_seq
+        event = InputRequestedEvent(
+            turn_id=self.turn_id,
+            session_id=self.session_id,
+            request=first,
+            requests=requests,
+            seq=self.next_seq,
         )
-        await self._commit(write, [asked])
-        return self._result("suspended", request=request)
+        await self._commit(write, [event])
+        return self._result("suspended", request=first, requests=requests)
 
     def _result(self, status: TurnStatusResult, **outcome: Any) -> TurnResult:
         """How this delivery ends the turn, with what the turn's model calls used."""
@@ -789,7 +797,7 @@ class TurnRunner:
         if limit > 1 and len(todo) > 1:
             asked = await run_batch(_BatchSteps(self, index), todo, limit)
             if asked:
-                raise _Park(*asked[0])
+                raise _Park(tuple(request for _, request in asked))
             return
         for call in todo:
             await self._step_boundary()
@@ -837,7 +845,7 @@ class TurnRunner:
         else:
             outcome = await self._run_remote(tool, step_id, call, span)
             if isinstance(outcome, Asked):
-                raise _Park(call, outcome.request)
+                raise _Park((outcome.request,))
             await self._commit_tool(step_id, call, outcome.value, outcome.error)
 
     async def _run_remote(
@@ -993,12 +1001,12 @@ def opening_policy(agent: Agent, request: TurnRequest, event: InboundEvent | Non
 
 
 class _Park(Exception):
-    """Internal: a remote tool asked for input; the turn parks at its call."""
+    """Internal: remote tools asked for input; the turn parks on their requests (in
+    the order of the calls that asked)."""
 
-    def __init__(self, call: ToolCall, request: InputRequest) -> None:
-        super().__init__(request.id)
-        self.call = call
-        self.request = request
+    def __init__(self, requests: tuple[InputRequest, ...]) -> None:
+        super().__init__(", ".join(r.id for r in requests))
+        self.requests = requests
 
 
 @dataclass(frozen=True)

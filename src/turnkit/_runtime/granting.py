@@ -32,11 +32,13 @@ async def grant_answer(
     parked = await session._parked_input()
     if parked is None:
         raise ResumeConflictError(f"session {session.session_id} is not waiting for input")
-    request, generation = parked
-    if request.turn_id != resume.turn_id or request.id != resume.input_id:
+    requests, generation = parked
+    request = next((r for r in requests if r.id == resume.input_id), None)
+    if request is None or request.turn_id != resume.turn_id:
+        waiting = ", ".join(repr(r.id) for r in requests)
         raise ResumeConflictError(
-            f"session {session.session_id} waits for input {request.id!r} of turn "
-            f"{request.turn_id}, not {resume.input_id!r} of turn {resume.turn_id}"
+            f"session {session.session_id} waits for input {waiting} of turn "
+            f"{requests[0].turn_id}, not {resume.input_id!r} of turn {resume.turn_id}"
         )
     policies = [a for a in request.answerers if a.kind == "policy"]
     if not policies:

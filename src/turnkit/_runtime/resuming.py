@@ -11,7 +11,7 @@ from pydantic_core import from_json, to_json
 from .._errors import InvalidAnswerError, ResumeConflictError, TurnError
 from .._seams.store import NO_MESSAGES, SessionStore, Transaction
 from .._values.checkpoints import InputAnswer, checkpoint_of
-from .._values.events import InputAnsweredEvent
+from .._values.events import InputAnsweredEvent, InputRequestedEvent
 from .._values.inbound import InboundEvent
 from .._values.messages import TriggerMessage, UserMessage, message_from_dict
 from .._values.step_ids import input_step_id
@@ -31,8 +31,10 @@ async def record_answer(
 ) -> TurnRequest:
     """Check the answer under the session's writer and commit it (the answer, the
     turn back to ``running`` and an ``input.answered`` event, together); return the
-    delivery that replays the turn. Every refusal raises before anything is stored
-    (see ``AgentSession.resume``)."""
+    delivery that replays the turn. When the turn waits on other questions too, it
+    stays parked on those (a fresh ``input.requested`` lists them) and the delivery
+    only announces that. Every refusal raises before anything is stored (see
+    ``AgentSession.resume``)."""
     async with store.writer():
         record = await store.parked()
         checkpoint = checkpoint_of(record) if record is not None else None
@@ -44,11 +46,10 @@ async def record_answer(
             raise ResumeConflictError(
                 f"session {store.session_id} waits on turn {record.turn_id}, not {turn_id}"
             )
-        request = checkpoint.request
-        if request.id != input_id:
-            raise ResumeConflictError(
-                f"turn {turn_id} waits for input {request.id!r}, not {input_id!r}"
-            )
+        request = checkpoint.find(input_id)
+        if request is None:
+            waiting = ", ".join(repr(r.id) for r in checkpoint.requests)
+            raise ResumeConflictError(f"turn {turn_id} waits for input {waiting}, not {input_id!r}")
         check_answerer(
             request,
             session_id=store.session_id,
@@ -70,6 +71,7 @@ async def record_answer(
 
         # Who answered is logged with the answer, in the same transaction: once,
         # however often the resumed turn is redelivered after a crash.
+        seq = (await store.load(turn_id, from_index=NO_MESSAGES)).next_seq
         answered = InputAnsweredEvent(
             turn_id=turn_id,
             session_id=store.session_id,
@@ -77,15 +79,32 @@ async def record_answer(
             call_id=request.call_id,
             by=by,
             value=from_json(encoded),  # observers get a copy of their own
-            seq=(await store.load(turn_id, from_index=NO_MESSAGES)).next_seq,
+            seq=seq,
         )
 
         answer = InputAnswer(value=value, by=by)
+        still = checkpoint.without(input_id) if len(checkpoint.requests) > 1 else None
+        asked = (
+            InputRequestedEvent(
+                turn_id=turn_id,
+                session_id=store.session_id,
+                request=still.request,
+                requests=still.requests,
+                seq=seq + 1,
+            )
+            if still is not None
+            else None
+        )
 
         def write(tx: Transaction) -> None:
             tx.put_step(input_step_id(turn_id, input_id), turn_id, answer.to_dict())
-            tx.set_turn_status(turn_id, "running")
+            if still is None:
+                tx.set_turn_status(turn_id, "running")
+            else:  # parked on the others still (each answered on its own)
+                tx.set_turn_status(turn_id, "suspended", pending=still.to_dict())
             tx.log_event(answered)
+            if asked is not None:
+                tx.log_event(asked)
 
         await store.commit(write)
     opening = message_from_dict(record.opening)

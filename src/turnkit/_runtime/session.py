@@ -429,7 +429,7 @@ class AgentSession(SessionView):
         )
         result = await self.result(tid)
         if result.status == "suspended" and result.request is not None:
-            raise TurnSuspendedError(result.turn_id, result.request)
+            raise TurnSuspendedError(result.turn_id, result.request, result.requests)
         if result.status == "cancelled":
             raise TurnCancelledError(result.turn_id, result.reason or "requested")
         if result.status != "completed":

@@ -64,17 +64,25 @@ class SessionView:
         return await self._store.turn(turn_id)
 
     async def pending(self) -> InputRequest | None:
-        """The input request this session is parked on, or ``None``."""
+        """The input request this session is parked on (the first still open, when
+        several calls asked), or ``None``."""
         parked = await self._parked_input()
-        return parked[0] if parked is not None else None
+        return parked[0][0] if parked is not None else None
 
-    async def _parked_input(self) -> tuple[InputRequest, int] | None:
-        """The request this session is parked on and the generation it waits in."""
+    async def pending_all(self) -> list[InputRequest]:
+        """Every input request this session is parked on, in the order of the calls
+        that asked; empty when it is not parked. Each is answered on its own with
+        ``resume``; the turn goes on once the last one is answered."""
+        parked = await self._parked_input()
+        return list(parked[0]) if parked is not None else []
+
+    async def _parked_input(self) -> tuple[tuple[InputRequest, ...], int] | None:
+        """The requests this session is parked on and the generation they wait in."""
         record = await self._store.parked()
         checkpoint = checkpoint_of(record) if record is not None else None
         if checkpoint is None:
             return None
-        return checkpoint.request, checkpoint.generation
+        return checkpoint.requests, checkpoint.generation
 
     async def generations(self) -> list[int]:
         """The archived generations of this session (one per reset), oldest first."""

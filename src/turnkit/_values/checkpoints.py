@@ -8,7 +8,7 @@ hold, so they must keep decoding unchanged; fields added later get a default.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .._errors import MessageDecodeError
@@ -22,7 +22,11 @@ from .records import TurnRecord
 @dataclass(frozen=True, kw_only=True)
 class SuspendCheckpoint:
     """What a parked turn waits for, and what a resume in another process needs to
-    replay it as it was opened. Kept as the turn record's ``pending``."""
+    replay it as it was opened. Kept as the turn record's ``pending``.
+
+    ``requests`` are the questions still open, in the order of the calls that asked
+    (several calls of one model step may each ask one); ``request`` is the first.
+    """
 
     request: InputRequest
     #: The call whose tool asked (``request.call_id``).
@@ -34,6 +38,20 @@ class SuspendCheckpoint:
     policy: TurnPolicy | None
     #: The session's generation: a grant answers only the one it was issued in.
     generation: int = 0
+    requests: tuple[InputRequest, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.requests:
+            object.__setattr__(self, "requests", (self.request,))
+
+    def find(self, input_id: str) -> InputRequest | None:
+        """The open request with id ``input_id``, if there is one."""
+        return next((r for r in self.requests if r.id == input_id), None)
+
+    def without(self, input_id: str) -> SuspendCheckpoint:
+        """This checkpoint once ``input_id`` is answered (others must remain open)."""
+        left = tuple(r for r in self.requests if r.id != input_id)
+        return replace(self, request=left[0], call_id=left[0].call_id, requests=left)
 
     def to_dict(self) -> JsonObject:
         return {
@@ -43,6 +61,7 @@ class SuspendCheckpoint:
             "event": self.event.to_dict() if self.event is not None else None,
             "policy": self.policy.to_dict() if self.policy is not None else None,
             "generation": self.generation,
+            "requests": [r.to_dict() for r in self.requests],
         }
 
     @classmethod
@@ -50,6 +69,9 @@ class SuspendCheckpoint:
         if not isinstance(data, dict) or "request" not in data:
             raise MessageDecodeError("suspend checkpoint: expected a JSON object with a request")
         request = InputRequest.from_dict(data["request"])
+        listed = data.get("requests", [])
+        if not isinstance(listed, list):
+            raise MessageDecodeError("suspend checkpoint: requests must be a list")
         event, policy = data.get("event"), data.get("policy")
         generation = data.get("generation", 0)
         if isinstance(generation, bool) or not isinstance(generation, int):
@@ -63,6 +85,7 @@ class SuspendCheckpoint:
             event=InboundEvent.from_dict(event) if event is not None else None,
             policy=TurnPolicy.from_dict(policy) if policy is not None else None,
             generation=generation,
+            requests=tuple(InputRequest.from_dict(r) for r in listed),
         )
 
 

@@ -34,6 +34,8 @@ class _Event:
         out: JsonObject = dict(self.__dict__)
         for name in nested:
             out[name] = out[name].to_dict()
+        if "requests" in out:
+            out["requests"] = [r.to_dict() for r in out["requests"]]
         return out
 
 
@@ -128,10 +130,19 @@ class TurnFailedEvent(_TurnEventBase):
 
 @dataclass(frozen=True, kw_only=True)
 class InputRequestedEvent(_TurnEventBase):
-    """The turn parked: a tool asked for input; ``request`` says what and from whom."""
+    """The turn parked: tools asked for input. ``requests`` lists every question it
+    waits on, in the order of the calls that asked; ``request`` is the first.
+
+    Logged again, with what is still open, each time one of several is answered.
+    """
 
     request: InputRequest
+    requests: tuple[InputRequest, ...] = ()
     type: Literal["input.requested"] = "input.requested"
+
+    def __post_init__(self) -> None:
+        if not self.requests:
+            object.__setattr__(self, "requests", (self.request,))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -255,6 +266,10 @@ def event_from_dict(data: object) -> TurnEvent:
         values["call"] = ToolCall.from_dict(values["call"])
     if "request" in values:
         values["request"] = InputRequest.from_dict(values["request"])
+    if "requests" in values:
+        if not isinstance(values["requests"], list):
+            raise MessageDecodeError(f"event {kind}: requests must be a list")
+        values["requests"] = tuple(InputRequest.from_dict(r) for r in values["requests"])
     if "event" in values:
         values["event"] = event_from_dict(values["event"])
     try:

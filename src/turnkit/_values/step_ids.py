@@ -31,6 +31,13 @@ def input_step_id(turn_id: str, input_id: str) -> str:
     return f"{INPUT}:{turn_id}:{input_id}"
 
 
+def call_input_id(input_id: str, call_id: str) -> str:
+    """The id a question takes when several calls of one park ask with the same id
+    (two refunds, each asking ``approve-refund``): ``<id>@<call_id>``, so each call
+    gets its own answer."""
+    return f"{input_id}@{call_id}"
+
+
 def policy_step_id(turn_id: str) -> str:
     """The memo row that keeps a turn's policy (one per turn, like its input answers)."""
     return f"{POLICY}:{turn_id}"

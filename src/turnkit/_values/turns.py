@@ -63,8 +63,9 @@ class TurnRequest:
 @dataclass(frozen=True, kw_only=True)
 class TurnResult:
     """How a turn ended: ``completed`` with ``text``, ``failed`` with ``error``,
-    ``suspended`` (parked) with the ``request`` it waits on, or ``cancelled`` with
-    its ``reason`` (``requested``, ``replaced``, ``reset``).
+    ``suspended`` (parked) with the ``request`` it waits on (``requests``: every
+    question still open, in call order, when several calls of a step asked), or
+    ``cancelled`` with its ``reason`` (``requested``, ``replaced``, ``reset``).
 
     For an agent with an ``output_type``, a completed turn's ``text`` is its
     answer's JSON and ``output`` the answer parsed into that type. ``usage`` sums
@@ -78,6 +79,11 @@ class TurnResult:
     reason: str | None = None
     usage: Usage = NO_USAGE
     output: Any = None
+    requests: tuple[InputRequest, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.request is not None and not self.requests:
+            object.__setattr__(self, "requests", (self.request,))
 
     def output_as(self, output_type: type[_T]) -> _T:
         """``output``, typed as ``output_type`` for the type checker and checked to be
@@ -135,6 +141,9 @@ def result_from_record(record: TurnRecord, usage: Usage = NO_USAGE) -> TurnResul
         reason = record.cancel_reason or "requested"
         return TurnResult(turn_id=tid, status="cancelled", reason=reason, usage=usage)
     if record.status == "suspended" and record.pending is not None:
-        request = InputRequest.from_dict(record.pending["request"])
-        return TurnResult(turn_id=tid, status="suspended", request=request, usage=usage)
+        listed = record.pending.get("requests") or [record.pending["request"]]
+        requests = tuple(InputRequest.from_dict(r) for r in listed)
+        return TurnResult(
+            turn_id=tid, status="suspended", request=requests[0], requests=requests, usage=usage
+        )
     return TurnResult(turn_id=tid, status="failed", error=record.error or "failed", usage=usage)

@@ -340,8 +340,13 @@ class _Api:
         record = await store.parked()
         checkpoint = checkpoint_of(record) if record is not None else None
         if checkpoint is None:
-            return JSONResponse({"request": None})
-        return JSONResponse({"request": checkpoint.request.to_dict()})
+            return JSONResponse({"request": None, "requests": []})
+        return JSONResponse(
+            {
+                "request": checkpoint.request.to_dict(),
+                "requests": [r.to_dict() for r in checkpoint.requests],
+            }
+        )
 
     async def transcript(self, request: Request, principal: Principal) -> Response:
         store = (await self._target(request, principal, "read")).store
@@ -395,6 +400,7 @@ class _Api:
                 answer["output"] = to_jsonable_python(result.output)
         elif result.status == "suspended":
             answer["request"] = None if result.request is None else result.request.to_dict()
+            answer["requests"] = [r.to_dict() for r in result.requests]
         elif result.status == "failed":
             answer["error"] = result.error
         else:
@@ -599,8 +605,8 @@ async def _names(store: SessionStore, body: ResumeBody, principal: Principal) ->
     checkpoint = checkpoint_of(record) if record is not None else None
     if record is None or checkpoint is None or record.turn_id != body.turn_id:
         return False
-    pending = checkpoint.request
-    if pending.id != body.input_id:
+    pending = checkpoint.find(body.input_id)
+    if pending is None:
         return False
     return any(
         (a.kind == "user" and a.user_id == principal.id) or a.kind == "policy"
