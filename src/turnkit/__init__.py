@@ -12,11 +12,21 @@ from ._channels.subagent import SubagentError, subagent
 from ._channels.terminal import TerminalChannel
 from ._engine.agent import Agent
 from ._engine.context import ToolContext
+from ._engine.history import (
+    HistoryPolicy,
+    HistoryView,
+    HistoryWindow,
+    LastTurns,
+    SummarizeOlder,
+    Summarizer,
+    TokenBudget,
+)
 from ._engine.limits import Limits
 from ._engine.tool_sources import ToolSource
 from ._engine.tools import ActionContext, Tool, define_action, tool
 from ._errors import (
     ConfigurationError,
+    ContextWindowError,
     DeliveryError,
     FatalToolError,
     InvalidAnswerError,
@@ -102,17 +112,22 @@ __all__ = [
     "Channel",
     "ChannelContext",
     "ConfigurationError",
+    "ContextWindowError",
     "DeliveringChannel",
     "DeliveryError",
     "DeliveryFailedEvent",
     "EventSink",
     "FatalToolError",
     "Grant",
+    "HistoryPolicy",
+    "HistoryView",
+    "HistoryWindow",
     "InboundEvent",
     "InputAnsweredEvent",
     "InputRequest",
     "InputRequestedEvent",
     "InvalidAnswerError",
+    "LastTurns",
     "Limits",
     "ListedTool",
     "LocalEventSink",
@@ -147,9 +162,12 @@ __all__ = [
     "StoreError",
     "SubagentError",
     "SubagentEvent",
+    "SummarizeOlder",
+    "Summarizer",
     "SurfacePolicy",
     "TerminalChannel",
     "TextDelta",
+    "TokenBudget",
     "Tool",
     "ToolCall",
     "ToolContext",

@@ -13,6 +13,7 @@ TurnkitError
     ├── ResumeAuthorizationError  a resume by someone who may not answer
     ├── InvalidAnswerError    a resume whose answer breaks the request's schema
     ├── ModelError            an adapter's failure (SDK error, broken stream)
+    │   └── ContextWindowError  the request was longer than the model's context window
     ├── StoreError            the store refused or lost a write
     │   └── SessionBusyError  another process holds the session's writer lock
     ├── MessageDecodeError    stored or wire JSON that is not a message
@@ -116,6 +117,12 @@ class ModelError(TurnError):
     The engine records it as the turn's error text (``model error: …``); callers see
     a failed ``TurnResult``, not this exception.
     """
+
+
+class ContextWindowError(ModelError):
+    """The provider refused the request, or stopped, because it was longer than the
+    model's context window. The turn fails with a message naming the remedy (a
+    history policy, ``Agent(history=...)``)."""
 
 
 class StoreError(TurnError):

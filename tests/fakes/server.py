@@ -1,7 +1,8 @@
 """``FakeProvider``: a threaded HTTP server on 127.0.0.1 that plays scripted responses.
 
-Each request takes the next ``Canned`` response, an SSE stream or a JSON error, and is
-kept (path, headers, JSON body) for assertions. Out of script it answers 400, which no
+Each request takes the next ``Canned`` response, an SSE stream or a JSON error (or,
+given ``respond``, the one that function builds from the request's body), and is kept
+(path, headers, JSON body and its raw bytes) for assertions. Out of script it answers 400, which no
 SDK retries, so a test that asks too often fails at once instead of hanging.
 """
 
@@ -10,7 +11,7 @@ from __future__ import annotations
 import json
 import threading
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -34,6 +35,7 @@ class Received:
     path: str
     headers: dict[str, str]
     body: Any
+    raw: bytes = b""
 
 
 def sse(events: tuple[tuple[str | None, Any], ...]) -> bytes:
@@ -50,7 +52,8 @@ def sse(events: tuple[tuple[str | None, Any], ...]) -> bytes:
 class FakeProvider:
     """``with FakeProvider(*responses) as server:`` serves them in order at ``server.url``."""
 
-    def __init__(self, *responses: Canned) -> None:
+    def __init__(self, *responses: Canned, respond: Callable[[Any], Canned] | None = None) -> None:
+        self._respond = respond
         self._script: deque[Canned] = deque(responses)
         self._lock = threading.Lock()
         self.requests: list[Received] = []
@@ -84,6 +87,8 @@ class FakeProvider:
     def _next(self, request: Received) -> Canned:
         with self._lock:
             self.requests.append(request)
+            if self._respond is not None:
+                return self._respond(request.body)
             if self._script:
                 return self._script.popleft()
         message = f"fake provider: no response scripted for request {len(self.requests)}"
@@ -101,7 +106,7 @@ class FakeProvider:
                 raw = self.rfile.read(length)
                 headers = {k.lower(): v for k, v in self.headers.items()}
                 body = json.loads(raw) if raw else None
-                canned = provider._next(Received("POST", self.path, headers, body))
+                canned = provider._next(Received("POST", self.path, headers, body, raw))
                 self._send(canned)
 
             def _send(self, canned: Canned) -> None:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from .._errors import ConfigurationError, ToolDefinitionError
 from .._seams.model import Model, OutputSpec, ToolSpec
 from .._values.policy import SurfacePolicy, TurnPolicy, resolve_policy
+from .history import HistoryPolicy
 from .limits import NO_LIMITS, Limits
 from .output import OutputContract, check_retries
 from .tool_sources import ToolSource
@@ -39,6 +40,9 @@ class Agent:
     max_steps: int | None = None
     #: What one turn may do before it fails: model steps, tool calls, tokens.
     limits: Limits = NO_LIMITS
+    #: Which part of the transcript each model step is sent (``LastTurns``,
+    #: ``TokenBudget``, ``SummarizeOlder`` or your own); ``None`` sends all of it.
+    history: HistoryPolicy | None = None
     #: How many ``async def`` calls of one model step may run at once (``1`` runs
     #: every call of a step one after another). Plain ``def`` calls always run one
     #: at a time, in their own transactions.
@@ -82,6 +86,12 @@ class Agent:
                 f"got {self.max_steps!r}"
             )
         self._fold_limits()
+        if self.history is not None and not callable(getattr(self.history, "window", None)):
+            raise ConfigurationError(
+                f"agent {self.name!r}: history must be a history policy (LastTurns, "
+                f"TokenBudget, SummarizeOlder, or an object with window(view)), "
+                f"got {self.history!r}"
+            )
         if (
             not isinstance(self.max_parallel_tools, int)
             or isinstance(self.max_parallel_tools, bool)

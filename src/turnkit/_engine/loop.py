@@ -77,6 +77,7 @@ from .._values.usage import Usage, steps_usage
 from .agent import Agent
 from .batch import committed_results, distinct_ids, in_order
 from .context import ChildTurns, ToolContext, TurnParked
+from .context_window import ContextWindows, WindowCache
 from .limits import calls_asked_before
 from .model_call import ask_model
 from .output import OUTPUT_TOOL, answer_tail, with_output
@@ -129,7 +130,7 @@ class KnownTranscript:
     reads only the messages committed since (positions are append-only within a
     generation, and committed messages never change)."""
 
-    __slots__ = ("finished", "generation", "messages")
+    __slots__ = ("finished", "generation", "messages", "window")
 
     def __init__(self) -> None:
         self.messages: list[Message] | None = None
@@ -137,10 +138,13 @@ class KnownTranscript:
         #: The turn that delivery ran, if it ended for good (completed or cancelled:
         #: states no redelivery can change), so the next opening need not look it up.
         self.finished: str | None = None
+        #: The window the latest model step was sent under the history policy.
+        self.window: WindowCache | None = None
 
     def forget(self) -> None:
         self.messages = None
         self.finished = None
+        self.window = None
 
 
 class TurnRunner:
@@ -188,6 +192,7 @@ class TurnRunner:
         self._failure: str | None = None
         #: What the turn's stored model calls used, in every delivery so far.
         self.usage = Usage()
+        self._windows: ContextWindows | None = None
 
     async def run(self) -> TurnResult:
         """Run the delivery. An exception escaping here (a store outage) leaves the turn
@@ -669,10 +674,12 @@ class TurnRunner:
             await self._ask_and_commit(index, step_id, span)
 
     async def _ask_and_commit(self, index: int, step_id: str, span: StepSpan) -> None:
+        windows = self._context_windows()
+        sent = await windows.prepare(self.transcript, index, self.policy.system)
+        self.usage = self.usage + windows.take_usage()  # summaries it made
         reply = await ask_model(
             self.agent,
-            self.policy,
-            self.transcript,
+            sent,
             self._text_delta,
             self._reasoning_delta,
             self._cancel_reason,
@@ -709,6 +716,7 @@ class TurnRunner:
             # the stream closed still wins (nothing of the step is written).
             self._boundary()
             tx.put_step(step_id, self.turn_id, reply.to_dict())
+            windows.write(tx)
             tx.append_message(index, message)
             for offset, later in enumerate(tail, start=1):
                 if isinstance(later, ToolMessage):
@@ -719,8 +727,25 @@ class TurnRunner:
                 tx.set_turn_status(self.turn_id, "completed", text=answer)
 
         await self._commit(write, events, [message, *tail])
+        if self.known is not None:
+            self.known.window = windows.committed()
         if reply.usage is not None:
             self.usage = self.usage + reply.usage
+
+    def _context_windows(self) -> ContextWindows:
+        """This delivery's use of the agent's history policy (made on first use)."""
+        if self._windows is None:
+            self._windows = ContextWindows(
+                agent=self.agent,
+                store=self.store,
+                turn_id=self.turn_id,
+                generation=self.generation,
+                steps=self.steps,
+                cache=self.known.window if self.known is not None else None,
+                boundary=self._step_boundary,
+                cancelled=self._cancel_reason,
+            )
+        return self._windows
 
     def _tail_event(self, message: Message, seq: int) -> TurnEvent | None:
         """The event for a message a model step commits after its reply, if any."""

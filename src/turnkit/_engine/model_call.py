@@ -6,16 +6,14 @@ redelivery asks the model again.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from itertools import islice
-from typing import overload
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
 
 from pydantic_core import from_json, to_json
 
-from .._errors import ModelError
+from .._errors import ContextWindowError, ModelError
 from .._seams.model import ModelDelta, ModelDone, ReasoningDelta, TextDelta, ToolSpec
 from .._values.messages import Message, ModelReply, StopReason, ToolCall
-from .._values.policy import TurnPolicy
 from .._values.turns import TurnCancelled, TurnFailure
 from .._values.usage import Usage
 from .agent import Agent
@@ -23,43 +21,34 @@ from .output import takes_output
 from .tool_results import error_text
 
 
-class TranscriptView(Sequence[Message]):
-    """A read-only, fixed-length window on the growing transcript, O(1) to make.
+@dataclass(frozen=True)
+class Sent:
+    """What one model call is sent: the messages (the transcript, or the part of it a
+    history policy chose) and the system prompt (with the summary of what was left
+    out, if there is one)."""
 
-    The model must see the transcript as it was when it was called, without the
-    engine copying the whole history on every step.
-    """
+    messages: Sequence[Message]
+    system: str | None
 
-    __slots__ = ("_items", "_len")
 
-    def __init__(self, items: list[Message]) -> None:
-        self._items = items
-        self._len = len(items)
+#: The remedy a context-window failure names.
+WINDOW_REMEDY = (
+    "give the agent a history policy that sends less of the transcript, e.g. "
+    "Agent(history=turnkit.LastTurns(20)), TokenBudget(...) or SummarizeOlder(...) "
+    "(or a smaller budget for the one it has), then redeliver the turn or send the next one"
+)
 
-    def __len__(self) -> int:
-        return self._len
 
-    def __iter__(self) -> Iterator[Message]:
-        return islice(self._items, self._len)
-
-    @overload
-    def __getitem__(self, i: int) -> Message: ...
-    @overload
-    def __getitem__(self, i: slice) -> Sequence[Message]: ...
-    def __getitem__(self, i: int | slice) -> Message | Sequence[Message]:
-        if isinstance(i, slice):
-            return self._items[: self._len][i]
-        if i < 0:
-            i += self._len
-        if not 0 <= i < self._len:
-            raise IndexError("transcript index out of range")
-        return self._items[i]
+def window_failure(detail: str) -> TurnFailure:
+    """The failure of a turn whose request did not fit the model's context window."""
+    return TurnFailure(
+        f"model error: the request exceeded the model's context window ({detail}); " + WINDOW_REMEDY
+    )
 
 
 async def ask_model(
     agent: Agent,
-    policy: TurnPolicy,
-    transcript: list[Message],
+    sent: Sent,
     on_text: Callable[[str], None],
     on_reasoning: Callable[[str], None],
     cancelled: Callable[[], str | None] = lambda: None,
@@ -74,7 +63,7 @@ async def ask_model(
     """
     reply: ModelReply | None = None
     try:
-        stream = _stream(agent, policy, TranscriptView(transcript), tools)
+        stream = _stream(agent, sent, tools)
         try:
             async for delta in stream:
                 if isinstance(delta, TextDelta):
@@ -95,6 +84,8 @@ async def ask_model(
                 await aclose()
     except TurnCancelled:
         raise
+    except ContextWindowError as exc:
+        raise window_failure(str(exc)) from exc
     except ModelError as exc:
         raise TurnFailure(f"model error: {exc}") from exc
     except Exception as exc:
@@ -105,17 +96,16 @@ async def ask_model(
     return stored_form(reply)
 
 
-def _stream(
-    agent: Agent, policy: TurnPolicy, transcript: Sequence[Message], tools: Sequence[ToolSpec]
-) -> AsyncIterator[ModelDelta]:
+def _stream(agent: Agent, sent: Sent, tools: Sequence[ToolSpec]) -> AsyncIterator[ModelDelta]:
     """The model's stream, asked for a typed answer natively where the model can
     give one, else with the answer offered as one more tool."""
     model, spec = agent.model, agent.output_spec
+    messages, system = sent.messages, sent.system
     if spec is None:
-        return model.stream(transcript, tools, system=policy.system)
+        return model.stream(messages, tools, system=system)
     if takes_output(model):
-        return model.stream(transcript, tools, system=policy.system, output=spec)
-    return model.stream(transcript, (*tools, spec.tool()), system=policy.system)
+        return model.stream(messages, tools, system=system, output=spec)
+    return model.stream(messages, (*tools, spec.tool()), system=system)
 
 
 def check_reply(reply: object) -> None:
@@ -126,6 +116,9 @@ def check_reply(reply: object) -> None:
         raise TurnFailure(f"model error: reply text must be a str, got {type(reply.text).__name__}")
     if reply.usage is not None and not isinstance(reply.usage, Usage):
         raise TurnFailure(f"model error: reply usage must be a Usage, got {reply.usage!r}")
+    if reply.empty and reply.stop is not None and reply.stop.kind == "context_window":
+        raw = f" ({reply.stop.raw})" if reply.stop.raw else ""
+        raise window_failure(f"the model stopped with context_window{raw} and an empty reply")
     if reply.empty and reply.stop is not None and reply.stop.abnormal:
         raw = f" ({reply.stop.raw})" if reply.stop.raw else ""
         raise TurnFailure(

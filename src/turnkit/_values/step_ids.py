@@ -14,6 +14,7 @@ POLICY = "policy"
 TRACE = "trace"
 TOOLS = "tools"
 HISTORY = "history"
+WINDOW = "window"
 
 
 def model_step_id(index: int) -> str:
@@ -24,6 +25,18 @@ def model_step_id(index: int) -> str:
 def tool_step_id(assistant_index: int, call_id: str) -> str:
     """A tool step: ``tool:<n>:<call_id>``, ``n`` the position of the calling message."""
     return f"{TOOL}:{assistant_index}:{call_id}"
+
+
+def window_step_id(index: int) -> str:
+    """What the model step ``model:<n>`` was sent (where its window started, and the
+    summary before it): ``window:<n>``, committed with the step."""
+    return f"{WINDOW}:{index}"
+
+
+def history_step_id(turn_id: str, upto: int) -> str:
+    """A summary of the transcript before position ``upto``, made by a model call
+    of turn ``turn_id``: ``history:<turn_id>:<upto>``."""
+    return f"{HISTORY}:{turn_id}:{upto}"
 
 
 def input_step_id(turn_id: str, input_id: str) -> str:
@@ -67,9 +80,13 @@ def step_kind(step_id: str) -> str:
 
 
 def step_position(step_id: str) -> int | None:
-    """The transcript position a model or tool step id carries, else ``None``."""
+    """The transcript position a model, tool or window step id carries (a summary's:
+    the position it summarizes up to), else ``None``."""
     kind, _, rest = step_id.partition(":")
-    if kind not in (MODEL, TOOL):
+    if kind == HISTORY:
+        position = rest.rsplit(":", 1)[-1]
+    elif kind in (MODEL, TOOL, WINDOW):
+        position = rest.split(":", 1)[0]
+    else:
         return None
-    position = rest.split(":", 1)[0]
     return int(position) if position.isdigit() else None

@@ -27,8 +27,20 @@ from .._values.messages import (
 )
 from .._values.policy import TurnPolicy
 from .._values.records import SessionInfo
-from .._values.step_ids import INPUT, MODEL, POLICY, TOOL, TOOLS, TRACE, step_kind, step_position
+from .._values.step_ids import (
+    HISTORY,
+    INPUT,
+    MODEL,
+    POLICY,
+    TOOL,
+    TOOLS,
+    TRACE,
+    WINDOW,
+    step_kind,
+    step_position,
+)
 from .._values.usage import Usage
+from .._values.windows import SummaryRecord, WindowRecord
 from ._show import ArchiveView, SessionView, TurnView, utc
 
 #: Longest a tool input, result or step value is shown in text output.
@@ -238,6 +250,14 @@ def _summary_of(kind: str, value: Any) -> str:
         parts = str(value.get("traceparent", "")).split("-")
         if len(parts) == 4:
             return f"opened in trace {parts[1]} (span {parts[2]})"
+    if kind == WINDOW:
+        window = WindowRecord.from_dict(value)
+        after = f", after summary {window.summary.step_id}" if window.summary else ""
+        return f"sent messages [{window.start}:]{after}"
+    if kind == HISTORY:
+        made = SummaryRecord.from_dict(value)
+        used = f"  [{describe_usage(made.usage)}]" if made.usage else ""
+        return f'summary of messages [:{made.upto}] "{compact(made.text, 80)}"{used}'
     if kind == TOOLS:
         listed = ListedTools.from_dict(value).tools
         return "tools listed: " + (", ".join(f"{t.name} ({t.source})" for t in listed) or "none")

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from typing import cast
 
-from .._errors import ConfigurationError, ModelError
+from .._errors import ConfigurationError, ContextWindowError, ModelError
 from .._seams.model import (
     ModelDelta,
     ModelDone,
@@ -38,7 +38,7 @@ from .._values.messages import (
     ToolMessage,
 )
 from .._values.usage import Usage
-from ._common import INPUT_ERROR, missing_sdk, result_text
+from ._common import INPUT_ERROR, missing_sdk, result_text, too_long
 
 try:
     import anthropic as sdk
@@ -146,7 +146,7 @@ class AnthropicModel:
                     raise ModelError("anthropic: the stream ended before message_stop")
                 final = await events.get_final_message()
         except sdk.AnthropicError as exc:
-            raise ModelError(describe_error(exc)) from exc
+            raise _model_error(exc) from exc
         except ModelError:
             raise
         except Exception as exc:  # a transport failure mid-stream the SDK did not wrap
@@ -307,6 +307,17 @@ def _call(call_id: str, name: str, data: object) -> ToolCall:
         return ToolCall(id=call_id, name=name, input=dict(data))
     problem = f"invalid arguments for {name}: expected a JSON object, got {data!r}"
     return ToolCall(id=call_id, name=name, input={}, provider_state={INPUT_ERROR: problem})
+
+
+def _model_error(exc: sdk.AnthropicError) -> ModelError:
+    """The ``ModelError`` for an SDK error: a ``ContextWindowError`` when the request
+    was too long for the model."""
+    text = describe_error(exc)
+    if isinstance(exc, sdk.APIStatusError):
+        said = exc.api_message or exc.message
+        if too_long(exc.status_code, None, said):
+            return ContextWindowError(text)
+    return ModelError(text)
 
 
 def describe_error(exc: sdk.AnthropicError) -> str:

@@ -7,6 +7,7 @@ Kept free of SDK imports so ``turnkit.models`` imports without any extra install
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from .._values.messages import JsonObject, ToolCall
@@ -16,6 +17,20 @@ from .._values.messages import JsonObject, ToolCall
 INPUT_ERROR = "input_error"
 #: How much of an unreadable argument string the model is shown back.
 MAX_ECHO_CHARS = 500
+
+
+#: How providers word a request longer than the context window (Anthropic: "prompt is
+#: too long"; OpenAI and compatible servers: "maximum context length", and the like).
+_TOO_LONG = re.compile(
+    r"prompt is too long|context[ _-]?(length|window)|maximum context|too many tokens", re.I
+)
+
+
+def too_long(status: int, code: str | None, message: str) -> bool:
+    """Whether an HTTP error says the request did not fit the model's context window."""
+    if code == "context_length_exceeded":
+        return True
+    return status in (400, 413) and _TOO_LONG.search(message) is not None
 
 
 def missing_sdk(package: str, extra: str) -> str:

@@ -13,7 +13,7 @@ import os
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
-from .._errors import ConfigurationError, ModelError
+from .._errors import ConfigurationError, ContextWindowError, ModelError
 from .._seams.model import (
     ModelDelta,
     ModelDone,
@@ -32,7 +32,7 @@ from .._values.messages import (
     ToolMessage,
 )
 from .._values.usage import Usage
-from ._common import arguments_call, missing_sdk, result_text
+from ._common import arguments_call, missing_sdk, result_text, too_long
 from ._strict_schema import strict_schema
 
 try:
@@ -126,7 +126,7 @@ class OpenAIModel:
                     for delta in reply.add(chunk):
                         yield delta
         except sdk.OpenAIError as exc:
-            raise ModelError(describe_error(exc, self.label)) from exc
+            raise _model_error(exc, self.label) from exc
         yield ModelDone(reply=reply.reply(self.label))
 
     async def aclose(self) -> None:
@@ -301,6 +301,17 @@ def usage_from(usage: CompletionUsage) -> Usage:
         cache_write_tokens=(getattr(prompt, "cache_write_tokens", None) or 0) if prompt else 0,
         reasoning_tokens=(completion.reasoning_tokens or 0) if completion else 0,
     )
+
+
+def _model_error(exc: sdk.OpenAIError, label: str) -> ModelError:
+    """The ``ModelError`` for an SDK error: a ``ContextWindowError`` when the request
+    was too long for the model."""
+    text = describe_error(exc, label)
+    if isinstance(exc, sdk.APIStatusError):
+        code = exc.code if isinstance(exc.code, str) else None
+        if too_long(exc.status_code, code, _message(exc.body) or exc.message):
+            return ContextWindowError(text)
+    return ModelError(text)
 
 
 def describe_error(exc: sdk.OpenAIError, label: str) -> str:
