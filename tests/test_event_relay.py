@@ -9,6 +9,7 @@ another, its text growing live and each delta in its place among logged events.
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -337,3 +338,66 @@ async def test_a_feed_places_relayed_deltas_among_the_logged_events() -> None:
         assert (await items.__anext__()) == delta("Next", 7)
         await items.aclose()
         assert relay.followers == []
+
+
+@pytest.mark.slow
+async def test_a_turn_posted_to_an_http_node_streams_a_workers_text_live(
+    pg_dsn: str, pg_schema: str, tmp_path: Path
+) -> None:
+    from test_cli import OFFLINE_ENV
+
+    folder = Path(__file__).parent / "fixtures" / "streaming_agent"
+    pieces = slow_pieces(folder)
+    store = PostgresStore(pg_dsn, schema=pg_schema)
+    runtime = turnkit.Runtime(turnkit.load_agent(folder), store=store, run_turns=False)
+    async with runtime, serving(runtime) as served:
+        worker = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "turnkit.cli",
+                "worker",
+                str(folder),
+                "--store",
+                f"{pg_dsn}?options=-csearch_path%3D{pg_schema}",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env={**OFFLINE_ENV, "PYTHONUNBUFFERED": "1", "TURNKIT_TEST_HOLD_DIR": str(tmp_path)},
+        )
+        try:
+            assert worker.stdout is not None
+            line = await asyncio.to_thread(worker.stdout.readline)
+            assert line.startswith("turnkit worker: running streaming"), line
+            frames: list[Any] = []
+            path = served.path("streaming", "s1", "turns")
+            async with aconnect_sse(
+                served.client, "POST", path, json={"text": "hi"}, headers=ALICE
+            ) as source:
+                async for sse in source.aiter_sse():
+                    frames.append(sse.json())
+                    if sse.event == "message.delta":
+                        index = pieces.index(frames[-1]["text"])
+                        (tmp_path / f"seen-{index}").touch()  # the next piece may go
+        finally:
+            worker.terminate()
+            await asyncio.to_thread(worker.wait, 30)
+    kinds = [f["type"] for f in frames]
+    assert kinds[0] == "turn.started" and kinds[-2:] == ["message.completed", "turn.completed"]
+    live = [f["text"] for f in frames[1:-2]]
+    # Each piece waited until the one before it was seen here, so the first two came
+    # live; the last may lose its race with the reply's commit (then the logged
+    # message carries it), but nothing comes twice or out of order.
+    assert set(kinds[1:-2]) == {"message.delta"} and live == pieces[: len(live)]
+    assert len(live) >= 2
+    assert frames[-2]["message"]["text"] == "".join(pieces)
+
+
+def slow_pieces(folder: Path) -> list[str]:
+    """The answer pieces of the streaming test agent (its module's ``PIECES``)."""
+    spec = importlib.util.spec_from_file_location("streaming_agent", folder / "agent.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return list(module.PIECES)

@@ -12,6 +12,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
 from .._errors import TurnError
+from .._seams.relay import Relayed
 from .._seams.sink import EventSink
 from .._seams.store import SessionStore
 from .._values.events import ENDING_EVENT_TYPES, TERMINAL_EVENT_TYPES, TurnEvent
@@ -27,6 +28,27 @@ def event_filter(session_id: str, turn_id: str | None) -> Callable[[TurnEvent], 
         return event.session_id == session_id and (turn_id is None or event.turn_id == turn_id)
 
     return wanted
+
+
+#: Relayed items a stream keeps queued at most; past it they are dropped (the log
+#: has every event, a logged message its whole text), so a slow reader costs
+#: bounded memory.
+RELAYED_LIMIT = 2_000
+
+
+def _enqueuer(
+    queue: asyncio.Queue[Any], session_id: str, turn_id: str, *, limit: int = 0
+) -> Callable[[Any], None]:
+    """A callback putting what concerns ``turn_id`` on ``queue`` (at most ``limit``
+    items waiting, if a limit is given)."""
+
+    def enqueue(item: Relayed) -> None:
+        if item.session_id != session_id or item.turn_id != turn_id:
+            return
+        if not limit or queue.qsize() < limit:
+            queue.put_nowait(item)
+
+    return enqueue
 
 
 class TurnStream:
@@ -49,20 +71,21 @@ class TurnStream:
     ) -> None:
         self.turn_id = turn_id
         self.session_id = store.session_id
-        queue: asyncio.Queue[TurnEvent] = asyncio.Queue()
-        wanted = event_filter(store.session_id, turn_id)
-
-        def enqueue(event: TurnEvent) -> None:
-            if wanted(event):
-                queue.put_nowait(event)
-
-        self._unsubscribe: Callable[[], None] | None = sink.subscribe(enqueue)
+        self._unfollow: Callable[[], None] | None = None
+        self._unsubscribe: Callable[[], None] | None
         if remote is not None and future is None:
-            # Run by a worker elsewhere: followed through the store.
+            # Run by a worker elsewhere: followed through the store, and the relay.
+            heard: asyncio.Queue[Relayed] = asyncio.Queue()
+            self._unsubscribe = sink.subscribe(_enqueuer(heard, store.session_id, turn_id))
+            if remote.relay is not None:
+                relayed = _enqueuer(heard, store.session_id, turn_id, limit=RELAYED_LIMIT)
+                self._unfollow = remote.relay.follow(store.session_id, relayed)
             after = 0 if replay else remote.after
-            self._events = remote_turn_events(store, queue, turn_id, after=after, poll=remote.poll)
-        else:
-            self._events = turn_events(store, queue, turn_id, future, replay=replay)
+            self._events = remote_turn_events(store, heard, turn_id, after=after, poll=remote.poll)
+            return
+        queue: asyncio.Queue[TurnEvent] = asyncio.Queue()
+        self._unsubscribe = sink.subscribe(_enqueuer(queue, store.session_id, turn_id))
+        self._events = turn_events(store, queue, turn_id, future, replay=replay)
 
     def __aiter__(self) -> TurnStream:
         return self
@@ -83,6 +106,9 @@ class TurnStream:
         if self._unsubscribe is not None:
             self._unsubscribe()
             self._unsubscribe = None
+        if self._unfollow is not None:
+            self._unfollow()
+            self._unfollow = None
 
     def __del__(self) -> None:
         self._stop_listening()

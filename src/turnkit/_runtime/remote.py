@@ -16,6 +16,7 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 
 from .._errors import TurnError
+from .._seams.relay import EventRelay, Logged, Relayed, place
 from .._seams.store import SessionStore
 from .._values.events import (
     ENDING_EVENT_TYPES,
@@ -38,10 +39,12 @@ _ONGOING = ("queued", "running")
 @dataclass(frozen=True)
 class Remote:
     """How to follow a turn run elsewhere: from which event (``None``: from now on),
-    and at most how many seconds apart to read the store."""
+    at most how many seconds apart to read the store, and the store's relay that
+    carries the turn's deltas (and hints that it logged events), if it has one."""
 
     after: int | None
     poll: float
+    relay: EventRelay | None = None
 
 
 async def wait_for_end(store: SessionStore, turn_id: str, poll: float) -> TurnRecord:
@@ -59,7 +62,7 @@ async def wait_for_end(store: SessionStore, turn_id: str, poll: float) -> TurnRe
 
 async def remote_turn_events(
     store: SessionStore,
-    queue: asyncio.Queue[TurnEvent],
+    queue: asyncio.Queue[Relayed],
     turn_id: str,
     *,
     after: int | None,
@@ -67,11 +70,20 @@ async def remote_turn_events(
 ) -> AsyncGenerator[TurnEvent, None]:
     """The turn's events numbered above ``after`` (``None``: from now on), ending
     after its ending event (or one made from its record, for a turn that ended
-    without logging one: a queued turn cancelled before it opened)."""
+    without logging one: a queued turn cancelled before it opened).
+
+    ``queue`` brings what this process hears live: the sink's events, and what the
+    store's relay carries (deltas, and hints that the turn logged events, which
+    make the log be read at once). A delta is placed by its ``next_seq``: one whose
+    reply was already told whole is dropped, one ahead of events not told yet
+    waits for the log to be read.
+    """
     if after is None:
         after = max((e.seq or 0 for e in await store.events(turn_id=turn_id)), default=0)
     last = after
     delay = FIRST_POLL
+    waiting: list[TurnEvent] = []  # deltas ahead of the log as last read
+    placed = 0  # the latest place the log was read for
     while True:
         for event in await store.events(turn_id=turn_id, after=last):
             last = event.seq or last
@@ -83,6 +95,10 @@ async def remote_turn_events(
             yield event
             if event.type in ENDING_EVENT_TYPES:
                 return
+        for delta in waiting:
+            if (place(delta) or 0) > last:
+                yield delta
+        waiting.clear()
         record = await store.turn(turn_id)
         if record is None:
             raise TurnError(f"session {store.session_id} has no turn {turn_id}")
@@ -99,8 +115,19 @@ async def remote_turn_events(
             delay = min(delay * 2, poll)
             continue
         while True:
-            if live.seq is None:
-                yield live  # a delta: never logged
+            where = place(live)
+            if where is not None and where > last + 1 and where != placed:
+                placed = where  # logged meanwhile: read the log before going on
+                if not isinstance(live, Logged):
+                    waiting.append(live)
+                break
+            if isinstance(live, Logged):
+                pass  # nothing new to read
+            elif where is not None:
+                if where > last:
+                    yield live  # else its reply was already told whole
+            elif live.seq is None:
+                yield live  # another live-only event
             elif live.seq == last + 1 and live.type not in ENDING_EVENT_TYPES:
                 last = live.seq
                 yield live

@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 from .._engine.agent import Agent
 from .._engine.output import with_output
+from .._seams.relay import EventRelay
 from .._seams.sink import EventSink
 from .._seams.store import SessionStore
 from .._values.checkpoints import checkpoint_of
@@ -39,6 +40,9 @@ class ViewHost(Protocol):
 
     @property
     def remote_poll(self) -> float: ...
+
+    @property
+    def relay(self) -> EventRelay | None: ...
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]: ...
 
@@ -136,7 +140,7 @@ class SessionView:
         """
         remote = None
         if not self.runtime.run_turns:
-            remote = Remote(self._handed.get(turn_id), self.runtime.remote_poll)
+            remote = Remote(self._handed.get(turn_id), self.runtime.remote_poll, self.runtime.relay)
         return TurnStream(
             sink=self.runtime.sink,
             store=self._store,

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, TypeAlias, runtime_checkable
 
-from .._values.events import TurnEvent
+from .._values.events import MessageDeltaEvent, ReasoningDeltaEvent, TurnEvent
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -28,6 +28,17 @@ class Logged:
 
 #: What a follower hears: a delta of a turn running elsewhere, or a ``Logged`` hint.
 Relayed: TypeAlias = TurnEvent | Logged
+
+
+def place(item: Relayed) -> int | None:
+    """Where a relayed item belongs among the session's logged events: a delta
+    before its ``next_seq``, a ``Logged`` hint after its ``seq`` (so before
+    ``seq + 1``); ``None`` for anything else."""
+    if isinstance(item, Logged):
+        return item.seq + 1
+    if isinstance(item, MessageDeltaEvent | ReasoningDeltaEvent):
+        return item.next_seq
+    return None
 
 
 @runtime_checkable

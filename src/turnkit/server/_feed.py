@@ -12,14 +12,12 @@ import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 
 from .._runtime.observe import event_filter
-from .._seams.relay import EventRelay, Logged, Relayed
+from .._seams.relay import EventRelay, Logged, Relayed, place
 from .._seams.sink import EventSink
 from .._seams.store import SessionStore
 from .._values.events import (
     ENDING_EVENT_TYPES,
     TERMINAL_EVENT_TYPES,
-    MessageDeltaEvent,
-    ReasoningDeltaEvent,
     TurnEvent,
 )
 from .._values.records import TERMINAL_TURN_STATUSES
@@ -169,10 +167,10 @@ class EventFeed:
                 continue
             quiet = 0.0
             taken += 1
-            place = _place(item)
-            if place is not None and place > last + 1 and place != placed:
+            where = place(item)
+            if where is not None and where > last + 1 and where != placed:
                 # Logged elsewhere and not sent yet: the log first.
-                placed = place
+                placed = where
                 fresh = await self._store.events(turn_id=self._turn_id, after=last)
                 read_mark = taken + self._queue.qsize()
                 if fresh:
@@ -183,8 +181,8 @@ class EventFeed:
             if isinstance(item, Logged):
                 continue
             event = item
-            if place is not None:
-                if place > last:  # else its reply was already sent whole
+            if where is not None:
+                if where > last:  # else its reply was already sent whole
                     yield event
                 continue
             if event.seq is None:
@@ -211,16 +209,6 @@ class EventFeed:
 
 def _is_delta(event: TurnEvent) -> bool:
     return event.type in ("message.delta", "reasoning.delta")
-
-
-def _place(item: Relayed) -> int | None:
-    """Where an item belongs in the log: a ``Logged`` hint's number plus one, a
-    delta's ``next_seq``; ``None`` for everything else."""
-    if isinstance(item, Logged):
-        return item.seq + 1
-    if isinstance(item, MessageDeltaEvent | ReasoningDeltaEvent):
-        return item.next_seq
-    return None
 
 
 def _ends(event: TurnEvent, status: str | None) -> bool:
