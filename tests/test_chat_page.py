@@ -502,6 +502,39 @@ def test_other_answers_are_given_in_a_form(
     )
 
 
+def test_two_questions_at_once_are_answered_one_by_one(
+    servers: list[DevServer], tmp_path: Path, page: Page
+) -> None:
+    _, url = serve(servers, tmp_path, FORM_AGENT)
+    page.goto(url)
+    say(page, "both please")
+    cards = page.get_by_test_id("approval")
+    expect(cards).to_have_count(2)
+    name, note = cards.nth(0), cards.nth(1)
+    expect(name).to_have_attribute("data-kind", "string")
+    expect(note).to_have_attribute("data-kind", "json")
+    note.get_by_test_id("answer-json").fill('{"approved": false}')
+    note.get_by_test_id("answer-submit").click()
+    expect(note).to_have_attribute("data-state", "answered")
+    expect(name).to_have_attribute("data-state", "open")  # still waiting on this one
+    wait_for_turns(page, "suspended", 1)
+    expect(page.get_by_test_id("send")).to_be_disabled()
+    page.reload()  # the open question comes back from …/pending, the answer from the log
+    cards = page.get_by_test_id("approval")
+    expect(cards).to_have_count(2)
+    name, note = cards.nth(0), cards.nth(1)
+    expect(note.get_by_test_id("approval-outcome")).to_have_text(
+        re.compile(rf"^Denied by {BY_ME}$")
+    )
+    name.get_by_test_id("answer-text").fill("Bo")
+    name.get_by_test_id("answer-submit").click()
+    wait_for_turns(page, "completed", 1)
+    expect(page.get_by_test_id("assistant-message").last).to_have_text(
+        'Got "Bo" and {"approved": false}.'
+    )
+    expect(page.get_by_test_id("send")).to_be_enabled()
+
+
 def test_a_message_sent_while_the_server_is_down_is_reported(
     servers: list[DevServer], tmp_path: Path, page: Page
 ) -> None:

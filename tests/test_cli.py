@@ -289,3 +289,21 @@ def test_library_warnings_print_as_one_line_without_a_traceback(
         "turnkit: turn t1 on session s crashed: ConfigurationError: session 'cli' belongs "
         "to agent 'ops'\\x1b[2J\n"
     )
+
+
+def test_two_questions_of_one_step_are_asked_one_after_the_other(tmp_path: Path) -> None:
+    forms = ROOT / "tests" / "fixtures" / "form_agent"
+    first = turnkit_with_input("run", str(forms), "both please", cwd=tmp_path, stdin="")
+    assert first.returncode == 3, first.stderr  # no answers yet: both wait
+    shown = turnkit("show", "cli:forms", cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    out = shown.stdout
+    assert "parked input 1 of 2" in out and "parked input 2 of 2" in out
+    assert out.index("Whose order is it?") < out.index("Approve, with a note?")
+    answers = 'Bo\n{"approved": true}\n'
+    second = turnkit_with_input("run", str(forms), "next", cwd=tmp_path, stdin=answers)
+    # Both answered, the parked turn finished; "next" then asks again, unanswered.
+    assert second.returncode == 3, second.stderr
+    out = second.stdout
+    assert 'Got "Bo" and {"approved": true}.' in out
+    assert out.index("Whose order is it?") < out.index("Approve, with a note?")

@@ -125,6 +125,7 @@ async def test_each_is_answered_on_its_own_and_the_last_answer_resumes(
         (requests[late].id, APPROVERS[late]),
     ]
     assert events[2].requests == (requests[late],)  # type: ignore[attr-defined]
+    assert [getattr(e, "still_open", None) for e in events] == [False, None, True, None]
 
 
 async def test_a_wrong_answerer_for_one_leaves_both_answerable(open_runtime: Any) -> None:

@@ -148,6 +148,9 @@ def ops_agent(gate: asyncio.Event | None = None) -> turnkit.Agent:
             words = last.text.split()
             if "many" in words:
                 return ScriptedReply(tool_calls=[tool_call("count", {"what": words[-1]})])
+            if "refunds" in words:  # two orders: two questions at once
+                orders = words[-2:]
+                return ScriptedReply(tool_calls=[tool_call("refund", {"order": o}) for o in orders])
             if "refund" in words:
                 return ScriptedReply(tool_calls=[tool_call("refund", {"order": words[-1]})])
             return ScriptedReply(tool_calls=[tool_call("lookup", {"order": words[-1]})])
@@ -409,6 +412,46 @@ async def test_an_approval_clicked_by_the_asker_completes_and_by_another_is_refu
     assert [(e.by, e.value) for e in answered] == [("U1", True)]
     assert events[-1].type == "turn.completed"
     assert stage.slack.of("chat.update")[-1]["text"].endswith("Result: refunded")
+
+
+async def test_two_questions_at_once_get_a_message_each_and_are_answered_one_by_one(
+    tmp_path: Path,
+) -> None:
+    async with staged(tmp_path, ops_agent()) as stage:
+        await stage.event("<@B1> refunds 41 42", event_id="Eb1", user="U1", thread="100.1")
+        await stage.settle("Eb1", status="suspended")
+
+        def questions() -> list[dict[str, Any]]:
+            return [p for p in stage.slack.of("chat.postMessage") if p.get("blocks")]
+
+        assert [q["text"] for q in questions()] == ["Refund order 41?", "Refund order 42?"]
+        buttons = []
+        for question in questions():
+            blocks = question["blocks"]
+            buttons.append((json.loads(blocks) if isinstance(blocks, str) else blocks)[1])
+        (approve41, deny41), (approve42, _) = (b["elements"] for b in buttons)
+        session = stage.runtime.session("ops", SESSION)
+        await stage.click(approve42, user="U1", thread="100.1")
+
+        async def answered() -> int:
+            return sum(e.type == "input.answered" for e in await session.events())
+
+        for _ in range(500):
+            if await answered() == 1:
+                break
+            await asyncio.sleep(0.01)
+        assert (await session.turn_record(stage.turn("Eb1"))).status == "suspended"  # type: ignore[union-attr]
+        await asyncio.sleep(0.3)
+        assert len(questions()) == 2  # the open one is not posted again
+        await stage.click(deny41, user="U1", thread="100.1")
+        await stage.settle("Eb1")
+        events = await session.events()
+    assert [(e.value, e.by) for e in events if e.type == "input.answered"] == [  # type: ignore[attr-defined]
+        (True, "U1"),
+        (False, "U1"),
+    ]
+    assert stage.slack.of("chat.update")[-1]["text"].endswith("Result: refunded")
+    assert approve41 != approve42
 
 
 async def test_replace_in_flight_supersedes_the_first_reply(tmp_path: Path) -> None:

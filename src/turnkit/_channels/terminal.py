@@ -84,7 +84,8 @@ class TerminalRenderer:
             self._line(f"{indent}  {mark} {event.name}: {shown}")
         elif event.type == "input.requested":
             if indent or not self.asks:
-                self._line(f"{indent}  ? {event.request.prompt}")
+                for request in event.requests:
+                    self._line(f"{indent}  ? {request.prompt}")
             else:
                 self._end_text()
         elif event.type == "turn.failed" and not indent:
@@ -228,12 +229,18 @@ class TerminalChannel:
         self.out.flush()
 
     async def _settle(self, ctx: ChannelContext, session: str, turn_id: str) -> TurnResult:
-        """Ask and resume until the turn is no longer parked."""
+        """Ask and resume until the turn is no longer parked: each of its questions in
+        turn (several calls of one step may ask at once), leaving those this user
+        may not answer to their answerers."""
+        refused: set[str] = set()
         while True:
             result = await ctx.result(turn_id, session=session)
             if result.status != "suspended" or result.request is None:
                 return result
-            request = result.request
+            mine = [r for r in result.requests if r.id not in refused]
+            if not mine:
+                return result
+            request = mine[0]
             raw = await self._ask_for(request)
             try:
                 value = parse_answer(request, raw)
@@ -249,4 +256,4 @@ class TerminalChannel:
                 self.out.write(printable(f"  ! {exc}\n"))  # ask again
             except ResumeAuthorizationError as exc:
                 self.out.write(printable(f"  ! {exc}\n"))
-                return result
+                refused.add(request.id)

@@ -90,6 +90,7 @@ async def record_answer(
                 session_id=store.session_id,
                 request=still.request,
                 requests=still.requests,
+                still_open=True,
                 seq=seq + 1,
             )
             if still is not None

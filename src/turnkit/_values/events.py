@@ -133,11 +133,14 @@ class InputRequestedEvent(_TurnEventBase):
     """The turn parked: tools asked for input. ``requests`` lists every question it
     waits on, in the order of the calls that asked; ``request`` is the first.
 
-    Logged again, with what is still open, each time one of several is answered.
+    Logged again, with what is still open, each time one of several is answered:
+    that one has ``still_open`` set (its questions were asked before, so a renderer
+    that posted them need not post them again).
     """
 
     request: InputRequest
     requests: tuple[InputRequest, ...] = ()
+    still_open: bool = False
     type: Literal["input.requested"] = "input.requested"
 
     def __post_init__(self) -> None:

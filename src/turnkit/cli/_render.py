@@ -81,9 +81,8 @@ def render_session(view: SessionView, *, store: str, store_flag: str) -> str:
         _transcript(view.messages, view.turns),
         _turns(view.turns),
     ]
-    request = view.request
-    if request is not None:
-        parts.append(_parked(request, view, store_flag))
+    for n, request in enumerate(view.requests, start=1):
+        parts.append(_parked(request, view, store_flag, n, len(view.requests)))
     if view.generations:
         parts.append(_archived(view, store_flag))
     return printable("\n\n".join(parts))
@@ -264,8 +263,10 @@ def _summary_of(kind: str, value: Any) -> str:
     return compact(value)
 
 
-def _parked(request: InputRequest, view: SessionView, store_flag: str) -> str:
-    """The pending request and the ways to answer it."""
+def _parked(
+    request: InputRequest, view: SessionView, store_flag: str, n: int = 1, of: int = 1
+) -> str:
+    """A pending request and the ways to answer it (one of ``of`` open at once)."""
     rows = [
         ("turn", request.turn_id),
         ("tool", f"{request.tool} (call {request.call_id})"),
@@ -277,7 +278,11 @@ def _parked(request: InputRequest, view: SessionView, store_flag: str) -> str:
     hints = _how_to_answer(request, view.session_id, view.agent or "AGENT", store_flag)
     rows += [("to answer" if n == 0 else "", hint) for n, hint in enumerate(hints)]
     body = table(("", ""), [(f"  {k}", v) for k, v in rows]).split("\n", 1)[1]
-    return f"parked input (the session waits for an answer)\n{body}"
+    if of > 1:
+        head = f"parked input {n} of {of} (each answered on its own; the last one resumes)"
+    else:
+        head = "parked input (the session waits for an answer)"
+    return f"{head}\n{body}"
 
 
 def _answerers(answerers: Sequence[Answerer]) -> str:

@@ -59,8 +59,13 @@ class SessionView:
 
     @property
     def request(self) -> InputRequest | None:
-        """The parked turn's pending request, if the session is parked."""
+        """The parked turn's pending request (the first still open), if it is parked."""
         return parked_request(self.parked)
+
+    @property
+    def requests(self) -> tuple[InputRequest, ...]:
+        """Every request the parked turn waits on (none if the session is not parked)."""
+        return parked_requests(self.parked)
 
     @property
     def usage(self) -> Usage:
@@ -186,9 +191,15 @@ async def read_archive(
 
 def parked_request(record: TurnRecord | None) -> InputRequest | None:
     """The request in a suspended turn's checkpoint (``None`` if there is none)."""
+    requests = parked_requests(record)
+    return requests[0] if requests else None
+
+
+def parked_requests(record: TurnRecord | None) -> tuple[InputRequest, ...]:
+    """The requests still open in a suspended turn's checkpoint, in call order."""
     if record is None or not record.pending or "request" not in record.pending:
-        return None
-    return SuspendCheckpoint.from_dict(record.pending).request
+        return ()
+    return SuspendCheckpoint.from_dict(record.pending).requests
 
 
 def session_json(view: SessionView, store: str) -> JsonObject:
@@ -203,6 +214,7 @@ def session_json(view: SessionView, store: str) -> JsonObject:
         "messages": [{"index": i, **m.to_dict()} for i, m in enumerate(view.messages)],
         "turns": [_turn_json(t) for t in view.turns],
         "parked": None if request is None else request.to_dict(),
+        "parked_requests": [r.to_dict() for r in view.requests],
         "generations": view.generations,
         "usage": view.usage.to_dict(),
     }

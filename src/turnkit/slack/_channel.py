@@ -41,6 +41,7 @@ from .._errors import (
 from .._seams.store import NO_MESSAGES
 from .._values.events import TurnEvent
 from .._values.inbound import InboundEvent, User
+from .._values.inputs import InputRequest
 from ..server._authorize import Action, Authorize, SessionAccess, allowed
 from ..server._principal import Principal
 from ._pacing import EditPacer
@@ -309,8 +310,8 @@ class _Handler:
     ) -> None:
         """Open the form of a parked question (Slack's trigger id lasts three seconds,
         so this runs at once); a question already answered says so instead."""
-        request = await self.ctx.pending(session=str(answer["session"]))
-        if request is None or (request.turn_id, request.id) != (answer["turn"], answer["input"]):
+        request = await self._open_question(answer)
+        if request is None:
             await self.channel.client.chat_postEphemeral(
                 channel=thread.channel, user=user, text="This question was already answered."
             )
@@ -338,10 +339,10 @@ class _Handler:
             "team": str((payload.get("team") or {}).get("id") or ""),
             "channel": thread.channel,
         }
-        request = await self.ctx.pending(session=session_id)
-        if request is None or (request.turn_id, request.id) != (answer["turn"], answer["input"]):
+        request = await self._open_question(answer)
+        if request is None:
             return _form_error("This question was already answered.")
-        if not await self._may_answer(session_id, user, claims):
+        if not await self._may_answer(answer, user, claims):
             return _form_error("You may not answer this question.")
         try:
             stream = await self.ctx.resume_stream(
@@ -361,12 +362,20 @@ class _Handler:
         self.ctx.runtime.spawn(self._render(reply, stream, session_id, request.turn_id))
         return Response(status_code=200)
 
-    async def _may_answer(self, session_id: str, user: str, claims: dict[str, str]) -> bool:
+    async def _open_question(self, answer: dict[str, Any]) -> InputRequest | None:
+        """The parked question a button or form answers, if it is still open (the
+        session may wait on several)."""
+        waiting = await self.ctx.pending_all(session=str(answer["session"]))
+        wanted = (answer["turn"], answer["input"])
+        return next((r for r in waiting if (r.turn_id, r.id) == wanted), None)
+
+    async def _may_answer(self, answer: dict[str, Any], user: str, claims: dict[str, str]) -> bool:
         """A named answerer may answer (the question's answerers then decide); anyone
         else needs ``authorize`` to allow ``resume``, as over HTTP."""
         if self.channel.authorize is None:
             return True
-        request = await self.ctx.pending(session=session_id)
+        session_id = str(answer["session"])
+        request = await self._open_question(answer)
         if request is not None and any(
             (a.kind == "user" and a.user_id == user) or a.kind == "policy"
             for a in request.answerers
@@ -401,7 +410,7 @@ class _Handler:
         claims: dict[str, str],
     ) -> None:
         client = self.channel.client
-        if not await self._may_answer(str(answer["session"]), user, claims):
+        if not await self._may_answer(answer, user, claims):
             await client.chat_postEphemeral(
                 channel=thread.channel, user=user, text="You may not answer this question."
             )

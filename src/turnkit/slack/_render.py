@@ -170,15 +170,18 @@ class SlackReply:
             await self.flush(force=True)
         elif event.type == "input.requested":
             await self.flush(force=True)
-            await _slack(
-                "chat.postMessage",
-                self.client.chat_postMessage(
-                    channel=self.thread.channel,
-                    thread_ts=self._thread_ts(),
-                    text=event.request.prompt,
-                    blocks=approval_blocks(event.session_id, event.request),
-                ),
-            )
+            # One message with its buttons per question (several calls may ask at
+            # once); those still open after an answer were posted when they were asked.
+            for request in () if event.still_open else event.requests:
+                await _slack(
+                    "chat.postMessage",
+                    self.client.chat_postMessage(
+                        channel=self.thread.channel,
+                        thread_ts=self._thread_ts(),
+                        text=request.prompt,
+                        blocks=approval_blocks(event.session_id, request),
+                    ),
+                )
         elif event.type == "turn.failed":
             self.ending = f":warning: The turn failed: {event.error}"
         elif event.type == "turn.cancelled":
