@@ -50,7 +50,7 @@ def refund_agent(refunded: list[str], *, parallel: int = 4) -> turnkit.Agent:
 
     def respond(messages: Any) -> Any:
         last = messages[-1]
-        if isinstance(last, UserMessage):
+        if isinstance(last, UserMessage | turnkit.TriggerMessage):  # (a child's opening)
             return ScriptedReply(
                 tool_calls=[tool_call("refund", {"order_id": order}) for order in APPROVERS]
             )
@@ -290,3 +290,36 @@ async def test_http_lists_both_questions_and_each_named_answerer_answers_one(
         )
         assert frames[0].event == "input.answered" and frames[-1].event == "turn.completed"
         assert sorted(refunded) == ["o-1", "o-2"]
+
+
+async def test_a_child_waiting_on_two_questions_relays_them_to_the_parent(
+    open_runtime: Any,
+) -> None:
+    refunded: list[str] = []
+    child = refund_agent(refunded)
+    child = turnkit.Agent(name="clerk", model=child.model, tools=child.tools, max_parallel_tools=4)
+
+    def boss_reply(messages: Any) -> Any:
+        last = messages[-1]
+        if isinstance(last, UserMessage):
+            return ScriptedReply(tool_calls=[tool_call("clerk", {"task": "refund both"})])
+        return f"boss: {last.result['text']}"
+
+    boss = turnkit.Agent(
+        name="boss",
+        model=ScriptedModel(respond=boss_reply),
+        tools=[turnkit.subagent("clerk", description="Handles refunds.")],
+    )
+    rt = await open_runtime(boss, child)
+    parent = rt.session("boss", "s1")
+    result = await parent.result(parent.start("refunds please"))
+    answered: list[str] = []
+    while result.status == "suspended":  # the child's questions, one after the other
+        request = result.request
+        assert request is not None
+        order = request.prompt.split()[1].rstrip("?")
+        answered.append(order)
+        await parent.resume(result.turn_id, request.id, True, by=APPROVERS[order])
+        result = await parent.result(result.turn_id)
+    assert result.text == "boss: o-1: True; o-2: True"
+    assert answered == ["o-1", "o-2"] and sorted(refunded) == ["o-1", "o-2"]

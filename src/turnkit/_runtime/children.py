@@ -154,8 +154,8 @@ async def _pass_on_answer(
     checkpoint = checkpoint_of(record) if record is not None else None
     if record is None or record.status != "suspended" or checkpoint is None:
         return  # answered some other way meanwhile: just read how the child goes on
-    waiting = checkpoint.request
-    if waiting.id != request.id:
+    waiting = checkpoint.find(request.id)  # (the child may wait on several)
+    if waiting is None:
         return
     # The parent's resume was checked against these same answerers, and its answer
     # is stored with the parent's turn: vouch for it to the child, in the
