@@ -208,6 +208,7 @@ async def test_every_finish_reason_is_normalized(
     server.add(wire.completion("some text", finish=finish))
     reply = await final_reply(calc(server).model)
     assert reply.stop == StopReason(kind=kind, raw=finish)  # type: ignore[arg-type]
+    assert reply.model == "gpt-test"  # the model the server says answered
 
 
 async def test_a_refusal_is_the_reply_text_with_a_refusal_stop(server: FakeProvider) -> None:

@@ -154,6 +154,7 @@ async def test_one_turn_is_a_span_tree_with_genai_attributes(
     assert chats[0].kind == trace.SpanKind.CLIENT
     assert first["gen_ai.operation.name"] == "chat"
     assert first["gen_ai.request.model"] == "claude-test"
+    assert first["gen_ai.response.model"] == "claude-test"  # what the server said
     assert first["gen_ai.provider.name"] == "anthropic"
     assert first["gen_ai.response.finish_reasons"] == ("tool_use",)
     assert first["turnkit.step.id"] == "model:1"

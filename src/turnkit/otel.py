@@ -179,6 +179,8 @@ class _StepSpan:
     def replied(self, reply: ModelReply) -> None:
         if reply.stop is not None:
             self._span.set_attribute(FINISH_REASONS, [reply.stop.raw or reply.stop.kind])
+        if reply.model is not None:
+            self._span.set_attribute(RESPONSE_MODEL, reply.model)
         if reply.usage is not None:
             _set_usage(self._span, reply.usage)
             self._turn.used(reply.usage)

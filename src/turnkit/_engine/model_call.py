@@ -119,6 +119,8 @@ def check_reply(reply: object) -> None:
     if reply.empty and reply.stop is not None and reply.stop.kind == "context_window":
         raw = f" ({reply.stop.raw})" if reply.stop.raw else ""
         raise window_failure(f"the model stopped with context_window{raw} and an empty reply")
+    if reply.model is not None and not isinstance(reply.model, str):
+        raise TurnFailure(f"model error: reply model must be a str, got {reply.model!r}")
     if reply.empty and reply.stop is not None and reply.stop.abnormal:
         raw = f" ({reply.stop.raw})" if reply.stop.raw else ""
         raise TurnFailure(
@@ -155,6 +157,7 @@ def _decoded_types(reply: ModelReply) -> bool:
         and (reply.stop is None or type(reply.stop) is StopReason)
         and (reply.provider_state is None or type(reply.provider_state) is dict)
         and (reply.usage is None or type(reply.usage) is Usage)
+        and (reply.model is None or type(reply.model) is str)
         and all(
             type(c) is ToolCall
             and type(c.id) is str

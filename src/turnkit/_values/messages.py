@@ -135,6 +135,8 @@ class ModelReply:
     provider_state: JsonObject | None = None
     #: The tokens the step used, as the provider reported them (``None``: not reported).
     usage: Usage | None = None
+    #: The model that answered, as the provider named it (``None``: not reported).
+    model: str | None = None
 
     @property
     def empty(self) -> bool:
@@ -147,6 +149,7 @@ class ModelReply:
             "stop": self.stop.to_dict() if self.stop else None,
             "provider_state": self.provider_state,
             "usage": self.usage.to_dict() if self.usage is not None else None,
+            "model": self.model,
         }
 
     @classmethod
@@ -159,6 +162,7 @@ class ModelReply:
             stop=StopReason.from_dict(stop) if stop is not None else None,
             provider_state=_get_optional(d, "provider_state", dict, "model reply"),
             usage=_usage(d),
+            model=_get_optional(d, "model", str, "model reply"),
         )
 
 

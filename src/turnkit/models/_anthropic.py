@@ -282,6 +282,7 @@ def reply_from(message: sdk.types.Message) -> ModelReply:
         stop=stop,
         provider_state={STATE_KEY: {"content": blocks}} if thought else None,
         usage=usage_from(message.usage),
+        model=message.model or None,
     )
 
 

@@ -236,9 +236,12 @@ class _Reply:
     calls: dict[int, _PendingCall] = field(default_factory=dict)
     finish_reason: str | None = None
     usage: Usage | None = None
+    #: The model the server says answered (every chunk names it).
+    model: str | None = None
 
     def add(self, chunk: ChatCompletionChunk) -> list[ModelDelta]:
         shown: list[ModelDelta] = []
+        self.model = chunk.model or self.model
         if chunk.usage is not None:  # the last chunk, with no choices
             self.usage = usage_from(chunk.usage)
         for choice in chunk.choices:
@@ -287,6 +290,7 @@ class _Reply:
             tool_calls=calls,
             stop=StopReason(kind=kind, raw=self.finish_reason),
             usage=self.usage,
+            model=self.model,
         )
 
 
