@@ -7,6 +7,7 @@ Run from the repo root::
     .venv/bin/python benchmarks/step_overhead.py --stores postgres --dsn postgresql://…
     .venv/bin/python benchmarks/step_overhead.py --json results.json
     .venv/bin/python benchmarks/step_overhead.py --tracer sdk   # with OpenTelemetry spans
+    .venv/bin/python benchmarks/step_overhead.py --history      # history policies' cost
 
 Each case is ONE turn on a fresh session and store: a zero-latency model calls a
 no-op tool once per model step for N steps and then answers with text, so the turn
@@ -17,6 +18,10 @@ first pairs (from ``turn.started`` to the W-th ``action.completed``) and the las
 pairs. ``growth`` is last-window cost / first-window cost (median of the per-run
 ratios); it shows whether a step costs more as the transcript grows. Every figure is
 the median of ``--runs`` runs.
+
+``--history`` times the history policy instead: sessions of ``--history-turns``
+turns under each policy (see ``_history_bench.py``), per model step, first and last
+``--history-window`` turns, the policy's cost over no policy, and the floor.
 
 The SQLite floor is what SQLite alone charges on this machine for the rows the engine
 writes: the same PRAGMAs and schema, ``BEGIN IMMEDIATE`` + one step, one message and
@@ -56,6 +61,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import _floor
+import _history_bench as hb
 from _floor import Row, pair_rows, pyformat
 
 import turnkit
@@ -614,6 +620,26 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default="none",
         help="spans per turn and step: none; OtelTracer without an SDK; with the SDK's provider",
     )
+    p.add_argument(
+        "--history",
+        action="store_true",
+        help="time the history policies per model step over long sessions instead",
+    )
+    p.add_argument(
+        "--history-turns",
+        type=int,
+        nargs="+",
+        default=[100, 1000],
+        help="session lengths (turns of two model steps each) for --history",
+    )
+    p.add_argument("--history-window", type=int, default=100, help="turns per --history window")
+    p.add_argument(
+        "--policies",
+        nargs="+",
+        choices=list(hb.POLICIES),
+        default=list(hb.POLICIES),
+        help="history policies for --history (none: the whole transcript is sent)",
+    )
     p.add_argument("--warmup", type=int, default=1, help="untimed turns per store/tool first")
     p.add_argument("--no-gc", action="store_true", help="disable the cyclic GC while timing")
     p.add_argument("--no-floor", action="store_true", help="skip the SQLite and PostgreSQL floors")
@@ -679,9 +705,73 @@ def _config(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+async def run_history_cases(
+    args: argparse.Namespace, stores: Sequence[StoreKind], where: Where
+) -> list[hb.HistoryCase]:
+    cases: list[hb.HistoryCase] = []
+    for store in stores:
+        async with _fresh_store(store, where) as warm:
+            await hb.run_session(warm, "summarize", min(50, max(args.history_turns)))
+        for turns in args.history_turns:
+            for policy in args.policies:
+                runs = []
+                for _ in range(args.runs):
+                    async with _fresh_store(store, where) as fresh:
+                        runs.append(await hb.run_session(fresh, policy, turns))
+                cases.append(hb.summarize_runs(store, policy, turns, args.history_window, runs))
+    return hb.with_policy_costs(cases)
+
+
+def history_main(args: argparse.Namespace, stores: Sequence[StoreKind]) -> int:
+    """``--history``: the policies' cost per model step, and the SQLite floor."""
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="turnkit-bench-") as d:
+        tmp = Path(d)
+        where = Where(tmp=tmp, dsn=args.dsn)
+        cases = asyncio.run(run_history_cases(args, stores, where))
+        floor = None
+        if "sqlite" in stores and not args.no_floor:
+            floor = measure_floor("sqlite", 200, args.runs, 100, _sqlite_timer(tmp))
+    print(
+        f"turnkit history policy cost: python {platform.python_version()}, sqlite "
+        f"{sqlite3.sqlite_version}, {platform.machine()}, {os.cpu_count()} CPUs, "
+        f"median of {args.runs} runs"
+    )
+    print("(µs/step = session time / model steps; policy cost = µs/step - the none case's)")
+    print()
+    hb.print_history_table(cases, args.history_window)
+    if floor is not None:
+        print()
+        print(
+            f"SQLite floor (WAL, synchronous=NORMAL): one bare commit {floor.commit_3rows_us:.1f} "
+            f"µs; a model+tool pair's exact rows {floor.pair_exact_us:.1f} µs"
+        )
+    # The bar is on the policy's own work per step: the whole step's time is noisier
+    # than the policy's cost on a shared machine (both are reported above).
+    growths = [
+        (c, c.prepare_growth)
+        for c in cases
+        if c.prepare_growth is not None and c.policy not in ("none", "summarize")
+    ]
+    ok = all(g <= GROWTH_BAR for _, g in growths)
+    shown = ", ".join(f"{c.store} {c.policy} {g:.2f}x" for c, g in growths) or "-"
+    print(
+        f"\nVERDICT history: prepare growth {shown} vs ≤ {GROWTH_BAR}x: "
+        f"{_word(ok if growths else None)}"
+    )
+    print(f"(total {time.perf_counter() - started:.1f} s)")
+    if args.json is not None:
+        payload = {"config": _config(args), "history": [asdict(c) for c in cases]}
+        args.json.write_text(json.dumps(payload, indent=2, ensure_ascii=False) + "\n")
+        print(f"wrote {args.json}")
+    return 0 if ok else 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     stores, pg_info = _resolve_stores(args)
+    if args.history:
+        return history_main(args, stores)
     started = time.perf_counter()
     if args.no_gc:
         gc.disable()
