@@ -4,12 +4,17 @@ the runtime's metrics scraped over HTTP and read with prometheus_client's own pa
 from __future__ import annotations
 
 import asyncio
+import signal
+import socket
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from server_support import serving
+from test_scale_out import cluster
 
 import turnkit
 from turnkit import MessageDeltaEvent
@@ -154,3 +159,38 @@ async def test_on_postgres_the_queue_depth_and_the_relay_lag_are_measured(
     assert got[("turnkit_turns", (("status", "queued"),))] == 3
     assert got[("turnkit_relay_lag_seconds_count", ())] >= 1
     assert got[("turnkit_relay_dropped_total", ())] == 0
+
+
+@pytest.fixture
+async def nodes(pg_dsn: str, pg_schema: str, tmp_path: Path) -> AsyncIterator[Any]:
+    """An HTTP node here, and workers started as the test asks (tests/test_scale_out)."""
+    hold = tmp_path / "hold"
+    hold.mkdir()
+    async with cluster(pg_dsn, pg_schema, hold, tmp_path) as found:
+        yield found
+
+
+@pytest.mark.slow
+async def test_a_worker_serves_its_probes_and_metrics_on_its_ops_port(nodes: Any) -> None:
+    port = free_port()
+    worker = nodes.start_worker("--ops-port", str(port))
+    turn_id = await nodes.submit("ops", "note this")
+    await nodes.wait_for(
+        "SELECT 1 FROM turnkit_turns WHERE turn_id = %s AND status = 'completed'", turn_id
+    )
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+        assert (await client.get("/healthz")).status_code == 200
+        assert (await client.get("/readyz")).status_code == 200
+        got = scraped((await client.get("/metrics")).text)
+    assert got[("turnkit_claims_total", ())] >= 1
+    assert got[("turnkit_takeovers_total", ())] == 0
+    assert got[("turnkit_turns_ended_total", (("status", "completed"),))] >= 1
+    assert got[("turnkit_step_seconds_count", (("kind", "tool"),))] >= 1
+    worker.send_signal(signal.SIGTERM)  # the ops port leaves the drain to the worker
+    assert await asyncio.to_thread(worker.wait, 30) == 0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])

@@ -352,6 +352,19 @@ def _add_worker(commands: Any) -> None:
         "frees its sessions for other workers: the idle_session_timeout of its lock "
         "connection, which it pings meanwhile (default: 10)",
     )
+    worker.add_argument(
+        "--ops-port",
+        type=_port,
+        metavar="PORT",
+        help="serve /healthz, /readyz and Prometheus /metrics on this port "
+        "(needs turnkit[metrics]; no authentication: keep it on a private network)",
+    )
+    worker.add_argument(
+        "--ops-host",
+        default="127.0.0.1",
+        metavar="HOST",
+        help="the address --ops-port listens on (default: 127.0.0.1; 0.0.0.0 for all)",
+    )
     worker.set_defaults(handler=_worker)
 
 
@@ -382,7 +395,15 @@ async def _worker(args: argparse.Namespace, progress: Progress) -> int:
         grace=args.grace,
         store_label=describe_store(args.store),
     )
-    return await serve_worker(agents, store, options)
+    hooks = []
+    if args.ops_port is not None:
+        from ._ops_port import ops_port
+
+        try:
+            hooks.append(ops_port(args.ops_host, args.ops_port))
+        except ImportError as exc:
+            raise CliError(str(exc)) from None
+    return await serve_worker(agents, store, options, hooks)
 
 
 def _seconds(text: str) -> float:
