@@ -19,10 +19,10 @@ from ._worker import WorkerHook
 def ops_port(host: str, port: int) -> WorkerHook:
     """The hook serving the worker's ops app on ``host:port``."""
     try:
+        import prometheus_client  # noqa: F401 - what the metrics need
         import uvicorn
 
         from ..server import ops_app
-        import prometheus_client  # noqa: F401 - what the metrics need
     except ImportError as exc:
         raise ImportError(
             f"--ops-port needs prometheus_client, Starlette and uvicorn: "
