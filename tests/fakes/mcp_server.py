@@ -6,7 +6,11 @@ of a tool that takes a context appends one JSON line to ``$MCP_FIXTURE_LOG``: th
 tool, the idempotency key the request's ``_meta`` carried, and the server's pid (so
 a test can kill it mid-call). ``$MCP_FIXTURE_VARIANT`` names a file whose text picks
 the tool set at start-up: ``v2`` adds ``multiply``, so a test can change what the
-server lists between two turns.
+server lists between two turns. With ``$MCP_FIXTURE_HTTP_PORT`` set, the script
+serves Streamable HTTP on that loopback port instead of stdio (a server in a
+process of its own, for a test to kill); with ``$MCP_FIXTURE_LEGACY`` too, it refuses
+the ``server/discover`` probe, so clients fall back to the initialize handshake and
+an HTTP session, as servers built before the 2026 protocol do.
 """
 
 from __future__ import annotations
@@ -84,7 +88,54 @@ def main() -> None:
     variant = "v1"
     if variant_file and Path(variant_file).exists():
         variant = Path(variant_file).read_text().strip() or "v1"
-    build(Path(log) if log else None, variant).run()
+    server = build(Path(log) if log else None, variant)
+    port = os.environ.get("MCP_FIXTURE_HTTP_PORT")
+    if port is None:
+        server.run()
+        return
+    import uvicorn
+
+    app: Any = server.streamable_http_app()
+    if os.environ.get("MCP_FIXTURE_LEGACY"):
+        app = _legacy_only(app)
+    uvicorn.run(app, host="127.0.0.1", port=int(port), log_level="warning")
+
+
+def _legacy_only(app: Any) -> Any:
+    """``app`` answering the ``server/discover`` probe with "method not found"."""
+
+    async def wrapped(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST":
+            await app(scope, receive, send)
+            return
+        body, more = b"", True
+        while more:
+            message = await receive()
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+        try:
+            request = json.loads(body)
+        except ValueError:
+            request = None
+        if isinstance(request, dict) and request.get("method") == "server/discover":
+            error = {"code": -32601, "message": "Method not found"}
+            reply = json.dumps({"jsonrpc": "2.0", "id": request.get("id"), "error": error})
+            headers = [(b"content-type", b"application/json")]
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            await send({"type": "http.response.body", "body": reply.encode()})
+            return
+        sent = False
+
+        async def replay() -> Any:
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await app(scope, replay, send)
+
+    return wrapped
 
 
 if __name__ == "__main__":

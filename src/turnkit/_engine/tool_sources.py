@@ -4,6 +4,9 @@ A source stands in an agent's tool list (``turnkit.mcp.mcp_tools(...)`` is one).
 The engine asks each source once per turn and stores the answer with the turn
 (see ``turn_tools``); from then on the turn, replayed or resumed anywhere, offers
 exactly what was stored.
+
+A source may also hold connections open (``OpenedToolSource``): a ``Runtime`` opens
+it when it opens and closes it when it closes.
 """
 
 from __future__ import annotations
@@ -32,3 +35,15 @@ class ToolSource(Protocol):
     async def list_tools(self) -> Sequence[ListedTool]: ...
 
     def bind(self, listed: ListedTool) -> Tool: ...
+
+
+@runtime_checkable
+class OpenedToolSource(Protocol):
+    """A tool source with resources to share while a ``Runtime`` runs (an MCP
+    server's connection). ``open`` is called on the running loop when the runtime
+    opens, ``close`` when it closes; a source in several runtimes is opened by each
+    and must stay usable until the last ``close``."""
+
+    async def open(self) -> None: ...
+
+    async def close(self) -> None: ...

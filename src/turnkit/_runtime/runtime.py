@@ -12,6 +12,7 @@ from types import TracebackType
 from typing import Any
 
 from .._engine.agent import Agent
+from .._engine.tool_sources import OpenedToolSource
 from .._errors import ConfigurationError
 from .._seams.relay import EventRelay, RelayingStore
 from .._seams.sink import EventSink, LocalEventSink
@@ -106,10 +107,18 @@ class Runtime:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._background: set[asyncio.Task[None]] = set()
         self._unrelay: Callable[[], None] | None = None
+        self._opened: list[OpenedToolSource] = []
 
     async def __aenter__(self) -> Runtime:
         await self.store.open()
         self._loop = asyncio.get_running_loop()
+        try:
+            await self._open_sources()
+        except BaseException:
+            self._loop = None
+            await self._close_sources()
+            await self.store.close()
+            raise
         relay = self.relay
         if relay is not None:
             self._unrelay = self.sink.subscribe(relay.publish)
@@ -143,7 +152,27 @@ class Runtime:
             self._unrelay()
             self._unrelay = None
         self._loop = None
+        await self._close_sources()
         await self.store.close()
+
+    async def _open_sources(self) -> None:
+        """Open the agents' tool sources that share something while the runtime runs
+        (an MCP server's connection), each once."""
+        seen: set[int] = set()
+        for agent in self.agents.values():
+            for source in agent.tool_sources:
+                if isinstance(source, OpenedToolSource) and id(source) not in seen:
+                    seen.add(id(source))
+                    await source.open()
+                    self._opened.append(source)
+
+    async def _close_sources(self) -> None:
+        opened, self._opened = self._opened, []
+        for source in opened:
+            try:
+                await source.close()
+            except Exception:
+                log.warning("closing tool source %r failed", source, exc_info=True)
 
     @property
     def is_open(self) -> bool:

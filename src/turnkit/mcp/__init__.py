@@ -11,9 +11,10 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised without the extra
     raise ImportError("turnkit.mcp needs the MCP SDK: pip install 'turnkit[mcp]'") from exc
 
+from ._connection import IDEMPOTENCY_KEY
 from ._server import McpEndpoint, server
 from ._servers import HttpServer, StdioServer, http, stdio
-from ._tools import IDEMPOTENCY_KEY, McpTools, mcp_tools
+from ._tools import McpTools, mcp_tools
 
 __all__ = [
     "IDEMPOTENCY_KEY",

@@ -19,19 +19,24 @@ import asyncio
 import logging
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
 import pydantic
 from mcp import Client, MCPError
-from mcp.types import CONNECTION_CLOSED, REQUEST_TIMEOUT, CallToolResult, TextContent
+from mcp.types import (
+    CONNECTION_CLOSED,
+    REQUEST_TIMEOUT,
+    CallToolResult,
+    TextContent,
+)
 from mcp.types import Tool as McpTool
 
 from .._engine.tools import TOOL_NAME, Tool
 from .._errors import ConfigurationError, FatalToolError
 from .._seams.model import ToolSpec
 from .._values.listed_tools import ListedTool
-from ._connection import Unreachable, connected, reason
+from ._connection import IDEMPOTENCY_KEY, Connection, Connections, Unreachable, reason
 from ._servers import McpServer, as_server
 
 if TYPE_CHECKING:
@@ -39,8 +44,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("turnkit.mcp")
 
-#: The ``_meta`` key under which each call carries its idempotency key.
-IDEMPOTENCY_KEY = "turnkit/idempotency_key"
 #: Most pages of ``tools/list`` read from one server (a paginator that never ends
 #: cannot hang a turn).
 _MAX_PAGES = 100
@@ -64,37 +67,51 @@ class McpTools:
     timeout: float = 60.0
     #: Seconds to start or reach the server and finish the handshake.
     connect_timeout: float = 30.0
+    _connections: Connections = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        connections = Connections(
+            self.server, connect_timeout=self.connect_timeout, call_timeout=self.timeout
+        )
+        object.__setattr__(self, "_connections", connections)
 
     async def list_tools(self) -> Sequence[ListedTool]:
-        """Ask the server for its tools, every page of them."""
-        found: list[ListedTool] = []
+        """Ask the server for its tools, every page of them (once more on a new
+        connection if the one used was lost: listing changes nothing)."""
         failure: BaseException | None = None
-        try:
-            async with self._connected() as client:
-                try:
-                    async with asyncio.timeout(self.timeout):
-                        await self._pages(client, found)
-                except TimeoutError:
-                    failure = TimeoutError(f"no tool list within {self.timeout:g}s")
-                except Exception as exc:
-                    failure = exc
-        except Unreachable as exc:
-            raise ConnectionError(f"MCP server {self.key!r} could not be reached: {exc}") from None
-        except Exception as exc:  # closing the connection failed
-            if failure is None:
-                failure = exc
-        if failure is not None:
-            raise Exception(f"MCP server {self.key!r}: {reason(failure)}") from None
-        return found
+        for attempt in range(2):
+            try:
+                async with self._connections.connection() as conn:
+                    client = await conn.client()
+                    try:
+                        async with asyncio.timeout(self.timeout):
+                            return await self._pages(client)
+                    except TimeoutError:
+                        failure = TimeoutError(f"no tool list within {self.timeout:g}s")
+                    except Exception as exc:
+                        failure = exc
+                        if _no_answer(exc) or conn.lost:
+                            conn.lost = True
+                            if attempt == 0:
+                                continue
+            except Unreachable as exc:
+                raise ConnectionError(
+                    f"MCP server {self.key!r} could not be reached: {exc}"
+                ) from None
+            break
+        assert failure is not None
+        raise Exception(f"MCP server {self.key!r}: {reason(failure)}") from None
 
-    async def _pages(self, client: Client, found: list[ListedTool]) -> None:
+    async def _pages(self, client: Client) -> list[ListedTool]:
+        found: list[ListedTool] = []
         cursor: str | None = None
         for _ in range(_MAX_PAGES):
             page = await client.list_tools(cursor=cursor)
             found += [t for t in map(self._listed, page.tools) if t is not None]
             cursor = page.next_cursor
             if not cursor:
-                return
+                break
+        return found
 
     def bind(self, listed: ListedTool) -> Tool:
         """A remote tool calling ``listed.target`` on this server."""
@@ -109,25 +126,46 @@ class McpTools:
         return Tool(spec, run, needs_store=False)
 
     async def call(self, target: str, arguments: Any, idempotency_key: str) -> Any:
-        """Call the tool ``target`` once; see the module docstring for how it ends."""
-        result: CallToolResult | None = None
-        failure: BaseException | None = None
-        try:
-            async with self._connected() as client:
-                try:
-                    result = await self._send(client, target, arguments, idempotency_key)
-                except Exception as exc:
-                    failure = self._failure(target, exc)
-        except Unreachable as exc:
-            raise ConnectionError(f"MCP server {self.key!r} could not be reached: {exc}") from None
-        except Exception as exc:  # closing the connection failed
-            if result is None and failure is None:
-                failure = self._unknown(target, reason(exc))
-            log.debug("closing the connection to MCP server %r failed: %s", self.key, exc)
-        if failure is not None:
-            raise failure
-        assert result is not None
-        return _read(result)
+        """Call the tool ``target`` once; see the module docstring for how it ends.
+
+        A call known never to have reached the tool (its connection was lost before
+        it was sent, the server refused the TCP connection or a session it no longer
+        knows) goes once more on a new connection; one sent on a connection that is
+        then lost is an unknown outcome.
+        """
+        for attempt in range(2):
+            try:
+                async with self._connections.connection() as conn:
+                    client = await conn.client()
+                    try:
+                        result = await self._send(client, target, arguments, idempotency_key)
+                    except Exception as exc:
+                        if _never_sent(conn, idempotency_key):
+                            conn.lost = True
+                            if attempt == 0:
+                                continue
+                            raise ConnectionError(
+                                f"MCP server {self.key!r} could not be reached: {reason(exc)}"
+                            ) from None
+                        if _no_answer(exc):
+                            conn.lost = True  # later calls go on a new connection
+                        raise self._failure(target, exc) from None
+            except Unreachable as exc:
+                raise ConnectionError(
+                    f"MCP server {self.key!r} could not be reached: {exc}"
+                ) from None
+            return _read(result)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def open(self) -> None:
+        """Share one connection to the server on the running loop (opened at the first
+        listing or call) until ``close``: a ``Runtime`` calls both."""
+        self._connections.hold()
+
+    async def close(self) -> None:
+        """Undo one ``open``; the last one closes the loop's connection (a stdio
+        server's process ends with it)."""
+        await self._connections.release()
 
     async def _send(
         self, client: Client, target: str, arguments: Any, idempotency_key: str
@@ -148,11 +186,6 @@ class McpTools:
         if isinstance(exc, TimeoutError):
             return self._unknown(target, f"no answer within {self.timeout:g}s")
         return self._unknown(target, reason(exc))
-
-    def _connected(self) -> Any:
-        return connected(
-            self.server, connect_timeout=self.connect_timeout, call_timeout=self.timeout
-        )
 
     def _unknown(self, target: str, why: str) -> FatalToolError:
         return FatalToolError(
@@ -179,6 +212,18 @@ class McpTools:
             input_schema=dict(tool.input_schema),
             target=tool.name,
         )
+
+
+def _no_answer(exc: Exception) -> bool:
+    """Whether ``exc`` means the connection was lost (not a refusal by the server)."""
+    if isinstance(exc, MCPError):
+        return exc.code == CONNECTION_CLOSED
+    return not isinstance(exc, pydantic.ValidationError | TimeoutError | RuntimeError)
+
+
+def _never_sent(conn: Connection, idempotency_key: str) -> bool:
+    """Whether the call certainly never reached the tool (see ``_connection``)."""
+    return idempotency_key in conn.unsent
 
 
 def _bad_structured_content(exc: Exception) -> bool:
