@@ -386,3 +386,39 @@ async def test_a_runtime_that_runs_no_turns_refuses_start_and_recovers_nothing()
         assert await rt.recover() == []
         with pytest.raises(turnkit.ConfigurationError, match="PostgresStore"):
             turnkit.Worker(rt)
+
+
+async def test_a_replace_posted_to_the_http_node_cancels_the_turn_on_a_worker(
+    nodes: Cluster,
+) -> None:
+    worker = nodes.start_worker()
+    held = await nodes.submit("y1", "hold y1")
+    await nodes.wait_for_file(f"started-{worker.pid}-*")
+    async with nodes.client.stream(
+        "POST", nodes.path("y1", "turns"), json={"text": "instead", "replace": True}, headers=USER
+    ) as response:
+        assert response.status_code == 200
+    # The cancellation was stored with the new turn, before any worker could run it.
+    (cancelled,) = nodes.sql("SELECT cancel_reason FROM turnkit_turns WHERE turn_id = %s", held)
+    assert cancelled == ("replaced",)
+    (nodes.hold / "release").touch()
+    await nodes.wait_for(
+        "SELECT 1 FROM turnkit_turns WHERE opening::json->>'text' = 'instead' "
+        "AND status = 'completed'"
+    )
+    assert nodes.status(held) == "cancelled"
+    assert stop(worker) == 0
+
+
+def test_takeover_settings_are_checked() -> None:
+    from turnkit.stores import Takeover
+
+    assert Takeover().client_settings()["tcp_user_timeout"] == 10_000
+    assert b"idle_session_timeout = 10000" in Takeover().lock_settings(150000)
+    assert b"idle_session_timeout" not in Takeover().lock_settings(130000)
+    with pytest.raises(turnkit.ConfigurationError, match="at most half of idle_timeout"):
+        Takeover(idle_timeout=2, heartbeat=1.5)
+    with pytest.raises(turnkit.ConfigurationError, match="keepalive_count"):
+        Takeover(keepalive_count=0)
+    with pytest.raises(turnkit.ConfigurationError, match="takeover must be a Takeover"):
+        PostgresStore("postgresql://x/y", takeover={"idle_timeout": 1})  # type: ignore[arg-type]
