@@ -165,7 +165,11 @@ async def test_a_cancel_or_replace_from_another_process_stops_the_running_turn(
                 (tmp_path / "release").touch()
             else:
                 new = session.start("again", replace=True)
-                await asyncio.sleep(0.1)  # the replace is recorded meanwhile
+                # The replace is recorded in the background: release once it is.
+                deadline = time.monotonic() + 30
+                while (await session.turn_record("held")).cancel_reason is None:  # type: ignore[union-attr]
+                    assert time.monotonic() < deadline, "the replace was never recorded"
+                    await asyncio.sleep(0.02)
                 (tmp_path / "release").touch()
                 assert (await session.result(new)).text == "answered again"
             out, err = child.communicate(timeout=60)

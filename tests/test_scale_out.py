@@ -192,7 +192,7 @@ async def test_300_turns_over_50_sessions_run_once_each_in_order_on_3_workers(
     nodes: Cluster,
 ) -> None:
     for _ in range(3):
-        nodes.start_worker("--concurrency", "8")
+        nodes.start_worker("--concurrency", "4")
 
     async def one_session(n: int) -> list[str]:
         # Each turn is stored before the next is sent: the session's order.
