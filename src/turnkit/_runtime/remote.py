@@ -12,8 +12,9 @@ is not the end of the story.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Awaitable
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from .._errors import TurnError
 from .._seams.relay import EventRelay, Logged, Relayed, place
@@ -35,6 +36,21 @@ FIRST_POLL = 0.02
 #: Statuses of a turn that some process still has to run.
 _ONGOING = ("queued", "running")
 
+T = TypeVar("T")
+
+
+async def _whole(read: Awaitable[T]) -> T:
+    """``read``, left to finish if the follower is cancelled meanwhile (a client
+    that went away): a read cut off mid-query costs the pool its connection."""
+    task = asyncio.ensure_future(read)
+    task.add_done_callback(_seen)
+    return await asyncio.shield(task)
+
+
+def _seen(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()  # a failure nobody awaits any more is not worth a warning
+
 
 @dataclass(frozen=True)
 class Remote:
@@ -51,7 +67,7 @@ async def wait_for_end(store: SessionStore, turn_id: str, poll: float) -> TurnRe
     """The turn's record once it is no longer queued or running."""
     delay = FIRST_POLL
     while True:
-        record = await store.turn(turn_id)
+        record = await _whole(store.turn(turn_id))
         if record is None:
             raise TurnError(f"session {store.session_id} has no turn {turn_id}")
         if record.status not in _ONGOING:
@@ -79,17 +95,17 @@ async def remote_turn_events(
     waits for the log to be read.
     """
     if after is None:
-        after = max((e.seq or 0 for e in await store.events(turn_id=turn_id)), default=0)
+        after = max((e.seq or 0 for e in await _whole(store.events(turn_id=turn_id))), default=0)
     last = after
     delay = FIRST_POLL
     waiting: list[TurnEvent] = []  # deltas ahead of the log as last read
     placed = 0  # the latest place the log was read for
     while True:
-        for event in await store.events(turn_id=turn_id, after=last):
+        for event in await _whole(store.events(turn_id=turn_id, after=last)):
             last = event.seq or last
             delay = FIRST_POLL
             if event.type in ENDING_EVENT_TYPES:
-                record = await store.turn(turn_id)
+                record = await _whole(store.turn(turn_id))
                 if record is not None and record.status in _ONGOING:
                     continue  # taken over, or already resumed: the story goes on
             yield event
@@ -99,11 +115,11 @@ async def remote_turn_events(
             if (place(delta) or 0) > last:
                 yield delta
         waiting.clear()
-        record = await store.turn(turn_id)
+        record = await _whole(store.turn(turn_id))
         if record is None:
             raise TurnError(f"session {store.session_id} has no turn {turn_id}")
         if record.status not in _ONGOING:
-            for event in await store.events(turn_id=turn_id, after=last):
+            for event in await _whole(store.events(turn_id=turn_id, after=last)):
                 yield event
                 if event.type in ENDING_EVENT_TYPES:
                     return
