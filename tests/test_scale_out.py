@@ -422,3 +422,21 @@ def test_takeover_settings_are_checked() -> None:
         Takeover(keepalive_count=0)
     with pytest.raises(turnkit.ConfigurationError, match="takeover must be a Takeover"):
         PostgresStore("postgresql://x/y", takeover={"idle_timeout": 1})  # type: ignore[arg-type]
+
+
+@pytest.mark.slow
+async def test_sigterm_past_the_grace_hands_the_turn_back_to_another_worker(
+    nodes: Cluster,
+) -> None:
+    first = nodes.start_worker("--grace", "0.2")
+    turn_id = await nodes.submit("h1", "hold h1")
+    await nodes.wait_for_file(f"started-{first.pid}-*")
+    second = nodes.start_worker()
+    first.terminate()  # its tool is still blocked: the delivery is handed back
+    await nodes.wait_for_file(f"started-{second.pid}-*")
+    (nodes.hold / "release").touch()
+    assert first.wait(timeout=60) == 0
+    await nodes.wait_for("SELECT 1 FROM turnkit_turns WHERE status = 'completed'")
+    # The first worker's call returned after it let the session go: fenced off.
+    assert nodes.effects(turn_id) == [("hold h1", second.pid)]
+    assert stop(second) == 0

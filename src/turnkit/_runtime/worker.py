@@ -165,7 +165,10 @@ class Worker:
         except Exception as exc:
             # The turn stays open in the store; it is claimed again after a pause
             # (here), or sooner by another worker.
-            log.warning("delivering turn %s of %s broke: %s", turn_id, sid, exc)
+            if self._stopping:
+                log.info("handed turn %s of %s back: %s", turn_id, sid, exc)
+            else:
+                log.warning("delivering turn %s of %s broke: %s", turn_id, sid, exc)
             self._back_off(sid)
         else:
             self._backoff.pop(sid, None)
