@@ -19,6 +19,8 @@ no store), so the figures are the MCP client's cost alone:
 
 The figures are calls per second, the median and the best of ``--runs`` runs, and
 the time of the first call of a held source (it opens the connection).
+``--cases per-call`` uses nothing newer than ``McpTools.call``, so it also runs
+against a checkout from before connections were shared (``PYTHONPATH=that/src``).
 """
 
 from __future__ import annotations
@@ -123,11 +125,13 @@ async def bench(kind: str, make: Callable[[], McpTools], args: argparse.Namespac
     ]
     first: list[float] = []
     for label, run in cases:
-        report(label, [await run() for _ in range(args.runs)])
-    print(
-        f"  first call of a held source (opens it): median "
-        f"{statistics.median(first) * 1000:.0f} ms, best {min(first) * 1000:.0f} ms"
-    )
+        if label.split(",")[0].replace(" ", "-") in args.cases:
+            report(label, [await run() for _ in range(args.runs)])
+    if first:
+        print(
+            f"  first call of a held source (opens it): median "
+            f"{statistics.median(first) * 1000:.0f} ms, best {min(first) * 1000:.0f} ms"
+        )
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -153,6 +157,12 @@ if __name__ == "__main__":
     parser.add_argument("--per-call-calls", type=int, default=5, help="calls a per-call run")
     parser.add_argument("--concurrency", type=int, default=10)
     parser.add_argument("--transports", nargs="+", default=["stdio", "http"])
+    parser.add_argument(
+        "--cases",
+        nargs="+",
+        default=["per-call", "shared"],
+        help="per-call alone also runs against turnkit before connections were shared",
+    )
     arguments = parser.parse_args()
     if arguments.serve:
         serve(arguments.serve, arguments.port)

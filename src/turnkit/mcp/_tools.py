@@ -11,6 +11,10 @@ the request's ``_meta`` under ``IDEMPOTENCY_KEY``. How a call can end:
 - the connection lost or the answer late once the request was sent: whether it
   ran is unknown, so the step fails the turn unrecorded, and delivering the turn
   again calls once more with the same key (for the server to deduplicate on).
+
+While a ``Runtime`` holds the source open (``open``/``close``), its listings and
+calls share one connection per event loop (see ``_connection``); a call known never
+to have reached the tool goes once more on a new one.
 """
 
 from __future__ import annotations
@@ -57,7 +61,8 @@ class McpTools:
     """The tools of one MCP server, as a tool source: put it in ``Agent(tools=[…])``.
 
     Build it with ``mcp_tools(...)``. ``key`` names the server in what each turn
-    stores; ``prefix`` goes before every tool name the model sees.
+    stores; ``prefix`` goes before every tool name the model sees. A ``Runtime``
+    opens it (one shared connection per event loop) and closes it.
     """
 
     server: McpServer
