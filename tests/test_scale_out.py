@@ -440,3 +440,19 @@ async def test_sigterm_past_the_grace_hands_the_turn_back_to_another_worker(
     # The first worker's call returned after it let the session go: fenced off.
     assert nodes.effects(turn_id) == [("hold h1", second.pid)]
     assert stop(second) == 0
+
+
+async def test_a_stored_turn_wakes_an_idle_worker_without_waiting_for_its_poll(
+    nodes: Cluster,
+) -> None:
+    nodes.start_worker("--poll", "120")  # (a later --poll wins over the helper's)
+    await asyncio.sleep(0.5)  # past its first claim: idle, waiting
+    for n in range(3):
+        turn_id = await nodes.submit(f"w{n}", f"wake {n}")
+        # Generous, but far below the poll: only the notification can wake it.
+        await nodes.wait_for(
+            "SELECT 1 FROM turnkit_turns WHERE turn_id = %s AND status = 'completed'",
+            turn_id,
+            timeout=30,
+        )
+    assert stop(nodes.workers[0]) == 0

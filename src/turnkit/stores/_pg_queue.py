@@ -44,5 +44,7 @@ CLAIM_SQL = (
 )
 
 #: Sent inside a commit that makes a turn runnable (a submission, a resume, a
-#: cancellation of a parked turn): delivered when, and only if, it commits.
-WAKE_SQL = "SELECT pg_notify('turnkit_queue', ?)"
+#: cancellation of a parked turn): delivered when, and only if, it commits. The
+#: channel is a parameter: the schema qualifier ``pg`` puts on turnkit's names
+#: would otherwise rename it.
+WAKE_SQL = "SELECT pg_notify(?, ?)"

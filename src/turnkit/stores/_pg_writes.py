@@ -23,6 +23,7 @@ from .._values.records import TERMINAL_TURN_STATUSES, TurnRecord, TurnStatus, se
 from . import _archive_sql as archive_sql
 from . import _pg_wire as wire
 from . import _sql as sql
+from ._pg_queue import CHANNEL as WAKE_CHANNEL
 from ._pg_queue import WAKE_SQL
 from ._pg_sql import (
     _ABORTED,
@@ -71,7 +72,7 @@ class _Writes:
         """Notify the workers in this commit: it makes a turn runnable."""
         if not self._wakes:
             self._wakes = True
-            self.writes.append((WAKE_SQL, (self.schema,)))
+            self.writes.append((WAKE_SQL, (WAKE_CHANNEL, self.schema)))
 
     def statements(self) -> list[wire.Statement]:
         """Every write as one statement, its values bound."""
