@@ -404,3 +404,27 @@ async def test_summaries_show_in_usage_and_in_turnkit_show() -> None:
     text = render_session(view, store="memory", store_flag="")
     assert "sent messages [0:]" in text and ", after summary history:" in text
     assert "summary of messages [:" in text and "[100 in, 1 out]" in text
+
+
+async def test_a_new_runtime_starts_from_the_stored_window_and_summary(tmp_path: Path) -> None:
+    db = tmp_path / "h.db"
+    policy = SummarizeOlder(max_tokens=150, keep_tokens=60)
+    first = ScriptedModel(respond=chatty)
+    agent = turnkit.Agent(name="s", model=first, history=policy)
+    async with turnkit.Runtime([agent], store=SqliteStore(db)) as runtime:
+        session = runtime.session("s", "s1")
+        for n in range(7):
+            await session.result(session.start(f"note {n} " + "n" * 60))
+    last = first.calls[-1]
+    assert last.system is not None and "summary of" in last.system
+    # A new runtime (as another process would) finds the window and summary in the
+    # store: the next turn's request starts where the last one did, under the same
+    # summary, and no summary is made again while the window fits.
+    second = ScriptedModel(respond=chatty)
+    agent = turnkit.Agent(name="s", model=second, history=policy)
+    async with turnkit.Runtime([agent], store=SqliteStore(db)) as runtime:
+        session = runtime.session("s", "s1")
+        await session.result(session.start("short"))
+    (call,) = second.calls
+    assert call.system == last.system
+    assert call.messages[: len(last.messages)] == last.messages

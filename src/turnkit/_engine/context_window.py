@@ -124,6 +124,7 @@ class ContextWindows:
         if self.chosen is None:
             return self.cache
         index, record, text = self.chosen
+        self.steps[window_step_id(index)] = record.to_dict()
         self.cache = WindowCache(self.generation, index, record, text, self.sizes)
         self.chosen = None
         return self.cache

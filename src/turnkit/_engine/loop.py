@@ -727,8 +727,9 @@ class TurnRunner:
                 tx.set_turn_status(self.turn_id, "completed", text=answer)
 
         await self._commit(write, events, [message, *tail])
+        cache = windows.committed()
         if self.known is not None:
-            self.known.window = windows.committed()
+            self.known.window = cache
         if reply.usage is not None:
             self.usage = self.usage + reply.usage
 
