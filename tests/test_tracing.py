@@ -9,6 +9,7 @@ kept with the turn. SQLite files and PostgreSQL, as in production.
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import re
@@ -359,3 +360,30 @@ async def test_a_turn_resumed_in_another_process_links_to_the_trace_it_parked_in
     assert dict(tool.attributes or {})["turnkit.replayed"] is True
     assert dict(tool.attributes or {})["turnkit.step.outcome"] == "ok"
     assert dict(chat.attributes or {})["turnkit.replayed"] is False
+
+
+async def test_calls_run_in_parallel_get_a_span_each_under_the_turn(
+    traced: Traced, tmp_path: Path
+) -> None:
+    @turnkit.tool
+    async def fetch(label: str) -> str:
+        """Fetch one thing from a slow service."""
+        await asyncio.sleep(0.05)
+        if label == "b":
+            raise ValueError("b is gone")
+        return f"got {label}"
+
+    calls = [tool_call("fetch", {"label": label}) for label in ("a", "b", "c")]
+    model = ScriptedModel([ScriptedReply(tool_calls=calls), "done"])
+    agent = turnkit.Agent(name="calc", model=model, tools=[fetch])
+    store = SqliteStore(tmp_path / "t.db")
+    async with turnkit.Runtime(agent, store=store, tracer=traced.tracer) as runtime:
+        assert await runtime.session("calc", "s1").turn("fetch three") == "done"
+    (turn,) = traced.named("invoke_agent calc")
+    spans = traced.named("execute_tool fetch")
+    assert len(spans) == 3
+    assert {parent_of(s) for s in spans} == {ids(turn)[1]}
+    # They ran at the same time: each started before any of them ended.
+    assert max(s.start_time or 0 for s in spans) < min(s.end_time or 0 for s in spans)
+    failed = [s for s in spans if not s.status.is_ok]
+    assert len(failed) == 1 and "b is gone" in (failed[0].status.description or "")
