@@ -387,3 +387,78 @@ async def test_calls_run_in_parallel_get_a_span_each_under_the_turn(
     assert max(s.start_time or 0 for s in spans) < min(s.end_time or 0 for s in spans)
     failed = [s for s in spans if not s.status.is_ok]
     assert len(failed) == 1 and "b is gone" in (failed[0].status.description or "")
+
+
+# -- the history policy's summary calls ----------------------------------------------
+
+
+class Summarizing(ScriptedModel):
+    """A scripted model with a name, so its span is ``chat summarizer-1``."""
+
+    model = "summarizer-1"
+    provider = "scripted"
+
+
+def summary_reply(messages: Any) -> ScriptedReply:
+    return ScriptedReply(
+        text=f"summary of {len(messages[0].text)} chars",
+        usage=turnkit.Usage(input_tokens=100, output_tokens=9, cache_read_tokens=40),
+    )
+
+
+def chat_reply(messages: Any) -> ScriptedReply:
+    return ScriptedReply(
+        text="noted " + "w" * 80, usage=turnkit.Usage(input_tokens=10, output_tokens=2)
+    )
+
+
+async def test_a_summary_call_has_a_chat_span_of_its_own(traced: Traced, tmp_path: Path) -> None:
+    summarizer = Summarizing(respond=summary_reply)
+    policy = turnkit.SummarizeOlder(max_tokens=60, summarizer=turnkit.Summarizer(model=summarizer))
+    agent = turnkit.Agent(name="s", model=ScriptedModel(respond=chat_reply), history=policy)
+    store = SqliteStore(tmp_path / "t.db")
+    async with turnkit.Runtime(agent, store=store, tracer=traced.tracer) as rt:
+        session = rt.session("s", "s1")
+        results = [
+            await session.result(session.start(f"note {n} " + "n" * 80, turn_id=f"t-{n}"))
+            for n in range(4)
+        ]
+    assert summarizer.calls, "the policy made no summary"
+    summaries = traced.named("chat summarizer-1")
+    assert len(summaries) == len(summarizer.calls)
+    turns = {dict(t.attributes or {})["turnkit.turn.id"]: t for t in traced.named("invoke_agent")}
+    for span in summaries:
+        attributes = dict(span.attributes or {})
+        turn = turns[attributes["turnkit.turn.id"]]
+        assert parent_of(span) == ids(turn)[1] and ids(span)[0] == ids(turn)[0]
+        assert span.kind == trace.SpanKind.CLIENT
+        assert re.fullmatch(
+            rf"history:{attributes['turnkit.turn.id']}:\d+", attributes["turnkit.step.id"]
+        )
+        assert attributes["gen_ai.operation.name"] == "chat"
+        assert attributes["gen_ai.request.model"] == "summarizer-1"
+        assert attributes["gen_ai.provider.name"] == "scripted"
+        assert attributes["gen_ai.usage.input_tokens"] == 100
+        assert attributes["gen_ai.usage.output_tokens"] == 9
+        assert attributes["gen_ai.usage.cache_read.input_tokens"] == 40
+        assert attributes["turnkit.replayed"] is False
+        assert attributes["turnkit.step.outcome"] == "ok"
+        # The summary is made before the model step it is for, not inside its span.
+        step = next(
+            s
+            for s in traced.named("chat")
+            if s.name == "chat" and parent_of(s) == ids(turn)[1] and s.start_time >= span.end_time
+        )
+        assert dict(step.attributes or {})["turnkit.step.id"].startswith("model:")
+    # Each turn span sums its summary calls' tokens with its model steps', as the
+    # turn's result does.
+    for result in results:
+        turn = turns[result.turn_id]
+        children = [s for s in traced.named("chat") if parent_of(s) == ids(turn)[1]]
+        attributes = dict(turn.attributes or {})
+        assert attributes["gen_ai.usage.input_tokens"] == result.usage.input_tokens
+        assert attributes["gen_ai.usage.input_tokens"] == sum(
+            dict(s.attributes or {})["gen_ai.usage.input_tokens"] for s in children
+        )
+        assert attributes["gen_ai.usage.output_tokens"] == result.usage.output_tokens
+    assert sum(r.usage.input_tokens for r in results) == 100 * len(summaries) + 10 * 4

@@ -1,6 +1,7 @@
 """Applying an agent's history policy to one delivery: find the window the previous
 model step was sent, ask the policy for this step's, make any summary it needs as a
-checkpointed model call, and keep the decision for the step's commit.
+checkpointed model call (with a ``chat`` step span of its own), and keep the
+decision for the step's commit.
 
 Everything a later delivery needs is read from the store (the ``window:<n>`` record
 of the latest model step, and the summary step it points to); the ``WindowCache``
@@ -10,12 +11,14 @@ kept with a session's known transcript only saves those reads.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
 from .._errors import ContextWindowError, ModelError
 from .._seams.model import ModelDone, ReasoningDelta, TextDelta
 from .._seams.store import NO_MESSAGES, SessionStore, Transaction
+from .._seams.tracer import NO_SPAN, StepSpan
 from .._values.messages import AssistantMessage, Message, ToolMessage, TriggerMessage, UserMessage
 from .._values.step_ids import history_step_id, window_step_id
 from .._values.turns import TurnCancelled, TurnFailure
@@ -65,6 +68,7 @@ class ContextWindows:
         cache: WindowCache | None,
         boundary: Callable[[], Awaitable[None]],
         cancelled: Callable[[], str | None],
+        traced: Callable[[str, Any], AbstractContextManager[StepSpan]] | None = None,
     ) -> None:
         self.agent = agent
         self.store = store
@@ -75,6 +79,8 @@ class ContextWindows:
         self.sizes = self.cache.sizes if self.cache is not None else {}
         self._boundary = boundary
         self._cancelled = cancelled
+        #: A step span for a summary call (its step id, its model), told how it ended.
+        self._traced = traced or _untraced
         #: The window chosen for the step being prepared, until it commits.
         self.chosen: tuple[int, WindowRecord, str | None] | None = None
         #: What this delivery's summary calls used, not yet taken by the runner.
@@ -223,17 +229,27 @@ class ContextWindows:
         await self._boundary()
         prompt = summary_request(summary, transcript[start:upto])
         model = summarizer.model or self.agent.model
-        reply = await _call(model, prompt, summarizer.instructions, self.turn_id, self._cancelled)
-        record = SummaryRecord(text=reply.text, upto=upto, usage=reply.usage)
+        # A stored summary (above) is read back, not called: like a committed model
+        # step it gets no span in a later delivery.
+        with self._traced(step_id, model) as span:
+            reply = await _call(
+                model, prompt, summarizer.instructions, self.turn_id, self._cancelled
+            )
+            span.replied(reply)
+            record = SummaryRecord(text=reply.text, upto=upto, usage=reply.usage)
 
-        def write(tx: Transaction) -> None:
-            tx.put_step(step_id, self.turn_id, record.to_dict())
+            def write(tx: Transaction) -> None:
+                tx.put_step(step_id, self.turn_id, record.to_dict())
 
-        await self.store.commit(write)
+            await self.store.commit(write)
         self.steps[step_id] = record.to_dict()
         if reply.usage is not None:
             self._usage = self._usage + reply.usage
         return ref, record.text
+
+
+def _untraced(step_id: str, model: Any) -> AbstractContextManager[StepSpan]:
+    return nullcontext(NO_SPAN)
 
 
 async def _call(

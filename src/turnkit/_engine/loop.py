@@ -79,7 +79,7 @@ from .batch import committed_results, distinct_ids, in_order
 from .context import ChildTurns, ToolContext, TurnParked
 from .context_window import ContextWindows, WindowCache
 from .limits import calls_asked_before
-from .model_call import ask_model
+from .model_call import Sent, ask_model
 from .output import OUTPUT_TOOL, answer_tail, with_output
 from .parallel import Asked, Outcome, Ran, run_batch
 from .position import (
@@ -670,13 +670,21 @@ class TurnRunner:
     async def _model_step(self, index: int) -> None:
         # A step's result commits with its message, so this step was never answered.
         step_id = model_step_id(index)
-        with Traced(self._span.step(self._step_trace(step_id, model=self.agent.model))) as span:
-            await self._ask_and_commit(index, step_id, span)
-
-    async def _ask_and_commit(self, index: int, step_id: str, span: StepSpan) -> None:
+        # The history policy's summary calls are steps of their own, with spans of
+        # their own, made before this step's request (and its span) begins.
         windows = self._context_windows()
         sent = await windows.prepare(self.transcript, index, self.policy.system)
         self.usage = self.usage + windows.take_usage()  # summaries it made
+        with Traced(self._span.step(self._step_trace(step_id, model=self.agent.model))) as span:
+            await self._ask_and_commit(index, step_id, span, windows, sent)
+
+    def _traced_summary(self, step_id: str, model: Any) -> Traced:
+        """The span of a summary call the history policy makes (step ``step_id``)."""
+        return Traced(self._span.step(self._step_trace(step_id, model=model)))
+
+    async def _ask_and_commit(
+        self, index: int, step_id: str, span: StepSpan, windows: ContextWindows, sent: Sent
+    ) -> None:
         reply = await ask_model(
             self.agent,
             sent,
@@ -745,6 +753,7 @@ class TurnRunner:
                 cache=self.known.window if self.known is not None else None,
                 boundary=self._step_boundary,
                 cancelled=self._cancel_reason,
+                traced=self._traced_summary,
             )
         return self._windows
 
