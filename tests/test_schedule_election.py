@@ -67,16 +67,15 @@ async def test_one_elected_process_fires_and_another_takes_over_when_it_dies(
         first.expect("delivered")
         second = Child(pg_dsn, pg_schema)
         second.expect("started")
-        for _ in range(3):
-            first.expect("delivered")
+        first.expect("delivered")
         assert second.quiet()  # it waits while the first leads
         first.kill()
-        for _ in range(3):
+        for _ in range(2):
             second.expect("delivered", timeout=60)
     finally:
         for child in (first, second):
             if child is not None and child.process.poll() is None:
                 child.kill()
-    assert len(first.delivered) >= 4 and len(second.delivered) >= 3
+    assert len(first.delivered) >= 2 and len(second.delivered) >= 2
     every = first.delivered + second.delivered
     assert len(set(every)) == len(every)  # no slot fired (rendered) twice
