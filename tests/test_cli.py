@@ -10,6 +10,7 @@ import subprocess
 import sys
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -307,3 +308,101 @@ def test_two_questions_of_one_step_are_asked_one_after_the_other(tmp_path: Path)
     out = second.stdout
     assert 'Got "Bo" and {"approved": true}.' in out
     assert out.index("Whose order is it?") < out.index("Approve, with a note?")
+
+
+# -- --otel --------------------------------------------------------------------------
+
+
+def console_spans(stderr: str) -> list[dict[str, Any]]:
+    """The spans the SDK's console exporter printed: one JSON object each."""
+    decoder = json.JSONDecoder()
+    spans, at = [], stderr.find('{\n    "name"')
+    while at != -1:
+        span, end = decoder.raw_decode(stderr, at)
+        spans.append(span)
+        at = stderr.find('{\n    "name"', end)
+    return spans
+
+
+def test_run_with_otel_prints_the_turns_spans(tmp_path: Path) -> None:
+    env = {k: v for k, v in OFFLINE_ENV.items() if not k.startswith("OTEL_")}
+    done = subprocess.run(
+        [sys.executable, "-m", "turnkit.cli", "run", str(EXAMPLE), "order 2 widgets", "--otel"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**env, "PYTHONUNBUFFERED": "1"},
+    )
+    assert done.returncode == 0, done.stderr
+    assert "Done: order #1 (2 x widgets) is packed." in done.stdout
+    assert '"name"' not in done.stdout  # the spans go to stderr, the turn to stdout
+    spans = console_spans(done.stderr)
+    names = [span["name"] for span in spans]
+    (turn,) = [s for s in spans if s["name"].startswith("invoke_agent ")]
+    assert "execute_tool create_order" in names and "execute_tool lookup_order" in names
+    assert any(name.startswith("chat") for name in names)
+    assert turn["attributes"]["turnkit.session.id"] == "cli:ops"
+    assert turn["attributes"]["turnkit.turn.status"] == "completed"
+    assert turn["resource"]["attributes"]["service.name"] == "turnkit"
+    # Every step is in the turn's trace, under its span.
+    steps = [s for s in spans if s is not turn]
+    assert {s["context"]["trace_id"] for s in steps} == {turn["context"]["trace_id"]}
+    assert {s["parent_id"] for s in steps} == {turn["context"]["span_id"]}
+    # Without the flag nothing is traced.
+    plain = turnkit("run", str(EXAMPLE), "order 1 red pen", cwd=tmp_path)
+    assert plain.returncode == 0 and console_spans(plain.stderr) == []
+
+
+#: Makes the modules TURNKIT_TEST_HIDE names unimportable, as if not installed.
+HIDE = """
+import os, sys
+class _Hide:
+    def find_spec(self, name, path=None, target=None):
+        for hidden in os.environ["TURNKIT_TEST_HIDE"].split(","):
+            if name == hidden or name.startswith(hidden + "."):
+                raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+sys.meta_path.insert(0, _Hide())
+"""
+
+
+@pytest.mark.parametrize(
+    ("hide", "env", "says"),
+    [
+        (
+            "opentelemetry.sdk",
+            {},
+            "needs the OpenTelemetry SDK to record spans: pip install opentelemetry-sdk",
+        ),
+        ("opentelemetry", {}, "needs OpenTelemetry: pip install 'turnkit[otel]' opentelemetry-sdk"),
+        (
+            "opentelemetry.exporter",
+            {"OTEL_TRACES_EXPORTER": "otlp"},
+            "pip install opentelemetry-exporter-otlp-proto-http",
+        ),
+        (
+            "opentelemetry.exporter",
+            {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"},
+            "pip install opentelemetry-exporter-otlp-proto-grpc",
+        ),
+        ("nothing", {"OTEL_TRACES_EXPORTER": "zipkin"}, "knows console, otlp and none, not zipkin"),
+    ],
+)
+def test_otel_without_what_it_needs_is_one_line_naming_it(
+    tmp_path: Path, hide: str, env: dict[str, str], says: str
+) -> None:
+    (tmp_path / "sitecustomize.py").write_text(HIDE)
+    clean = {k: v for k, v in OFFLINE_ENV.items() if not k.startswith("OTEL_")}
+    done = subprocess.run(
+        [sys.executable, "-m", "turnkit.cli", "run", str(EXAMPLE), "hi", "--otel"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**clean, **env, "PYTHONPATH": str(tmp_path), "TURNKIT_TEST_HIDE": hide},
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("turnkit: error: turnkit run --otel") or "OTEL_" in done.stderr
+    assert says in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / ".turnkit").exists()  # refused before the store opened

@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 from starlette.requests import Request
-from test_cli import OFFLINE_ENV, turnkit
+from test_cli import OFFLINE_ENV, console_spans, turnkit
 
 from turnkit import (
     LocalEventSink,
@@ -207,6 +207,23 @@ def test_dev_quiet_logs_no_requests_or_turns(tmp_path: Path) -> None:
         "turnkit dev: No model configured; using the offline demo model.",
         "turnkit: interrupted",
     ]
+
+
+def test_dev_otel_prints_each_turns_spans(tmp_path: Path) -> None:
+    proc, url = start_dev(
+        "--quiet", "--otel", cwd=tmp_path, env={"OTEL_TRACES_EXPORTER": "console"}
+    )
+    try:
+        with httpx.Client(base_url=url, timeout=30) as client:
+            reply = client.post("/agents/ops/sessions/s1/chat", json={"text": "order 1 pen"})
+            assert reply.json()["status"] == "completed"
+    finally:
+        err = stop(proc)
+    spans = console_spans(err)
+    (turn,) = [s for s in spans if s["name"] == "invoke_agent ops"]
+    assert turn["attributes"]["turnkit.session.id"] == "s1"
+    assert "execute_tool create_order" in [s["name"] for s in spans]
+    assert "Traceback" not in err
 
 
 def test_the_turn_log_names_every_ending_and_never_an_error_text(

@@ -16,6 +16,7 @@ import os
 import shlex
 import sys
 from collections.abc import Callable, Coroutine, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from importlib import metadata
 from typing import Any
 
@@ -27,9 +28,11 @@ from .._errors import TurnkitError
 from .._runtime.runtime import Runtime
 from .._seams.model import Model
 from .._seams.store import Store
+from .._seams.tracer import Tracer
 from ._agent_dir import bundled_example, default_session, run_target
 from ._folder_model import choose_model
 from ._logging import log_to_stderr
+from ._otel import otel_tracing
 from ._progress import Progress
 from ._render import render_archive, render_session, render_sessions
 from ._show import (
@@ -86,6 +89,21 @@ def _add_store_option(command: argparse.ArgumentParser) -> None:
     command.add_argument("--store", default=DEFAULT_STORE, metavar="STORE", help=STORE_HELP)
 
 
+def _add_otel_option(command: argparse.ArgumentParser) -> None:
+    command.add_argument(
+        "--otel",
+        action="store_true",
+        help="trace turns with OpenTelemetry (needs turnkit[otel] and opentelemetry-sdk); "
+        "spans go where OTEL_TRACES_EXPORTER says: console (the default, on stderr), "
+        "otlp (configured by the OTEL_EXPORTER_OTLP_* variables) or none",
+    )
+
+
+def _tracing(args: argparse.Namespace) -> AbstractContextManager[Tracer | None]:
+    """The tracer ``--otel`` asks for (``None`` without it: nothing is traced)."""
+    return otel_tracing(args.command) if args.otel else nullcontext(None)
+
+
 def _add_run(commands: Any) -> None:
     run = commands.add_parser(
         "run",
@@ -104,6 +122,7 @@ def _add_run(commands: Any) -> None:
         "--session", help="session id (default: cli:AGENT, one per agent: cli:ops for the example)"
     )
     _add_store_option(run)
+    _add_otel_option(run)
     run.set_defaults(handler=_run)
 
 
@@ -152,6 +171,11 @@ def _positive_int(text: str) -> int:
 
 async def _run(args: argparse.Namespace, progress: Progress) -> int:
     del progress  # the turn streams to the terminal: that is its progress
+    with _tracing(args) as tracer:  # before the store opens: a missing SDK stops here
+        return await _run_turn(args, tracer)
+
+
+async def _run_turn(args: argparse.Namespace, tracer: Tracer | None) -> int:
     target = run_target(args.words)
     folder = AgentFolder.read(target.folder)
     session = args.session or default_session(folder.name)
@@ -163,7 +187,7 @@ async def _run(args: argparse.Namespace, progress: Progress) -> int:
         await store.close()
         raise
     terminal = TerminalChannel()
-    async with Runtime([agent], store=store) as runtime:
+    async with Runtime([agent], store=store, tracer=tracer) as runtime:
         await runtime.recover()
         ctx = mount_agent(agent, runtime, channels=[terminal])
         result = await terminal.converse(ctx, target.text, session=session)
@@ -244,6 +268,7 @@ def _add_dev(commands: Any) -> None:
         default=3000,
         help="the port of the Slack routes (default: 3000; 0 picks a free one)",
     )
+    _add_otel_option(dev)
     dev.set_defaults(handler=_dev)
 
 
@@ -259,16 +284,18 @@ async def _dev(args: argparse.Namespace, progress: Progress) -> int:
     folder = AgentFolder.read(args.agent_dir or bundled_example())
     chosen = choose_model(folder)
     agent = folder.agent(chosen.model)
-    store = await writable_store(args.store)
-    options = DevOptions(
-        host=args.host,
-        port=args.port,
-        store_label=describe_store(args.store),
-        quiet=args.quiet,
-        slack=slack,
-    )
-    note = chosen.note and chosen.note[0].upper() + chosen.note[1:] + "."
-    return await serve_dev(agent, store, options, notice=note)
+    with _tracing(args) as tracer:
+        store = await writable_store(args.store)
+        options = DevOptions(
+            host=args.host,
+            port=args.port,
+            store_label=describe_store(args.store),
+            quiet=args.quiet,
+            slack=slack,
+            tracer=tracer,
+        )
+        note = chosen.note and chosen.note[0].upper() + chosen.note[1:] + "."
+        return await serve_dev(agent, store, options, notice=note)
 
 
 def _slack_options(args: argparse.Namespace) -> Any:

@@ -22,6 +22,7 @@ from .._engine.agent import Agent
 from .._errors import ConfigurationError
 from .._runtime.runtime import Runtime
 from .._seams.store import Store
+from .._seams.tracer import Tracer
 from ._app import create_app, recover_quietly
 from ._dev_log import TurnLog, configure, log, logged_requests
 from ._hosts import LOOPBACK_NAMES
@@ -49,6 +50,8 @@ class DevOptions:
     quiet: bool = False
     #: Also serve the agent in Slack, on a port of its own (``--slack``).
     slack: SlackOptions | None = None
+    #: Traces the runtime's turns (``--otel``); ``None``: nothing is traced.
+    tracer: Tracer | None = None
 
 
 async def serve_dev(agent: Agent, store: Store, options: DevOptions, *, notice: str | None) -> int:
@@ -74,7 +77,7 @@ async def serve_dev(agent: Agent, store: Store, options: DevOptions, *, notice: 
         raise
     unconfigure = configure(options.quiet)
     try:
-        async with Runtime([agent], store=store) as runtime:
+        async with Runtime([agent], store=store, tracer=options.tracer) as runtime:
             await _serve(runtime, listener, agent, options, notice, slack_listener)
     finally:
         unconfigure()
