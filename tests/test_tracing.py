@@ -462,3 +462,43 @@ async def test_a_summary_call_has_a_chat_span_of_its_own(traced: Traced, tmp_pat
         )
         assert attributes["gen_ai.usage.output_tokens"] == result.usage.output_tokens
     assert sum(r.usage.input_tokens for r in results) == 100 * len(summaries) + 10 * 4
+
+
+@pytest.mark.parametrize("died_in", ["call", "model"])
+async def test_a_summary_replays_as_a_model_step_does(
+    died_in: str, traced: Traced, tmp_path: Path
+) -> None:
+    spec, spans = str(tmp_path / "traced.db"), tmp_path / "spans.jsonl"
+    killed = run_child(spec, f"summary-{died_in}", spans)
+    assert killed.returncode == -9, killed.stderr
+    made = [
+        s["attributes"]["turnkit.turn.id"]
+        for s in exported(spans)
+        if s["name"] == "chat summarizer"
+    ]
+    assert made  # the earlier turns' summaries, and t-1's if it committed
+    assert made.count(child.TURN_ID) == (1 if died_in == "model" else 0)
+
+    async with turnkit.Runtime(
+        child.build_summarizing_agent(), store=child.open_store(spec), tracer=traced.tracer
+    ) as runtime:
+        (result,) = await runtime.recover()
+    assert result.status == "completed"
+    (turn,) = traced.named("invoke_agent")
+    summaries = traced.named("chat summarizer")
+    (step,) = [s for s in traced.named("chat") if s.name == "chat"]
+    assert dict(turn.attributes or {})["turnkit.replayed"] is True
+    if died_in == "call":
+        # The summary call the dead process was making is made again: the first
+        # step this delivery runs, so the replayed one; the model step is new work.
+        (summary,) = summaries
+        attributes = dict(summary.attributes or {})
+        assert attributes["turnkit.step.id"].startswith(f"history:{child.TURN_ID}:")
+        assert attributes["turnkit.replayed"] is True
+        assert parent_of(summary) == ids(turn)[1]
+        assert dict(step.attributes or {})["turnkit.replayed"] is False
+    else:
+        # The summary committed before the crash is read back, not made again: no
+        # span (the dead delivery exported one), and the model step is the replay.
+        assert summaries == []
+        assert dict(step.attributes or {})["turnkit.replayed"] is True
