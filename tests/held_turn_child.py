@@ -2,14 +2,16 @@
 
 Usage::
 
-    python held_turn_child.py STORE SIGNAL_DIR [then-submit]
+    python held_turn_child.py STORE SIGNAL_DIR [then-submit | submit-on-signal]
 
 ``STORE`` is a SQLite file path or ``postgresql://…#schema``. Runs turn ``held`` on
 session ``shared`` of agent ``a``: its remote tool creates ``SIGNAL_DIR/holding``
 and waits for ``SIGNAL_DIR/release``; then the model would answer. Prints how the
 turn ended: its status and reason (or error). With ``then-submit``, once the held
 turn is in its tool it submits turn ``after``, prints ``acknowledged`` and waits to
-be killed: a turn the store holds but nobody has run.
+be killed: a turn the store holds but nobody has run. With ``submit-on-signal``,
+once the held turn is in its tool it waits for ``SIGNAL_DIR/submit``, submits turn
+``after`` and prints how both ended, one line each (``held …`` then ``after …``).
 """
 
 from __future__ import annotations
@@ -44,10 +46,19 @@ def build_agent(signal_dir: Path) -> Agent:
     return Agent(name="a", model=ScriptedModel(respond=respond), tools=[hold])
 
 
-async def main(spec: str, signal_dir: Path, then_submit: bool) -> None:
+async def main(spec: str, signal_dir: Path, mode: str) -> None:
+    then_submit = mode == "then-submit"
     async with Runtime(build_agent(signal_dir), store=open_store(spec)) as runtime:
         session = runtime.session("a", "shared")
         held = await session.submit("hold", turn_id="held")
+        if mode == "submit-on-signal":
+            while not (signal_dir / "submit").exists():
+                await asyncio.sleep(0.01)
+            after = await session.submit("after", turn_id="after")
+            for turn_id in (held, after):
+                result = await session.result(turn_id)
+                print(turn_id, result.status, result.reason or result.error or "", flush=True)
+            return
         if then_submit:
             while not (signal_dir / "holding").exists():
                 await asyncio.sleep(0.01)
@@ -61,4 +72,4 @@ async def main(spec: str, signal_dir: Path, then_submit: bool) -> None:
 if __name__ == "__main__":
     if len(sys.argv) not in (3, 4):
         raise SystemExit(__doc__)
-    asyncio.run(main(sys.argv[1], Path(sys.argv[2]), sys.argv[3:] == ["then-submit"]))
+    asyncio.run(main(sys.argv[1], Path(sys.argv[2]), (sys.argv[3:] or [""])[0]))

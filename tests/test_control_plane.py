@@ -315,3 +315,58 @@ async def test_cancelling_or_resetting_a_parent_ends_its_child_parked_elsewhere(
         assert [m.result for m in tool_results] == [
             {"cancelled": True, "reason": ended[0].reason}  # type: ignore[attr-defined]
         ]
+
+
+async def test_a_turn_stored_while_a_reset_waits_runs_in_the_new_generation(
+    store_spec: str, tmp_path: Path
+) -> None:
+    # The child runs "held"; this process resets the session, which waits for the
+    # held turn to unwind; meanwhile the child stores "after" and runs it as soon as
+    # "held" ends. Whichever process takes the session next, "after" must run in the
+    # new generation: the reset's barrier is in the store, not in this process.
+    store = open_store(store_spec)
+    await store.open()
+    await store.close()
+    child = subprocess.Popen(
+        [sys.executable, str(HELD_CHILD), store_spec, str(tmp_path), "submit-on-signal"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "holding").exists():
+            assert child.poll() is None, child.communicate()
+            assert time.monotonic() < deadline, "the child never reached its tool"
+            await asyncio.sleep(0.01)
+        from held_turn_child import build_agent
+
+        async with Runtime(build_agent(tmp_path), store=open_store(store_spec)) as runtime:
+            session = runtime.session("a", "shared")
+            reset = asyncio.ensure_future(session.reset())
+            raw = runtime.store.session("shared")
+            while not (await raw.load(from_index=2**31 - 1)).reset_requested:
+                assert time.monotonic() < deadline, "the reset was never recorded"
+                await asyncio.sleep(0.01)
+            (tmp_path / "submit").touch()
+            while await raw.turn("after") is None:
+                assert time.monotonic() < deadline, "the child never stored its turn"
+                await asyncio.sleep(0.01)
+            (tmp_path / "release").touch()
+            done = await reset
+            out, err = child.communicate(timeout=60)
+            assert child.returncode == 0, err
+            assert out == "held cancelled reset\nafter completed \n"
+            assert done.archived_generation == 0
+            assert done.generation == 1
+            live = await session.messages()
+            assert [(m.turn_id, m.role) for m in live] == [
+                ("after", "user"),
+                ("after", "assistant"),
+            ]
+            archived = await session.archived_messages(0)
+            assert {m.turn_id for m in archived} == {"held"}
+            assert not (await raw.load(from_index=0)).reset_requested
+    finally:
+        child.kill()
+        child.wait(timeout=30)

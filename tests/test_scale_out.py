@@ -456,3 +456,84 @@ async def test_a_stored_turn_wakes_an_idle_worker_without_waiting_for_its_poll(
             timeout=30,
         )
     assert stop(nodes.workers[0]) == 0
+
+
+async def _generations(nodes: Cluster, session: str) -> tuple[list[str], list[str]]:
+    """The openings of the live generation and of archived generation 0."""
+    stored = nodes.runtime.store.session(session)
+    live = [m.text for m in await stored.messages() if isinstance(m, UserMessage)]
+    old = [m.text for m in await stored.archived_messages(0) if isinstance(m, UserMessage)]
+    return live, old
+
+
+async def test_a_turn_submitted_while_a_reset_waits_runs_in_the_new_generation(
+    nodes: Cluster,
+) -> None:
+    worker = nodes.start_worker()
+    held = await nodes.submit("g1", "hold g1")
+    await nodes.wait_for_file(f"started-{worker.pid}-*")
+    # The HTTP node records the reset and waits for the worker's turn to unwind.
+    reset = asyncio.ensure_future(nodes.client.post(nodes.path("g1", "reset"), headers=USER))
+    await nodes.wait_for(
+        "SELECT 1 FROM turnkit_sessions WHERE session_id = 'g1' AND reset_requested IS NOT NULL"
+    )
+    after = await nodes.submit("g1", "after the reset")
+    (nodes.hold / "release").touch()
+    response = await reset
+    assert response.status_code == 200, response.text
+    assert response.json() == {
+        "previous_session": "g1#g0",
+        "archived_generation": 0,
+        "generation": 1,
+    }
+    await nodes.wait_for(
+        "SELECT 1 FROM turnkit_turns WHERE turn_id = %s AND status = 'completed'", after
+    )
+    assert await _generations(nodes, "g1") == (["after the reset"], ["hold g1"])
+    (status,) = nodes.sql("SELECT status FROM turnkit_archived_turns WHERE turn_id = %s", held)
+    assert status == ("cancelled",)
+    assert nodes.sql("SELECT reset_requested FROM turnkit_sessions") == [(None,)]
+    assert stop(worker) == 0
+
+
+@pytest.mark.slow
+async def test_a_reset_whose_process_died_after_recording_it_is_carried_out(
+    nodes: Cluster,
+) -> None:
+    worker = nodes.start_worker()
+    held = await nodes.submit("d1", "hold d1")
+    await nodes.wait_for_file(f"started-{worker.pid}-*")
+    resetter = subprocess.Popen(
+        [
+            sys.executable,
+            str(Path(__file__).with_name("reset_child.py")),
+            nodes.dsn,
+            nodes.schema,
+            "d1",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert resetter.stdout is not None
+        assert resetter.stdout.readline() == "requested\n", resetter.communicate(timeout=60)
+    finally:
+        resetter.kill()  # SIGKILL: the reset is recorded, not carried out
+        resetter.wait(timeout=30)
+    after = await nodes.submit("d1", "after the reset")
+    (nodes.hold / "release").touch()
+    await nodes.wait_for(
+        "SELECT 1 FROM turnkit_turns WHERE turn_id = %s AND status = 'completed'", after
+    )
+    assert await _generations(nodes, "d1") == (["after the reset"], ["hold d1"])
+    (status,) = nodes.sql("SELECT status FROM turnkit_archived_turns WHERE turn_id = %s", held)
+    assert status == ("cancelled",)
+    # The session goes on in its new generation.
+    again = await nodes.submit("d1", "and again")
+    await nodes.wait_for(
+        "SELECT 1 FROM turnkit_turns WHERE turn_id = %s AND status = 'completed'", again
+    )
+    live, _ = await _generations(nodes, "d1")
+    assert live == ["after the reset", "and again"]
+    assert stop(worker) == 0

@@ -91,6 +91,7 @@ from .position import (
     next_step,
     stale_calls,
 )
+from .reset import carry_out_reset, runs_after_reset
 from .tool_call import (
     ToolRaised,
     copy_input,
@@ -226,6 +227,12 @@ class TurnRunner:
         snap = await self.store.load(self.turn_id, from_index=len(prefix))
         if prefix and known is not None and snap.generation != known.generation:
             # Reset elsewhere since we last looked: what we kept is another generation.
+            prefix = []
+            snap = await self.store.load(self.turn_id)
+        if snap.reset_requested and runs_after_reset(snap.turn):
+            # A reset was asked for (in any process) and not carried out: this turn
+            # came after it, so archive first, under the lock this delivery holds.
+            await carry_out_reset(self.store, self.agent.name)
             prefix = []
             snap = await self.store.load(self.turn_id)
         self._unstored = snap.turn is None

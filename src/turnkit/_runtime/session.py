@@ -14,13 +14,14 @@ import time
 import uuid
 from collections import OrderedDict, deque
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Protocol, TypeVar
 
 from .._engine.agent import Agent
 from .._engine.context import make_idempotency_key
 from .._engine.loop import KnownTranscript, TurnRunner, opening_policy
 from .._engine.position import RunTools, next_step
+from .._engine.reset import carry_out_reset
 from .._errors import (
     ConfigurationError,
     ResumeConflictError,
@@ -94,8 +95,9 @@ class AgentSession(SessionView):
         self.runtime = runtime
         self.agent = agent
         self._store = store
-        #: Deliveries in order; ``None`` in place of a request is a reset job.
-        self._queue: deque[tuple[TurnRequest | None, asyncio.Future[Any]]] = deque()
+        #: Deliveries in order; ``None`` in place of a request is a reset job (its
+        #: future comes with the live generation the reset found).
+        self._queue: deque[_Job] = deque()
         self._current: TurnRequest | None = None
         self._resets_pending = 0
         self._known = KnownTranscript()
@@ -107,7 +109,7 @@ class AgentSession(SessionView):
         self._parked: str | None = None
         #: Deliveries (and later resets) waiting to be queued behind a reset that is
         #: still recording its cancellation; ``None`` when no reset is.
-        self._behind_reset: list[tuple[TurnRequest | None, asyncio.Future[Any]]] | None = None
+        self._behind_reset: list[_Job] | None = None
 
     def delivering(self, turn_id: str) -> bool:
         """Whether this process has the turn queued or running right now."""
@@ -479,9 +481,9 @@ class AgentSession(SessionView):
         try:
             while self._queue:
                 request, future = self._queue.popleft()
-                if request is None:
+                if isinstance(future, _ResetJob):
                     await self._run_reset(future)
-                else:
+                elif request is not None:
                     self._current = request
                     try:
                         await self._deliver(request, future)
@@ -495,7 +497,7 @@ class AgentSession(SessionView):
                 request, future = self._queue.popleft()
                 what = f"turn {request.turn_id}" if request is not None else "the reset"
                 _settle(
-                    future,
+                    future.future if isinstance(future, _ResetJob) else future,
                     TurnError(
                         f"the runtime closed before {what} started; it was never stored, "
                         "so ask again"
@@ -637,11 +639,14 @@ class AgentSession(SessionView):
     async def reset(self) -> ResetResult:
         """Retire the session's history and keep its address.
 
-        Cancels its unfinished turns (reason ``reset``), then, in order after them,
-        archives the transcript, steps, events and turns under the current
+        Records the reset in the store as a barrier, cancelling the unfinished turns
+        stored before it (reason ``reset``) in the same write; then, once they have
+        unwound, archives the transcript, steps, events and turns under the current
         generation number and empties the live session (status ``new``) in one
-        transaction. New turns may queue behind it; ``resume`` refuses until it
-        is done.
+        transaction. Turns stored after the request, from any process, run in the
+        new generation, in order; whichever process next holds the session's writer
+        lock carries the archive out, so it happens even if this one dies first.
+        ``resume`` refuses here until it is done.
         """
         self._resets_pending += 1
         # Turns started from now on queue behind this reset, even those started
@@ -652,13 +657,14 @@ class AgentSession(SessionView):
         try:
             try:
                 self._parked = None  # a stale park is archived with everything else
-                await self.cancel("reset")
+                since = await self._request_reset()
                 future: asyncio.Future[ResetResult] = self.runtime._require_loop().create_future()
+                job = _ResetJob(since, future)
                 if first:
-                    self._queue.append((None, future))
+                    self._queue.append((None, job))
                 else:
                     assert self._behind_reset is not None
-                    self._behind_reset.append((None, future))  # behind the earlier reset
+                    self._behind_reset.append((None, job))  # behind the earlier reset
             finally:
                 if first:
                     held, self._behind_reset = self._behind_reset or [], None
@@ -669,11 +675,41 @@ class AgentSession(SessionView):
         finally:
             self._resets_pending -= 1
 
-    async def _run_reset(self, future: asyncio.Future[Any]) -> None:
+    async def _request_reset(self) -> int:
+        """Record the reset's barrier in the store (see ``Transaction.request_reset``)
+        and stop what it cancels: deliveries here at once, those elsewhere at their
+        next boundary (the cancellations are announced), parked turns closed, child
+        turns cancelled. Returns the live generation it found."""
+        self._signal_all("reset")
+        children = await self._unfinished_children()  # before the parent's calls close
+        unfinished = await self._store.unfinished()
+        generation = (await self._store.load(from_index=NO_MESSAGES)).generation
+
+        def write(tx: Transaction) -> None:
+            for record in unfinished:
+                if record.cancel_reason is None:
+                    tx.request_cancel(record.turn_id, "reset")  # announced to their process
+            tx.request_reset()  # and any stored since we read them
+
+        await self._store.commit(write)
+        for record in unfinished:
+            if record.status == "suspended":
+                # Parked: there is no delivery to reach a boundary, so close it here.
+                opening = message_from_dict(record.opening)
+                if isinstance(opening, UserMessage | TriggerMessage):
+                    request = TurnRequest(turn_id=record.turn_id, opening=opening)
+                    request.cancel.cancel(record.cancel_reason or "reset")
+                    self._enqueue(request, ahead=True)
+        for child in children:
+            await child.cancel("reset")
+        return generation
+
+    async def _run_reset(self, job: _ResetJob) -> None:
+        since, future = job.since, job.future
         self._known.forget()
         try:
             async with self._store.writer():
-                result = await self._archive()
+                result = await self._archive(since)
         except Exception as exc:
             _settle(future, exc)
             return
@@ -683,31 +719,35 @@ class AgentSession(SessionView):
         self._parked = None
         future.set_result(result)
 
-    async def _archive(self) -> ResetResult:
-        """Archive the live generation, unless it holds nothing (status ``new``: no
-        turn opened since the session began or was last reset), under the writer."""
-        generation = (await self._store.load(from_index=NO_MESSAGES)).generation
-        if await self._store.status() == "new":
-            return ResetResult(
-                previous_session=None, archived_generation=None, generation=generation
-            )
-        # Queued turns the reset cancelled (in any process) end with it; those queued
-        # after it began stay live and run in the new generation.
-        settle = [
-            r for r in await self._store.unfinished() if r.status == "queued" and r.cancel_reason
-        ]
-
-        def write(tx: Transaction) -> None:
-            for record in settle:
-                tx.settle_queued(record.turn_id, "cancelled", reason=record.cancel_reason)
-            tx.archive_generation(generation, self.agent.name)
-
-        await self._store.commit(write)
+    async def _archive(self, since: int) -> ResetResult:
+        """Carry the pending reset out under the writer, unless another process (a
+        worker delivering a turn stored after it) did first; ``since`` is the live
+        generation when it was requested. A generation that held nothing (status
+        ``new``) archives nothing."""
+        archived = await carry_out_reset(self._store, self.agent.name)
+        if archived is None:
+            generation = (await self._store.load(from_index=NO_MESSAGES)).generation
+            if generation == since:
+                return ResetResult(
+                    previous_session=None, archived_generation=None, generation=generation
+                )
+            archived = since  # carried out elsewhere
         return ResetResult(
-            previous_session=f"{self.session_id}#g{generation}",
-            archived_generation=generation,
-            generation=generation + 1,
+            previous_session=f"{self.session_id}#g{archived}",
+            archived_generation=archived,
+            generation=archived + 1,
         )
+
+
+@dataclass(frozen=True)
+class _ResetJob:
+    """A reset in a session's queue: the generation it found live, and its result."""
+
+    since: int
+    future: asyncio.Future[ResetResult]
+
+
+_Job = tuple[TurnRequest | None, "asyncio.Future[Any] | _ResetJob"]
 
 
 def _owner_refusal(session_id: str, owner: str) -> str:

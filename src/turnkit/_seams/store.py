@@ -81,9 +81,21 @@ class Transaction(Protocol):
     def archive_generation(self, generation: int, agent: str) -> None:
         """Reset the session: move its messages, steps, events and turns to the archive
         under ``generation``, empty the live tables, set the status to ``new`` and the
-        generation to ``generation + 1``. Turns still ``queued`` stay live, with their
-        steps: they run in the new generation. Refused if the live generation is not
-        ``generation`` (someone else reset it first)."""
+        generation to ``generation + 1``, clearing a pending reset. Turns still
+        ``queued`` stay live, with their steps: they run in the new generation.
+        Refused if the live generation is not ``generation`` (someone else reset it
+        first)."""
+
+    def request_reset(self) -> None:
+        """Mark the session as having a reset pending (a barrier every process reads
+        in ``load``), and cancel (reason ``reset``) each of its unfinished turns that
+        has no cancellation yet, in this same write: a turn stored before it ends
+        with the old generation, one stored after it runs in the new one. A mark
+        already there stays; a session the store has never seen is left alone.
+        ``archive_generation`` and ``drop_reset`` clear the mark."""
+
+    def drop_reset(self) -> None:
+        """Clear the session's pending reset without archiving (it held nothing)."""
 
     def queue_turn(self, record: TurnRecord, *, owner: str | None = None) -> None:
         """Record a submitted turn as ``queued``: its opening and event are kept, the

@@ -125,3 +125,6 @@ class SessionSnapshot:
     from_index: int = 0
     #: Who opened the session (``None``: nobody in particular, or no session yet).
     owner: str | None = None
+    #: Whether a reset was requested and not carried out yet (``request_reset``): the
+    #: process holding the writer lock archives before it runs a turn stored after it.
+    reset_requested: bool = False

@@ -40,8 +40,23 @@ RECORD_GENERATION = (
 NEXT_GENERATION = (
     "INSERT INTO turnkit_sessions (session_id, agent, status, created_at, updated_at, "
     "generation) VALUES (?, ?, 'new', ?, ?, ?) ON CONFLICT (session_id) DO UPDATE SET "
-    "status = 'new', updated_at = excluded.updated_at, generation = excluded.generation"
+    "status = 'new', updated_at = excluded.updated_at, generation = excluded.generation, "
+    "reset_requested = NULL"
 )
+#: A reset's barrier: the session is marked (the first request's time stays) and every
+#: unfinished turn not cancelled yet is cancelled by it, in one transaction, so a turn
+#: is either before the reset (cancelled, archived) or after it (runs in the new
+#: generation). Without a session row there is nothing to reset.
+REQUEST_RESET = (
+    "UPDATE turnkit_sessions SET reset_requested = coalesce(reset_requested, ?) "
+    "WHERE session_id = ?"
+)
+CANCEL_UNFINISHED = (
+    "UPDATE turnkit_turns SET cancel_reason = ? WHERE session_id = ? "
+    "AND status IN ('queued', 'running', 'suspended') AND cancel_reason IS NULL"
+)
+#: Ends a pending reset that had nothing to archive.
+DROP_RESET = "UPDATE turnkit_sessions SET reset_requested = NULL WHERE session_id = ?"
 REQUEST_CANCEL = (
     "UPDATE turnkit_turns SET cancel_reason = coalesce(cancel_reason, ?) "
     "WHERE session_id = ? AND turn_id = ?"
@@ -51,6 +66,11 @@ ARCHIVED_MESSAGES = (
     "SELECT body FROM turnkit_archived_messages WHERE session_id = ? AND generation = ? "
     "ORDER BY idx"
 )
+
+
+def request_reset_statements(session_id: str, now: float) -> list[tuple[str, tuple[object, ...]]]:
+    """The statements that record a pending reset (see ``REQUEST_RESET``)."""
+    return [(REQUEST_RESET, (now, session_id)), (CANCEL_UNFINISHED, ("reset", session_id))]
 
 
 def reset_statements(

@@ -66,6 +66,12 @@ class RecordedWrites:
     def archive_generation(self, generation: int, agent: str) -> None:
         self._writes.append(lambda tx: tx.archive_generation(generation, agent))
 
+    def request_reset(self) -> None:
+        self._writes.append(lambda tx: tx.request_reset())
+
+    def drop_reset(self) -> None:
+        self._writes.append(lambda tx: tx.drop_reset())
+
     def queue_turn(self, record: TurnRecord, *, owner: str | None = None) -> None:
         self._writes.append(lambda tx: tx.queue_turn(record, owner=owner))
 

@@ -219,7 +219,7 @@ _LOAD_SQL = (
     "WHERE session_id = ? AND idx >= ?), "
     "(SELECT string_agg(to_json(step_id)::text || ':' || result, ',') FROM turnkit_steps "
     "WHERE session_id = ? AND turn_id = ?), "
-    f"{_TURN_COLUMNS_T}, s.owner FROM (SELECT) AS one "
+    f"{_TURN_COLUMNS_T}, s.owner, s.reset_requested FROM (SELECT) AS one "
     "LEFT JOIN turnkit_sessions s ON s.session_id = ? "
     "LEFT JOIN turnkit_turns t ON t.session_id = ? AND t.turn_id = ?"
 )

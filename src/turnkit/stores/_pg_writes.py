@@ -100,6 +100,14 @@ class _Writes:
         self.writes += archive_sql.reset_statements(self._sid, agent, generation, time.time())
         self._wake_workers()  # queued turns stay, to run in the new generation
 
+    def request_reset(self) -> None:
+        self.writes += archive_sql.request_reset_statements(self._sid, time.time())
+        self._wake_workers()  # parked turns it cancels are runnable
+
+    def drop_reset(self) -> None:
+        self.writes.append((archive_sql.DROP_RESET, (self._sid,)))
+        self._wake_workers()  # the queued turns behind it may run
+
     def queue_turn(self, record: TurnRecord, *, owner: str | None = None) -> None:
         now = time.time()
         self.writes.append((sql.QUEUE_TURN, turn_values(self._sid, record, now)))

@@ -191,6 +191,9 @@ MIGRATIONS: list[tuple[str, ...]] = [
             SELECT ('x' || substr(md5('{schema}/' || sid), 1, 16))::bit(64)::bigint
         $fn$""",
     ),
+    # v8: a reset is a barrier kept in the store: when it was requested, until the
+    # process holding the session's writer lock archives the generation.
+    ("ALTER TABLE turnkit_sessions ADD COLUMN reset_requested double precision",),
 ]
 
 

@@ -134,6 +134,9 @@ MIGRATIONS: list[tuple[str, ...]] = [
         "CREATE INDEX turnkit_sessions_owned ON turnkit_sessions "
         "(owner, agent, updated_at DESC, session_id) WHERE owner IS NOT NULL",
     ),
+    # v7: a reset is a barrier kept in the store: when it was requested, until the
+    # process holding the session's writer lock archives the generation.
+    ("ALTER TABLE turnkit_sessions ADD COLUMN reset_requested REAL",),
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

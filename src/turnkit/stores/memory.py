@@ -57,6 +57,8 @@ class _SessionData:
     generation: int = 0
     #: Who opened the session (set once, when its first turn opened it).
     owner: str | None = None
+    #: When a reset was requested, until it is carried out (``None``: none pending).
+    reset_requested: float | None = None
     #: Retired generations: their transcripts (encoded, as live ones are kept).
     archive: dict[int, list[bytes]] = field(default_factory=dict)
     #: The last event number of the retired generations: numbering carries on after it.
@@ -162,7 +164,23 @@ class _MemoryTransaction:
         d.messages, d.events, d.turns = [], [], queued
         d.generation = generation + 1
         d.agent = agent
+        d.reset_requested = None
         self._touch("new")
+
+    def request_reset(self) -> None:
+        d = self._data
+        if d.agent is None:
+            return  # never seen: nothing to reset
+        self._keep_fields()
+        if d.reset_requested is None:
+            d.reset_requested = time.time()
+        for record in list(d.turns.values()):
+            if record.status in ("queued", "running", "suspended") and not record.cancel_reason:
+                self._put_turn(replace(record, cancel_reason="reset"))
+
+    def drop_reset(self) -> None:
+        self._keep_fields()
+        self._data.reset_requested = None
 
     def queue_turn(self, record: TurnRecord, *, owner: str | None = None) -> None:
         if record.turn_id in self._data.turns:
@@ -292,6 +310,7 @@ class _MemorySession:
             generation=d.generation,
             from_index=from_index,
             owner=d.owner,
+            reset_requested=d.reset_requested is not None,
         )
 
     async def commit(self, work: Callable[[Any], T]) -> T:

@@ -162,6 +162,7 @@ class _PgSession:
             generation=int(generation) if generation is not None else 0,
             from_index=from_index,
             owner=_text(res.get_value(0, 17)),
+            reset_requested=res.get_value(0, 18) is not None,
         )
 
     async def commit(self, work: Callable[[Any], T]) -> T:

@@ -222,6 +222,16 @@ class _SqliteTransaction:
                     "(another reset came first)"
                 ) from exc
 
+    def request_reset(self) -> None:
+        _check_open(self._conn)
+        for statement, params in archive_sql.request_reset_statements(self._sid, time.time()):
+            self._conn.execute(statement, params)
+        self.cancels = True
+
+    def drop_reset(self) -> None:
+        _check_open(self._conn)
+        self._conn.execute(archive_sql.DROP_RESET, (self._sid,))
+
     def queue_turn(self, record: TurnRecord, *, owner: str | None = None) -> None:
         _check_open(self._conn)
         now = time.time()
@@ -319,7 +329,8 @@ class _SqliteSession:
         # earlier generation never names a newer event.
         seq_row = conn.execute(f"SELECT {sql.LAST_SEQ}", (self._sid, self._sid)).fetchone()
         agent_row = conn.execute(
-            "SELECT agent, generation, owner FROM turnkit_sessions WHERE session_id = ?",
+            "SELECT agent, generation, owner, reset_requested FROM turnkit_sessions "
+            "WHERE session_id = ?",
             (self._sid,),
         ).fetchone()
         return SessionSnapshot(
@@ -332,6 +343,7 @@ class _SqliteSession:
             generation=agent_row[1] if agent_row else 0,
             from_index=from_index,
             owner=agent_row[2] if agent_row else None,
+            reset_requested=bool(agent_row and agent_row[3] is not None),
         )
 
     async def commit(self, work: Callable[[Any], T]) -> T:

@@ -54,6 +54,7 @@ __all__ = [
     "test_conformance_a_crash_at_any_commit_is_recovered_by_redelivery",
     "test_conformance_a_failed_commit_reraises_unchanged",
     "test_conformance_a_failed_commit_undoes_every_kind_of_write",
+    "test_conformance_a_reset_request_is_a_barrier_in_the_store",
     "test_conformance_a_taken_position_or_step_is_refused",
     "test_conformance_a_tool_step_runs_off_the_event_loop",
     "test_conformance_a_turn_of_another_owner_is_refused",
@@ -587,6 +588,56 @@ async def test_conformance_reset_archives_a_generation(conformance_store: StoreU
         assert [e.seq for e in await session.events()] == [2]
         await session.commit(lambda tx: tx.archive_generation(2, "a"))
         assert (await session.load()).next_seq == 3
+
+
+@pytest.mark.asyncio
+async def test_conformance_a_reset_request_is_a_barrier_in_the_store(
+    conformance_store: StoreUnderTest,
+) -> None:
+    """``request_reset`` marks the session and cancels the turns stored before it, in
+    one write; turns stored after it are untouched and stay live through the
+    archive, which clears the mark (as ``drop_reset`` does without archiving)."""
+    async with _opened(conformance_store) as store:
+        session = store.session("r")
+        await session.commit(lambda tx: tx.request_reset())  # no session yet: nothing
+        assert not (await session.load()).reset_requested
+        await _open_turn(session, "t1")
+        await session.commit(lambda tx: tx.queue_turn(_record("r", "t2", created_at=20.0)))
+        await session.commit(lambda tx: tx.request_cancel("t2", "replaced"))
+        await session.commit(lambda tx: tx.queue_turn(_record("r", "t3", created_at=30.0)))
+        assert not (await session.load()).reset_requested
+        await session.commit(lambda tx: tx.request_reset())
+        await session.commit(lambda tx: tx.request_reset())  # a second request: one mark
+        await session.commit(lambda tx: tx.queue_turn(_record("r", "t4", created_at=40.0)))
+        assert (await session.load()).reset_requested
+        reasons = {t.turn_id: t.cancel_reason for t in await session.unfinished()}
+        # The first cancellation recorded stays; the turn stored after is untouched.
+        assert reasons == {"t1": "reset", "t2": "replaced", "t3": "reset", "t4": None}
+        with pytest.raises(_Boom):  # a failed commit leaves the mark as it was
+
+            def fails(tx: Transaction) -> None:
+                tx.drop_reset()
+                raise _Boom
+
+            await session.commit(fails)
+        assert (await session.load()).reset_requested
+
+        def archive(tx: Transaction) -> None:
+            tx.set_turn_status("t1", "cancelled")
+            for turn_id in ("t2", "t3"):
+                tx.settle_queued(turn_id, "cancelled", reason="reset")
+            tx.archive_generation(0, "a")
+
+        await session.commit(archive)
+        snap = await session.load("t4")
+        assert not snap.reset_requested and snap.generation == 1
+        assert snap.turn is not None and snap.turn.status == "queued"
+        assert [t.turn_id for t in await session.unfinished()] == ["t4"]
+        await session.commit(lambda tx: tx.request_reset())
+        assert (await session.load()).reset_requested
+        await session.commit(lambda tx: tx.drop_reset())
+        assert not (await session.load()).reset_requested
+        assert await session.generations() == [0]
 
 
 @pytest.mark.asyncio
