@@ -1,0 +1,62 @@
+"""What the runner's collaborators may see of a delivery: its position and its commits.
+
+``TurnRunner`` owns the delivery's state; the modules that build its tool steps and
+state changes take it through this protocol, so none of them imports the runner.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from .._seams.store import SessionStore, Transaction
+from .._seams.tracer import StepTrace, TurnSpan
+from .._values.events import TurnEvent
+from .._values.inbound import InboundEvent
+from .._values.messages import Message
+from .._values.policy import TurnPolicy
+from .._values.usage import Usage
+from .agent import Agent
+from .context import ChildTurns
+from .turn_tools import TurnTools
+
+
+class Delivery(Protocol):
+    """One delivery of one turn as its collaborators use it. The transcript, the
+    step results and ``next_seq`` change only through ``commit`` (or, for a tool
+    step, right after its own commit)."""
+
+    agent: Agent
+    store: SessionStore
+    turn_id: str
+    session_id: str
+    event: InboundEvent | None
+    children: ChildTurns | None
+    generation: int
+    store_id: str
+    policy: TurnPolicy
+    tools: TurnTools
+    transcript: list[Message]
+    steps: dict[str, Any]
+    next_seq: int
+    span: TurnSpan
+    usage: Usage
+
+    def step_trace(self, step_id: str, **what: Any) -> StepTrace: ...
+
+    async def commit(
+        self,
+        write: Callable[[Transaction], None],
+        events: list[TurnEvent],
+        messages: Sequence[Message] = (),
+    ) -> None: ...
+
+    def emit(self, event: TurnEvent) -> None: ...
+
+    def cancel_reason(self) -> str | None: ...
+
+    def boundary(self) -> None: ...
+
+    async def step_boundary(self) -> None: ...
+
+    async def poll_cancel(self) -> str | None: ...

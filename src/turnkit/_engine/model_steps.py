@@ -1,0 +1,139 @@
+"""A model step: send the turn's window to the model, stream its reply, commit it.
+
+The reply commits in one transaction with what follows it (a typed answer's result,
+the turn's completion), so a replay either finds the whole step or asks again.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .._seams.store import Transaction
+from .._seams.tracer import StepSpan
+from .._values.checkpoints import ToolStepResult
+from .._values.events import MessageDeltaEvent, ReasoningDeltaEvent
+from .._values.messages import ToolMessage
+from .._values.step_ids import model_step_id, tool_step_id
+from .context_window import ContextWindows
+from .delivery import Delivery
+from .known_transcript import KnownTranscript
+from .model_call import Sent, ask_model
+from .output import answer_tail
+from .replies import assistant_message, error_of, reply_events
+from .tracing import Traced
+
+
+class ModelSteps:
+    """Runs the model steps of one delivery, sharing its history window across them."""
+
+    def __init__(self, delivery: Delivery, known: KnownTranscript | None) -> None:
+        self._d = delivery
+        self._known = known
+        self._windows: ContextWindows | None = None
+
+    async def step(self, index: int) -> None:
+        """Ask the model for the message at ``index`` and commit its reply."""
+        d = self._d
+        # A step's result commits with its message, so this step was never answered.
+        step_id = model_step_id(index)
+        # The history policy's summary calls are steps of their own, with spans of
+        # their own, made before this step's request (and its span) begins.
+        windows = self._context_windows()
+        sent = await windows.prepare(d.transcript, index, d.policy.system)
+        d.usage = d.usage + windows.take_usage()  # summaries it made
+        with Traced(d.span.step(d.step_trace(step_id, model=d.agent.model))) as span:
+            await self._ask_and_commit(index, step_id, span, windows, sent)
+
+    def _traced_summary(self, step_id: str, model: Any) -> Traced:
+        """The span of a summary call the history policy makes (step ``step_id``)."""
+        d = self._d
+        return Traced(d.span.step(d.step_trace(step_id, model=model)))
+
+    async def _ask_and_commit(
+        self, index: int, step_id: str, span: StepSpan, windows: ContextWindows, sent: Sent
+    ) -> None:
+        d = self._d
+        reply = await ask_model(
+            d.agent,
+            sent,
+            self._text_delta,
+            self._reasoning_delta,
+            d.cancel_reason,
+            tools=d.tools.specs_for(d.policy),
+        )
+        span.replied(reply)
+        message = assistant_message(reply, d.turn_id, reply.tool_calls)
+        # What follows the reply in the same commit (a typed answer's result, or a
+        # refused one's error), and the turn's answer if this step ends it.
+        tail, answer = answer_tail(
+            d.agent._output,
+            reply,
+            d.transcript,
+            d.turn_id,
+            d.agent.model,
+        )
+        tid = d.turn_id
+        events = reply_events(
+            reply,
+            message,
+            tail,
+            answer,
+            turn_id=tid,
+            session_id=d.session_id,
+            first_seq=d.next_seq,
+        )
+
+        def write(tx: Transaction) -> None:
+            # Part of the commit: a cancel that arrived after the last delta or while
+            # the stream closed still wins (nothing of the step is written).
+            d.boundary()
+            tx.put_step(step_id, d.turn_id, reply.to_dict())
+            windows.write(tx)
+            tx.append_message(index, message)
+            for offset, later in enumerate(tail, start=1):
+                if isinstance(later, ToolMessage):
+                    stored = ToolStepResult(result=later.result, error=error_of(later))
+                    tx.put_step(tool_step_id(index, later.call_id), tid, stored.to_dict())
+                tx.append_message(index + offset, later)
+            if answer is not None:
+                tx.set_turn_status(d.turn_id, "completed", text=answer)
+
+        await d.commit(write, events, [message, *tail])
+        cache = windows.committed()
+        if self._known is not None:
+            self._known.window = cache
+        if reply.usage is not None:
+            d.usage = d.usage + reply.usage
+
+    def _context_windows(self) -> ContextWindows:
+        """This delivery's use of the agent's history policy (made on first use)."""
+        d = self._d
+        if self._windows is None:
+            self._windows = ContextWindows(
+                agent=d.agent,
+                store=d.store,
+                turn_id=d.turn_id,
+                generation=d.generation,
+                steps=d.steps,
+                cache=self._known.window if self._known is not None else None,
+                boundary=d.step_boundary,
+                cancelled=d.cancel_reason,
+                traced=self._traced_summary,
+            )
+        return self._windows
+
+    def _text_delta(self, text: str) -> None:
+        d = self._d
+        d.emit(
+            MessageDeltaEvent(
+                turn_id=d.turn_id, session_id=d.session_id, text=text, next_seq=d.next_seq
+            )
+        )
+
+    def _reasoning_delta(self, text: str) -> None:
+        d = self._d
+        d.emit(
+            ReasoningDeltaEvent(
+                turn_id=d.turn_id, session_id=d.session_id, text=text, next_seq=d.next_seq
+            )
+        )
