@@ -497,9 +497,14 @@ async def test_a_turn_submitted_while_a_reset_waits_runs_in_the_new_generation(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("stored_after", [False, True])
 async def test_a_reset_whose_process_died_after_recording_it_is_carried_out(
-    nodes: Cluster,
+    nodes: Cluster, stored_after: bool
 ) -> None:
+    # The resetting process records the reset, then dies while the worker's turn
+    # has not unwound yet. With nothing stored after the reset, the worker claims
+    # the pending reset itself; with a turn stored after it, that turn runs in the
+    # new generation.
     worker = nodes.start_worker()
     held = await nodes.submit("d1", "hold d1")
     await nodes.wait_for_file(f"started-{worker.pid}-*")
@@ -521,14 +526,20 @@ async def test_a_reset_whose_process_died_after_recording_it_is_carried_out(
     finally:
         resetter.kill()  # SIGKILL: the reset is recorded, not carried out
         resetter.wait(timeout=30)
-    after = await nodes.submit("d1", "after the reset")
+    after = await nodes.submit("d1", "after the reset") if stored_after else None
     (nodes.hold / "release").touch()
+    await nodes.wait_for("SELECT 1 FROM turnkit_generations WHERE session_id = 'd1'")
+    if after is None:
+        await nodes.wait_for("SELECT 1 FROM turnkit_sessions WHERE reset_requested IS NULL")
+        assert await _generations(nodes, "d1") == ([], ["hold d1"])
+        after = await nodes.submit("d1", "after the reset")
     await nodes.wait_for(
         "SELECT 1 FROM turnkit_turns WHERE turn_id = %s AND status = 'completed'", after
     )
     assert await _generations(nodes, "d1") == (["after the reset"], ["hold d1"])
     (status,) = nodes.sql("SELECT status FROM turnkit_archived_turns WHERE turn_id = %s", held)
     assert status == ("cancelled",)
+    assert nodes.sql("SELECT reset_requested FROM turnkit_sessions") == [(None,)]
     # The session goes on in its new generation.
     again = await nodes.submit("d1", "and again")
     await nodes.wait_for(

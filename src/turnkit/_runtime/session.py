@@ -351,6 +351,15 @@ class AgentSession(SessionView):
         text = str(record.opening.get("text", ""))
         return self._start(text, None, None, False, record.turn_id, frozenset(), None)
 
+    def run_stored_reset(self) -> asyncio.Future[ResetResult]:
+        """Carry out in this process a reset the store holds as pending (its process
+        died before archiving), queued like a delivery; ``Worker`` uses it."""
+        future: asyncio.Future[ResetResult] = self.runtime._require_loop().create_future()
+        future.add_done_callback(_mark_exception_seen)
+        self._queue.append((None, _ResetJob(None, future)))
+        self._ensure_worker()
+        return future
+
     def interrupt(self) -> None:
         """Stop this process's deliveries of the session now, between two awaits,
         leaving their turns open in the store for another process to take over (a
@@ -719,7 +728,7 @@ class AgentSession(SessionView):
         self._parked = None
         future.set_result(result)
 
-    async def _archive(self, since: int) -> ResetResult:
+    async def _archive(self, since: int | None) -> ResetResult:
         """Carry the pending reset out under the writer, unless another process (a
         worker delivering a turn stored after it) did first; ``since`` is the live
         generation when it was requested. A generation that held nothing (status
@@ -727,7 +736,7 @@ class AgentSession(SessionView):
         archived = await carry_out_reset(self._store, self.agent.name)
         if archived is None:
             generation = (await self._store.load(from_index=NO_MESSAGES)).generation
-            if generation == since:
+            if since is None or generation == since:
                 return ResetResult(
                     previous_session=None, archived_generation=None, generation=generation
                 )
@@ -743,7 +752,7 @@ class AgentSession(SessionView):
 class _ResetJob:
     """A reset in a session's queue: the generation it found live, and its result."""
 
-    since: int
+    since: int | None
     future: asyncio.Future[ResetResult]
 
 
@@ -784,7 +793,7 @@ def _settle(future: asyncio.Future[Any], exc: BaseException) -> None:
         future.set_exception(exc)
 
 
-def _mark_exception_seen(future: asyncio.Future[TurnResult]) -> None:
+def _mark_exception_seen(future: asyncio.Future[Any]) -> None:
     """Mark a failed turn's exception as seen: it is logged already, and a caller
     that never awaits ``result()`` should not get an asyncio warning for it."""
     if not future.cancelled():

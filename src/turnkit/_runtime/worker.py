@@ -15,9 +15,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable
 
 from .._errors import ConfigurationError, StoreError
-from .._seams.queue import TurnQueue
+from .._seams.queue import PendingReset, TurnQueue
 from .._values.records import TurnRecord
 from .runtime import Runtime
 from .session import AgentSession
@@ -125,7 +126,7 @@ class Worker:
         for record in records:
             self._deliver(record)
         self.claimed += len(records)
-        self.takeovers += sum(r.status == "running" for r in records)
+        self.takeovers += sum(isinstance(r, TurnRecord) and r.status == "running" for r in records)
         return len(records)
 
     async def _wait(self) -> None:
@@ -140,35 +141,40 @@ class Worker:
             for task in (announced, woken):
                 task.cancel()
 
-    def _deliver(self, record: TurnRecord) -> None:
+    def _deliver(self, record: TurnRecord | PendingReset) -> None:
         sid = record.session_id
+        what = f"turn {record.turn_id}" if isinstance(record, TurnRecord) else "the reset"
+        done: Awaitable[object]
         try:
             session = self.runtime.session(record.agent, sid)
-            turn_id = session.run_stored(record)
+            if isinstance(record, PendingReset):
+                done = session.run_stored_reset()
+            else:
+                done = session.result(session.run_stored(record))
         except Exception as exc:
             self.queue.unclaim(sid)
-            log.warning("cannot deliver turn %s of %s: %s", record.turn_id, sid, exc)
+            log.warning("cannot deliver %s of %s: %s", what, sid, exc)
             self._back_off(sid)
             return
         self._sessions[sid] = session
         task = asyncio.get_running_loop().create_task(
-            self._follow(session, turn_id), name=f"turnkit-worker:{sid}"
+            self._follow(session, what, done), name=f"turnkit-worker:{sid}"
         )
         self._running[sid] = task
 
-    async def _follow(self, session: AgentSession, turn_id: str) -> None:
+    async def _follow(self, session: AgentSession, what: str, done: Awaitable[object]) -> None:
         sid = session.session_id
         try:
-            await session.result(turn_id)
+            await done
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            # The turn stays open in the store; it is claimed again after a pause
-            # (here), or sooner by another worker.
+            # The turn (or reset) stays open in the store; it is claimed again after
+            # a pause (here), or sooner by another worker.
             if self._stopping:
-                log.info("handed turn %s of %s back: %s", turn_id, sid, exc)
+                log.info("handed %s of %s back: %s", what, sid, exc)
             else:
-                log.warning("delivering turn %s of %s broke: %s", turn_id, sid, exc)
+                log.warning("delivering %s of %s broke: %s", what, sid, exc)
             self._back_off(sid)
         else:
             self._backoff.pop(sid, None)

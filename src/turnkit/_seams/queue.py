@@ -9,9 +9,20 @@ next, so a session is one worker's at a time. See ``docs/stores.md``.
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from .._values.records import TurnRecord
+
+
+@dataclass(frozen=True)
+class PendingReset:
+    """A claimed session whose next work is a reset that was recorded and not carried
+    out (``Transaction.request_reset``; the process that asked for it may have died):
+    the claimer archives the generation, then the turns stored after it can run."""
+
+    session_id: str
+    agent: str
 
 
 @runtime_checkable
@@ -20,11 +31,13 @@ class TurnQueue(Protocol):
 
     async def claim(
         self, agents: Sequence[str], *, limit: int, skip: Collection[str] = ()
-    ) -> list[TurnRecord]:
+    ) -> list[TurnRecord | PendingReset]:
         """Claim at most ``limit`` sessions of ``agents`` that no process holds (and
         not in ``skip``), oldest runnable turn first, and return each one's runnable
         turn: its oldest turn that is queued, running (a dead process left it so) or
-        parked with a cancellation recorded. Each session returned is this process's
+        parked with a cancellation recorded. While a reset is pending on a session,
+        only what the reset cancelled is runnable; once none is left, the session is
+        returned as a ``PendingReset``. Each session returned is this process's
         until the next ``writer()`` of it ends (or ``unclaim``); two claims anywhere
         never return one session at once."""
         ...

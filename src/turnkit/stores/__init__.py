@@ -7,7 +7,7 @@ deployments with many processes.
 
 from typing import TYPE_CHECKING, Any
 
-from .._seams.queue import TurnQueue
+from .._seams.queue import PendingReset, TurnQueue
 from .._seams.store import SessionStore, Store, StoreHandle, Transaction
 from .._values.records import (
     SessionInfo,
@@ -35,6 +35,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "MemoryStore",
+    "PendingReset",
     "PostgresStore",
     "SessionInfo",
     "SessionSnapshot",

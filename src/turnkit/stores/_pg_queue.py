@@ -24,23 +24,47 @@ _HELD = (
     "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
 )
 
-#: Parameters: the agents this worker runs (a JSON array), sessions it skips (a JSON
-#: array), and how many sessions it takes at most. Each session's runnable turn is
-#: its oldest claimable one, so its turns run one at a time in submission order.
+
+def runnable(alias: str) -> str:
+    """``claimable`` for a turns row named ``alias``, less the turns stored after a
+    reset that is still pending: they wait until it is carried out."""
+    return (
+        f"{claimable(alias)} AND NOT ({alias}.status = 'queued' "
+        f"AND {alias}.cancel_reason IS NULL AND EXISTS (SELECT 1 FROM turnkit_sessions r "
+        f"WHERE r.session_id = {alias}.session_id AND r.reset_requested IS NOT NULL))"
+    )
+
+
+#: Parameters: the agents this worker runs (a JSON array) and the sessions it skips
+#: (a JSON array), twice, then how many sessions it takes at most, three times. Each
+#: session's runnable turn is its oldest runnable one, so its turns run one at a time
+#: in submission order; a session with a pending reset and nothing runnable left is
+#: claimed for the reset. Rows: the session id (what the lock connection reads
+#: first), its agent, then its turn's columns (all NULL for a reset).
 CLAIM_SQL = (
     f"WITH held AS ({_HELD}), c AS ("
     "SELECT t.session_id, t.turn_id, t.created_at FROM turnkit_turns t "
-    f"WHERE {claimable('t')} "
+    f"WHERE {runnable('t')} "
     "AND t.agent IN (SELECT json_array_elements_text(?::json)) "
     "AND t.session_id NOT IN (SELECT json_array_elements_text(?::json)) "
     "AND NOT EXISTS (SELECT 1 FROM turnkit_turns e WHERE e.session_id = t.session_id "
-    f"AND {claimable('e')} AND (e.created_at, e.turn_id) < (t.created_at, t.turn_id)) "
+    f"AND {runnable('e')} AND (e.created_at, e.turn_id) < (t.created_at, t.turn_id)) "
     "AND turnkit_lock_key(t.session_id) NOT IN (SELECT k FROM held) "
-    "ORDER BY t.created_at LIMIT ? FOR NO KEY UPDATE OF t SKIP LOCKED) "
-    # Every row of ``c`` is tried (no LIMIT out here), so no lock is taken and lost.
-    f"SELECT {_TURN_COLUMNS_T} FROM c JOIN turnkit_turns t "
-    "ON t.session_id = c.session_id AND t.turn_id = c.turn_id "
-    "WHERE pg_try_advisory_lock(turnkit_lock_key(c.session_id)) ORDER BY c.created_at"
+    "ORDER BY t.created_at LIMIT ? FOR NO KEY UPDATE OF t SKIP LOCKED), "
+    "r AS (SELECT s.session_id, NULL::text AS turn_id, s.reset_requested AS created_at "
+    "FROM turnkit_sessions s WHERE s.reset_requested IS NOT NULL "
+    "AND s.agent IN (SELECT json_array_elements_text(?::json)) "
+    "AND s.session_id NOT IN (SELECT json_array_elements_text(?::json)) "
+    "AND NOT EXISTS (SELECT 1 FROM turnkit_turns e WHERE e.session_id = s.session_id "
+    f"AND {runnable('e')}) "
+    "AND turnkit_lock_key(s.session_id) NOT IN (SELECT k FROM held) "
+    "ORDER BY s.reset_requested LIMIT ?), "
+    "p AS (SELECT * FROM c UNION ALL SELECT * FROM r ORDER BY created_at LIMIT ?) "
+    # Every row of ``p`` is tried (no LIMIT out here), so no lock is taken and lost.
+    f"SELECT p.session_id, s.agent, {_TURN_COLUMNS_T} FROM p "
+    "JOIN turnkit_sessions s ON s.session_id = p.session_id "
+    "LEFT JOIN turnkit_turns t ON t.session_id = p.session_id AND t.turn_id = p.turn_id "
+    "WHERE pg_try_advisory_lock(turnkit_lock_key(p.session_id)) ORDER BY p.created_at"
 )
 
 #: Sent inside a commit that makes a turn runnable (a submission, a resume, a

@@ -43,6 +43,7 @@ from contextlib import AbstractAsyncContextManager
 from typing import Any, TypeVar, cast
 
 from .._errors import ConfigurationError, StoreError
+from .._seams.queue import PendingReset
 from .._values.events import TurnEvent, event_from_dict
 from .._values.messages import Message, message_from_dict
 from .._values.records import SessionInfo, SessionKey, SessionSnapshot, SessionStatus, TurnRecord
@@ -642,17 +643,26 @@ class PostgresStore:
 
     async def claim(
         self, agents: Sequence[str], *, limit: int, skip: Collection[str] = ()
-    ) -> list[TurnRecord]:
+    ) -> list[TurnRecord | PendingReset]:
         self._listener.work.clear()  # a notification from now on wakes the next wait
         if limit < 1 or not agents:
             return []
-        params = (json.dumps(list(agents)), json.dumps(list(skip)), limit)
+        names, skipped = json.dumps(list(agents)), json.dumps(list(skip))
+        params = (names, skipped, limit, names, skipped, limit, limit)
         statement = wire.Query(pg_wire(CLAIM_SQL, self.schema), wire.values(params))
         try:
             res = await self._writers.claim(statement)
         except StoreError as exc:
             raise StoreError(f"claiming turns failed: {exc}") from exc
-        return [_turn_row(res, row) for row in range(res.ntuples)]
+        return [
+            _turn_row(res, row, 2)
+            if res.get_value(row, 3) is not None
+            else PendingReset(
+                session_id=_text(res.get_value(row, 0)) or "",
+                agent=_text(res.get_value(row, 1)) or "",
+            )
+            for row in range(res.ntuples)
+        ]
 
     def unclaim(self, session_id: str) -> None:
         self._writers.unclaim(session_id)
