@@ -15,7 +15,7 @@ step streaming three deltas. So a turn commits: its submission, its opening, and
 three steps.
 
 **Throughput and latency.** For 1, 2 and 4 workers (each ``turnkit worker`` with
-``--concurrency 64``), this process submits turns the way an HTTP node does
+``--concurrency 64 --pool-size 4``), this process submits turns the way an HTTP node does
 (``Runtime(run_turns=False)``, ``session.submit``) on ``--sessions`` sessions, one
 turn at a time per session (the next as soon as the previous one completed: a
 closed loop), for ``--seconds`` after a warm-up. Turns per second count completions;
@@ -92,6 +92,7 @@ class Cluster:
     schema: str
     concurrency: int
     poll: float = 0.5
+    pool_size: int = 4
     workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
     started: int = 0
 
@@ -118,6 +119,8 @@ class Cluster:
                 str(self.concurrency),
                 "--poll",
                 str(self.poll),
+                "--pool-size",
+                str(self.pool_size),
             ],
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -156,9 +159,9 @@ class Cluster:
 
 
 @contextmanager
-def cluster(dsn: str, concurrency: int, poll: float) -> Iterator[Cluster]:
+def cluster(dsn: str, concurrency: int, poll: float, pool_size: int) -> Iterator[Cluster]:
     schema = _floor.fresh_schema("scale")
-    made = Cluster(dsn, schema, concurrency, poll)
+    made = Cluster(dsn, schema, concurrency, poll, pool_size)
     try:
         asyncio.run(_migrate(dsn, schema))
         made.sql(
@@ -291,7 +294,7 @@ class ThroughputRun:
 
 def throughput_run(args: argparse.Namespace, workers: int) -> ThroughputRun:
     """Saturated (``--sessions`` in flight), then lightly loaded (``--light-sessions``)."""
-    with cluster(args.dsn, args.concurrency, args.poll) as made:
+    with cluster(args.dsn, args.concurrency, args.poll, args.pool_size) as made:
         for _ in range(workers):
             made.start_worker()
         loop, seconds = asyncio.run(closed_loop(made, args.sessions, args.seconds, args.warmup))
@@ -331,7 +334,7 @@ class ChaosRun:
 
 def chaos_run(args: argparse.Namespace) -> ChaosRun:
     rng = random.Random(args.seed)
-    with cluster(args.dsn, args.concurrency, args.poll) as made:
+    with cluster(args.dsn, args.concurrency, args.poll, args.pool_size) as made:
         for _ in range(args.chaos_workers):
             made.start_worker()
         kills = 0
@@ -554,6 +557,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=float, default=3.0, help="untimed seconds before it")
     p.add_argument("--concurrency", type=int, default=64, help="each worker's --concurrency")
     p.add_argument("--poll", type=float, default=0.5, help="each worker's --poll")
+    p.add_argument(
+        "--pool-size",
+        type=int,
+        default=4,
+        help="each worker's --pool-size (4 workers at 10 can exhaust 100 connections)",
+    )
     p.add_argument("--chaos-workers", type=int, default=3)
     p.add_argument("--chaos-sessions", type=int, default=48)
     p.add_argument("--chaos-seconds", type=float, default=60.0)

@@ -194,3 +194,12 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def test_a_workers_pool_size_bounds_its_store_pools() -> None:
+    from turnkit.cli._open import open_store
+
+    store = open_store("postgresql://db.invalid/app", pool_size=3)
+    assert isinstance(store, PostgresStore) and store.max_size == 3
+    default = open_store("postgresql://db.invalid/app")
+    assert isinstance(default, PostgresStore) and default.max_size == 10

@@ -380,6 +380,14 @@ def _add_worker(commands: Any) -> None:
         "connection, which it pings meanwhile (default: 10)",
     )
     worker.add_argument(
+        "--pool-size",
+        type=_positive_int,
+        default=10,
+        metavar="N",
+        help="the most connections each of its two pools opens (event loop, local "
+        "tools): a worker holds up to 2N + 5 connections (default: 10)",
+    )
+    worker.add_argument(
         "--ops-port",
         type=_port,
         metavar="PORT",
@@ -415,7 +423,7 @@ async def _worker(args: argparse.Namespace, progress: Progress) -> int:
     from ..stores._takeover import Takeover
 
     takeover = Takeover(idle_timeout=args.idle_timeout, heartbeat=min(2.0, args.idle_timeout / 4))
-    store = await writable_store(args.store, takeover=takeover)
+    store = await writable_store(args.store, takeover=takeover, pool_size=args.pool_size)
     options = WorkerOptions(
         concurrency=args.concurrency,
         poll=args.poll,

@@ -27,14 +27,17 @@ def is_postgres_dsn(spec: str) -> bool:
     return bool(_POSTGRES_URL.match(spec) or _LIBPQ_KEYWORDS.match(spec))
 
 
-def open_store(spec: str, *, takeover: Takeover | None = None) -> Store:
+def open_store(
+    spec: str, *, takeover: Takeover | None = None, pool_size: int | None = None
+) -> Store:
     """The store ``spec`` names: a PostgreSQL DSN or a SQLite file path.
 
     Nothing is connected yet; the runtime opens the store. A PostgreSQL DSN without
     ``turnkit[postgres]`` installed raises ``ConfigurationError`` naming the extra.
     The first schema of a ``search_path`` in the DSN's ``options`` is the schema
     turnkit's tables live in (``public`` when there is none). ``takeover`` is the
-    liveness settings of a PostgreSQL store (its default if ``None``).
+    liveness settings of a PostgreSQL store (its default if ``None``), ``pool_size``
+    the most connections each of its pools opens (its ``max_size``).
     """
     if not isinstance(spec, str) or not spec.strip():
         raise ConfigurationError("--store must be a SQLite file path or a PostgreSQL DSN")
@@ -46,7 +49,9 @@ def open_store(spec: str, *, takeover: Takeover | None = None) -> Store:
                 f"--store {redact_dsn(spec)!r} is a PostgreSQL DSN, which needs "
                 "psycopg: pip install 'turnkit[postgres]'"
             ) from exc
-        return PostgresStore(spec, schema=dsn_schema(spec), takeover=takeover)
+        if pool_size is None:
+            return PostgresStore(spec, schema=dsn_schema(spec), takeover=takeover)
+        return PostgresStore(spec, schema=dsn_schema(spec), takeover=takeover, max_size=pool_size)
     folder = os.path.dirname(os.path.abspath(spec))
     try:
         os.makedirs(folder, exist_ok=True)

@@ -62,11 +62,13 @@ async def reading_store(spec: str) -> AsyncIterator[Store]:
         await store.close()
 
 
-async def writable_store(spec: str, *, takeover: Takeover | None = None) -> Store:
+async def writable_store(
+    spec: str, *, takeover: Takeover | None = None, pool_size: int | None = None
+) -> Store:
     """The store ``turnkit run`` runs on, already open (a SQLite file is created), so
     a store that cannot be opened is reported before anything else happens. The
     runtime's own ``open()`` is then a no-op, and its exit closes the store."""
-    store = _store_for(spec, takeover=takeover)
+    store = _store_for(spec, takeover=takeover, pool_size=pool_size)
     try:
         await store.open()
     except TurnkitError as exc:
@@ -74,9 +76,11 @@ async def writable_store(spec: str, *, takeover: Takeover | None = None) -> Stor
     return store
 
 
-def _store_for(spec: str, *, takeover: Takeover | None = None) -> Store:
+def _store_for(
+    spec: str, *, takeover: Takeover | None = None, pool_size: int | None = None
+) -> Store:
     try:
-        return open_store(spec, takeover=takeover)
+        return open_store(spec, takeover=takeover, pool_size=pool_size)
     except TurnkitError as exc:
         raise CliError(one_line(str(exc))) from None
 
