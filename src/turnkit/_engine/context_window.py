@@ -15,18 +15,24 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._errors import ContextWindowError, ModelError
-from .._seams.model import ModelDone, ReasoningDelta, TextDelta
+from .._errors import ContextWindowError
 from .._seams.store import NO_MESSAGES, SessionStore, Transaction
 from .._seams.tracer import NO_SPAN, StepSpan
-from .._values.messages import AssistantMessage, Message, ToolMessage, TriggerMessage, UserMessage
+from .._values.messages import (
+    AssistantMessage,
+    Message,
+    ModelReply,
+    ToolMessage,
+    TriggerMessage,
+    UserMessage,
+)
 from .._values.step_ids import history_step_id, window_step_id
-from .._values.turns import TurnCancelled, TurnFailure
+from .._values.turns import TurnFailure
 from .._values.usage import Usage
 from .._values.windows import SummaryRecord, SummaryRef, WindowRecord
 from .agent import Agent
 from .history import OPENINGS, HistoryView, HistoryWindow, Summarizer, estimate_tokens
-from .model_call import Sent, stored_form, window_failure
+from .model_call import Sent, stored_form, stream_reply, window_failure
 from .tool_results import error_text
 from .transcript_view import TranscriptView
 
@@ -254,35 +260,22 @@ def _untraced(step_id: str, model: Any) -> AbstractContextManager[StepSpan]:
 
 async def _call(
     model: Any, prompt: str, instructions: str, turn_id: str, cancelled: Callable[[], str | None]
-) -> Any:
+) -> ModelReply:
     """One summary call: the reply, checked as a model step's is."""
-    reply = None
     messages = [UserMessage(text=prompt, turn_id=turn_id)]
-    try:
-        stream = model.stream(messages, (), system=instructions)
-        try:
-            async for delta in stream:
-                if isinstance(delta, ModelDone):
-                    reply = delta.reply
-                    break
-                if not isinstance(delta, TextDelta | ReasoningDelta):
-                    raise ModelError(f"the model yielded {delta!r}, which is not a ModelDelta")
-                why = cancelled()
-                if why is not None:
-                    raise TurnCancelled(why)
-        finally:
-            aclose = getattr(stream, "aclose", None)
-            if aclose is not None:
-                await aclose()
-    except TurnCancelled:
-        raise
-    except ContextWindowError as exc:
-        raise window_failure(f"a history summary call: {exc}") from exc
-    except Exception as exc:
-        raise TurnFailure(f"model error: a history summary call failed: {error_text(exc)}") from exc
+    reply = await stream_reply(
+        lambda: model.stream(messages, (), system=instructions), cancelled, _summary_failure
+    )
     if reply is None or not reply.text:
         raise TurnFailure("model error: a history summary call gave no text")
     return stored_form(reply)
+
+
+def _summary_failure(exc: Exception) -> TurnFailure:
+    """A summary call's wording for a failed call."""
+    if isinstance(exc, ContextWindowError):
+        return window_failure(f"a history summary call: {exc}")
+    return TurnFailure(f"model error: a history summary call failed: {error_text(exc)}")
 
 
 def with_summary(system: str | None, summary: str | None) -> str | None:

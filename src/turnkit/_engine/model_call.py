@@ -61,9 +61,32 @@ async def ask_model(
     ``cancelled`` is asked after every delta: a reason stops the stream there (the
     adapter's iterator is closed) and raises ``TurnCancelled``; nothing is kept.
     """
+    reply = await stream_reply(
+        lambda: _stream(agent, sent, tools), cancelled, _step_failure, on_text, on_reasoning
+    )
+    if reply is None:
+        raise TurnFailure("model error: the stream ended without ModelDone")
+    check_reply(reply)
+    return stored_form(reply)
+
+
+async def stream_reply(
+    open_stream: Callable[[], AsyncIterator[ModelDelta]],
+    cancelled: Callable[[], str | None],
+    failure: Callable[[Exception], TurnFailure],
+    on_text: Callable[[str], None] = lambda _: None,
+    on_reasoning: Callable[[str], None] = lambda _: None,
+) -> ModelReply | None:
+    """Drive one model stream to its ``ModelDone``: the reply, or None if the stream
+    ended without one. Shared by model steps and history summary calls.
+
+    ``cancelled`` is asked after every delta (a reason raises ``TurnCancelled``); the
+    adapter's iterator is always closed; any other failure, opening the stream
+    included, becomes the ``TurnFailure`` that ``failure`` words for its caller.
+    """
     reply: ModelReply | None = None
     try:
-        stream = _stream(agent, sent, tools)
+        stream = open_stream()
         try:
             async for delta in stream:
                 if isinstance(delta, TextDelta):
@@ -84,16 +107,18 @@ async def ask_model(
                 await aclose()
     except TurnCancelled:
         raise
-    except ContextWindowError as exc:
-        raise window_failure(str(exc)) from exc
-    except ModelError as exc:
-        raise TurnFailure(f"model error: {exc}") from exc
     except Exception as exc:
-        raise TurnFailure(f"model error: {error_text(exc)}") from exc
-    if reply is None:
-        raise TurnFailure("model error: the stream ended without ModelDone")
-    check_reply(reply)
-    return stored_form(reply)
+        raise failure(exc) from exc
+    return reply
+
+
+def _step_failure(exc: Exception) -> TurnFailure:
+    """A model step's wording for a failed call."""
+    if isinstance(exc, ContextWindowError):
+        return window_failure(str(exc))
+    if isinstance(exc, ModelError):
+        return TurnFailure(f"model error: {exc}")
+    return TurnFailure(f"model error: {error_text(exc)}")
 
 
 def _stream(agent: Agent, sent: Sent, tools: Sequence[ToolSpec]) -> AsyncIterator[ModelDelta]:
