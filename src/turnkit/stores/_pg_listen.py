@@ -19,8 +19,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, LiteralString
 
 import psycopg
 
@@ -77,26 +77,27 @@ class CancelListener:
         return json.dumps([self._schema, session_id, turn_id])
 
     async def _listen(self) -> None:
-        while True:
-            try:
-                conn = await self._connect()
-                async with conn:
-                    await conn.execute("LISTEN turnkit_cancel")  # CHANNEL
-                    await conn.execute("LISTEN turnkit_queue")  # _pg_queue.CHANNEL
-                    self.listening = True
-                    self.work.set()  # what was announced while not listening
-                    async for note in conn.notifies():
-                        if note.channel == CHANNEL:
-                            self._note(note.payload)
-                        elif note.payload == self._schema:
-                            self.work.set()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                if self.listening:
-                    log.warning("the cancellation listener lost its connection: %s", exc)
-                self.listening = False
-            await asyncio.sleep(_RECONNECT_DELAY)
+        await listen_forever(
+            self._connect,
+            (CHANNEL, "turnkit_queue"),  # _pg_queue.CHANNEL
+            self._connected,
+            self._set_listening,
+            "the cancellation listener",
+            log,
+        )
+
+    def _connected(self) -> Callable[[psycopg.Notify], None]:
+        self.work.set()  # what was announced while not listening
+        return self._heard_note
+
+    def _set_listening(self, up: bool) -> None:
+        self.listening = up
+
+    def _heard_note(self, note: psycopg.Notify) -> None:
+        if note.channel == CHANNEL:
+            self._note(note.payload)
+        elif note.payload == self._schema:
+            self.work.set()
 
     def _note(self, payload: str) -> None:
         try:
@@ -108,6 +109,40 @@ class CancelListener:
         self._heard[(session_id, str(turn_id))] = None
         while len(self._heard) > _HEARD_LIMIT:
             del self._heard[next(iter(self._heard))]
+
+
+async def listen_forever(
+    connect: Callable[[], Awaitable[psycopg.AsyncConnection[Any]]],
+    channels: Sequence[LiteralString],
+    connected: Callable[[], Callable[[psycopg.Notify], None]],
+    set_listening: Callable[[bool], None],
+    name: str,
+    logger: logging.Logger,
+) -> None:
+    """LISTEN on ``channels`` over a connection of its own until cancelled, reopening
+    a lost connection after ``_RECONNECT_DELAY`` seconds (a loss is logged once, as
+    ``name``'s). Once listening, ``connected`` gives the handler of that connection's
+    notifications (called fresh on each connection, so it may start from scratch)."""
+    up = False
+    while True:
+        try:
+            conn = await connect()
+            async with conn:
+                for channel in channels:
+                    await conn.execute("LISTEN " + channel)  # our constants, never input
+                up = True
+                set_listening(True)
+                handle = connected()
+                async for note in conn.notifies():
+                    handle(note)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            if up:
+                logger.warning("%s lost its connection: %s", name, exc)
+            up = False
+            set_listening(False)
+        await asyncio.sleep(_RECONNECT_DELAY)
 
 
 async def announce(conn: psycopg.AsyncConnection[Any], payloads: list[str]) -> None:

@@ -34,6 +34,7 @@ from .._values.events import (
     ReasoningDeltaEvent,
     TurnEvent,
 )
+from ._pg_listen import listen_forever
 from ._pg_relay_wire import (
     Batch,
     Reassembler,
@@ -170,24 +171,27 @@ class PgEventRelay:
         return unfollow
 
     async def _listen_forever(self) -> None:
-        while True:
-            joined = Reassembler(self._schema, self.sender)
-            try:
-                conn = await self._connect()
-                async with conn:
-                    await conn.execute("LISTEN turnkit_events")  # CHANNEL
-                    self.listening = True
-                    async for note in conn.notifies():
-                        batch = joined.add(note.payload)
-                        if batch is not None:
-                            self._deliver(batch)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                if self.listening:
-                    log.warning("the event relay's listener lost its connection: %s", exc)
-                self.listening = False
-            await asyncio.sleep(_RECONNECT_DELAY)
+        await listen_forever(
+            self._connect,
+            (CHANNEL,),
+            self._connected,
+            self._set_listening,
+            "the event relay's listener",
+            log,
+        )
+
+    def _connected(self) -> Callable[[psycopg.Notify], None]:
+        joined = Reassembler(self._schema, self.sender)  # a new connection starts afresh
+
+        def heard(note: psycopg.Notify) -> None:
+            batch = joined.add(note.payload)
+            if batch is not None:
+                self._deliver(batch)
+
+        return heard
+
+    def _set_listening(self, up: bool) -> None:
+        self.listening = up
 
     def _deliver(self, batch: Batch) -> None:
         if self.on_lag is not None:
