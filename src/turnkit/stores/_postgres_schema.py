@@ -194,6 +194,12 @@ MIGRATIONS: list[tuple[str, ...]] = [
     # v8: a reset is a barrier kept in the store: when it was requested, until the
     # process holding the session's writer lock archives the generation.
     ("ALTER TABLE turnkit_sessions ADD COLUMN reset_requested double precision",),
+    # v9: the sessions with a reset pending, for the claim that carries them out (a
+    # handful at most, so every claim reads them from this index, not the table).
+    (
+        "CREATE INDEX turnkit_sessions_resetting ON turnkit_sessions (reset_requested) "
+        "WHERE reset_requested IS NOT NULL",
+    ),
 ]
 
 
