@@ -371,6 +371,29 @@ async def test_resume_is_refused_while_a_reset_is_pending(open_runtime: Any) -> 
     await resetting
 
 
+async def test_resume_is_refused_once_a_reset_elsewhere_is_recorded(open_runtime: Any) -> None:
+    # A reset recorded in the store by a process that then died: every process
+    # refuses to resume the parked turn it cancelled, and a later turn resets first.
+    @tool
+    async def ask(ctx: ToolContext) -> str:
+        """Asks a person."""
+        return str(await ctx.request_input("ok", "ok?"))
+
+    model = ScriptedModel([ScriptedReply(tool_calls=[tool_call("ask")]), "fresh"])
+    rt = await open_runtime(turnkit.Agent(name="a", model=model, tools=[ask]))
+    session = rt.session("a", "s1")
+    parked = await session.result(session.start("go"))
+    await rt.store.session("s1").commit(lambda tx: tx.request_reset())
+    with pytest.raises(turnkit.ResumeConflictError, match=r"cancelled \(reset\)"):
+        await session.resume(parked.turn_id, "ok", True)
+    closed = await session.result(session.run_stored(await session.turn_record(parked.turn_id)))
+    assert (closed.status, closed.reason) == ("cancelled", "reset")
+    assert await session.turn("again") == "fresh"
+    assert [m.role for m in await session.messages()] == ["user", "assistant"]
+    assert await session.generations() == [0]
+    assert {m.turn_id for m in await session.archived_messages(0)} == {parked.turn_id}
+
+
 async def test_a_reset_that_fails_midway_leaves_the_old_generation_whole(
     make_store: Any, store_kind: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:

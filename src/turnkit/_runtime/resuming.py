@@ -46,6 +46,13 @@ async def record_answer(
             raise ResumeConflictError(
                 f"session {store.session_id} waits on turn {record.turn_id}, not {turn_id}"
             )
+        if record.cancel_reason is not None:
+            # Cancelled in some process (a reset pending there, for one): it ends
+            # where it waits, so an answer could no longer be used.
+            raise ResumeConflictError(
+                f"turn {turn_id} was cancelled ({record.cancel_reason}); it can no "
+                "longer be resumed"
+            )
         request = checkpoint.find(input_id)
         if request is None:
             waiting = ", ".join(repr(r.id) for r in checkpoint.requests)
