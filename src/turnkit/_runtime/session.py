@@ -186,7 +186,7 @@ class AgentSession(SessionView):
             if owner is not None and snap.agent is not None and snap.owner != owner:
                 raise SessionOwnerError(_owner_refusal(self.session_id, owner))
         parked = await self._store.parked()
-        if parked is not None:
+        if parked is not None and not await self._reset_ends(parked):
             self._parked = parked.turn_id
             raise SessionSuspendedError(_parked_refusal(self.session_id, parked.turn_id))
         request = self._request(text, event, trigger, turn_id, frozenset(), owner, queued=True)
@@ -222,6 +222,13 @@ class AgentSession(SessionView):
         if replace:
             self._replace(keep=request.turn_id)
         return self._enqueue(request)
+
+    async def _reset_ends(self, parked: TurnRecord) -> bool:
+        """Whether a pending reset (recorded by any process) cancelled the parked turn:
+        it ends with the old generation, so a new turn may queue behind the reset."""
+        if parked.cancel_reason is None:
+            return False
+        return (await self._store.load(from_index=NO_MESSAGES)).reset_requested
 
     def _check_start(
         self, text: object, event: object, trigger: object, turn_id: object, owner: object
