@@ -241,3 +241,29 @@ def test_agent_py_sets_max_parallel_tools(tmp_path: Path) -> None:
     (folder / "agent.py").write_text('agent = {"max_parallel_tools": 0}\n')
     with pytest.raises(turnkit.ConfigurationError, match="max_parallel_tools"):
         turnkit.load_agent(folder, model=ScriptedModel([]))
+
+
+def test_agent_py_sets_history_and_a_typed_answer(tmp_path: Path) -> None:
+    folder = write(
+        tmp_path / "typed",
+        {
+            "agent.py": (
+                "from pydantic import BaseModel\n"
+                "from turnkit import LastTurns\n\n"
+                "class Quote(BaseModel):\n"
+                "    total: int\n\n"
+                "agent = {'history': LastTurns(3), 'output_type': Quote, 'output_retries': 2}\n"
+            ),
+            "instructions.md": "x",
+        },
+    )
+    agent = turnkit.load_agent(folder, model=ScriptedModel([]))
+    assert isinstance(agent.history, turnkit.LastTurns)
+    assert agent.output_type is not None and agent.output_type.__name__ == "Quote"
+    assert agent.output_retries == 2
+    (folder / "agent.py").write_text("agent = {'output_retries': -1}\n")
+    with pytest.raises(turnkit.ConfigurationError, match=r"agent folder .*output_retries"):
+        turnkit.load_agent(folder, model=ScriptedModel([]))
+    (folder / "agent.py").write_text("agent = {'history': 'last 3'}\n")
+    with pytest.raises(turnkit.ConfigurationError, match=r"agent folder .*history"):
+        turnkit.load_agent(folder, model=ScriptedModel([]))

@@ -25,6 +25,7 @@ from types import ModuleType
 from typing import Any
 
 from .._engine.agent import Agent
+from .._engine.history import HistoryPolicy
 from .._engine.limits import Limits
 from .._engine.tools import Tool
 from .._errors import ConfigurationError
@@ -45,6 +46,12 @@ class AgentConfig:
     max_parallel_tools: int = 4
     #: ``Limits`` or its keys as a dict (``{"tool_calls": 20, "tokens": 200_000}``).
     limits: Limits | Mapping[str, Any] | None = None
+    #: A history policy (``LastTurns(20)``, ``TokenBudget(...)``, ...); a Python
+    #: object, so ``agent.py`` builds it.
+    history: HistoryPolicy | None = None
+    #: The type the final answer must fit (a pydantic model, dataclass or TypedDict).
+    output_type: type[Any] | None = None
+    output_retries: int = 1
 
     def __post_init__(self) -> None:
         if self.name is not None and (not isinstance(self.name, str) or not self.name.strip()):
@@ -163,6 +170,9 @@ class AgentFolder:
                 max_steps=self.config.max_steps,
                 max_parallel_tools=self.config.max_parallel_tools,
                 limits=_limits(self.config.limits),
+                history=self.config.history,
+                output_type=self.config.output_type,
+                output_retries=self.config.output_retries,
             )
         except ConfigurationError as exc:
             raise ConfigurationError(f"agent folder {str(self.path)!r}: {exc}") from None
