@@ -62,7 +62,7 @@ def scraped(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 
 async def get(app: Any, path: str) -> httpx.Response:
     transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://ops") as client:
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
         return await client.get(path)
 
 
@@ -182,6 +182,9 @@ async def test_a_worker_serves_its_probes_and_metrics_on_its_ops_port(nodes: Any
         assert (await client.get("/healthz")).status_code == 200
         assert (await client.get("/readyz")).status_code == 200
         got = scraped((await client.get("/metrics")).text)
+        # A page rebinding its own name to the port reads nothing (421).
+        rebound = await client.get("/metrics", headers={"Host": f"evil.example:{port}"})
+        assert rebound.status_code == 421
     assert got[("turnkit_claims_total", ())] >= 1
     assert got[("turnkit_takeovers_total", ())] == 0
     assert got[("turnkit_turns_ended_total", (("status", "completed"),))] >= 1

@@ -400,6 +400,14 @@ def _add_worker(commands: Any) -> None:
         metavar="HOST",
         help="the address --ops-port listens on (default: 127.0.0.1; 0.0.0.0 for all)",
     )
+    worker.add_argument(
+        "--ops-allowed-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a DNS name the ops port answers to besides addresses and loopback names "
+        "(repeatable; any other Host is refused with 421)",
+    )
     worker.set_defaults(handler=_worker)
 
 
@@ -435,7 +443,7 @@ async def _worker(args: argparse.Namespace, progress: Progress) -> int:
         from ._ops_port import ops_port
 
         try:
-            hooks.append(ops_port(args.ops_host, args.ops_port))
+            hooks.append(ops_port(args.ops_host, args.ops_port, args.ops_allowed_host))
         except ImportError as exc:
             raise CliError(str(exc)) from None
     return await serve_worker(agents, store, options, hooks)

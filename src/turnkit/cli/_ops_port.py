@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 from .._runtime.worker import Worker
 from ._worker import WorkerHook
 
 
-def ops_port(host: str, port: int) -> WorkerHook:
-    """The hook serving the worker's ops app on ``host:port``."""
+def ops_port(host: str, port: int, allowed_hosts: Sequence[str] = ()) -> WorkerHook:
+    """The hook serving the worker's ops app on ``host:port``, answering addresses,
+    loopback names and ``allowed_hosts`` as its ``Host``."""
     try:
         import prometheus_client  # noqa: F401 - what the metrics need
         import uvicorn
@@ -37,7 +38,7 @@ def ops_port(host: str, port: int) -> WorkerHook:
             yield
 
     def start(worker: Worker) -> Callable[[], None]:
-        app = ops_app(worker.runtime, worker=worker)
+        app = ops_app(worker.runtime, worker=worker, allowed_hosts=[host, *allowed_hosts])
         config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off")
         server = _BesideWorker(config)
         task = asyncio.get_running_loop().create_task(server.serve(), name="turnkit-ops-port")

@@ -14,6 +14,7 @@ except ImportError as exc:  # pragma: no cover - exercised without the extra
 
 from ._app import ServerLimits, create_app
 from ._authorize import Action, Authorize, SessionAccess, owner_only
+from ._body_limit import BodyLimit
 from ._ops import ops_app
 from ._principal import Authenticate, Principal, loopback_only
 from ._sse import event_frame, frame
@@ -22,6 +23,7 @@ __all__ = [
     "Action",
     "Authenticate",
     "Authorize",
+    "BodyLimit",
     "Principal",
     "ServerLimits",
     "SessionAccess",

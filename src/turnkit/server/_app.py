@@ -53,6 +53,7 @@ from ._bodies import (
     resume_body,
     turn_body,
 )
+from ._body_limit import BodyLimit
 from ._feed import EventFeed
 from ._hosts import HostGuard, checked_names
 from ._mounts import Authenticated, Mountable
@@ -212,7 +213,12 @@ def create_app(
     return Starlette(
         routes=routes,
         # Outermost, so a request from a rebound name or another site reaches nothing.
-        middleware=[Middleware(HostGuard, hosts=hosts, origins=origins)],
+        middleware=[
+            Middleware(HostGuard, hosts=hosts, origins=origins),
+            # Every route, the mounted MCP app included: a body over the cap is
+            # refused before it is read, whoever sent it.
+            Middleware(BodyLimit, max_bytes=api.limits.max_body_bytes),
+        ],
         exception_handlers={HTTPException: _http_exception, Exception: _unexpected},
         lifespan=_lifespan(runtime if own_runtime else None, mcp),
     )
@@ -482,6 +488,10 @@ class _Api:
     async def cancel(self, request: Request, principal: Principal) -> Response:
         empty_body(await self._body(request, optional=True), "cancel")
         target = await self._target(request, principal, "turn")
+        if not target.exists:
+            # "turn" admits a new session, but there is nothing to cancel in one: the
+            # same 404 as another's session, so cancel probes nothing.
+            raise _unknown_session(target.agent, target.session_id)
         ctx = self._writable(target)
         # Recorded in the store: a worker running one stops at its next boundary.
         cancelled = await ctx.session(target.session_id).cancel("requested")
@@ -661,7 +671,7 @@ def _authenticated_asgi(app: ASGIApp, authenticate: Authenticate) -> ASGIApp:
 
 async def _http_exception(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
-    codes = {404: "not_found", 405: "method_not_allowed"}
+    codes = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}
     return error_response(
         exc.status_code,
         codes.get(exc.status_code, "http_error"),

@@ -11,6 +11,7 @@ too (403), whatever its body looks like.
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Sequence
 from urllib.parse import urlsplit
 
@@ -42,17 +43,41 @@ def _origin(value: str) -> str:
     return f"{parts.scheme}://{parts.netloc}".lower()
 
 
+def is_ip_literal(name: str) -> bool:
+    """Whether ``name`` (from ``host_name``) is an address, not a DNS name. A page can
+    rebind only a name it controls, so a request naming an address was sent to that
+    address on purpose."""
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
+
+
 class HostGuard:
     """ASGI middleware: refuse a ``Host`` that is not one of ``hosts`` (``None``: any
-    host) and a state-changing request whose ``Origin`` is neither the server's own
-    (the ``Host`` it was sent to) nor one of ``origins``."""
+    host; with ``ip_literals``, any address too) and a state-changing request whose
+    ``Origin`` is neither the server's own (the ``Host`` it was sent to) nor one of
+    ``origins``."""
 
     def __init__(
-        self, app: ASGIApp, *, hosts: Sequence[str] | None, origins: Sequence[str] = ()
+        self,
+        app: ASGIApp,
+        *,
+        hosts: Sequence[str] | None,
+        origins: Sequence[str] = (),
+        ip_literals: bool = False,
     ) -> None:
         self.app = app
         self.hosts = None if hosts is None else frozenset(host_name(h) for h in hosts)
         self.origins = frozenset(_origin(o) for o in origins)
+        self.ip_literals = ip_literals
+
+    def _answers_to(self, host: str) -> bool:
+        if self.hosts is None or "*" in self.hosts:
+            return True
+        name = host_name(host)
+        return name in self.hosts or (self.ip_literals and is_ip_literal(name))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -60,7 +85,7 @@ class HostGuard:
             return
         headers = Headers(scope=scope)
         host = headers.get("host", "")
-        if self.hosts is not None and "*" not in self.hosts and host_name(host) not in self.hosts:
+        if not self._answers_to(host):
             refusal = _refusal(
                 421,
                 "misdirected_request",

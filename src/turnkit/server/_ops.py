@@ -10,16 +10,22 @@ which a worker runs beside its loop and an HTTP node may mount.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from .._errors import ConfigurationError
 from .._runtime.runtime import Runtime
+from ._body_limit import BodyLimit
+from ._hosts import LOOPBACK_NAMES, HostGuard, checked_names
 
+#: The ops routes take no body; anything larger than this is refused unread.
+OPS_MAX_BODY_BYTES = 1024
 #: Seconds ``/readyz`` waits for the store before it answers not ready.
 READY_TIMEOUT = 5.0
 
@@ -51,18 +57,25 @@ def _not_ready(reason: str) -> Response:
     return JSONResponse({"status": "not ready", "reason": reason}, status_code=503)
 
 
-def ops_app(runtime: Runtime, *, worker: Any = None) -> Starlette:
+def ops_app(
+    runtime: Runtime, *, worker: Any = None, allowed_hosts: Sequence[str] | None = ()
+) -> Starlette:
     """``/healthz``, ``/readyz`` and ``/metrics`` of ``runtime`` as a Starlette app.
 
     ``worker`` (a ``turnkit`` worker, or anything with ``claimed`` and ``running``)
     adds its claims (and ``takeovers``, if it counts them) to the metrics. The app
     has no authentication: serve it on a port only the monitoring network reaches.
+    It answers a ``Host`` that is an address (probes and Prometheus scrape by pod or
+    host address), a loopback name, or one of ``allowed_hosts``; any other name is
+    refused with 421, so a web page that rebinds its own domain to the port cannot
+    read it (``None`` checks no ``Host``, for an app mounted behind another check).
     Needs ``turnkit[metrics]``.
     """
     if not isinstance(runtime, Runtime):
         raise ConfigurationError(f"ops_app needs a turnkit.Runtime, got {type(runtime).__name__}")
     from ._metrics import CONTENT_TYPE, WorkerStats, metrics_for
 
+    hosts = checked_names(allowed_hosts, "allowed_hosts")
     metrics = metrics_for(runtime)
     if worker is not None:
         if not isinstance(worker, WorkerStats):
@@ -79,5 +92,13 @@ def ops_app(runtime: Runtime, *, worker: Any = None) -> Starlette:
             Route("/healthz", healthz, methods=["GET"]),
             Route("/readyz", readiness(runtime), methods=["GET"]),
             Route("/metrics", scrape, methods=["GET"]),
-        ]
+        ],
+        middleware=[
+            Middleware(
+                HostGuard,
+                hosts=None if hosts is None else [*LOOPBACK_NAMES, *hosts],
+                ip_literals=True,
+            ),
+            Middleware(BodyLimit, max_bytes=OPS_MAX_BODY_BYTES),
+        ],
     )

@@ -26,6 +26,7 @@ from slack_sdk.http_retry.builtin_async_handlers import (
 from slack_sdk.signature import SignatureVerifier
 from slack_sdk.web.async_client import AsyncWebClient
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -42,6 +43,7 @@ from .._seams.store import NO_MESSAGES
 from .._values.events import TurnEvent
 from .._values.inbound import InboundEvent, User
 from .._values.inputs import InputRequest
+from ..server import BodyLimit
 from ..server._authorize import Action, Authorize, SessionAccess, allowed
 from ..server._principal import Principal
 from ._pacing import EditPacer
@@ -61,6 +63,10 @@ from ._render import (
 log = logging.getLogger("turnkit.slack")
 
 SOURCE = "slack"
+#: Largest request body the Slack routes read. Slack's event callbacks and
+#: interaction payloads are a few KiB; anything far larger is not Slack, and is
+#: refused (413) before it is read, signature or none.
+MAX_BODY_BYTES = 256 * 1024
 #: A mention of a user or bot at the start of a message.
 _MENTION = re.compile(r"^\s*<@[A-Z0-9]+(?:\|[^>]*)?>")
 #: Message subtypes that are not a person writing (edits, deletions, joins, bots).
@@ -145,7 +151,8 @@ class SlackChannel:
             routes=[
                 Route("/events", handler.events, methods=["POST"]),
                 Route("/interactivity", handler.interactivity, methods=["POST"]),
-            ]
+            ],
+            middleware=[Middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)],
         )
 
 
