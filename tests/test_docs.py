@@ -89,7 +89,9 @@ def test_there_are_examples() -> None:
 
 
 def test_the_readme_names_every_event_type_and_links_the_table() -> None:
+    # "unknown" is how this version holds a type a newer one logged: no wire type.
     types = [cls.__dataclass_fields__["type"].default for cls in get_args(TurnEvent)]
+    types.remove("unknown")
     readme = (ROOT / "README.md").read_text()
     missing = [t for t in types if f"`{t}`" not in readme]
     assert missing == []

@@ -158,9 +158,23 @@ def test_malformed_messages_name_what_is_wrong(data: Any, error: str) -> None:
         message_from_dict(data)
 
 
-def test_unknown_event_type_is_refused() -> None:
-    with pytest.raises(MessageDecodeError, match=r"unknown type 'turn\.exploded'"):
+def test_an_unknown_event_type_is_read_whole_and_written_back_as_it_came() -> None:
+    logged = {"type": "turn.exploded", "turn_id": "t", "session_id": "s", "seq": 4, "x": [1]}
+    event = event_from_dict(logged)
+    assert isinstance(event, turnkit.UnknownEvent)
+    assert (event.name, event.type, event.seq) == ("turn.exploded", "unknown", 4)
+    assert event.to_dict() == logged
+    with pytest.raises(MessageDecodeError, match=r"turn_id and session_id must be strings"):
         event_from_dict({"type": "turn.exploded"})
+    with pytest.raises(MessageDecodeError, match=r"type must be a non-empty string"):
+        event_from_dict({"type": 3, "turn_id": "t", "session_id": "s"})
+
+
+def test_a_field_a_newer_version_added_to_a_known_event_is_left_out() -> None:
+    event = event_from_dict(
+        {"type": "turn.failed", "turn_id": "t", "session_id": "s", "error": "x", "new": 1}
+    )
+    assert isinstance(event, turnkit.TurnFailedEvent) and event.error == "x"
 
 
 def test_stop_reason_rejects_unknown_kind() -> None:

@@ -78,6 +78,7 @@ from ._values.events import (
     TurnEvent,
     TurnFailedEvent,
     TurnStartedEvent,
+    UnknownEvent,
     event_from_dict,
 )
 from ._values.inbound import InboundEvent, Proactive, User
@@ -192,6 +193,7 @@ __all__ = [
     "TurnSuspendedError",
     "TurnTrace",
     "TurnkitError",
+    "UnknownEvent",
     "Usage",
     "User",
     "UserMessage",

@@ -6,6 +6,7 @@ from typing import Any
 
 from pydantic_core import to_json, to_jsonable_python
 
+from .._values.text import storable_json
 from .tools import ToolInputError
 
 #: The longest error text a model is shown; the rest is cut.
@@ -35,9 +36,10 @@ def error_result(text: str) -> dict[str, Any]:
 def to_json_result(value: Any) -> Any:
     """The JSON form of a tool's return value (pydantic models, dataclasses, dates, …).
 
-    It is encoded once here so that a value no store could write (a lone surrogate,
-    an unknown type) becomes an error result the model reads, not a stuck turn.
+    Text no store can keep (NUL, unpaired surrogates) reads U+FFFD (see
+    ``_values.text``); a value that still cannot be encoded (an unknown type) becomes
+    an error result the model reads, not a stuck turn.
     """
-    jsonable = to_jsonable_python(value)
+    jsonable = storable_json(to_jsonable_python(value))
     to_json(jsonable)
     return jsonable

@@ -15,6 +15,7 @@ from .._values.events import InputAnsweredEvent, InputRequestedEvent
 from .._values.inbound import InboundEvent
 from .._values.messages import TriggerMessage, UserMessage, message_from_dict
 from .._values.step_ids import input_step_id
+from .._values.text import storable_json
 from .._values.turns import TurnRequest
 from .approvals import Grant, GrantSealer, check_answer, check_answerer
 
@@ -65,6 +66,7 @@ async def record_answer(
             granted=granted,
             sealer=sealer,
         )
+        value = storable_json(value)  # what is checked is what is kept
         try:
             encoded = to_json(value)
         except ValueError as exc:

@@ -19,6 +19,7 @@ from .._seams.sink import EventSink, LocalEventSink
 from .._seams.store import Store
 from .._seams.tracer import NO_TRACER, Tracer
 from .._values.records import SessionInfo
+from .._values.text import unstorable
 from .._values.turns import TurnResult
 from .approvals import GrantSealer
 from .children import RuntimeChildren
@@ -211,6 +212,8 @@ class Runtime:
             )
         if not isinstance(session_id, str) or not session_id:
             raise ConfigurationError("session_id must be a non-empty string")
+        if (bad := unstorable(session_id)) is not None:
+            raise ConfigurationError(f"session_id {session_id!r} contains {bad}")
         existing = self._sessions.get(session_id) or self._busy.get(session_id)
         if existing is not None:
             if existing.agent.name != agent_name:

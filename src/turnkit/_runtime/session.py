@@ -45,6 +45,7 @@ from .._values.messages import (
 )
 from .._values.records import TERMINAL_TURN_STATUSES, TurnRecord
 from .._values.step_ids import policy_step_id, tool_step_id
+from .._values.text import unstorable
 from .._values.turns import ResetResult, TurnRequest, TurnResult
 from .approvals import Grant, GrantSealer
 from .children import RuntimeChildren, child_session_id
@@ -243,6 +244,9 @@ class AgentSession(SessionView):
             raise ConfigurationError("a turn has either an inbound event or a trigger, not both")
         if turn_id is not None and (not isinstance(turn_id, str) or not turn_id):
             raise ConfigurationError("turn_id must be a non-empty string")
+        for name, value in (("turn_id", turn_id), ("owner", owner)):
+            if isinstance(value, str) and (bad := unstorable(value)) is not None:
+                raise ConfigurationError(f"{name} {value!r} contains {bad}")
         if owner is not None and (not isinstance(owner, str) or not owner):
             raise ConfigurationError(f"owner must be a non-empty str or None, got {owner!r}")
 
@@ -614,6 +618,8 @@ class AgentSession(SessionView):
         """
         if not isinstance(reason, str) or not reason:
             raise ConfigurationError(f"cancel reason must be a non-empty str, got {reason!r}")
+        if (bad := unstorable(reason)) is not None:
+            raise ConfigurationError(f"cancel reason {reason!r} contains {bad}")
         signalled = self._signal_all(reason)
         children = await self._unfinished_children()  # before the parent's calls close
         recorded = await self._record_cancel(reason)

@@ -17,6 +17,7 @@ from .inputs import InputRequest
 from .messages import JsonObject
 from .policy import TurnPolicy
 from .records import TurnRecord
+from .text import clean_fields
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -102,6 +103,9 @@ class ToolStepResult:
     result: Any
     error: str | None = None
 
+    def __post_init__(self) -> None:
+        clean_fields(self, ("result", "error"))
+
     def to_dict(self) -> JsonObject:
         return {"result": self.result, "error": self.error}
 
@@ -122,6 +126,9 @@ class InputAnswer:
 
     value: Any
     by: str | None = None
+
+    def __post_init__(self) -> None:
+        clean_fields(self, ("value", "by"))
 
     def to_dict(self) -> JsonObject:
         return {"value": self.value, "by": self.by}

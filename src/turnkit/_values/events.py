@@ -15,10 +15,17 @@ from typing import Any, Literal, TypeAlias, cast
 from .._errors import MessageDecodeError
 from .inputs import InputRequest
 from .messages import AssistantMessage, JsonObject, ToolCall, message_from_dict
+from .text import clean_fields
 
 _NESTED = frozenset({"message", "call", "request", "event"})
 #: Per event class, its fields that hold a value with a ``to_dict`` of its own.
 _NESTED_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+#: The fields of free text an event may carry (see ``text.storable``).
+_TEXTS = ("text", "error", "reason", "result", "by", "value", "channel", "target", "method")
+#: Per event class, which of ``_TEXTS`` it has.
+_TEXT_FIELDS: dict[type, tuple[str, ...]] = {}
 
 
 class _Event:
@@ -49,6 +56,14 @@ class _TurnEventBase(_Event):
     session_id: str
     seq: int | None = None
     at: float | None = field(default_factory=time.time, compare=False)
+
+    def __post_init__(self) -> None:
+        # Live deltas and logged events alike: what a client is shown is what is kept.
+        names = _TEXT_FIELDS.get(type(self))
+        if names is None:
+            present = {f.name for f in fields(self)}
+            names = _TEXT_FIELDS[type(self)] = tuple(n for n in _TEXTS if n in present)
+        clean_fields(self, names)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -144,6 +159,7 @@ class InputRequestedEvent(_TurnEventBase):
     type: Literal["input.requested"] = "input.requested"
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if not self.requests:
             object.__setattr__(self, "requests", (self.request,))
 
@@ -206,6 +222,22 @@ class DeliveryFailedEvent(_TurnEventBase):
     type: Literal["delivery.failed"] = "delivery.failed"
 
 
+@dataclass(frozen=True, kw_only=True)
+class UnknownEvent(_TurnEventBase):
+    """An event of a type this version of turnkit does not know, as a newer version
+    logged it (during a rolling upgrade, say). It is kept whole in ``data`` and
+    written back exactly so (``to_dict``), so a feed forwards it and a store keeps
+    it; renderers skip it. ``name`` is the type it was logged as; ``type`` is
+    ``"unknown"`` in this process, so code that branches on ``type`` passes it by."""
+
+    name: str
+    data: JsonObject = field(default_factory=dict, compare=False)
+    type: Literal["unknown"] = "unknown"
+
+    def to_dict(self) -> JsonObject:
+        return dict(self.data)
+
+
 TurnEvent: TypeAlias = (
     TurnStartedEvent
     | MessageDeltaEvent
@@ -220,6 +252,7 @@ TurnEvent: TypeAlias = (
     | TurnCancelledEvent
     | SubagentEvent
     | DeliveryFailedEvent
+    | UnknownEvent
 )
 
 #: Event types after which a turn has ended for good.
@@ -250,15 +283,41 @@ _EVENT_TYPES: dict[str, type[_Event]] = {
 }
 
 
+#: Per event class, the names of its fields.
+_FIELD_NAMES: dict[type, frozenset[str]] = {}
+
+
+def _unknown(kind: str, data: dict[str, Any]) -> UnknownEvent:
+    turn_id, session_id, seq, at = (data.get(k) for k in ("turn_id", "session_id", "seq", "at"))
+    if not isinstance(turn_id, str) or not isinstance(session_id, str):
+        raise MessageDecodeError(f"event {kind}: turn_id and session_id must be strings")
+    if seq is not None and (not isinstance(seq, int) or isinstance(seq, bool)):
+        raise MessageDecodeError(f"event {kind}: seq must be an integer")
+    return UnknownEvent(
+        name=kind,
+        data=dict(data),
+        turn_id=turn_id,
+        session_id=session_id,
+        seq=seq,
+        at=at if isinstance(at, int | float) and not isinstance(at, bool) else None,
+    )
+
+
 def event_from_dict(data: object) -> TurnEvent:
     """Rebuild an event from its ``to_dict()`` form; raise ``MessageDecodeError`` if malformed."""
     if not isinstance(data, dict):
         raise MessageDecodeError(f"event: expected a JSON object, got {type(data).__name__}")
     kind = data.get("type")
-    cls = _EVENT_TYPES.get(kind) if isinstance(kind, str) else None
+    if not isinstance(kind, str) or not kind:
+        raise MessageDecodeError(f"event: type must be a non-empty string, got {kind!r}")
+    cls = _EVENT_TYPES.get(kind)
     if cls is None:
-        raise MessageDecodeError(f"event: unknown type {kind!r}")
-    values = dict(data)
+        return _unknown(kind, data)
+    # Fields a newer version added to a known type are left out, not fatal.
+    known = _FIELD_NAMES.get(cls)
+    if known is None:
+        known = _FIELD_NAMES[cls] = frozenset(f.name for f in fields(cast(Any, cls)))
+    values = {k: v for k, v in data.items() if k in known}
     values.setdefault("at", None)  # logged before events were stamped: the time is unknown
     if "message" in values:
         message = message_from_dict(values["message"])

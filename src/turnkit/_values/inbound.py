@@ -11,6 +11,7 @@ from typing import Any
 
 from .._errors import MessageDecodeError
 from .messages import JsonObject
+from .text import clean_fields
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -41,6 +42,7 @@ class InboundEvent:
             raise ValueError(f"InboundEvent.text must be a str, got {type(self.text).__name__}")
         if self.user is not None and not isinstance(self.user, User):
             raise ValueError(f"InboundEvent.user must be a User, got {type(self.user).__name__}")
+        clean_fields(self, ("text", "channel_id", "thread_id", "kind"))
 
     def to_dict(self) -> JsonObject:
         """The stored form: everything but ``raw``."""

@@ -16,6 +16,7 @@ import jsonschema
 
 from .._errors import MessageDecodeError
 from .messages import JsonObject
+from .text import clean_fields
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -91,6 +92,9 @@ class InputRequest:
     tool: str
     schema: JsonObject | None = None
     answerers: tuple[Answerer, ...] = ()
+
+    def __post_init__(self) -> None:
+        clean_fields(self, ("id", "prompt", "schema"))
 
     def to_dict(self) -> JsonObject:
         return {

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, TypeAlias, TypeVar, cast, get_args
 
 from .._errors import MessageDecodeError
+from .text import clean_fields
 from .usage import Usage
 
 JsonObject: TypeAlias = dict[str, Any]
@@ -100,6 +101,9 @@ class ToolCall:
     input: JsonObject = field(default_factory=dict)
     provider_state: JsonObject | None = None
 
+    def __post_init__(self) -> None:
+        clean_fields(self, ("id", "name", "input", "provider_state"))
+
     def to_dict(self) -> JsonObject:
         return {
             "id": self.id,
@@ -137,6 +141,9 @@ class ModelReply:
     usage: Usage | None = None
     #: The model that answered, as the provider named it (``None``: not reported).
     model: str | None = None
+
+    def __post_init__(self) -> None:
+        clean_fields(self, ("text", "provider_state"))
 
     @property
     def empty(self) -> bool:
@@ -180,6 +187,9 @@ class UserMessage:
     turn_id: str
     role: Literal["user"] = "user"
 
+    def __post_init__(self) -> None:
+        clean_fields(self, ("text",))
+
     def to_dict(self) -> JsonObject:
         return {"role": self.role, "turn_id": self.turn_id, "text": self.text}
 
@@ -192,6 +202,9 @@ class TriggerMessage:
     turn_id: str
     by: str
     role: Literal["trigger"] = "trigger"
+
+    def __post_init__(self) -> None:
+        clean_fields(self, ("text", "by"))
 
     def to_dict(self) -> JsonObject:
         return {"role": self.role, "turn_id": self.turn_id, "text": self.text, "by": self.by}
@@ -209,6 +222,9 @@ class AssistantMessage:
     #: What the model step that wrote this message used (its reply's ``usage``).
     usage: Usage | None = None
     role: Literal["assistant"] = "assistant"
+
+    def __post_init__(self) -> None:
+        clean_fields(self, ("text", "provider_state"))
 
     def to_dict(self) -> JsonObject:
         return {
@@ -232,6 +248,9 @@ class ToolMessage:
     turn_id: str
     is_error: bool = False
     role: Literal["tool"] = "tool"
+
+    def __post_init__(self) -> None:
+        clean_fields(self, ("call_id", "name", "result"))
 
     def to_dict(self) -> JsonObject:
         return {

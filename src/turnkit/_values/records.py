@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, TypeAlias
 
 from .messages import JsonObject, Message
+from .text import clean_fields
 
 TurnStatus: TypeAlias = Literal[
     "queued", "running", "suspended", "completed", "failed", "cancelled"
@@ -44,6 +45,9 @@ class TurnRecord:
     #: Set once a cancellation was asked for (``requested``, ``replaced``, ``reset``);
     #: the turn ends ``cancelled`` at its next checkpoint boundary.
     cancel_reason: str | None = None
+
+    def __post_init__(self) -> None:
+        clean_fields(self, ("opening", "event", "text", "error", "pending", "cancel_reason"))
 
 
 #: Longest ``SessionInfo.preview``, in characters.

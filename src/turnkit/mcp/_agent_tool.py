@@ -9,6 +9,7 @@ a session that does not exist).
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -25,6 +26,7 @@ from .._errors import (
     ResumeConflictError,
     SessionOwnerError,
     SessionSuspendedError,
+    StoreError,
 )
 from .._runtime.runtime import Runtime
 from .._seams.store import NO_MESSAGES
@@ -41,6 +43,8 @@ if TYPE_CHECKING:
 
 #: The inbound source of turns started over MCP (an agent may give it a policy).
 SOURCE = "mcp"
+
+log = logging.getLogger("turnkit.mcp")
 
 
 class _Refused(Exception):
@@ -108,6 +112,10 @@ class AgentTool:
             return failure(str(refused))
         except HttpError as exc:
             return failure(exc.message)
+        except StoreError as exc:
+            # The database's own words may quote stored rows: they go to the log only.
+            log.warning("MCP %s: the store failed: %s", tool, exc)
+            return failure("the store could not answer; try again later")
 
     async def _ask(self, arguments: Mapping[str, Any], principal: Principal) -> CallToolResult:
         message = arguments.get("message")

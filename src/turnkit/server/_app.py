@@ -281,7 +281,11 @@ class _Guard:
                 return error_response(503, "session_busy", str(exc))
             except StoreError as exc:
                 log.warning("%s %s: the store failed: %s", request.method, request.url.path, exc)
-                return error_response(503, "store_unavailable", str(exc))
+                # The store's words stay in the log: a database's error text can quote
+                # stored rows, name hosts or echo a query.
+                return error_response(
+                    503, "store_unavailable", "the store could not answer; try again later"
+                )
             except TurnError as exc:
                 # The runtime closed (or the delivery was interrupted) under the request.
                 return error_response(503, "runtime_unavailable", str(exc))

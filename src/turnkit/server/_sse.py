@@ -49,7 +49,9 @@ def json_line(value: Any) -> str:
 def event_frame(event: TurnEvent) -> bytes:
     """The SSE event for a ``TurnEvent``; deltas (no ``seq``) carry no ``id:``."""
     seq = event.seq
-    return frame(json_line(event.to_dict()), event=event.type, id=None if seq is None else str(seq))
+    data = event.to_dict()  # an UnknownEvent's is the event as logged, its type included
+    name = str(data.get("type", event.type))
+    return frame(json_line(data), event=name, id=None if seq is None else str(seq))
 
 
 def _single_line(field: str, value: str) -> None:

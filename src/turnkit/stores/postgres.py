@@ -98,8 +98,10 @@ from ._pg_writes import (
 T = TypeVar("T")
 log = logging.getLogger("turnkit.stores.postgres")
 
-#: The ``text`` field of a message's JSON body, in PostgreSQL.
-_TEXT_OF = "(m.body::json ->> 'text')"
+#: The ``text`` field of a message's JSON body, in PostgreSQL. PostgreSQL cannot
+#: extract a string holding NUL from JSON, so the escape is read as U+FFFD first: a
+#: row stored before turnkit replaced NUL on the way in must not break a listing.
+_TEXT_OF = r"(replace(m.body, '\u0000', '\ufffd')::json ->> 'text')"
 
 
 #: At most how often, in seconds, a running turn reads whether another process

@@ -1,0 +1,122 @@
+"""The one rule for text no store can keep: NUL and unpaired surrogates.
+
+PostgreSQL refuses NUL in text (and in JSON it extracts text from), and no store can
+encode a surrogate code point as UTF-8, so a value holding either would fail its
+commit and leave the turn wedged at that step, replay after replay. turnkit's
+values never hold them: each is replaced by U+FFFD (the Unicode replacement
+character) when the value is made, whoever made it (a model, a tool, Slack, an MCP
+client, a schedule, the developer's own code). Only the HTTP API refuses them
+instead, with a 400 naming the field, since its client can send the text again.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from pydantic_core import to_json
+
+#: NUL, and every surrogate code point (in a ``str`` a surrogate is always unpaired:
+#: a pair decodes to the one character it stands for).
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+REPLACEMENT = "\ufffd"
+
+
+def _bad(text: str) -> bool:
+    # Every value of every step passes here: two C-level scans for the usual ASCII
+    # text, the regular expression only for text that has something else.
+    if "\x00" in text:
+        return True
+    return not text.isascii() and _SURROGATE.search(text) is not None
+
+
+def storable(text: str) -> str:
+    """``text`` with NUL and unpaired surrogates replaced by U+FFFD (``text`` itself,
+    unchanged and uncopied, when it holds none)."""
+    if not _bad(text):
+        return text
+    return _UNSTORABLE.sub(REPLACEMENT, text)
+
+
+def unstorable(text: str) -> str | None:
+    """What in ``text`` no store can keep (``"a NUL character"``, ``"an unpaired
+    surrogate"``), or ``None``: for the boundaries that refuse instead."""
+    if "\x00" in text:
+        return "a NUL character"
+    if _SURROGATE.search(text) is not None:
+        return "an unpaired surrogate"
+    return None
+
+
+def storable_json(value: Any) -> Any:
+    """A JSON-like value (dicts, lists, tuples, strings, numbers) with every string
+    in it, keys included, made ``storable``; the same object when nothing changes."""
+    if not _needs(value):
+        return value
+    return _cleaned(value)
+
+
+def _cleaned(value: Any) -> Any:
+    if isinstance(value, str):
+        return storable(value)
+    if isinstance(value, dict):
+        return {(storable(k) if isinstance(k, str) else k): _cleaned(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_cleaned(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_cleaned(v) for v in value)
+    return value
+
+
+def _needs(value: Any) -> bool:
+    kind = type(value)
+    if kind is str:
+        return _bad(value)
+    if kind in _SCALARS:
+        return False
+    if isinstance(value, str):
+        return _bad(value)
+    if isinstance(value, dict | list | tuple):
+        # One pass in C over the whole value instead of a walk in Python: the encoder
+        # refuses a surrogate and writes NUL as an escape. (Text that spells out that
+        # escape is a false alarm, and only costs the walk that finds nothing.)
+        try:
+            encoded = to_json(value)
+        except Exception:
+            return True  # a surrogate, or a value JSON cannot hold: the walk decides
+        return _NUL_ESCAPE in encoded
+    return False
+
+
+#: How ``to_json`` writes NUL.
+_NUL_ESCAPE = b"\\u0000"
+_SCALARS = frozenset({int, float, bool, type(None)})
+
+
+#: The two containers most recently found clean (held, so their ids stay theirs):
+#: one step's tool result passes through its message, its stored step and its
+#: event, and one call's input through the reply and the transcript, so each is
+#: encoded once to be checked, not three times.
+_clean_a: Any = None
+_clean_b: Any = None
+
+
+def clean_fields(value: object, names: tuple[str, ...]) -> None:
+    """Make the named fields of a frozen dataclass ``value`` storable, in place (for
+    its ``__post_init__``)."""
+    global _clean_a, _clean_b
+    fields = value.__dict__
+    for name in names:
+        current = fields[name]
+        kind = type(current)
+        if kind is str:
+            # Inline, for the text of every value of every step.
+            if "\x00" not in current and (current.isascii() or _SURROGATE.search(current) is None):
+                continue
+        elif kind in _SCALARS or current is _clean_a or current is _clean_b:
+            continue
+        elif not _needs(current):
+            _clean_a, _clean_b = current, _clean_a
+            continue
+        object.__setattr__(value, name, _cleaned(current))
