@@ -8,6 +8,7 @@ import asyncio
 import hashlib
 import hmac
 import json
+import logging
 import socket
 import time
 from collections.abc import AsyncIterator, Callable
@@ -871,3 +872,82 @@ async def test_a_group_conversation_is_a_channel_not_a_direct_message(tmp_path: 
         )
         await asyncio.sleep(0.2)
         assert await stage.runtime.sessions() == [] and stage.slack.calls == []
+
+
+async def test_item5_odd_signature_headers_and_bodies_are_401_in_one_log_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 27 item 5: slack_sdk's verifier runs int(timestamp) and decodes the
+    body, so these gave a 500 and a traceback; each is a 401 and one warning line."""
+    good = json.dumps({"type": "url_verification", "challenge": "c"}).encode()
+    now = str(int(time.time()))
+    cases: list[tuple[bytes, dict[str, Any]]] = [
+        (good, {**signed(good), "X-Slack-Request-Timestamp": "soon"}),
+        (good, {**signed(good), "X-Slack-Request-Timestamp": "9" * 5000}),
+        (good, {"X-Slack-Request-Timestamp": now, "X-Slack-Signature": "v0=é".encode()}),
+        (good, {"X-Slack-Request-Timestamp": "", "X-Slack-Signature": ""}),
+        (good, {"X-Slack-Request-Timestamp": now}),
+        (b"\xff\xfe{}", signed(b"\xff\xfe{}")),
+    ]
+    async with staged(tmp_path, ops_agent()) as stage:
+        for path in ("/slack/events", "/slack/interactivity"):
+            for n, (body, headers) in enumerate(cases):
+                caplog.clear()
+                with caplog.at_level(logging.WARNING, logger="turnkit.slack"):
+                    reply = await stage.client.post(path, content=body, headers=headers)
+                assert reply.status_code == 401, (path, n, reply.text)
+                refusals = [r for r in caplog.records if r.name == "turnkit.slack"]
+                assert len(refusals) == 1 and refusals[0].exc_info is None, (path, n)
+                assert "\n" not in refusals[0].getMessage()
+        assert await stage.runtime.sessions() == []
+
+
+async def test_item6_signed_but_malformed_payloads_are_400_with_nothing_stored(
+    tmp_path: Path,
+) -> None:
+    """Issue 27 item 6: the shape of what is read is checked first (a list-valued
+    channel once became session ``slack::['C1']:9.2``)."""
+
+    async def post_event(event: Any) -> httpx.Response:
+        body = json.dumps({"type": "event_callback", "team_id": "T1", "event": event}).encode()
+        return await stage.client.post("/slack/events", content=body, headers=signed(body))
+
+    async def post_form(payload: str) -> httpx.Response:
+        body = urlencode({"payload": payload}).encode()
+        headers = {**signed(body), "Content-Type": "application/x-www-form-urlencoded"}
+        return await stage.client.post("/slack/interactivity", content=body, headers=headers)
+
+    mention = {"type": "app_mention", "user": "U1", "text": "<@B1> hi", "ts": "9.2"}
+    async with staged(tmp_path, ops_agent()) as stage:
+        for event in (
+            mention,  # no channel
+            {**mention, "channel": ["C1"]},
+            {**mention, "channel": "C1", "ts": 9.2},
+            {**mention, "channel": "C1", "text": {"deep": [[[[1]]]]}},
+        ):
+            reply = await post_event(event)
+            assert reply.status_code == 400, (event, reply.text)
+            assert "the payload is not one Slack sends" in reply.json()["error"]
+        deep = b'{"type": "event_callback", "event": ' + b"[" * 10_000 + b"]" * 10_000 + b"}"
+        reply = await stage.client.post("/slack/events", content=deep, headers=signed(deep))
+        assert reply.status_code == 400
+        for payload in (
+            "[]",
+            "{}",
+            json.dumps({"type": "block_actions", "user": {"id": "U1"}, "actions": []}),
+            json.dumps(
+                {
+                    "type": "block_actions",
+                    "user": {"id": "U1"},
+                    "channel": {"id": "C1"},
+                    "actions": [{"action_id": "turnkit_approve", "value": "[]"}],
+                }
+            ),
+            "[" * 10_000 + "]" * 10_000,
+        ):
+            reply = await post_form(payload)
+            assert reply.status_code == 400, (payload[:80], reply.text)
+        # A well-formed event of a type turnkit does not handle is acknowledged.
+        assert (await post_event({"type": "reaction_added", "user": "U1"})).status_code == 200
+        assert await stage.runtime.sessions() == []
+        assert stage.slack.calls == []

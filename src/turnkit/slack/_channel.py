@@ -16,9 +16,10 @@ import logging
 import re
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Coroutine
-from typing import Any
+from typing import Annotated, Any
 from urllib.parse import parse_qs
 
+from pydantic import Field, TypeAdapter
 from slack_sdk.http_retry.builtin_async_handlers import (
     AsyncConnectionErrorRetryHandler,
     AsyncRateLimitErrorRetryHandler,
@@ -47,6 +48,15 @@ from ..server import BodyLimit
 from ..server._authorize import Action, Authorize, SessionAccess, allowed
 from ..server._principal import Principal
 from ._pacing import EditPacer
+from ._payloads import (
+    BlockActions,
+    ButtonValue,
+    Envelope,
+    FormMetadata,
+    MessageEvent,
+    ValidationError,
+    ViewSubmission,
+)
 from ._render import (
     APPROVE,
     DENY,
@@ -211,8 +221,23 @@ class _Handler:
         return True
 
     async def _verified(self, request: Request) -> bytes | None:
+        """The body, once Slack's signature over it checks out; ``None`` (a 401)
+        otherwise. The headers are checked for shape first, since the verifier
+        takes them as given (a timestamp that is no number, a body that is not
+        UTF-8 would raise inside it)."""
         body = await request.body()
-        if not self.channel.verifier.is_valid_request(body, dict(request.headers)):
+        timestamp = request.headers.get("x-slack-request-timestamp", "")
+        signature = request.headers.get("x-slack-signature", "")
+        problem = _header_problem(timestamp, signature)
+        if problem is None:
+            try:
+                body.decode("utf-8")
+            except UnicodeDecodeError:
+                problem = "the body is not UTF-8"
+        if problem is None and not self.channel.verifier.is_valid(body, timestamp, signature):
+            problem = "the signature does not match"
+        if problem is not None:
+            log.warning("Slack: refused %s: %s", request.url.path, problem)
             return None
         return body
 
@@ -221,11 +246,15 @@ class _Handler:
         if body is None:
             return _unauthorized()
         try:
-            payload = json.loads(body)
-        except ValueError:
-            return JSONResponse({"error": "the body is not JSON"}, status_code=400)
-        if isinstance(payload, dict) and payload.get("type") == "url_verification":
-            return JSONResponse({"challenge": payload.get("challenge")})
+            envelope = Envelope.model_validate_json(body)
+            if envelope.type == "url_verification":
+                return JSONResponse({"challenge": envelope.challenge})
+            event = envelope.event or {}
+            if envelope.type == "event_callback" and event.get("type") in _TURN_EVENTS:
+                MessageEvent.model_validate(event)
+        except ValidationError as exc:
+            return _malformed(request, exc)
+        payload = json.loads(body)  # its shape is known now, and its depth bounded
         inbound = self.channel.to_event(payload)
         if inbound is None or not isinstance(payload["event"].get("ts"), str):
             return Response(status_code=200)  # acknowledged, and nothing to do
@@ -285,31 +314,33 @@ class _Handler:
         body = await self._verified(request)
         if body is None:
             return _unauthorized()
+        raw = parse_qs(body.decode()).get("payload")
+        if not raw:
+            return JSONResponse({"error": "the form has no payload field"}, status_code=400)
         try:
-            payload = json.loads(parse_qs(body.decode())["payload"][0])
-            if payload.get("type") == "view_submission":
-                return await self._submitted(payload)
-            action = payload["actions"][0]
-            answer = json.loads(action["value"])
-            user = payload["user"]["id"]
-            channel = payload["channel"]["id"]
-            message = payload.get("message") or {}
-        except (KeyError, IndexError, ValueError, TypeError, UnicodeDecodeError):
-            return JSONResponse({"error": "not a block action turnkit made"}, status_code=400)
+            interaction = _INTERACTION.validate_json(raw[0])
+            if isinstance(interaction, ViewSubmission):
+                return await self._submitted(interaction)
+            action = interaction.actions[0]
+            if action.action_id not in (OPEN_FORM, APPROVE, DENY):
+                return Response(status_code=200)  # not a button turnkit made
+            answer = ButtonValue.model_validate_json(action.value).model_dump()
+        except ValidationError as exc:
+            return _malformed(request, exc)
+        user = interaction.user.id
+        message = interaction.message
         thread = SlackThread(
-            channel=channel, thread_ts=message.get("thread_ts") or message.get("ts")
+            channel=interaction.channel.id,
+            thread_ts=(message.thread_ts or message.ts) if message is not None else None,
         )
-        claims = _claims(payload)
-        if action.get("action_id") == OPEN_FORM:
-            trigger = payload.get("trigger_id")
-            if isinstance(trigger, str):
-                opening = self._open_form(answer, str(user), thread, trigger)
+        claims = _claims(json.loads(raw[0]))
+        if action.action_id == OPEN_FORM:
+            if interaction.trigger_id is not None:
+                opening = self._open_form(answer, user, thread, interaction.trigger_id)
                 self.ctx.runtime.spawn(_logged(opening, f"the Answer click of {user}"))
             return Response(status_code=200)
-        if action.get("action_id") not in (APPROVE, DENY):
-            return Response(status_code=200)
-        resuming = self._resume(answer, action["action_id"] == APPROVE, str(user), thread, claims)
-        self.ctx.runtime.spawn(_logged(resuming, f"the {action['action_id']} click of {user}"))
+        resuming = self._resume(answer, action.action_id == APPROVE, user, thread, claims)
+        self.ctx.runtime.spawn(_logged(resuming, f"the {action.action_id} click of {user}"))
         return Response(status_code=200)
 
     async def _open_form(
@@ -328,22 +359,24 @@ class _Handler:
             trigger_id=trigger_id, view=answer_form(request, metadata)
         )
 
-    async def _submitted(self, payload: dict[str, Any]) -> Response:
+    async def _submitted(self, submission: ViewSubmission) -> Response:
         """A form's answer: checked and stored before Slack is answered, so a wrong
         one is shown in the form itself; the resumed turn renders in the thread."""
-        try:
-            view = payload["view"]
-            answer = json.loads(view["private_metadata"])
-            text = view["state"]["values"][FORM_BLOCK][FORM_FIELD]["value"] or ""
-            user = str(payload["user"]["id"])
-        except (KeyError, ValueError, TypeError):
-            return JSONResponse({"error": "not a form turnkit made"}, status_code=400)
-        if view.get("callback_id") != FORM:
+        view = submission.view
+        if view.callback_id != FORM:
             return Response(status_code=200)
-        session_id = str(answer["session"])
-        thread = SlackThread(channel=str(answer["channel"]), thread_ts=answer.get("thread"))
+        try:
+            metadata = FormMetadata.model_validate_json(view.private_metadata)
+            field = view.state.entered[FORM_BLOCK][FORM_FIELD]
+        except (ValidationError, KeyError):
+            return JSONResponse({"error": "not a form turnkit made"}, status_code=400)
+        answer = metadata.model_dump()
+        text = field.value or ""
+        user = submission.user.id
+        session_id = metadata.session
+        thread = SlackThread(channel=metadata.channel, thread_ts=metadata.thread)
         claims = {
-            "team": str((payload.get("team") or {}).get("id") or ""),
+            "team": submission.team.id if submission.team is not None else "",
             "channel": thread.channel,
         }
         request = await self._open_question(answer)
@@ -489,6 +522,40 @@ async def _logged(work: Coroutine[Any, Any, None], what: str) -> None:
 def _form_error(message: str) -> JSONResponse:
     """Slack's answer to a submission that shows ``message`` under the form's field."""
     return JSONResponse({"response_action": "errors", "errors": {FORM_BLOCK: message[:300]}})
+
+
+#: A button click or a submitted form, told apart by ``type``.
+_INTERACTION: TypeAdapter[BlockActions | ViewSubmission] = TypeAdapter(
+    Annotated[BlockActions | ViewSubmission, Field(discriminator="type")]
+)
+#: The event types that start turns, whose shape ``MessageEvent`` checks.
+_TURN_EVENTS = ("app_mention", "message")
+#: Longest timestamp header read: seconds since the epoch have 10 digits until 2286.
+_MAX_TIMESTAMP_DIGITS = 12
+
+
+def _header_problem(timestamp: str, signature: str) -> str | None:
+    """What makes Slack's signature headers unusable, before any is verified."""
+    if not timestamp or not signature:
+        return "a signature header is missing"
+    if not (timestamp.isascii() and timestamp.isdigit()) or len(timestamp) > _MAX_TIMESTAMP_DIGITS:
+        return "the timestamp header is not a number of seconds"
+    if not (signature.isascii() and signature.isprintable()):
+        return "the signature header is not printable ASCII"
+    return None
+
+
+def _malformed(request: Request, exc: ValidationError) -> Response:
+    """A signed request whose payload does not have the shape Slack gives it: 400,
+    naming the first field that was wrong, and nothing stored."""
+    first = exc.errors()[0]
+    where = ".".join(str(part) for part in first["loc"]) or "the payload"
+    log.warning(
+        "Slack: refused a malformed payload at %s: %s: %s", request.url.path, where, first["msg"]
+    )
+    return JSONResponse(
+        {"error": f"the payload is not one Slack sends: {where}: {first['msg']}"}, status_code=400
+    )
 
 
 def _unauthorized() -> Response:
