@@ -315,8 +315,14 @@ async def test_a_named_answerer_resumes_a_session_they_cannot_otherwise_see(
             url, json={"turn_id": turn_id, "input_id": "approve", "value": False}, headers=carol
         )
         assert done.status_code == 200, done.text
-    result = await runtime.session("shop", "s1").result(turn_id)
-    assert result.text == "The refund was declined."
+        # Issue 27 item 9: the outcome of carol's answer, and nothing of the session.
+        assert done.json() == {"status": "accepted", "turn_id": turn_id, "input_id": "approve"}
+        result = await runtime.session("shop", "s1").result(turn_id)
+        assert result.text == "The refund was declined."
+        assert "declined" not in done.text and "Refund?" not in done.text
+        for verb in ("transcript", "pending", "events"):
+            after = await served.client.get(served.path("shop", "s1", verb), headers=carol)
+            assert after.status_code == 404 and after.json() == missing("s1"), verb
 
 
 def nested(depth: int, leaf: str = "1") -> str:

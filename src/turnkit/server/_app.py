@@ -474,6 +474,12 @@ class _Api:
                 "resume_failed",
                 f"the answer was not applied ({type(exc).__name__}); send it again",
             ) from None
+        if not target.allowed:
+            # Let in only as a named answerer: they learn that their answer was
+            # taken, not what the session goes on to say (its owner's to read).
+            return JSONResponse(
+                {"status": "accepted", "turn_id": body.turn_id, "input_id": body.input_id}
+            )
         return event_stream(stream, self.limits.keepalive_seconds)
 
     async def reset(self, request: Request, principal: Principal) -> Response:
