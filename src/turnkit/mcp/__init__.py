@@ -14,12 +14,14 @@ except ImportError as exc:  # pragma: no cover - exercised without the extra
 from ._connection import IDEMPOTENCY_KEY
 from ._server import McpEndpoint, server
 from ._servers import HttpServer, StdioServer, http, stdio
+from ._sessions import McpLimits
 from ._tools import McpTools, mcp_tools
 
 __all__ = [
     "IDEMPOTENCY_KEY",
     "HttpServer",
     "McpEndpoint",
+    "McpLimits",
     "McpTools",
     "StdioServer",
     "http",

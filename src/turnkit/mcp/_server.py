@@ -34,6 +34,7 @@ from ..server._mounts import principal_of
 from ..server._principal import Principal
 from ._agent_tool import AgentTool
 from ._results import failure, success
+from ._sessions import McpLimits, SessionGuard
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 
@@ -47,8 +48,11 @@ class McpEndpoint:
 
     path = "/mcp"
 
-    def __init__(self, runtime: Runtime, agent: Agent, agent_tool: str | None) -> None:
+    def __init__(
+        self, runtime: Runtime, agent: Agent, agent_tool: str | None, limits: McpLimits
+    ) -> None:
         self.runtime = runtime
+        self.limits = limits
         self.agent = agent
         self.actions: dict[str, Tool] = {
             t.name: t
@@ -76,9 +80,13 @@ class McpEndpoint:
         )
         # Host and Origin are create_app's to check (allowed_hosts, allowed_origins).
         unchecked = TransportSecuritySettings(enable_dns_rebinding_protection=False)
-        return self._server.streamable_http_app(
-            streamable_http_path=self.path, transport_security=unchecked
+        app = self._server.streamable_http_app(
+            streamable_http_path=self.path,
+            transport_security=unchecked,
+            session_idle_timeout=self.limits.idle_seconds,
+            max_sessions=self.limits.total,
         )
+        return SessionGuard(app, self.limits, path=self.path)
 
     def running(self) -> AbstractAsyncContextManager[object]:
         """The SDK's session manager, run for as long as the app serves."""
@@ -143,13 +151,23 @@ async def run_action(
         return failure(error_text(exc))
 
 
-def server(runtime: Runtime, agent: Agent | str, *, agent_tool: bool | str = False) -> McpEndpoint:
+def server(
+    runtime: Runtime,
+    agent: Agent | str,
+    *,
+    agent_tool: bool | str = False,
+    limits: McpLimits | None = None,
+) -> McpEndpoint:
     """``agent``'s actions (``define_action`` tools with a description) as an MCP
     server, for ``create_app(runtime, ..., mcp=server(runtime, agent))``.
 
     ``agent_tool=True`` also serves the agent as one tool named after it (a string
     names it): each call runs a durable turn in a session of the caller's, and a
     turn that parks answers with its question and how to resume it.
+
+    Each MCP session belongs to the principal that opened it (another gets 404
+    for it); ``limits`` (``McpLimits``) bounds the sessions per principal and in
+    all, and how long an unused one lives.
     """
     if not isinstance(runtime, Runtime):
         raise ConfigurationError(
@@ -162,7 +180,11 @@ def server(runtime: Runtime, agent: Agent | str, *, agent_tool: bool | str = Fal
             f"turnkit.mcp.server: {agent!r} is not an agent of this runtime "
             f"(its agents: {sorted(runtime.agents)})"
         )
-    return McpEndpoint(runtime, found, _agent_tool_name(found, agent_tool))
+    if limits is not None and not isinstance(limits, McpLimits):
+        raise ConfigurationError(
+            f"turnkit.mcp.server: limits must be an McpLimits, got {type(limits).__name__}"
+        )
+    return McpEndpoint(runtime, found, _agent_tool_name(found, agent_tool), limits or McpLimits())
 
 
 def _agent_tool_name(agent: Agent, agent_tool: bool | str) -> str | None:
