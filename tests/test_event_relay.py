@@ -10,13 +10,17 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import json
 import subprocess
 import sys
+import time
+import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
 from httpx_sse import aconnect_sse
+from psycopg import sql
 from relay_child import PIECES
 from server_support import serving
 
@@ -25,7 +29,10 @@ from turnkit import MessageDeltaEvent, ReasoningDeltaEvent, TurnCompletedEvent
 from turnkit._seams.relay import Logged, Relayed
 from turnkit.stores import PostgresStore
 from turnkit.stores._pg_relay_wire import (
+    MAX_HELD_BYTES,
     MAX_PAYLOAD,
+    PARTIAL_LIMIT,
+    PARTIAL_TTL,
     Reassembler,
     delta_entry,
     delta_from,
@@ -36,16 +43,17 @@ from turnkit.stores._pg_relay_wire import (
 from turnkit.testing import ScriptedModel
 
 CHILD = Path(__file__).with_name("relay_child.py")
+KEY = b"k" * 64
 ALICE = {"X-User": "alice"}
 
 
 def test_a_large_batch_is_cut_under_the_payload_limit_and_joined_in_any_order() -> None:
     text = "é€😀 " * 5000  # non-ASCII: 3-4 bytes each in UTF-8, escaped as ASCII
     delta = MessageDeltaEvent(turn_id="t1", session_id="s1", text=text, next_seq=4)
-    payloads = encode("app", "abc", 1, 12.5, [delta_entry(delta)])
+    payloads = encode(KEY, "app", "abc", 1, 12.5, [delta_entry(delta)])
     assert len(payloads) > 1
     assert all(len(p.encode()) <= MAX_PAYLOAD < 8000 for p in payloads)
-    joined = Reassembler("app", "me")
+    joined = Reassembler("app", "me", KEY)
     for payload in reversed(payloads[1:]):
         assert joined.add(payload) is None  # not whole yet
     batch = joined.add(payloads[0])
@@ -56,13 +64,13 @@ def test_a_large_batch_is_cut_under_the_payload_limit_and_joined_in_any_order() 
 
 def test_the_reassembler_skips_its_own_other_schemas_stale_batches_and_noise() -> None:
     entry = delta_entry(ReasoningDeltaEvent(turn_id="t", session_id="s", text="hm", next_seq=2))
-    joined = Reassembler("app", "me")
-    assert joined.add(encode("app", "me", 1, 0.0, [entry])[0]) is None  # our own
-    assert joined.add(encode("other", "you", 1, 0.0, [entry])[0]) is None
-    assert joined.add("not/ours") is None and joined.add("app/you/x/0/1/{}") is None
-    assert joined.add(encode("app", "you", 2, 0.0, [entry])[0]) is not None
-    assert joined.add(encode("app", "you", 1, 0.0, [entry])[0]) is None  # older than 2
-    batch = joined.add(encode("app", "you", 3, 0.0, [entry])[0])
+    joined = Reassembler("app", "me", KEY)
+    assert joined.add(encode(KEY, "app", "me", 1, 0.0, [entry])[0]) is None  # our own
+    assert joined.add(encode(KEY, "other", "you", 1, 0.0, [entry])[0]) is None
+    assert joined.add("not/ours") is None and joined.add("app/you/x/0/1/00/{}") is None
+    assert joined.add(encode(KEY, "app", "you", 2, 0.0, [entry])[0]) is not None
+    assert joined.add(encode(KEY, "app", "you", 1, 0.0, [entry])[0]) is None  # older than 2
+    batch = joined.add(encode(KEY, "app", "you", 3, 0.0, [entry])[0])
     assert batch is not None
     assert delta_from(batch.entries[0]) == ReasoningDeltaEvent(
         turn_id="t", session_id="s", text="hm", next_seq=2
@@ -80,9 +88,9 @@ FAILED_REPLY = turnkit.DeliveryFailedEvent(
 
 
 def test_a_failed_reply_crosses_whole_and_a_malformed_entry_is_refused() -> None:
-    joined = Reassembler("app", "me")
+    joined = Reassembler("app", "me", KEY)
     entries = [failure_entry(FAILED_REPLY), ["l", "s1", "t1", 4]]
-    batch = joined.add(encode("app", "you", 1, 0.0, entries)[0])
+    batch = joined.add(encode(KEY, "app", "you", 1, 0.0, entries)[0])
     assert batch is not None
     heard = [relayed_from(e) for e in batch.entries]
     assert heard == [FAILED_REPLY, Logged(session_id="s1", turn_id="t1", seq=4)]
@@ -119,12 +127,37 @@ async def test_a_failed_reply_reaches_another_store(pg_dsn: str, pg_schema: str)
         await receiver.close()
 
 
-def test_unfinished_batches_are_bounded() -> None:
-    joined = Reassembler("app", "me")
+def test_unfinished_batches_are_bounded_in_number_bytes_and_age() -> None:
+    now = [0.0]
+    joined = Reassembler("app", "me", KEY, clock=lambda: now[0])
     for number in range(1, 1000):
-        first = encode("app", "you", number, 0.0, [["d", "s", "t", "x", 1, "y" * 9000, 0]])[0]
+        first = encode(KEY, "app", "you", number, 0.0, [["d", "s", "t", "x", 1, "y" * 9000, 0]])[0]
         joined.add(first)  # never completed
-    assert len(joined._partial) <= 64
+    batches, held = joined.holding
+    assert batches <= PARTIAL_LIMIT and held <= MAX_HELD_BYTES
+    assert joined.rejected["stale"] == 999 - batches
+    now[0] += PARTIAL_TTL + 1  # a batch whose chunks did not all come never will
+    joined.add(encode(KEY, "app", "you", 5000, 0.0, [["l", "s", "t", 1]])[0])
+    assert joined.holding == (0, 0)
+
+
+def test_a_chunk_not_signed_with_the_key_is_dropped_and_counted() -> None:
+    joined = Reassembler("app", "me", KEY)
+    entry = ["l", "s1", "t1", 4]
+    for forged in (
+        encode(b"another key" * 4, "app", "you", 1, 0.0, [entry])[0],
+        # The issue's attack: one chunk claiming twenty million siblings.
+        "app/you/1/0/20000000/" + "0" * 32 + "/{}",
+    ):
+        assert joined.add(forged) is None
+    assert joined.rejected["forged"] == 2 and joined.holding == (0, 0)
+    # Signed, but claiming more chunks than a batch may have: refused unheld.
+    signed = "app/you/2/0/20000000/{}"
+    from turnkit.stores._pg_relay_wire import mac
+
+    assert joined.add(f"app/you/2/0/20000000/{mac(KEY, signed)}/{{}}") is None
+    assert joined.rejected["malformed"] == 1 and joined.holding == (0, 0)
+    assert joined.add(encode(KEY, "app", "you", 3, 0.0, [entry])[0]) is not None
 
 
 async def test_a_delta_larger_than_a_notification_reaches_another_store(
@@ -401,3 +434,56 @@ def slow_pieces(folder: Path) -> list[str]:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return list(module.PIECES)
+
+
+async def test_a_role_that_can_only_connect_cannot_forge_or_bloat_the_relay(
+    pg_dsn: str, pg_schema: str
+) -> None:
+    """Issue 27 item 4: a role with CONNECT alone sent NOTIFYs each claiming
+    20,000,000 chunks (the listener grew by 450 MiB) and a forged delta that reached
+    a feed. Now both are dropped unheld, counted, and real events still arrive."""
+    import psycopg
+
+    role = f"turnkit_intruder_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(pg_dsn, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+    sender, receiver = (PostgresStore(pg_dsn, schema=pg_schema) for _ in range(2))
+    await sender.open()
+    await receiver.open()
+    try:
+        assert sender.relay is not None and receiver.relay is not None
+        heard: asyncio.Queue[Relayed] = asyncio.Queue()
+        stop = receiver.relay.follow("s1", heard.put_nowait)
+        while not receiver.relay.listening:
+            await asyncio.sleep(0.01)
+        forged_delta = json.dumps(
+            {"at": 0.0, "e": [["d", "s1", "t1", "message.delta", 1, "FORGED", 0.0]]}
+        )
+        payloads = [f"{pg_schema}/evil/{n}/0/20000000/{'0' * 32}/x" for n in range(1, 4)]
+        payloads.append(f"{pg_schema}/evil/9/0/1/{'0' * 32}/{forged_delta}")
+        async with await psycopg.AsyncConnection.connect(
+            pg_dsn, user=role, autocommit=True
+        ) as intruder:
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                await intruder.execute(f'SELECT key FROM "{pg_schema}".turnkit_relay_key')
+        async with await psycopg.AsyncConnection.connect(
+            pg_dsn, user=role, autocommit=True
+        ) as intruder:
+            for payload in payloads:
+                await intruder.execute("SELECT pg_notify('turnkit_events', %s)", (payload,))
+        deadline = time.monotonic() + 20
+        while receiver.relay.rejected["forged"] < len(payloads):
+            assert time.monotonic() < deadline, receiver.relay.rejected
+            await asyncio.sleep(0.01)
+        # A real delta after the forged ones is the first thing the follower hears.
+        real = MessageDeltaEvent(turn_id="t1", session_id="s1", text="real", next_seq=1)
+        sender.relay.publish(real)
+        first = await asyncio.wait_for(heard.get(), 10)
+        assert isinstance(first, MessageDeltaEvent) and first.text == "real"
+        assert heard.empty()
+        stop()
+    finally:
+        await sender.close()
+        await receiver.close()
+        with psycopg.connect(pg_dsn, autocommit=True) as admin:
+            admin.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))

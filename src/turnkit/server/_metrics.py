@@ -13,7 +13,7 @@ import asyncio
 import time
 import weakref
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any, Protocol, runtime_checkable
 
 from .._runtime.runtime import Runtime
@@ -194,6 +194,17 @@ class _ReadAtScrape:
                 "Live events the relay dropped because its buffer was full",
                 value=dropped,
             )
+        rejected = getattr(relay, "rejected", None)
+        if isinstance(rejected, Mapping):
+            family = CounterMetricFamily(
+                "turnkit_relay_rejected",
+                "Notifications the relay's listener dropped: forged (not signed with the "
+                "relay key), malformed, or stale",
+                labels=["reason"],
+            )
+            for reason in ("forged", "malformed", "stale"):
+                family.add_metric([reason], rejected.get(reason, 0))
+            yield family
 
 
 _BY_RUNTIME: weakref.WeakKeyDictionary[Runtime, TurnkitMetrics] = weakref.WeakKeyDictionary()

@@ -8,9 +8,11 @@ bounded buffer; a task of its own sends the buffer every ``LINGER`` seconds as
 one batch, cut into chunks under NOTIFY's payload limit, on a connection of its
 own (so the batches go out, and arrive, in order, and no step commit waits on
 NOTIFY's commit lock). A process that serves feeds listens on another connection,
-opened at its first follower. Both are hints: what is lost (a full buffer, a
-connection that dropped) only costs a follower some live text, never an event of
-the log.
+opened at its first follower, and takes only chunks signed with the schema's relay
+key (see ``_pg_relay_wire``): a role that can merely connect can send NOTIFYs, not
+forge an event or make a listener hold more than its bounds. Both are hints: what
+is lost (a full buffer, a connection that dropped) only costs a follower some live
+text, never an event of the log.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -36,6 +38,7 @@ from .._values.events import (
 )
 from ._pg_listen import listen_forever
 from ._pg_relay_wire import (
+    MAX_CHUNKS,
     Batch,
     Reassembler,
     delta_entry,
@@ -61,6 +64,8 @@ FOLLOWER_LIMIT = 2_000
 DRAIN_TIMEOUT = 2.0
 #: Seconds between two attempts to reconnect a lost connection.
 _RECONNECT_DELAY = 1.0
+#: Seconds between two log lines about rejected notifications.
+_REJECT_LOG_INTERVAL = 60.0
 
 Connect = Callable[[], Awaitable[psycopg.AsyncConnection[Any]]]
 
@@ -88,6 +93,14 @@ class PgEventRelay:
         self.listening = False
         #: Called with each batch's delay from send to receipt, in seconds.
         self.on_lag: Callable[[float], None] | None = None
+        #: The schema's relay key (set when the store opens); nothing is sent or
+        #: taken without it.
+        self.key: bytes | None = None
+        #: Notifications dropped by the listener, by reason (``forged``,
+        #: ``malformed``, ``stale``), for monitoring.
+        self.rejected: Counter[str] = Counter()
+        self._rejects_logged = 0
+        self._rejects_logged_at = float("-inf")
 
     # -- publishing ----------------------------------------------------------------
 
@@ -133,8 +146,17 @@ class PgEventRelay:
     async def _send(self, entries: list[list[Any]]) -> None:
         """Send one batch; on a failure drop what is buffered (live text, stale by the
         time it could go) and pause before the next connection attempt."""
+        if self.key is None:
+            return  # the store is not open: nothing could be signed
         self._number += 1
-        payloads = encode(self._schema, self.sender, self._number, time.time(), entries)
+        payloads = encode(self.key, self._schema, self.sender, self._number, time.time(), entries)
+        if len(payloads) > MAX_CHUNKS and len(entries) > 1:
+            # Over what a listener holds for one batch: send it as two.
+            self._number -= 1
+            half = len(entries) // 2
+            await self._send(entries[:half])
+            await self._send(entries[half:])
+            return
         try:
             if self._conn is None or self._conn.closed:
                 self._conn = await self._connect()
@@ -181,14 +203,36 @@ class PgEventRelay:
         )
 
     def _connected(self) -> Callable[[psycopg.Notify], None]:
-        joined = Reassembler(self._schema, self.sender)  # a new connection starts afresh
+        key = self.key
+        # A new connection starts afresh; what it drops adds to the relay's counts.
+        joined = (
+            Reassembler(self._schema, self.sender, key, rejected=self.rejected)
+            if key is not None
+            else None
+        )
 
         def heard(note: psycopg.Notify) -> None:
+            if joined is None:
+                return
             batch = joined.add(note.payload)
             if batch is not None:
                 self._deliver(batch)
+            self._log_rejects()
 
         return heard
+
+    def _log_rejects(self) -> None:
+        """One warning line now and then while notifications are being dropped."""
+        total = sum(self.rejected.values())
+        now = time.monotonic()
+        if total > self._rejects_logged and now - self._rejects_logged_at >= _REJECT_LOG_INTERVAL:
+            log.warning(
+                "the event relay dropped %d notification(s) so far (%s): a role that can "
+                "connect to the database is sending ones turnkit did not sign",
+                total,
+                ", ".join(f"{n} {why}" for why, n in sorted(self.rejected.items())),
+            )
+            self._rejects_logged, self._rejects_logged_at = total, now
 
     def _set_listening(self, up: bool) -> None:
         self.listening = up

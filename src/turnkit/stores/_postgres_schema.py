@@ -200,6 +200,16 @@ MIGRATIONS: list[tuple[str, ...]] = [
         "CREATE INDEX turnkit_sessions_resetting ON turnkit_sessions (reset_requested) "
         "WHERE reset_requested IS NOT NULL",
     ),
+    # v10: the key that signs the event relay's notifications. Any role that may
+    # connect can LISTEN and NOTIFY on any channel; only turnkit's roles can read
+    # this table, so only they can sign a notification the relay accepts.
+    # gen_random_uuid() draws from PostgreSQL's strong random source.
+    (
+        "CREATE TABLE turnkit_relay_key (id integer PRIMARY KEY CHECK (id = 1), key text NOT NULL)",
+        "INSERT INTO turnkit_relay_key (id, key) VALUES "
+        "(1, replace(gen_random_uuid()::text || gen_random_uuid()::text, '-', ''))",
+        "REVOKE ALL ON turnkit_relay_key FROM PUBLIC",
+    ),
 ]
 
 
@@ -212,6 +222,14 @@ def read_store_id(conn: Any, schema: str) -> str:
     if row is None:
         raise StoreError(f"schema {schema!r} has no store identity (turnkit_store is empty)")
     return str(row[0])
+
+
+def read_relay_key(conn: Any, schema: str) -> bytes:
+    """The key that signs ``schema``'s relay notifications."""
+    row = conn.execute(f'SELECT key FROM "{schema}".turnkit_relay_key WHERE id = 1').fetchone()
+    if row is None:
+        raise StoreError(f"schema {schema!r} has no relay key (turnkit_relay_key is empty)")
+    return str(row[0]).encode()
 
 
 def migrate(conn: Any, schema: str, migrations: list[tuple[str, ...]] = MIGRATIONS) -> int:

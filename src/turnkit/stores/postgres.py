@@ -52,7 +52,7 @@ from . import _sql as sql
 from ._pg_election import PgElection
 from ._pg_listen import CancelListener, announce
 from ._pg_relay import PgEventRelay
-from ._postgres_schema import migrate, read_store_id
+from ._postgres_schema import migrate, read_relay_key, read_store_id
 from ._sql_rows import session_info
 from ._sql_rows import turn_from_row as _turn_from_row
 from ._takeover import Takeover
@@ -468,6 +468,8 @@ class PostgresStore:
             with psycopg.connect(self.dsn, **self._connect_kwargs()) as conn:
                 migrate(conn, self.schema)
                 self._store_id = read_store_id(conn, self.schema)
+                if self._relay is not None:
+                    self._relay.key = read_relay_key(conn, self.schema)
             # Only local tools that use ctx.store take these connections: opened on demand.
             pool: ConnectionPool[Any] = ConnectionPool(
                 self.dsn,
