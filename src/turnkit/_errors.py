@@ -9,6 +9,7 @@ TurnkitError
     ├── TurnSuspendedError    ``session.turn()`` of a turn that parked for input
     ├── TurnCancelledError    ``session.turn()`` of a turn that was cancelled
     ├── SessionSuspendedError a new turn on a session parked on another one
+    ├── SessionOwnerError     a turn on a session another owner opened
     ├── ResumeConflictError   a resume for the wrong turn, input or state
     ├── ResumeAuthorizationError  a resume by someone who may not answer
     ├── InvalidAnswerError    a resume whose answer breaks the request's schema

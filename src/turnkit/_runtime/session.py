@@ -27,6 +27,7 @@ from .._errors import (
     ResumeConflictError,
     SessionOwnerError,
     SessionSuspendedError,
+    StoreError,
     TurnCancelledError,
     TurnError,
     TurnFailedError,
@@ -111,6 +112,10 @@ class AgentSession(SessionView):
         #: Deliveries (and later resets) waiting to be queued behind a reset that is
         #: still recording its cancellation; ``None`` when no reset is.
         self._behind_reset: list[_Job] | None = None
+        #: Submits of this session in this process, one at a time in call order
+        #: (asyncio's lock is first come, first served): the order of the calls is
+        #: the order of acknowledgement is the order in the store's queue.
+        self._submitting = asyncio.Lock()
 
     def delivering(self, turn_id: str) -> bool:
         """Whether this process has the turn queued or running right now."""
@@ -171,11 +176,49 @@ class AgentSession(SessionView):
         from the store, so they hold in every process: ``SessionSuspendedError``
         while the session waits for input, ``ConfigurationError`` for a session of
         another agent, ``SessionOwnerError`` for one ``owner`` did not open (see
-        ``start``). ``turn_id`` of a turn the store already has redelivers it.
+        ``start``). Sending the ``turn_id`` of a turn the store already has is a
+        retry: it stores nothing and returns the id, so the caller follows the turn
+        already there, as it was stored (this process delivers it again if it runs
+        turns and the turn is not delivering here). Concurrent calls are
+        acknowledged, stored and run in the order they were made.
         """
         self._check_start(text, event, trigger, turn_id, owner)
-        if turn_id is not None and await self._store.turn(turn_id) is not None:
-            return self._start(text, event, trigger, replace, turn_id, frozenset(), owner)
+        async with self._submitting:
+            if turn_id is not None and (stored := await self._store.turn(turn_id)) is not None:
+                return self._resent(stored, text, event, trigger, replace, owner)
+            try:
+                return await self._submit_new(text, event, trigger, replace, turn_id, owner)
+            except StoreError:
+                # Another process may have stored the same id since it was looked up:
+                # then this is a retry that raced its original, not a failure.
+                if turn_id is None or (stored := await self._store.turn(turn_id)) is None:
+                    raise
+                return self._resent(stored, text, event, trigger, replace, owner)
+
+    def _resent(
+        self,
+        stored: TurnRecord,
+        text: str,
+        event: InboundEvent | None,
+        trigger: Proactive | None,
+        replace: bool,
+        owner: str | None,
+    ) -> str:
+        """A turn id the store has, sent again: follow that turn (see ``submit``);
+        its stored opening is the turn's, whatever ``text`` says now."""
+        if not self.runtime.run_turns or self.delivering(stored.turn_id):
+            return stored.turn_id
+        return self._start(text, event, trigger, replace, stored.turn_id, frozenset(), owner)
+
+    async def _submit_new(
+        self,
+        text: str,
+        event: InboundEvent | None,
+        trigger: Proactive | None,
+        replace: bool,
+        turn_id: str | None,
+        owner: str | None,
+    ) -> str:
         if self._known.messages is None or owner is not None:
             # (Without an owner to check, a delivery here has checked the agent.)
             snap = await self._store.load(from_index=NO_MESSAGES)

@@ -110,7 +110,7 @@ class _Writes:
 
     def queue_turn(self, record: TurnRecord, *, owner: str | None = None) -> None:
         now = time.time()
-        self.writes.append((sql.QUEUE_TURN, turn_values(self._sid, record, now)))
+        self.writes.append((sql.PG_QUEUE_TURN, turn_values(self._sid, record, None)))
         self.writes.append((sql.QUEUE_SESSION, (self._sid, record.agent, now, now, owner)))
         self._wake_workers()
 
@@ -129,7 +129,7 @@ class _Writes:
     def open_turn(self, record: TurnRecord, *, owner: str | None = None) -> None:
         now = time.time()
         missing = f"session {self._sid}: turn {record.turn_id} already exists"
-        self.writes.append((_OPEN_TURN_CHECKED, (*turn_values(self._sid, record, now), missing)))
+        self.writes.append((_OPEN_TURN_CHECKED, (*turn_values(self._sid, record, None), missing)))
         self.writes.append((sql.UPSERT_SESSION, (self._sid, record.agent, now, now, owner)))
 
     def set_turn_status(
@@ -159,7 +159,7 @@ _REQUEST_CANCEL_CHECKED = (
     "SELECT turnkit_expect_one(count(*), ?) FROM t"
 )
 _OPEN_TURN_CHECKED = (
-    f"WITH t AS ({sql.OPEN_TURN} RETURNING 1) SELECT turnkit_expect_one(count(*), ?) FROM t"
+    f"WITH t AS ({sql.PG_OPEN_TURN} RETURNING 1) SELECT turnkit_expect_one(count(*), ?) FROM t"
 )
 _SETTLE_QUEUED_CHECKED = (
     f"WITH t AS ({sql.SETTLE_QUEUED} RETURNING 1) SELECT turnkit_expect_one(count(*), ?) FROM t"

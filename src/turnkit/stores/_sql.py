@@ -27,23 +27,52 @@ INSERT_EVENT = "INSERT INTO turnkit_events (session_id, seq, turn_id, body) VALU
 # that never opens (cancelled, refused) is settled where it stands, and the session's
 # status is left alone, since it never ran.
 
-QUEUE_TURN = (
-    "INSERT INTO turnkit_turns (session_id, turn_id, agent, status, opening, event, "
-    "created_at) VALUES (?, ?, ?, 'queued', ?, ?, ?)"
+# A session's turns run in the order of their ``created_at``, so it is the store's,
+# never a node's clock: PostgreSQL's clock in the inserting statement, on SQLite the
+# writer's (one machine's, under the file's write lock), and in both at least a
+# microsecond past the session's latest turn, so a later insert always sorts later
+# even if that clock steps back.
+_AFTER_LATEST = (
+    "coalesce((SELECT max(o.created_at) FROM turnkit_turns o WHERE o.session_id = ?), 0) + 0.000001"
 )
+#: SQLite: the writer's time (a parameter), then the session id.
+SQLITE_ORDER = f"max(?, {_AFTER_LATEST})"
+#: PostgreSQL: the server's clock, then the session id.
+PG_ORDER = f"GREATEST(extract(epoch FROM clock_timestamp())::double precision, {_AFTER_LATEST})"
+
+
+def queue_turn(order: str) -> str:
+    """The insert of a queued turn, its ``created_at`` given by ``order``."""
+    return (
+        "INSERT INTO turnkit_turns (session_id, turn_id, agent, status, opening, event, "
+        f"created_at) VALUES (?, ?, ?, 'queued', ?, ?, {order})"
+    )
+
+
+QUEUE_TURN = queue_turn(SQLITE_ORDER)
 #: A session first seen through a queued turn exists from then on, status ``new``.
 QUEUE_SESSION = (
     "INSERT INTO turnkit_sessions (session_id, agent, status, created_at, updated_at, owner) "
     "VALUES (?, ?, 'new', ?, ?, ?) ON CONFLICT (session_id) DO UPDATE SET "
     "updated_at = excluded.updated_at"
 )
+
+
 #: Opens a new turn, or the queued row of the same id; any other row of that id is
 #: left as it is (and the statement reports no row, which the store refuses).
-OPEN_TURN = (
-    "INSERT INTO turnkit_turns AS cur (session_id, turn_id, agent, status, opening, event, "
-    "created_at) VALUES (?, ?, ?, 'running', ?, ?, ?) ON CONFLICT (session_id, turn_id) "
-    "DO UPDATE SET status = 'running' WHERE cur.status = 'queued'"
-)
+def open_turn(order: str) -> str:
+    """The insert of a running turn (or the move of its queued row to running)."""
+    return (
+        "INSERT INTO turnkit_turns AS cur (session_id, turn_id, agent, status, opening, "
+        f"event, created_at) VALUES (?, ?, ?, 'running', ?, ?, {order}) "
+        "ON CONFLICT (session_id, turn_id) "
+        "DO UPDATE SET status = 'running' WHERE cur.status = 'queued'"
+    )
+
+
+OPEN_TURN = open_turn(SQLITE_ORDER)
+PG_QUEUE_TURN = queue_turn(PG_ORDER)
+PG_OPEN_TURN = open_turn(PG_ORDER)
 SETTLE_QUEUED = (
     "UPDATE turnkit_turns SET status = ?, error = ?, "
     "cancel_reason = coalesce(cancel_reason, ?), finished_at = ? "

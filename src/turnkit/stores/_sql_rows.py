@@ -25,15 +25,20 @@ def dumps(value: Any) -> str:
         raise StoreError(f"cannot store a value as JSON: {exc}") from exc
 
 
-def turn_values(session_id: str, record: TurnRecord, now: float) -> tuple[Any, ...]:
-    """The values of ``_sql.QUEUE_TURN`` and ``_sql.OPEN_TURN`` for ``record``."""
+def turn_values(session_id: str, record: TurnRecord, now: float | None) -> tuple[Any, ...]:
+    """The values of ``_sql.queue_turn`` and ``_sql.open_turn`` for ``record``: with
+    the writer's time ``now`` on SQLite, without it (``None``) on PostgreSQL, whose
+    own clock orders the turn. ``record.created_at`` is not used: a node's clock
+    never orders turns."""
+    clock = () if now is None else (now,)
     return (
         session_id,
         record.turn_id,
         record.agent,
         dumps(record.opening),
         dumps(record.event) if record.event is not None else None,
-        record.created_at or now,
+        *clock,
+        session_id,
     )
 
 

@@ -194,12 +194,18 @@ class _MemoryTransaction:
                 status="queued",
                 opening=_copy(record.opening),
                 event=_copy(record.event),
-                created_at=record.created_at or time.time(),
+                created_at=self._next_order(),
             )
         )
         if self._data.agent is None:
             self._data.agent = record.agent
         self._touch(self._data.status)
+
+    def _next_order(self) -> float:
+        """When a new turn of the session sorts: now, and after its latest turn (as
+        the SQL stores order them; see ``_sql.queue_turn``)."""
+        latest = max((t.created_at for t in self._data.turns.values()), default=0.0)
+        return max(time.time(), latest + 0.000001)
 
     def open_turn(self, record: TurnRecord, *, owner: str | None = None) -> None:
         existing = self._data.turns.get(record.turn_id)
@@ -212,7 +218,7 @@ class _MemoryTransaction:
             status="running",
             opening=_copy(record.opening),
             event=_copy(record.event),
-            created_at=existing.created_at if existing is not None else record.created_at,
+            created_at=existing.created_at if existing is not None else self._next_order(),
             cancel_reason=existing.cancel_reason if existing is not None else None,
         )
         self._put_turn(opened)

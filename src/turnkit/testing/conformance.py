@@ -358,8 +358,9 @@ async def test_conformance_unfinished_turns_oldest_first(
     conformance_store: StoreUnderTest,
 ) -> None:
     async with _opened(conformance_store) as store:
-        await _open_turn(store.session("late"), "t2", created_at=20.0)
-        await _open_turn(store.session("early"), "t1", created_at=10.0)
+        # Oldest by when the store took them, whatever time a record claims.
+        await _open_turn(store.session("early"), "t1", created_at=20.0)
+        await _open_turn(store.session("late"), "t2", created_at=10.0)
         await _open_turn(store.session("done"), "t3", created_at=5.0)
         await store.session("done").commit(lambda tx: tx.set_turn_status("t3", "failed", error="x"))
         assert [t.turn_id for t in await store.unfinished_turns()] == ["t1", "t2"]
@@ -509,9 +510,11 @@ async def test_conformance_park_cancel_and_unfinished(conformance_store: StoreUn
 async def test_conformance_queued_turns_open_or_settle(conformance_store: StoreUnderTest) -> None:
     async with _opened(conformance_store) as store:
         session = store.session("q")
-        await session.commit(lambda tx: tx.queue_turn(_record("q", "t1", created_at=10.0)))
+        # The store orders turns, never the record's clock: these claim ever earlier
+        # times, yet sort in the order they were stored.
+        await session.commit(lambda tx: tx.queue_turn(_record("q", "t1", created_at=30.0)))
         await session.commit(lambda tx: tx.queue_turn(_record("q", "t2", created_at=20.0)))
-        await session.commit(lambda tx: tx.queue_turn(_record("q", "t3", created_at=30.0)))
+        await session.commit(lambda tx: tx.queue_turn(_record("q", "t3", created_at=10.0)))
         queued = await session.turn("t1")
         assert queued is not None and queued.status == "queued"
         assert queued.opening == UserMessage(text="open t1", turn_id="t1").to_dict()
@@ -523,10 +526,12 @@ async def test_conformance_queued_turns_open_or_settle(conformance_store: StoreU
         with pytest.raises(StoreError):
             await session.commit(lambda tx: tx.queue_turn(_record("q", "t1")))
 
+        first = await session.turn("t1")
+        assert first is not None
         await _open_turn(session, "t1", created_at=99.0)  # the queued row becomes running
         opened = await session.turn("t1")
         assert opened is not None and opened.status == "running"
-        assert opened.created_at == 10.0 and await session.status() == "running"
+        assert opened.created_at == first.created_at and await session.status() == "running"
         with pytest.raises(StoreError, match="t1"):  # a running turn is not opened twice
             await session.commit(lambda tx: tx.open_turn(_record("q", "t1")))
 
