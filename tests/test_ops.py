@@ -159,6 +159,7 @@ async def test_on_postgres_the_queue_depth_and_the_relay_lag_are_measured(
     assert got[("turnkit_turns", (("status", "queued"),))] == 3
     assert got[("turnkit_relay_lag_seconds_count", ())] >= 1
     assert got[("turnkit_relay_dropped_total", ())] == 0
+    assert got[("turnkit_fenced_deliveries_total", ())] == 0
     for reason in ("forged", "malformed", "stale"):
         assert got[("turnkit_relay_rejected_total", (("reason", reason),))] == 0
 

@@ -565,7 +565,7 @@ async def test_a_writer_that_lost_its_lock_is_fenced_off(pg_dsn: str, pg_schema:
         # B can now take the lock; its turn supersedes A's unfinished one.
         assert await rt_b.session("a", "s1").turn("b") == "answer"
         gate.set()
-        with pytest.raises(turnkit.SessionBusyError, match="took over"):
+        with pytest.raises(turnkit.FencedError, match="took the session over"):
             await session_a.result(tid_a)
         messages = await rt_b.session("a", "s1").messages()
     # A's tool result never landed: B closed A's open call and ran its own turn.

@@ -290,6 +290,12 @@ async def test_a_paused_worker_resumed_after_a_takeover_cannot_commit(nodes: Clu
     assert first.poll() is None  # it lost the session, not its life
     assert stop(first) == 0
     assert stop(second) == 0
+    # Issue 28 item 8: an expected event, so one warning line naming the turn and
+    # the session's new holder, no "crashed" and no traceback.
+    log = (nodes.logs / "worker-0.log").read_text()
+    fenced = [line for line in log.splitlines() if "was taken over" in line]
+    assert len(fenced) == 1 and turn_id in fenced[0] and "is held by" in fenced[0], log
+    assert "crashed" not in log and "Traceback" not in log, log
 
 
 async def test_a_resume_posted_to_the_http_node_completes_a_turn_parked_on_a_worker(

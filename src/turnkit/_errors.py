@@ -17,6 +17,7 @@ TurnkitError
     │   └── ContextWindowError  the request was longer than the model's context window
     ├── StoreError            the store refused or lost a write
     │   └── SessionBusyError  another process holds the session's writer lock
+    │       └── FencedError   a late commit of a delivery another process took over
     ├── MessageDecodeError    stored or wire JSON that is not a message
     └── DeliveryError         a channel failed to render a turn (the turn still ran)
 """
@@ -135,6 +136,13 @@ class SessionBusyError(StoreError):
 
     Nothing was written; the turn can be delivered again once the other writer is done.
     """
+
+
+class FencedError(SessionBusyError):
+    """A commit refused because another process took the session over (its writer
+    lock and fencing token) since this delivery began: the step was not written,
+    and the new owner carries the turn on. Expected after a pause or a lost
+    connection, not a crash."""
 
 
 class MessageDecodeError(TurnError, ValueError):

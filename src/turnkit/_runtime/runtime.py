@@ -54,6 +54,9 @@ class Runtime:
         remote_poll: float = 0.5,
     ) -> None:
         listed = [agents] if isinstance(agents, Agent) else list(agents)
+        #: Deliveries stopped because another process took their turn over (their
+        #: late commit was fenced off), for monitoring.
+        self.fenced_deliveries = 0
         self.agents: dict[str, Agent] = {}
         for agent in listed:
             if not isinstance(agent, Agent):
@@ -196,6 +199,10 @@ class Runtime:
     def cached_sessions(self) -> int:
         """How many session objects this runtime holds right now (for monitoring)."""
         return len(self._sessions)
+
+    def note_fenced(self) -> None:
+        """Count a delivery stopped because another process took its turn over."""
+        self.fenced_deliveries += 1
 
     @property
     def running_sessions(self) -> int:

@@ -24,6 +24,7 @@ from .._engine.position import RunTools, next_step
 from .._engine.reset import carry_out_reset
 from .._errors import (
     ConfigurationError,
+    FencedError,
     ResumeConflictError,
     SessionOwnerError,
     SessionSuspendedError,
@@ -82,6 +83,9 @@ class SessionHost(ViewHost, Protocol):
     def _require_loop(self) -> asyncio.AbstractEventLoop: ...
 
     def session(self, agent_name: str, session_id: str) -> AgentSession: ...
+
+    def note_fenced(self) -> None:
+        """Count a delivery stopped because another process took its turn over."""
 
 
 #: How many finished turns' in-memory results each session keeps for ``result()``.
@@ -591,6 +595,12 @@ class AgentSession(SessionView):
             if result.status == "suspended":
                 self._parked = request.turn_id
             future.set_result(result)
+        except FencedError as exc:
+            # Expected after a pause: another process owns the turn now; one line.
+            self._known.forget()
+            self.runtime.note_fenced()
+            log.warning("turn %s was taken over; this process stopped it: %s", request.turn_id, exc)
+            future.set_exception(exc)
         except Exception as exc:
             self._known.forget()  # read it all again next time, to be safe
             log.exception("turn %s on session %s crashed", request.turn_id, self.session_id)

@@ -186,6 +186,13 @@ class _ReadAtScrape:
                 "turnkit_worker_running", "Sessions this worker delivers now", value=worker.running
             )
         runtime = self._metrics._runtime()
+        if runtime is not None:
+            yield CounterMetricFamily(
+                "turnkit_fenced_deliveries",
+                "Deliveries stopped because another process took their turn over "
+                "(their late commit was refused)",
+                value=runtime.fenced_deliveries,
+            )
         relay: Any = runtime.relay if runtime is not None else None
         dropped = getattr(relay, "dropped", None)
         if isinstance(dropped, int):

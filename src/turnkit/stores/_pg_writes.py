@@ -15,7 +15,7 @@ from psycopg import errors as pg_errors
 from psycopg.pq import TransactionStatus
 from psycopg_pool import ConnectionPool
 
-from .._errors import FatalToolError, SessionBusyError, StoreError
+from .._errors import FatalToolError, FencedError, StoreError
 from .._seams.store import StoreHandle
 from .._values.events import TurnEvent
 from .._values.messages import JsonObject, Message
@@ -384,9 +384,9 @@ def _commit_error(sid: str, lost: bool, exc: BaseException) -> BaseException:
     if isinstance(exc, psycopg.Error):
         state = exc.sqlstate
         if state == FENCE_SQLSTATE:
-            return SessionBusyError(
-                f"session {sid}: another process took over this session's "
-                "writer lock; this step was not written"
+            return FencedError(
+                f"session {sid}: another process took the session over "
+                f"({exc.diag.message_primary}); this step was not written"
             )
         if state == MISSING_SQLSTATE:
             return StoreError(str(exc.diag.message_primary or exc))

@@ -210,6 +210,25 @@ MIGRATIONS: list[tuple[str, ...]] = [
         "(1, replace(gen_random_uuid()::text || gen_random_uuid()::text, '-', ''))",
         "REVOKE ALL ON turnkit_relay_key FROM PUBLIC",
     ),
+    # v11: a fenced commit names who holds the session now, for the one line the
+    # fenced process logs.
+    (
+        """CREATE OR REPLACE FUNCTION turnkit_fence(sid text, tok text) RETURNS void
+        LANGUAGE plpgsql AS $fn$
+        DECLARE
+            current text;
+        BEGIN
+            PERFORM 1 FROM {schema}.turnkit_writers
+                WHERE session_id = sid AND token = tok FOR SHARE;
+            IF NOT FOUND THEN
+                SELECT holder INTO current FROM {schema}.turnkit_writers WHERE session_id = sid;
+                RAISE EXCEPTION USING ERRCODE = '{sqlstate}',
+                    MESSAGE = 'session ' || sid || ' is held by '
+                        || coalesce(current, 'no writer');
+            END IF;
+        END
+        $fn$""",
+    ),
 ]
 
 
