@@ -298,6 +298,37 @@ async def test_a_paused_worker_resumed_after_a_takeover_cannot_commit(nodes: Clu
     assert "crashed" not in log and "Traceback" not in log, log
 
 
+@pytest.mark.slow
+async def test_a_worker_paused_inside_a_def_tool_is_taken_over_while_still_paused(
+    nodes: Cluster,
+) -> None:
+    """Issue 28 item 6: a worker SIGSTOPped inside a ``def`` tool keeps its step's
+    transaction open, which held the session's fence until it resumed (the turn
+    finished 15 s after a 12 s pause). The tool connection's
+    ``idle_in_transaction_session_timeout`` (the worker's --idle-timeout) ends it:
+    the turn completes while the first worker is still stopped."""
+    first = nodes.start_worker("--idle-timeout", "2")
+    turn_id = await nodes.submit("p6", "hold p6")
+    await nodes.wait_for_file(f"started-{first.pid}-*")
+    first.send_signal(signal.SIGSTOP)
+    paused = time.monotonic()
+    second = nodes.start_worker("--idle-timeout", "2")
+    await nodes.wait_for_file(f"started-{second.pid}-*", timeout=60)
+    (nodes.hold / "release").touch()
+    await nodes.wait_for(
+        "SELECT 1 FROM turnkit_turns WHERE turn_id = %s AND status = 'completed'",
+        turn_id,
+        timeout=60,
+    )
+    print(f"turn completed {time.monotonic() - paused:.2f}s after SIGSTOP, still stopped")
+    assert first.poll() is None
+    assert nodes.effects(turn_id) == [("hold p6", second.pid)]
+    first.send_signal(signal.SIGCONT)  # its late commit finds its connection gone
+    assert stop(first) == 0
+    assert stop(second) == 0
+    assert nodes.status(turn_id) == "completed"
+
+
 async def test_a_resume_posted_to_the_http_node_completes_a_turn_parked_on_a_worker(
     nodes: Cluster,
 ) -> None:

@@ -31,6 +31,13 @@ class Takeover:
     network goes unnoticed, about ``keepalive_idle + keepalive_interval *
     keepalive_count`` on an idle connection and ``user_timeout`` on a busy one.
     A DSN that sets libpq's own values keeps them.
+
+    ``tool_idle_timeout`` is the ``idle_in_transaction_session_timeout`` of the
+    connections local (``def``) tools write through: a step's transaction is open
+    while its tool runs, so a process paused there holds the session until the
+    server ends that connection. ``None`` (the default) uses ``idle_timeout``; a
+    ``def`` tool that computes for longer than that inside its step needs a larger
+    value (``0`` turns it off, and takeovers of such a pause wait for the pause).
     """
 
     idle_timeout: float = 10.0
@@ -39,6 +46,7 @@ class Takeover:
     keepalive_interval: int = 2
     keepalive_count: int = 3
     user_timeout: float = 10.0
+    tool_idle_timeout: float | None = None
 
     def __post_init__(self) -> None:
         for name in (
@@ -52,6 +60,13 @@ class Takeover:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
                 raise ConfigurationError(f"Takeover.{name} must be a number >= 0, got {value!r}")
+        tool = self.tool_idle_timeout
+        if tool is not None and (
+            isinstance(tool, bool) or not isinstance(tool, int | float) or tool < 0
+        ):
+            raise ConfigurationError(
+                f"Takeover.tool_idle_timeout must be a number >= 0 or None, got {tool!r}"
+            )
         for name in ("heartbeat", "keepalive_idle", "keepalive_interval", "keepalive_count"):
             if not getattr(self, name) > 0:
                 raise ConfigurationError(f"Takeover.{name} must be more than 0")
@@ -60,6 +75,11 @@ class Takeover:
                 f"Takeover.heartbeat ({self.heartbeat:g}s) must be at most half of "
                 f"idle_timeout ({self.idle_timeout:g}s), or healthy processes lose their sessions"
             )
+
+    @property
+    def tool_idle_limit(self) -> float:
+        """``tool_idle_timeout``, or ``idle_timeout`` when it is not set."""
+        return self.idle_timeout if self.tool_idle_timeout is None else self.tool_idle_timeout
 
     def client_settings(self) -> dict[str, int]:
         """libpq's connection parameters for the client end."""

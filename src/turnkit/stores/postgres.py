@@ -399,6 +399,18 @@ class PostgresStore:
             }
         return self._kwargs
 
+    def _tool_connect_kwargs(self) -> dict[str, Any]:
+        """The connections local tools run their step's transaction on: as every
+        connection, plus ``idle_in_transaction_session_timeout`` (``Takeover.
+        tool_idle_timeout``), so a process paused inside a ``def`` tool, whose open
+        transaction would hold the session's fence for as long as it stays paused,
+        loses that connection and the session can be taken over."""
+        kwargs = dict(self._connect_kwargs())
+        limit = self.takeover.tool_idle_limit
+        if limit and "idle_in_transaction_session_timeout" not in kwargs["options"]:
+            kwargs["options"] += f" -c idle_in_transaction_session_timeout={int(limit * 1000)}"
+        return kwargs
+
     async def _connect(self) -> psycopg.AsyncConnection[Any]:
         """A new connection of the store's own (the lock and commit connections)."""
         if self._apool is None:
@@ -475,7 +487,7 @@ class PostgresStore:
                 self.dsn,
                 min_size=0,
                 max_size=self.max_size,
-                kwargs=self._connect_kwargs(),
+                kwargs=self._tool_connect_kwargs(),
                 check=_check_idle_connection,
                 open=False,
                 name=f"turnkit-{self.schema}",
