@@ -470,11 +470,14 @@ async def test_sigterm_past_the_grace_hands_the_turn_back_to_another_worker(
     await nodes.wait_for_file(f"started-{first.pid}-*")
     second = nodes.start_worker()
     first.terminate()  # its tool is still blocked: the delivery is handed back
+    # Issue 28 item 7: it exits 0 within its grace, its tool still blocked (it
+    # waited for the call to return, forever for one that never does).
+    assert await asyncio.to_thread(first.wait, 20) == 0
+    assert "handed back, not waiting" in nodes.log(0)
     await nodes.wait_for_file(f"started-{second.pid}-*")
     (nodes.hold / "release").touch()
-    assert first.wait(timeout=60) == 0
     await nodes.wait_for("SELECT 1 FROM turnkit_turns WHERE status = 'completed'")
-    # The first worker's call returned after it let the session go: fenced off.
+    # The first worker's call never wrote: its process ended before the call returned.
     assert nodes.effects(turn_id) == [("hold h1", second.pid)]
     assert stop(second) == 0
 

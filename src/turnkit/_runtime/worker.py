@@ -85,6 +85,9 @@ class Worker:
         #: them were running already: left by a process that died or stalled.
         self.claimed = 0
         self.takeovers = 0
+        #: Turns still running past the grace when it stopped, handed back to other
+        #: workers (a local tool of theirs may still be running on a thread).
+        self.handed_back = 0
 
     @property
     def running(self) -> int:
@@ -200,6 +203,7 @@ class Worker:
             log.warning(
                 "%d turn(s) still running after %gs: handing them back", len(late), self.grace
             )
+            self.handed_back += len(late)
             for session in list(self._sessions.values()):
                 session.interrupt()
             await asyncio.wait(late)

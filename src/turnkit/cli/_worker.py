@@ -9,6 +9,8 @@ is left (another worker replays it from its checkpoints) and exits 0.
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
@@ -56,5 +58,28 @@ async def serve_worker(
                 loop.remove_signal_handler(signum)
             for step in reversed(undo):
                 step()
+        if worker.handed_back:
+            _exit_leaving_threads(worker.handed_back)
     print("turnkit worker: stopped", file=sys.stderr, flush=True)
     return 0
+
+
+def _exit_leaving_threads(handed_back: int) -> None:
+    """Exit 0 now, without waiting for the threads of turns handed back.
+
+    A local (``def``) tool cannot be interrupted: its thread runs until the call
+    returns, perhaps never, and Python waits for such threads before a process
+    ends. Its turn is handed back already (another worker takes it over, and the
+    fence refuses this process's late commit), and ending the process closes its
+    connections, which frees its sessions at once; so the worker ends here, within
+    its grace, as its docs promise.
+    """
+    print(
+        f"turnkit worker: stopped; {handed_back} turn(s) handed back, "
+        "not waiting for their local tool calls",
+        file=sys.stderr,
+        flush=True,
+    )
+    sys.stdout.flush()
+    logging.shutdown()
+    os._exit(0)
