@@ -401,6 +401,8 @@ async def test_an_approval_clicked_by_the_asker_completes_and_by_another_is_refu
         await eventually(lambda: bool(stage.slack.of("chat.postEphemeral")))
         (ephemeral,) = stage.slack.of("chat.postEphemeral")
         assert ephemeral["user"] == "U2" and "may not answer" in ephemeral["text"]
+        # Issue 28 item 12: in the thread, where the clicker (on mobile too) sees it.
+        assert ephemeral["thread_ts"] == "100.1"
         assert (await session.messages(), await session.events()) == before
         await stage.click(approve, user="U1", thread="100.1")
         await stage.settle("Ea1")
@@ -408,11 +410,18 @@ async def test_an_approval_clicked_by_the_asker_completes_and_by_another_is_refu
         assert late.status_code == 200
         await eventually(lambda: bool(len(stage.slack.of("chat.postEphemeral")) == 2))
         assert "already answered" in stage.slack.of("chat.postEphemeral")[1]["text"]
+        assert stage.slack.of("chat.postEphemeral")[1]["thread_ts"] == "100.1"
         events = await session.events()
     answered = [e for e in events if e.type == "input.answered"]
     assert [(e.by, e.value) for e in answered] == [("U1", True)]
     assert events[-1].type == "turn.completed"
     assert stage.slack.of("chat.update")[-1]["text"].endswith("Result: refunded")
+    # Issue 28 item 13: the question itself now says who answered, and has no buttons.
+    (edited,) = [u for u in stage.slack.of("chat.update") if u["ts"] == "9.9"]
+    assert edited["text"] == "Approved by <@U1>"
+    shown = json.loads(edited["blocks"]) if isinstance(edited["blocks"], str) else edited["blocks"]
+    assert [b["type"] for b in shown] == ["context"]
+    assert "<!date^" in shown[0]["elements"][0]["text"]
 
 
 async def test_two_questions_at_once_get_a_message_each_and_are_answered_one_by_one(
@@ -951,3 +960,36 @@ async def test_item6_signed_but_malformed_payloads_are_400_with_nothing_stored(
         assert (await post_event({"type": "reaction_added", "user": "U1"})).status_code == 200
         assert await stage.runtime.sessions() == []
         assert stage.slack.calls == []
+
+
+async def test_item11_an_answer_longer_than_one_message_goes_on_in_the_next(
+    tmp_path: Path,
+) -> None:
+    """Issue 28 item 11: a 100,000-character answer was cut at 3,900 with "…"; now
+    it spans messages of the thread (Slack takes 40,000 in one), none dropped."""
+    from turnkit.slack._render import MAX_TEXT, pages_of
+
+    lines = [f"line {n:05d} " + "x" * 90 for n in range(1000)]
+    answer = "\n".join(lines)
+    agent = turnkit.Agent(name="ops", model=ScriptedModel([answer]), instructions=".")
+    async with staged(tmp_path, agent) as stage:
+        reply = await stage.event("<@B1> tell me everything", event_id="EvL", thread="100.1")
+        assert reply.status_code == 200
+        await stage.settle("EvL")
+    posts = stage.slack.of("chat.postMessage")
+    assert len(posts) == len(pages_of(answer)) >= 3
+    assert all(p["thread_ts"] == "100.1" for p in posts)
+    final = [_final_text(stage, ts) for ts in stage.slack.posted]
+    assert all(len(page) <= MAX_TEXT for page in final)
+    assert "\n".join(final) == answer  # every line, in order, none twice
+
+
+def _final_text(stage: Any, ts: str) -> str:
+    """The last text a message of the reply showed (its post, or its last edit)."""
+    position = stage.slack.posted.index(ts)
+    posts = [a for m, a in stage.slack.calls if m == "chat.postMessage"]
+    text = posts[position]["text"]
+    for method, args in stage.slack.calls:
+        if method == "chat.update" and args["ts"] == ts:
+            text = args["text"]
+    return text

@@ -67,6 +67,7 @@ from ._render import (
     SlackReply,
     SlackThread,
     answer_form,
+    answered_blocks,
     form_value,
 )
 
@@ -287,9 +288,7 @@ class _Handler:
                     return
             user = inbound.user.id if inbound.user is not None else ""
             if not await self._allowed(user, _claims(payload), session_id, "turn"):
-                await self.channel.client.chat_postEphemeral(
-                    channel=thread.channel, user=user, text="You may not use this agent here."
-                )
+                await self._tell(thread, user, "You may not use this agent here.")
                 return
             try:
                 tid = session.start(
@@ -339,9 +338,19 @@ class _Handler:
                 opening = self._open_form(answer, user, thread, interaction.trigger_id)
                 self.ctx.runtime.spawn(_logged(opening, f"the Answer click of {user}"))
             return Response(status_code=200)
-        resuming = self._resume(answer, action.action_id == APPROVE, user, thread, claims)
+        question = message.ts if message is not None else None
+        resuming = self._resume(
+            answer, action.action_id == APPROVE, user, thread, claims, question=question
+        )
         self.ctx.runtime.spawn(_logged(resuming, f"the {action.action_id} click of {user}"))
         return Response(status_code=200)
+
+    async def _tell(self, thread: SlackThread, user: str, text: str) -> None:
+        """A message only ``user`` sees, in the thread it concerns (on mobile, one
+        sent to the channel is never seen from inside the thread)."""
+        await self.channel.client.chat_postEphemeral(
+            channel=thread.channel, thread_ts=thread.thread_ts, user=user, text=text
+        )
 
     async def _open_form(
         self, answer: dict[str, Any], user: str, thread: SlackThread, trigger_id: str
@@ -350,9 +359,7 @@ class _Handler:
         so this runs at once); a question already answered says so instead."""
         request = await self._open_question(answer)
         if request is None:
-            await self.channel.client.chat_postEphemeral(
-                channel=thread.channel, user=user, text="This question was already answered."
-            )
+            await self._tell(thread, user, "This question was already answered.")
             return
         metadata = json.dumps({**answer, "channel": thread.channel, "thread": thread.thread_ts})
         await self.channel.client.views_open(
@@ -448,12 +455,13 @@ class _Handler:
         user: str,
         thread: SlackThread,
         claims: dict[str, str],
+        *,
+        question: str | None = None,
     ) -> None:
-        client = self.channel.client
+        """Answer a yes-or-no question from its button; ``question`` is the message
+        that asked it, edited once the answer is taken (see ``_answered``)."""
         if not await self._may_answer(answer, user, claims):
-            await client.chat_postEphemeral(
-                channel=thread.channel, user=user, text="You may not answer this question."
-            )
+            await self._tell(thread, user, "You may not answer this question.")
             return
         try:
             stream = await self.ctx.resume_stream(
@@ -464,17 +472,29 @@ class _Handler:
                 by=user,
             )
         except ResumeAuthorizationError:
-            await client.chat_postEphemeral(
-                channel=thread.channel, user=user, text="You may not answer this question."
-            )
+            await self._tell(thread, user, "You may not answer this question.")
             return
         except (ResumeConflictError, InvalidAnswerError):
-            await client.chat_postEphemeral(
-                channel=thread.channel, user=user, text="This question was already answered."
-            )
+            await self._tell(thread, user, "This question was already answered.")
             return
+        if question is not None:
+            await self._answered(thread, question, "Approved" if value else "Denied", user)
         reply = self.channel._reply(thread)
         await self._render(reply, stream, str(answer["session"]), str(answer["turn"]))
+
+    async def _answered(self, thread: SlackThread, question: str, outcome: str, user: str) -> None:
+        """Edit the message that asked a question once it is answered: its buttons go,
+        and it says how, by whom and when (nobody else clicks a stale button). A
+        failure here is logged: the answer itself is stored."""
+        try:
+            await self.channel.client.chat_update(
+                channel=thread.channel,
+                ts=question,
+                text=f"{outcome} by <@{user}>",
+                blocks=answered_blocks(outcome, user),
+            )
+        except Exception as exc:
+            log.warning("Slack: could not mark question %s answered: %s", question, exc)
 
     async def _render(
         self, reply: SlackReply, stream: AsyncIterator[TurnEvent], session_id: str, turn_id: str

@@ -8,6 +8,7 @@ Slack's error code."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -38,8 +39,10 @@ def is_yes_no(request: InputRequest) -> bool:
 
 T = TypeVar("T")
 
-#: The longest text one Slack message takes; a longer reply is cut, marked so.
-MAX_TEXT = 3900
+#: The most text one message of a reply holds. Slack takes 40,000 characters in a
+#: message's ``text`` (and truncates past them); a longer reply goes on in further
+#: messages of the thread, so no text is ever dropped.
+MAX_TEXT = 39_000
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -144,11 +147,18 @@ class SlackReply:
         self.client = client
         self.thread = thread
         self.pacer = pacer
-        self.ts: str | None = None
+        #: The reply's messages in the thread: the first (the placeholder, edited as
+        #: the turn goes on), then one per ``MAX_TEXT`` of text past it.
+        self.posted: list[str] = []
         self.text = ""
         self.timeline: list[str] = []
         self.ending: str | None = None
-        self._shown = ""
+        self._shown: list[str] = []
+
+    @property
+    def ts(self) -> str | None:
+        """The reply's first message (its placeholder), once posted."""
+        return self.posted[0] if self.posted else None
 
     async def render(self, events: AsyncIterator[TurnEvent]) -> None:
         async for event in events:
@@ -204,41 +214,82 @@ class SlackReply:
             parts.append(_escape(self.text))
         if self.ending:
             parts.append(self.ending)
-        shown = "\n".join(parts) or "…"
-        if len(shown) > MAX_TEXT:
-            shown = shown[: MAX_TEXT - 1] + "…"
-        return shown
+        return "\n".join(parts) or "…"
 
     async def flush(self, *, force: bool = False) -> None:
         """Post the placeholder, or edit it when there is something new to show: a
         streamed edit when the channel's pacer allows (Slack limits how often the
         messages of a channel change), a forced one (the timeline, the end) always."""
-        shown = self.body()
+        pages = pages_of(self.body())
         channel = self.thread.channel
-        if self.ts is None:
+        if not self.posted:
             self.pacer.sent(channel)
-            posted = await _slack(
-                "chat.postMessage",
-                self.client.chat_postMessage(
-                    channel=channel, thread_ts=self.thread.thread_ts, text=shown
-                ),
-            )
-            self.ts = str(posted["ts"])
-            self._shown = shown
-            return
-        if shown == self._shown:
+            await self._post(pages[0], self.thread.thread_ts)
+            if len(pages) == 1:
+                return
+        if pages == self._shown:
             return
         if force:
             self.pacer.sent(channel)
         elif not self.pacer.take(channel):
             return  # shown by a later edit: the next delta's, or the last one
-        await _slack(
-            "chat.update", self.client.chat_update(channel=channel, ts=self.ts, text=shown)
+        for index, page in enumerate(pages):
+            if index >= len(self.posted):
+                await self._post(page, self._thread_ts())
+            elif index >= len(self._shown) or self._shown[index] != page:
+                await _slack(
+                    "chat.update",
+                    self.client.chat_update(channel=channel, ts=self.posted[index], text=page),
+                )
+                self._shown[index] = page
+
+    async def _post(self, page: str, thread_ts: str | None) -> None:
+        posted = await _slack(
+            "chat.postMessage",
+            self.client.chat_postMessage(
+                channel=self.thread.channel, thread_ts=thread_ts, text=page
+            ),
         )
-        self._shown = shown
+        self.posted.append(str(posted["ts"]))
+        self._shown.append(page)
 
     def _thread_ts(self) -> str | None:
         return self.thread.thread_ts or self.ts
+
+
+def answered_blocks(outcome: str, user: str) -> list[dict[str, Any]]:
+    """What a question shows once answered: the outcome, who, and when (Slack's
+    date formatting shows it in each reader's time zone)."""
+    now = int(time.time())
+    return [
+        {
+            "type": "context",
+            "elements": [
+                {
+                    "type": "mrkdwn",
+                    "text": f"*{outcome}* by <@{user}> "
+                    f"<!date^{now}^{{date_short_pretty}} at {{time}}|at {now}>",
+                }
+            ],
+        }
+    ]
+
+
+def pages_of(text: str, size: int = MAX_TEXT) -> list[str]:
+    """``text`` cut into messages of at most ``size`` characters, at a line break
+    where one falls in the second half of a page (else at the size); joined back
+    with line breaks where they were cut, they give the text whole."""
+    pages: list[str] = []
+    while len(text) > size:
+        cut = text.rfind("\n", size // 2, size)
+        if cut == -1:
+            pages.append(text[:size])
+            text = text[size:]
+        else:
+            pages.append(text[:cut])
+            text = text[cut + 1 :]
+    pages.append(text)
+    return pages
 
 
 async def _slack(method: str, call: Awaitable[T]) -> T:
