@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+import turnkit
 from turnkit import Runtime, SessionBusyError, ToolMessage, UserMessage
 from turnkit.stores import SqliteStore, Store
 
@@ -370,3 +371,30 @@ async def test_a_turn_stored_while_a_reset_waits_runs_in_the_new_generation(
     finally:
         child.kill()
         child.wait(timeout=30)
+
+
+async def test_a_turn_left_running_by_a_killed_process_is_finished_before_the_next(
+    store_spec: str, tmp_path: Path
+) -> None:
+    """Issue 28 item 9: the survivor's next turn opened before recover() ran, and
+    the dead process's acknowledged turn ended failed ("interrupted: a later turn
+    started before it was recovered"). The survivor holds the session's lock, so it
+    finishes that turn first, then runs its own."""
+    store = open_store(store_spec)
+    await store.open()
+    await store.close()
+    child = start_held_turn(store_spec, tmp_path)
+    child.kill()  # SIGKILL, inside the held turn's tool
+    child.communicate(timeout=60)
+    (tmp_path / "release").touch()  # the replayed tool returns at once
+    from held_turn_child import build_agent
+
+    async with Runtime(build_agent(tmp_path), store=open_store(store_spec)) as runtime:
+        session = runtime.session("a", "shared")
+        assert await session.turn("next") == "answered next"
+        held = await session.result("held")
+        assert (held.status, held.text) == ("completed", "held and answered")
+        openings = [
+            m.turn_id for m in await session.messages() if isinstance(m, turnkit.UserMessage)
+        ]
+        assert openings[0] == "held" and len(openings) == 2

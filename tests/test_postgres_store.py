@@ -562,21 +562,28 @@ async def test_a_writer_that_lost_its_lock_is_fenced_off(pg_dsn: str, pg_schema:
         assert store_a._lock_conn is not None
         with connect(pg_dsn) as admin:
             admin.execute("SELECT pg_terminate_backend(%s)", (store_a._lock_conn.info.backend_pid,))
-        # B can now take the lock; its turn supersedes A's unfinished one.
-        assert await rt_b.session("a", "s1").turn("b") == "answer"
+        # B can now take the lock: it finishes A's turn first (its call again), then
+        # runs its own; the gate opens once B is inside A's call.
+        reached.clear()
+        b_turn = asyncio.create_task(rt_b.session("a", "s1").turn("b"))
+        await asyncio.wait_for(reached.wait(), 30)
         gate.set()
+        assert await asyncio.wait_for(b_turn, 30) == "answer"
         with pytest.raises(turnkit.FencedError, match="took the session over"):
             await session_a.result(tid_a)
         messages = await rt_b.session("a", "s1").messages()
-    # A's tool result never landed: B closed A's open call and ran its own turn.
+        finished = await rt_b.session("a", "s1").result(tid_a)
+    # A's own tool result never landed: B's did, A's turn ended whole, then B's ran.
     assert [(m.role, m.turn_id == tid_a) for m in messages] == [
         ("user", True),
         ("assistant", True),
         ("tool", True),
+        ("assistant", True),
         ("user", False),
         ("assistant", False),
     ]
-    assert isinstance(messages[2], turnkit.ToolMessage) and messages[2].is_error
+    assert isinstance(messages[2], turnkit.ToolMessage) and messages[2].result == "open"
+    assert (finished.status, finished.text) == ("completed", "answer")
 
 
 # -- connection loss ----------------------------------------------------------------

@@ -571,10 +571,34 @@ class AgentSession(SessionView):
                     ),
                 )
 
+    async def _finish_left_running(self, turn_id: str) -> None:
+        """Deliver first any turn of the session that a dead process left running.
+
+        It was acknowledged, so it must end as its own turn, never be failed as
+        interrupted because a later one opened before ``recover()`` ran. If it is in
+        fact still running in a live process, that process holds the session's
+        writer lock: this delivery waits for it, and then finds the turn ended.
+        """
+        for left in await self._store.unfinished():
+            if left.turn_id == turn_id or left.status != "running":
+                continue
+            if self.delivering(left.turn_id):
+                continue
+            text = str(left.opening.get("text", ""))
+            request = self._request(text, None, None, left.turn_id, frozenset(), None, queued=False)
+            future: asyncio.Future[TurnResult] = self.runtime._require_loop().create_future()
+            future.add_done_callback(_mark_exception_seen)
+            self._remember(left.turn_id, future)
+            log.info(
+                "turn %s was left running by a process that died: finishing it first", left.turn_id
+            )
+            await self._deliver(request, future)
+
     async def _deliver(self, request: TurnRequest, future: asyncio.Future[TurnResult]) -> None:
         # Let observers that were set up right after start() subscribe before we run:
         # with a local store a whole turn can otherwise finish without yielding once.
         await asyncio.sleep(0)
+        await self._finish_left_running(request.turn_id)
         for event in request.announce:
             _emit_quietly(self.runtime.sink, event)
         runner = TurnRunner(
