@@ -993,3 +993,28 @@ def _final_text(stage: Any, ts: str) -> str:
         if method == "chat.update" and args["ts"] == ts:
             text = args["text"]
     return text
+
+
+async def test_item10_a_turn_replaced_before_it_ran_posts_no_notice(tmp_path: Path) -> None:
+    """Issue 28 item 10: two messages arrive while a turn runs; the middle turn
+    never runs, and used to post its own "superseded" notice, sometimes below the
+    newest reply. It posts nothing; the thread ends with the newest reply."""
+    gate = asyncio.Event()
+    async with staged(tmp_path, ops_agent(gate), replace_in_flight=True) as stage:
+        await stage.event("<@B1> where is 1", event_id="Er1", thread="100.1")
+        session = stage.runtime.session("ops", SESSION)
+        deadline = time.monotonic() + 20
+        while not any(e.type == "action.requested" for e in await session.events()):
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.01)
+        await stage.event("<@B1> where is 2", event_id="Er2", thread="100.1")
+        await stage.event("<@B1> where is 3", event_id="Er3", thread="100.1")
+        gate.set()
+        await stage.settle("Er3")
+        middle = await session.turn_record(stage.turn("Er2"))
+    assert middle is None or middle.status == "cancelled"  # replaced before it ran
+    posts = stage.slack.of("chat.postMessage")
+    assert len(posts) == 2  # the first turn's reply and the newest's; none for the middle
+    final = [_final_text(stage, ts) for ts in stage.slack.posted]
+    assert final[0].endswith("_superseded by a newer message_")
+    assert final[-1].endswith("Result: order 3 is packed")

@@ -154,6 +154,9 @@ class SlackReply:
         self.timeline: list[str] = []
         self.ending: str | None = None
         self._shown: list[str] = []
+        #: Whether the turn opened (``turn.started``): a turn replaced before it
+        #: ever ran posts nothing at all (see ``render``).
+        self._started = False
 
     @property
     def ts(self) -> str | None:
@@ -163,10 +166,17 @@ class SlackReply:
     async def render(self, events: AsyncIterator[TurnEvent]) -> None:
         async for event in events:
             await self.take(event)
+        if not self.posted and not self._started:
+            # Cancelled before it ran (a newer message replaced it while it queued):
+            # nothing of it was shown, and a notice posted now would land below the
+            # newer message's reply.
+            return
         await self.flush(force=True)
 
     async def take(self, event: TurnEvent) -> None:
-        if event.type == "message.delta":
+        if event.type == "turn.started":
+            self._started = True
+        elif event.type == "message.delta":
             self.text += event.text
             await self.flush()
         elif event.type == "message.completed":
