@@ -39,6 +39,7 @@ class Delivery(Protocol):
     transcript: list[Message]
     steps: dict[str, Any]
     next_seq: int
+    attempt: str
     span: TurnSpan
     usage: Usage
 

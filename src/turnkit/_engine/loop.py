@@ -11,6 +11,7 @@ and the commits that change the turn's state are planned in ``transitions``.
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, TypeAlias
 
@@ -106,6 +107,8 @@ class TurnRunner:
         self.transcript: list[Message] = []
         self.steps: dict[str, Any] = {}
         self.next_seq = 1
+        #: This delivery's name on its deltas (see ``MessageDeltaEvent.attempt``).
+        self.attempt = uuid.uuid4().hex[:12]
         self.generation = 0
         self.store_id = ""
         self._durable_cancel: str | None = None

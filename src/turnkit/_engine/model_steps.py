@@ -126,7 +126,11 @@ class ModelSteps:
         d = self._d
         d.emit(
             MessageDeltaEvent(
-                turn_id=d.turn_id, session_id=d.session_id, text=text, next_seq=d.next_seq
+                turn_id=d.turn_id,
+                session_id=d.session_id,
+                text=text,
+                next_seq=d.next_seq,
+                attempt=d.attempt,
             )
         )
 
@@ -134,6 +138,10 @@ class ModelSteps:
         d = self._d
         d.emit(
             ReasoningDeltaEvent(
-                turn_id=d.turn_id, session_id=d.session_id, text=text, next_seq=d.next_seq
+                turn_id=d.turn_id,
+                session_id=d.session_id,
+                text=text,
+                next_seq=d.next_seq,
+                attempt=d.attempt,
             )
         )

@@ -83,20 +83,28 @@ class MessageDeltaEvent(_TurnEventBase):
     heard from another process with the log uses it to place them: a delta whose
     ``next_seq`` is already logged is stale, one past what it has shown waits for
     the events before it. ``None`` where nothing tells it.
+
+    ``attempt`` names the delivery that streamed it. A turn taken over mid-reply
+    (its process died or stalled) is delivered again, and the new attempt streams
+    the same step from its start: a delta whose ``attempt`` differs from the one
+    before it for the same ``next_seq`` means the text shown so far for that step
+    is void and starts again, so no word is shown twice.
     """
 
     text: str
     next_seq: int | None = None
+    attempt: str | None = None
     type: Literal["message.delta"] = "message.delta"
 
 
 @dataclass(frozen=True, kw_only=True)
 class ReasoningDeltaEvent(_TurnEventBase):
     """A live piece of the model's reasoning (never logged, never replayed);
-    ``next_seq`` as in ``MessageDeltaEvent``."""
+    ``next_seq`` and ``attempt`` as in ``MessageDeltaEvent``."""
 
     text: str
     next_seq: int | None = None
+    attempt: str | None = None
     type: Literal["reasoning.delta"] = "reasoning.delta"
 
 

@@ -154,6 +154,10 @@ class SlackReply:
         self.timeline: list[str] = []
         self.ending: str | None = None
         self._shown: list[str] = []
+        #: The text of the reply's committed steps, and the delivery attempt whose
+        #: deltas are being shown (a newer one restarts its step: no word twice).
+        self._committed = ""
+        self._attempt: str | None = None
         #: Whether the turn opened (``turn.started``): a turn replaced before it
         #: ever ran posts nothing at all (see ``render``).
         self._started = False
@@ -177,10 +181,14 @@ class SlackReply:
         if event.type == "turn.started":
             self._started = True
         elif event.type == "message.delta":
+            if event.attempt is not None and self._attempt not in (None, event.attempt):
+                self.text = self._committed  # taken over mid-step: it streams again
+            self._attempt = event.attempt or self._attempt
             self.text += event.text
             await self.flush()
         elif event.type == "message.completed":
             self.text = event.message.text or self.text
+            self._committed = self.text
         elif event.type == "action.requested":
             self.timeline.append(f"• `{event.call.name}` …")
             await self.flush(force=True)

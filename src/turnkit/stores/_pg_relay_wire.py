@@ -67,7 +67,16 @@ class Batch:
 
 
 def delta_entry(event: MessageDeltaEvent | ReasoningDeltaEvent) -> list[Any]:
-    return ["d", event.session_id, event.turn_id, event.type, event.next_seq, event.text, event.at]
+    return [
+        "d",
+        event.session_id,
+        event.turn_id,
+        event.type,
+        event.next_seq,
+        event.text,
+        event.at,
+        event.attempt,
+    ]
 
 
 def logged_entry(event: TurnEvent) -> list[Any]:
@@ -76,11 +85,25 @@ def logged_entry(event: TurnEvent) -> list[Any]:
 
 def delta_from(entry: list[Any]) -> TurnEvent:
     """The delta event an ``"d"`` entry carries (``ValueError`` if it is malformed)."""
-    _, session_id, turn_id, kind, next_seq, text, at = entry
+    # An older sender's entries have no attempt (seven items, not eight).
+    _, session_id, turn_id, kind, next_seq, text, at, *rest = entry
+    attempt = rest[0] if rest else None
     cls = _DELTA_KINDS.get(kind)
-    if cls is None or not isinstance(text, str) or not isinstance(session_id, str):
+    if (
+        cls is None
+        or not isinstance(text, str)
+        or not isinstance(session_id, str)
+        or not (attempt is None or isinstance(attempt, str))
+    ):
         raise ValueError(f"not a relayed delta: {entry!r}")
-    return cls(session_id=session_id, turn_id=str(turn_id), text=text, next_seq=next_seq, at=at)
+    return cls(
+        session_id=session_id,
+        turn_id=str(turn_id),
+        text=text,
+        next_seq=next_seq,
+        at=at,
+        attempt=attempt,
+    )
 
 
 def failure_entry(event: DeliveryFailedEvent) -> list[Any]:
