@@ -1018,3 +1018,25 @@ async def test_item10_a_turn_replaced_before_it_ran_posts_no_notice(tmp_path: Pa
     final = [_final_text(stage, ts) for ts in stage.slack.posted]
     assert final[0].endswith("_superseded by a newer message_")
     assert final[-1].endswith("Result: order 3 is packed")
+
+
+async def test_item4_a_retry_of_a_message_from_before_a_reset_starts_nothing_after_a_restart(
+    tmp_path: Path,
+) -> None:
+    """Issue 28 item 4: after a reset and a restart, Slack's retry of a message the
+    session had already taken started a new turn in the new generation."""
+    async with staged(tmp_path, ops_agent()) as stage:
+        await stage.event("<@B1> where is 5", event_id="Ed1", thread="100.1")
+        await stage.settle("Ed1")
+        ts = stage.sent["Ed1"]
+        await stage.runtime.session("ops", SESSION).reset()
+    async with staged(tmp_path, ops_agent()) as again:  # a new process: remembers nothing
+        again.sent["Ed1"] = ts
+        retried = await again.event("<@B1> where is 5", event_id="Ed1", thread="100.1", retry=1)
+        assert retried.status_code == 200
+        await again.event("<@B1> where is 6", event_id="Ed2", thread="100.1")
+        await again.settle("Ed2")
+        session = again.runtime.session("ops", SESSION)
+        openings = [m for m in await session.messages() if isinstance(m, turnkit.UserMessage)]
+    assert [m.text for m in openings] == ["where is 6"]
+    assert len(again.slack.of("chat.postMessage")) == 1

@@ -201,6 +201,9 @@ def _thread_of(target: Any) -> SlackThread:
     )
 
 
+#: How many of a session's most recent resets a retried message is looked for
+#: behind (Slack retries within minutes: more resets than this meanwhile is moot).
+_RESETS_LOOKED_AT = 2
 #: How many event ids a handler remembers having taken (Slack retries within minutes).
 _REMEMBERED = 10_000
 
@@ -259,10 +262,13 @@ class _Handler:
         inbound = self.channel.to_event(payload)
         if inbound is None or not isinstance(payload["event"].get("ts"), str):
             return Response(status_code=200)  # acknowledged, and nothing to do
-        self._start(payload, inbound, turn_of(payload))
+        retry = request.headers.get("x-slack-retry-num") is not None
+        self._start(payload, inbound, turn_of(payload), retry=retry)
         return Response(status_code=200)
 
-    def _start(self, payload: dict[str, Any], inbound: InboundEvent, turn_id: str) -> None:
+    def _start(
+        self, payload: dict[str, Any], inbound: InboundEvent, turn_id: str, *, retry: bool
+    ) -> None:
         session_id = session_of(payload)
         event = payload["event"]
         thread = SlackThread(
@@ -278,6 +284,8 @@ class _Handler:
             # recovery (not a second reply) finishes it.
             if await session.turn_record(turn_id) is not None:
                 return
+            if retry and await self._before_a_reset(session_id, turn_id):
+                return  # Slack's retry of a message the session had before its reset
             if event.get("type") == "message" and not _is_direct(event):
                 # Slack sends every thread reply of a channel the bot is in; only
                 # threads the bot already talks in (a session) are for it.
@@ -308,6 +316,17 @@ class _Handler:
             await self._render(reply, session.observe(tid), session_id, tid)
 
         runtime.spawn(_logged(run(), f"the Slack message starting turn {turn_id}"))
+
+    async def _before_a_reset(self, session_id: str, turn_id: str) -> bool:
+        """Whether the turn a Slack retry names is in one of the session's last
+        archived generations: the message was taken before a reset, and its retry
+        (which may come after a restart, when this process remembers nothing) must
+        not start it again in the new generation. Only retries pay this read."""
+        history = self.ctx.session(session_id)
+        for generation in sorted(await history.generations())[-_RESETS_LOOKED_AT:]:
+            if any(m.turn_id == turn_id for m in await history.archived_messages(generation)):
+                return True
+        return False
 
     async def interactivity(self, request: Request) -> Response:
         body = await self._verified(request)
