@@ -10,6 +10,7 @@ import asyncio
 import json
 import socket
 import sqlite3
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager, closing
 from dataclasses import dataclass
@@ -54,21 +55,30 @@ async def serving(
     app = create_app(
         runtime, authenticate=authenticate, limits=limits, chat_page=chat_page, **options
     )
+    async with serve_app(app) as url, httpx.AsyncClient(base_url=url, timeout=30) as client:
+        yield Served(url=url, runtime=runtime, client=client)
+
+
+@asynccontextmanager
+async def serve_app(app: Any, *, lifespan: str = "off") -> AsyncIterator[str]:
+    """Any ASGI app served by uvicorn on a free loopback port; yields its base URL."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(64)
     # A bounded graceful shutdown: a stream a test left open fails the test, not hangs it.
-    config = uvicorn.Config(app, log_level="warning", lifespan="off", timeout_graceful_shutdown=5)
+    config = uvicorn.Config(
+        app, log_level="warning", lifespan=lifespan, timeout_graceful_shutdown=5
+    )
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve(sockets=[sock]))
+    deadline = time.monotonic() + 30
     while not server.started:
         if task.done():
             task.result()
+        assert time.monotonic() < deadline, "uvicorn did not start"
         await asyncio.sleep(0.01)
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
     try:
-        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
-            yield Served(url=url, runtime=runtime, client=client)
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
     finally:
         server.should_exit = True
         await task

@@ -16,7 +16,7 @@ import pytest
 import uvicorn
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
-from server_support import by_header
+from server_support import by_header, serve_app
 
 import turnkit
 from turnkit.mcp import server
@@ -202,44 +202,32 @@ async def test_item3_a_session_is_its_openers_and_each_principal_has_a_share(
     async with turnkit.Runtime([agent], store=SqliteStore(tmp_path / "t.db")) as runtime:
         endpoint = server(runtime, agent, limits=McpLimits(per_principal=3, total=50))
         app = create_app(runtime, authenticate=by_header, mcp=endpoint)
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        sock.listen(64)
-        runner = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-        task = asyncio.create_task(runner.serve(sockets=[sock]))
-        while not runner.started:
-            if task.done():
-                task.result()
-            await asyncio.sleep(0.01)
-        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-        try:
-            async with httpx.AsyncClient(base_url=url, timeout=30) as client:
-                # Alice opens far more sessions than her share: only her newest three
-                # live, and the table never holds more of hers.
-                opened = [await open_raw(client, "alice") for _ in range(40)]
-                gone = await list_raw(client, "alice", opened[0])
-                assert gone.status_code == 404
-                assert (await list_raw(client, "alice", opened[-1])).status_code == 200
-                # Bob is not locked out: the SDK's own client initializes and works.
-                async with client_as(url, "bob") as bob:
-                    assert (await bob.list_tools()).tools
-                # Bob holding alice's session id can neither use it nor end it.
-                used = await list_raw(client, "bob", opened[-1])
-                missing = await list_raw(client, "bob", "no-such-session")
-                assert used.status_code == missing.status_code == 404
-                assert used.json() == missing.json()
-                ended = await client.delete(
-                    "/mcp", headers={"X-User": "bob", "mcp-session-id": opened[-1]}
-                )
-                assert ended.status_code == 404
-                assert (await list_raw(client, "alice", opened[-1])).status_code == 200
-                # Alice ends her own.
-                mine = await client.delete(
-                    "/mcp", headers={"X-User": "alice", "mcp-session-id": opened[-1]}
-                )
-                assert mine.status_code == 200
-                assert (await list_raw(client, "alice", opened[-1])).status_code == 404
-        finally:
-            runner.should_exit = True
-            await task
-            sock.close()
+        async with (
+            serve_app(app, lifespan="on") as url,
+            httpx.AsyncClient(base_url=url, timeout=30) as client,
+        ):
+            # Alice opens far more sessions than her share: only her newest three
+            # live, and the table never holds more of hers.
+            opened = [await open_raw(client, "alice") for _ in range(40)]
+            gone = await list_raw(client, "alice", opened[0])
+            assert gone.status_code == 404
+            assert (await list_raw(client, "alice", opened[-1])).status_code == 200
+            # Bob is not locked out: the SDK's own client initializes and works.
+            async with client_as(url, "bob") as bob:
+                assert (await bob.list_tools()).tools
+            # Bob holding alice's session id can neither use it nor end it.
+            used = await list_raw(client, "bob", opened[-1])
+            missing = await list_raw(client, "bob", "no-such-session")
+            assert used.status_code == missing.status_code == 404
+            assert used.json() == missing.json()
+            ended = await client.delete(
+                "/mcp", headers={"X-User": "bob", "mcp-session-id": opened[-1]}
+            )
+            assert ended.status_code == 404
+            assert (await list_raw(client, "alice", opened[-1])).status_code == 200
+            # Alice ends her own.
+            mine = await client.delete(
+                "/mcp", headers={"X-User": "alice", "mcp-session-id": opened[-1]}
+            )
+            assert mine.status_code == 200
+            assert (await list_raw(client, "alice", opened[-1])).status_code == 404

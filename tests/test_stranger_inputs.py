@@ -11,13 +11,12 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from server_support import dump, serving
+from server_support import dump, serve_app, serving
 from starlette.applications import Starlette
 
 import turnkit
@@ -156,7 +155,7 @@ async def test_item2_the_slack_routes_and_the_ops_port_cap_their_bodies(
     app.mount("/slack", slack.app(turnkit.mount_agent(agent, runtime, channels=[slack])))
     app.mount("/ops", ops_app(runtime))
     before = dump(db_of(runtime))
-    async with uvicorn_app(app) as url, httpx.AsyncClient(base_url=url, timeout=30) as client:
+    async with serve_app(app) as url, httpx.AsyncClient(base_url=url, timeout=30) as client:
         for path in ("/slack/events", "/slack/interactivity"):
             for declared in (True, False):
                 status, body = await over_cap(url, path, MAX_BODY_BYTES, declared=declared)
@@ -265,7 +264,7 @@ async def test_item8_cancel_answers_a_missing_session_as_it_answers_anothers(
 
 async def test_item10_the_ops_port_refuses_a_rebound_host(runtime: turnkit.Runtime) -> None:
     app = ops_app(runtime, allowed_hosts=["worker-0.workers.svc"])
-    async with uvicorn_app(app) as url, httpx.AsyncClient(base_url=url, timeout=30) as client:
+    async with serve_app(app) as url, httpx.AsyncClient(base_url=url, timeout=30) as client:
         port = url.rsplit(":", 1)[1]
         for host in ("attacker.example", f"attacker.example:{port}", "127.0.0.1.nip.io"):
             refused = await client.get("/metrics", headers={"Host": host})
@@ -346,30 +345,3 @@ async def test_item12_an_unfiltered_list_still_pages_by_one_read(runtime: turnki
 
 
 # -- helpers ---------------------------------------------------------------------------
-
-
-@asynccontextmanager
-async def uvicorn_app(app: Any) -> AsyncIterator[str]:
-    """Any ASGI app on a free loopback port, for the routes ``serving`` does not mount."""
-    import socket
-
-    import uvicorn
-
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(64)
-    config = uvicorn.Config(app, log_level="warning", lifespan="off", timeout_graceful_shutdown=5)
-    server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    deadline = time.monotonic() + 30
-    while not server.started:
-        if task.done():
-            task.result()
-        assert time.monotonic() < deadline, "uvicorn did not start"
-        await asyncio.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        await task
-        sock.close()
