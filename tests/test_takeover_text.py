@@ -5,14 +5,20 @@ relay's wire and the Slack renderer; the chat page applies the same rule)."""
 
 from __future__ import annotations
 
+import asyncio
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
+from httpx_sse import aconnect_sse
+from server_support import serving
 
 import turnkit
 from turnkit.slack._pacing import EditPacer
 from turnkit.slack._render import SlackReply, SlackThread
-from turnkit.stores import SqliteStore
+from turnkit.stores import PostgresStore, SqliteStore
 from turnkit.stores._pg_relay_wire import delta_entry, delta_from
 from turnkit.testing import RecordingSink
 
@@ -113,3 +119,85 @@ async def test_a_slack_reply_shows_each_word_once_across_a_takeover(
     for shown in client.history:
         words = shown.split()
         assert len(words) == len(set(words)), shown
+
+
+@pytest.mark.slow
+async def test_a_worker_killed_mid_reply_shows_no_word_twice_on_the_http_node(
+    pg_dsn: str, pg_schema: str, tmp_path: Path
+) -> None:
+    """The issue's case, with real processes: an HTTP node (``run_turns=False``)
+    streams a worker's reply; the worker is SIGKILLed after two pieces; a second
+    worker takes the turn over and streams the step from its start. The node's
+    stream tells the attempts apart, so a client applying the rule shows every
+    piece once, and the logged reply is whole."""
+    from test_cli import OFFLINE_ENV
+    from test_event_relay import slow_pieces
+
+    folder = Path(__file__).parent / "fixtures" / "streaming_agent"
+    pieces = slow_pieces(folder)
+    env = {**OFFLINE_ENV, "PYTHONUNBUFFERED": "1", "TURNKIT_TEST_HOLD_DIR": str(tmp_path)}
+
+    def start_worker() -> subprocess.Popen[str]:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "turnkit.cli",
+                "worker",
+                str(folder),
+                "--store",
+                f"{pg_dsn}?options=-csearch_path%3D{pg_schema}",
+                "--poll",
+                "0.2",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env=env,
+        )
+        assert proc.stdout is not None
+        assert proc.stdout.readline().startswith("turnkit worker: running streaming")
+        return proc
+
+    store = PostgresStore(pg_dsn, schema=pg_schema)
+    runtime = turnkit.Runtime(turnkit.load_agent(folder), store=store, run_turns=False)
+    workers: list[subprocess.Popen[str]] = []
+    frames: list[dict[str, Any]] = []
+    async with runtime, serving(runtime) as served:
+        try:
+            workers.append(await asyncio.to_thread(start_worker))
+            path = served.path("streaming", "s1", "turns")
+            async with aconnect_sse(
+                served.client, "POST", path, json={"text": "hi"}, headers={"X-User": "alice"}
+            ) as source:
+                async for sse in source.aiter_sse():
+                    frames.append(sse.json())
+                    deltas = [f for f in frames if f["type"] == "message.delta"]
+                    if sse.event != "message.delta":
+                        continue
+                    index = pieces.index(frames[-1]["text"])
+                    if len(deltas) == 2:  # two pieces shown: the first worker dies
+                        workers[0].kill()
+                        await asyncio.to_thread(workers[0].wait, 30)
+                        workers.append(await asyncio.to_thread(start_worker))
+                    elif len(deltas) == 1 or index > 0:
+                        (tmp_path / f"seen-{index}").touch()  # the next piece may go
+        finally:
+            for proc in workers:
+                if proc.poll() is None:
+                    proc.terminate()
+                    await asyncio.to_thread(proc.wait, 30)
+    deltas = [f for f in frames if f["type"] == "message.delta"]
+    attempts = list(dict.fromkeys(d["attempt"] for d in deltas))
+    assert len(attempts) == 2, deltas
+    shown = ""
+    current = None
+    for delta in deltas:  # the rule the chat page and Slack apply
+        if current is not None and delta["attempt"] != current:
+            shown = ""
+        current = delta["attempt"]
+        shown += delta["text"]
+        for piece in pieces:
+            assert shown.count(piece) <= 1
+    assert frames[-1]["type"] == "turn.completed"
+    assert frames[-2]["message"]["text"] == "".join(pieces)
