@@ -149,3 +149,41 @@ async def test_item3_an_http_node_that_hands_turns_to_workers_answers_a_resent_t
         stream = await served.client.post(served.path("e", "s1", "turns"), json=body, headers=ALICE)
         assert stream.status_code == 200 and "event: turn.completed" in stream.text
     assert calls == ["hello"]
+
+
+@pytest.mark.parametrize("offset", [0.5, 2.0])
+async def test_item1_a_node_process_whose_clock_is_behind_cannot_reorder_turns(
+    pg_dsn: str, pg_schema: str, offset: float
+) -> None:
+    """The issue's case with real processes: T1, T2, T3 acknowledged in turn, T2 by
+    another node process whose clock is ``offset`` seconds behind. The queue
+    (which workers and recover() follow) keeps the order of acknowledgement."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from turnkit.stores import PostgresStore
+
+    child = Path(__file__).with_name("skewed_node_child.py")
+    calls: list[str] = []
+    node = turnkit.Runtime(
+        [echo_agent(calls)], store=PostgresStore(pg_dsn, schema=pg_schema), run_turns=False
+    )
+    async with node:
+        session = node.session("e", "s1")
+        ids = [await session.submit("T1")]
+        done = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, str(child), pg_dsn, pg_schema, "s1", "T2", str(offset)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        ids.append(done.stdout.strip())
+        ids.append(await session.submit("T3"))
+        assert [t.turn_id for t in await node.store.session("s1").unfinished()] == ids
+    worker = turnkit.Runtime([echo_agent(calls)], store=PostgresStore(pg_dsn, schema=pg_schema))
+    async with worker:
+        await worker.recover()
+    assert calls == ["T1", "T2", "T3"]
