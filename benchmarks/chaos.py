@@ -9,15 +9,16 @@ server)::
 Three workers (``scale_out.py``'s agent: a model step, a local tool writing one
 row in the step's transaction, a model step) run turns for ``--seconds``; every 1
 to ``--every`` seconds a random worker is sent ``SIGKILL`` (and restarted) or
-``SIGSTOP`` (and ``SIGCONT`` 1 to ``--pause`` seconds later). Two submitting nodes
-(``run_turns=False`` runtimes, the HTTP node's engine, in this process) take turns
-in ``--burst``-turn bursts per session, alternating node by node within a burst,
-and each submit is sent twice with the same turn id, as a client that timed out
-would retry. Then it waits for every turn and counts:
+``SIGSTOP`` (and ``SIGCONT`` 1 to ``--pause`` seconds later). Two HTTP nodes
+(``create_app`` over a ``run_turns=False`` runtime, each in a process of its own,
+the second with its clock ``--skew`` seconds behind) take ``POST …/turns`` in
+``--burst``-turn bursts per session, alternating node by node, and every request
+is sent again, with the same turn id, to the other node, as a client that timed
+out would retry. Then it waits for every turn and counts:
 
 - ``lost``: acknowledged turns that did not complete;
 - ``duplicated``: turns with a step committed twice, or a local tool's row twice;
-- ``retries answered with another id``: a resend that did not follow its turn;
+- ``requests refused``: a first request or a retry not answered 200;
 - ``out of order``: sessions whose turns ran in another order than acknowledged;
 - the worst takeover, from a kill to the interrupted turn's next commit.
 
@@ -32,6 +33,7 @@ import asyncio
 import os
 import random
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -39,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
+import httpx
 from scale_out import (
     _STEPS_TWICE,
     AGENT,
@@ -46,11 +49,7 @@ from scale_out import (
     _count,
     _takeovers,
     cluster,
-    submitting_agent,
 )
-
-import turnkit
-from turnkit.stores import PostgresStore
 
 
 class Chaos:
@@ -83,39 +82,34 @@ def _resume(proc: Any) -> None:
 
 
 async def submit_bursts(
-    made: Cluster, sessions: int, burst: int, seconds: float, chaos: Chaos
+    made: Cluster, urls: list[str], sessions: int, burst: int, seconds: float, chaos: Chaos
 ) -> tuple[dict[str, list[str]], int]:
-    """Bursts of turns per session, from two nodes, each submit sent twice; the turn
-    ids per session in acknowledgement order, and how many resends got another id."""
-    nodes = [
-        turnkit.Runtime(
-            submitting_agent(),
-            store=PostgresStore(made.dsn, schema=made.schema, max_size=4),
-            run_turns=False,
-        )
-        for _ in range(2)
-    ]
+    """Bursts of turns per session over HTTP, alternating nodes, each request sent
+    again to the other node; the turn ids per session in acknowledgement order, and
+    how many requests were not answered 200."""
     acked: dict[str, list[str]] = {f"c{i:03d}": [] for i in range(sessions)}
-    wrong = 0
-    async with nodes[0], nodes[1]:
+    refused = 0
+    async with httpx.AsyncClient(timeout=60, headers={"X-User": "bench"}) as client:
         end = time.monotonic() + seconds
 
+        async def post(url: str, session_id: str, turn_id: str) -> bool:
+            path = f"{url}/agents/{AGENT}/sessions/{session_id}/turns"
+            body = {"text": "go", "turn_id": turn_id}
+            # Answered once the store holds the turn; the stream is not read.
+            async with client.stream("POST", path, json=body) as reply:
+                return reply.status_code == 200
+
         async def session_loop(session_id: str) -> None:
-            nonlocal wrong
+            nonlocal refused
             n = 0
             while time.monotonic() < end:
                 burst_ids = []
                 for k in range(burst):
-                    node = nodes[k % 2]
                     turn_id = f"{session_id}-{n}"
                     n += 1
-                    got = await node.session(AGENT, session_id).submit("go", turn_id=turn_id)
-                    again = (
-                        await nodes[(k + 1) % 2]
-                        .session(AGENT, session_id)
-                        .submit("go", turn_id=turn_id)
-                    )
-                    wrong += got != turn_id or again != turn_id
+                    first = await post(urls[k % 2], session_id, turn_id)
+                    again = await post(urls[(k + 1) % 2], session_id, turn_id)
+                    refused += (not first) + (not again)
                     acked[session_id].append(turn_id)
                     burst_ids.append(turn_id)
                 while not await _ended(made, burst_ids) and time.monotonic() < end + 120:
@@ -127,7 +121,19 @@ async def submit_bursts(
                 await asyncio.sleep(0.05)
 
         await asyncio.gather(ticking(), *(session_loop(s) for s in acked))
-    return acked, wrong
+    return acked, refused
+
+
+def start_node(made: Cluster, skew: float) -> tuple[subprocess.Popen[str], str]:
+    """An HTTP node in a process of its own, its clock ``skew`` seconds behind."""
+    node = Path(__file__).with_name("_chaos_node.py")
+    proc = subprocess.Popen(
+        [sys.executable, str(node), made.dsn, made.schema, str(skew)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    return proc, f"http://127.0.0.1:{int(proc.stdout.readline())}"
 
 
 async def _ended(made: Cluster, ids: list[str]) -> bool:
@@ -166,6 +172,7 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=60.0)
     p.add_argument("--every", type=float, default=4.0, help="most seconds between two faults")
     p.add_argument("--pause", type=float, default=8.0, help="most seconds a SIGSTOP lasts")
+    p.add_argument("--skew", type=float, default=2.0, help="seconds the second node is behind")
     p.add_argument("--seed", type=int, default=28)
     args = p.parse_args()
     rng = random.Random(args.seed)
@@ -174,9 +181,16 @@ def main() -> None:
             made.start_worker()
         chaos = Chaos(made, rng, args.every, args.pause)
         started = time.monotonic()
-        acked, wrong = asyncio.run(
-            submit_bursts(made, args.sessions, args.burst, args.seconds, chaos)
-        )
+        nodes = [start_node(made, 0.0), start_node(made, args.skew)]
+        try:
+            urls = [url for _, url in nodes]
+            acked, refused = asyncio.run(
+                submit_bursts(made, urls, args.sessions, args.burst, args.seconds, chaos)
+            )
+        finally:
+            for proc, _ in nodes:
+                proc.terminate()
+                proc.wait(30)
         took = time.monotonic() - started
         for proc in list(made.workers):
             _resume(proc)
@@ -198,7 +212,7 @@ def main() -> None:
             f"{chaos.pauses} SIGSTOP; {len(ids)} turns acknowledged (each sent twice)\n"
             f"  lost {len(ids) - done}\n"
             f"  duplicated {_count(made, _STEPS_TWICE, ids) + effects_twice}\n"
-            f"  retries answered with another id {wrong}\n"
+            f"  requests refused {refused} (each sent twice; one node {args.skew:g} s behind)\n"
             f"  out of order {out_of_order(made, acked)} of {len(acked)} sessions\n"
             f"  taken over after a kill {takeovers['taken_over']}, worst takeover "
             f"{takeovers['longest_takeover_s']:.2f} s"
