@@ -17,7 +17,7 @@ import turnkit.models
 import turnkit.testing
 from turnkit import UserMessage
 from turnkit.models import DEFAULT_ANTHROPIC_MODEL, DEFAULT_OPENAI_MODEL, from_env
-from turnkit.models._env import Choice, choose
+from turnkit.models._env import Choice, choose, configured
 from turnkit.stores import MemoryStore
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -184,3 +184,20 @@ def test_the_public_names_are_sorted_and_present() -> None:
     names = turnkit.models.__all__
     assert list(names) == sorted(names)
     assert all(hasattr(turnkit.models, name) for name in names)
+
+
+def test_a_bare_model_name_says_how_it_was_read_when_its_sdk_refuses(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 37 item 8: ``TURNKIT_MODEL=bogus`` said only "openai: Missing
+    credentials…", not that "bogus" was read as ``openai:bogus``."""
+    for variable in ("OPENAI_API_KEY", "OPENAI_ADMIN_KEY", "OPENAI_BASE_URL"):
+        monkeypatch.delenv(variable, raising=False)  # the SDK reads these itself
+    with pytest.raises(turnkit.ConfigurationError) as caught:
+        configured({"TURNKIT_MODEL": "bogus"})
+    message = str(caught.value)
+    assert message.startswith("TURNKIT_MODEL=bogus (read as openai:bogus")
+    assert "api_key" in message or "OPENAI_API_KEY" in message  # the SDK's own words
+    with pytest.raises(turnkit.ConfigurationError) as named:
+        configured({"TURNKIT_MODEL": "openai:gpt-x"})
+    assert str(named.value).startswith("TURNKIT_MODEL=openai:gpt-x: openai: ")

@@ -37,6 +37,8 @@ class Choice:
     provider: Provider
     model: str
     because: str
+    #: Whether the provider was guessed from a bare model name (no ``provider:``).
+    guessed: bool = False
 
     @property
     def label(self) -> str:
@@ -70,7 +72,7 @@ def _named(named: str) -> Choice:
             return Choice(provider=provider, model=rest.strip(), because=because)
     # A bare name, which may hold a colon itself (Ollama's "llama3.2:3b").
     provider = "anthropic" if named.lower().startswith("claude") else "openai"
-    return Choice(provider=provider, model=named, because=because)
+    return Choice(provider=provider, model=named, because=because, guessed=True)
 
 
 def build(choice: Choice, env: Mapping[str, str]) -> Model:
@@ -95,6 +97,14 @@ def build(choice: Choice, env: Mapping[str, str]) -> Model:
             )
     except ImportError as exc:
         raise ConfigurationError(f"{choice.because} selects {choice.provider}, but {exc}") from exc
+    except ConfigurationError as exc:  # the SDK refused to start (a missing key, say)
+        read = (
+            f" (read as {choice.label}: a name without 'anthropic:' or 'openai:' is "
+            "Anthropic's if it starts with 'claude', else OpenAI's)"
+            if choice.guessed
+            else ""
+        )
+        raise ConfigurationError(f"{choice.because}{read}: {exc}") from exc
     return demo_model()
 
 
