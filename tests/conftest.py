@@ -8,6 +8,7 @@ are skipped with a message saying so, unless ``TURNKIT_REQUIRE_POSTGRES=1`` (set
 
 from __future__ import annotations
 
+import signal
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,15 @@ from turnkit.stores import MemoryStore, SqliteStore, Store, TurnRecord
 from turnkit.testing import RecordingSink
 
 StoreFactory = Callable[[], Store]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A suite started with SIGINT ignored (a background job, ``nohup``, some CI
+    runners) would hand the ignored signal to every child it starts, and the
+    tests that stop a child with Ctrl-C would wait in vain: restore the default
+    here, so children start with it too."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(params=["memory", "sqlite", "postgres"])

@@ -406,3 +406,40 @@ def test_otel_without_what_it_needs_is_one_line_naming_it(
     assert done.stderr.startswith("turnkit: error: turnkit run --otel") or "OTEL_" in done.stderr
     assert says in done.stderr and "Traceback" not in done.stderr
     assert not (tmp_path / ".turnkit").exists()  # refused before the store opened
+
+
+@pytest.mark.slow
+def test_the_ctrl_c_tests_pass_when_the_suite_starts_with_sigint_ignored() -> None:
+    """Issue 37 item 4: run as a background job (SIGINT ignored), the children the
+    tests start inherited the ignored signal and Ctrl-C never reached them;
+    conftest restores the default first."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    def ignore_sigint() -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-n",
+            "0",
+            str(Path(__file__)),
+            "-k",
+            "ctrl_c_at_the_prompt",
+        ],
+        preexec_fn=ignore_sigint,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ},
+    )
+    assert done.returncode == 0, done.stdout[-2000:]
+    assert "1 passed" in done.stdout
