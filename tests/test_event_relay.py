@@ -15,6 +15,8 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -110,6 +112,18 @@ def test_a_failed_reply_crosses_whole_and_a_malformed_entry_is_refused() -> None
 async def test_a_failed_reply_reaches_another_store(pg_dsn: str, pg_schema: str) -> None:
     """The Slack route and the chat page may be served by two processes: the page's
     feed hears of a Slack reply that failed in the other one."""
+    async with following(pg_dsn, pg_schema) as (sender, _, heard):
+        assert sender.relay is not None
+        sender.relay.publish(FAILED_REPLY)
+        assert await asyncio.wait_for(heard.get(), 10) == FAILED_REPLY
+
+
+@asynccontextmanager
+async def following(
+    pg_dsn: str, pg_schema: str
+) -> AsyncIterator[tuple[PostgresStore, PostgresStore, asyncio.Queue[Relayed]]]:
+    """Two stores on one schema, the second's relay following session ``s1`` (and
+    listening already): the sender, the receiver, and what the receiver heard."""
     sender, receiver = (PostgresStore(pg_dsn, schema=pg_schema) for _ in range(2))
     await sender.open()
     await receiver.open()
@@ -117,10 +131,11 @@ async def test_a_failed_reply_reaches_another_store(pg_dsn: str, pg_schema: str)
         assert sender.relay is not None and receiver.relay is not None
         heard: asyncio.Queue[Relayed] = asyncio.Queue()
         stop = receiver.relay.follow("s1", heard.put_nowait)
+        deadline = time.monotonic() + 20
         while not receiver.relay.listening:
+            assert time.monotonic() < deadline, "the relay never listened"
             await asyncio.sleep(0.01)
-        sender.relay.publish(FAILED_REPLY)
-        assert await asyncio.wait_for(heard.get(), 10) == FAILED_REPLY
+        yield sender, receiver, heard
         stop()
     finally:
         await sender.close()
@@ -447,43 +462,34 @@ async def test_a_role_that_can_only_connect_cannot_forge_or_bloat_the_relay(
     role = f"turnkit_intruder_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(pg_dsn, autocommit=True) as admin:
         admin.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
-    sender, receiver = (PostgresStore(pg_dsn, schema=pg_schema) for _ in range(2))
-    await sender.open()
-    await receiver.open()
     try:
-        assert sender.relay is not None and receiver.relay is not None
-        heard: asyncio.Queue[Relayed] = asyncio.Queue()
-        stop = receiver.relay.follow("s1", heard.put_nowait)
-        while not receiver.relay.listening:
-            await asyncio.sleep(0.01)
-        forged_delta = json.dumps(
-            {"at": 0.0, "e": [["d", "s1", "t1", "message.delta", 1, "FORGED", 0.0]]}
-        )
-        payloads = [f"{pg_schema}/evil/{n}/0/20000000/{'0' * 32}/x" for n in range(1, 4)]
-        payloads.append(f"{pg_schema}/evil/9/0/1/{'0' * 32}/{forged_delta}")
-        async with await psycopg.AsyncConnection.connect(
-            pg_dsn, user=role, autocommit=True
-        ) as intruder:
-            with pytest.raises(psycopg.errors.InsufficientPrivilege):
-                await intruder.execute(f'SELECT key FROM "{pg_schema}".turnkit_relay_key')
-        async with await psycopg.AsyncConnection.connect(
-            pg_dsn, user=role, autocommit=True
-        ) as intruder:
-            for payload in payloads:
-                await intruder.execute("SELECT pg_notify('turnkit_events', %s)", (payload,))
-        deadline = time.monotonic() + 20
-        while receiver.relay.rejected["forged"] < len(payloads):
-            assert time.monotonic() < deadline, receiver.relay.rejected
-            await asyncio.sleep(0.01)
-        # A real delta after the forged ones is the first thing the follower hears.
-        real = MessageDeltaEvent(turn_id="t1", session_id="s1", text="real", next_seq=1)
-        sender.relay.publish(real)
-        first = await asyncio.wait_for(heard.get(), 10)
-        assert isinstance(first, MessageDeltaEvent) and first.text == "real"
-        assert heard.empty()
-        stop()
+        async with following(pg_dsn, pg_schema) as (sender, receiver, heard):
+            assert sender.relay is not None and receiver.relay is not None
+            forged_delta = json.dumps(
+                {"at": 0.0, "e": [["d", "s1", "t1", "message.delta", 1, "FORGED", 0.0]]}
+            )
+            payloads = [f"{pg_schema}/evil/{n}/0/20000000/{'0' * 32}/x" for n in range(1, 4)]
+            payloads.append(f"{pg_schema}/evil/9/0/1/{'0' * 32}/{forged_delta}")
+            async with await psycopg.AsyncConnection.connect(
+                pg_dsn, user=role, autocommit=True
+            ) as intruder:
+                with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                    await intruder.execute(f'SELECT key FROM "{pg_schema}".turnkit_relay_key')
+            async with await psycopg.AsyncConnection.connect(
+                pg_dsn, user=role, autocommit=True
+            ) as intruder:
+                for payload in payloads:
+                    await intruder.execute("SELECT pg_notify('turnkit_events', %s)", (payload,))
+            deadline = time.monotonic() + 20
+            while receiver.relay.rejected["forged"] < len(payloads):
+                assert time.monotonic() < deadline, receiver.relay.rejected
+                await asyncio.sleep(0.01)
+            # A real delta after the forged ones is the first thing the follower hears.
+            real = MessageDeltaEvent(turn_id="t1", session_id="s1", text="real", next_seq=1)
+            sender.relay.publish(real)
+            first = await asyncio.wait_for(heard.get(), 10)
+            assert isinstance(first, MessageDeltaEvent) and first.text == "real"
+            assert heard.empty()
     finally:
-        await sender.close()
-        await receiver.close()
         with psycopg.connect(pg_dsn, autocommit=True) as admin:
             admin.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
