@@ -498,6 +498,35 @@ async def test_a_stored_turn_wakes_an_idle_worker_without_waiting_for_its_poll(
     assert stop(nodes.workers[0]) == 0
 
 
+class _StopsDuringItsClaim(PostgresStore):
+    """A real store that calls ``stop()`` on a worker while that worker's claim is
+    under way: where a SIGTERM lands now and then (and once, in CI, was lost)."""
+
+    worker: turnkit.Worker | None = None
+    claims = 0
+
+    async def claim(self, agents: Any, *, limit: int, skip: Any = ()) -> list[Any]:
+        records = await super().claim(agents, limit=limit, skip=skip)
+        self.claims += 1
+        # The second claim: the first is followed by the listener's own wake-up.
+        if self.claims == 2 and self.worker is not None:
+            self.worker.stop()
+        return records
+
+
+async def test_a_stop_that_lands_during_a_claim_ends_the_worker_without_waiting_for_its_poll(
+    pg_dsn: str, pg_schema: str
+) -> None:
+    store = _StopsDuringItsClaim(pg_dsn, schema=pg_schema)
+    agent = turnkit.Agent(name="a", model=turnkit.testing.ScriptedModel(["hi"]))
+    async with turnkit.Runtime(agent, store=store) as rt:
+        worker = turnkit.Worker(rt, poll=120)
+        store.worker = worker
+        # Far below the poll: only the stop itself can end the wait after the claim.
+        await asyncio.wait_for(worker.run(), timeout=30)
+    assert worker.claimed == 0
+
+
 async def _generations(nodes: Cluster, session: str) -> tuple[list[str], list[str]]:
     """The openings of the live generation and of archived generation 0."""
     stored = nodes.runtime.store.session(session)

@@ -105,6 +105,9 @@ class Worker:
         self.runtime._require_loop()
         try:
             while not self._stopping:
+                # Cleared before the claim, not after: a stop() or a delivery's end
+                # that lands while the claim is awaited still wakes the wait below.
+                self._wake.clear()
                 claimed = await self._claim_once()
                 if claimed and self.running < self.concurrency:
                     continue  # there may be more
@@ -134,8 +137,8 @@ class Worker:
 
     async def _wait(self) -> None:
         """Until a turn may be runnable: announced by the store, a delivery here
-        ended, ``stop()``, or ``poll`` seconds passed."""
-        self._wake.clear()
+        ended, ``stop()``, or ``poll`` seconds passed (``run`` clears the wake-up
+        before each claim, so one that came during the claim counts)."""
         announced = asyncio.ensure_future(self.queue.wait_for_turns(self.poll))
         woken = asyncio.ensure_future(self._wake.wait())
         try:
