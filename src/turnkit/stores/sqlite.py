@@ -1,10 +1,12 @@
 """``SqliteStore``: many sessions in one SQLite file, the embedded default.
 
-The engine's own commits run on the event loop's thread: in WAL mode with
-``synchronous=NORMAL`` a commit costs tens of microseconds, less than handing the
-work to a thread would. A local tool may block, so its step runs on one of the
-store's tool threads, each with a connection of its own; the tool's first use of
-``ctx.store`` begins the transaction there, and the step's rows commit in it.
+A process writes a file through one connection, taken in turn by whoever commits
+(``_sqlite_writer``); reads go through a connection of their own. The engine's own
+commits run on the event loop's thread: in WAL mode with ``synchronous=NORMAL`` a
+commit costs tens of microseconds, less than handing the work to a thread would.
+A local tool may block, so its step runs on one of the store's tool threads; the
+tool's first use of ``ctx.store`` takes the writer there and begins the step's
+transaction, and the step's rows commit in it.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ import logging
 import os
 import re
 import sqlite3
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -44,6 +45,7 @@ from ._sql_rows import dumps as _dumps
 from ._sql_rows import session_info, turn_values
 from ._sql_rows import turn_from_row as _turn_from_row
 from ._sqlite_schema import migrate, read_store_id
+from ._sqlite_writer import SqliteWriter
 
 T = TypeVar("T")
 log = logging.getLogger("turnkit.stores.sqlite")
@@ -121,14 +123,16 @@ _TRANSIENT_CODES = frozenset({sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED})
 
 
 class _ToolHandle:
-    """``ctx.store`` on a tool thread: that thread's connection, whose transaction
+    """``ctx.store`` on a tool thread: the store's write connection, which the tool
+    takes (in turn with every other writer of the process) and whose transaction
     begins (``BEGIN IMMEDIATE``) at the tool's first use, so a tool that blocks
-    before it writes holds no lock meanwhile."""
+    before it writes holds nothing meanwhile."""
 
     def __init__(self, store: SqliteStore, session_id: str) -> None:
         self._store = store
         self._sid = session_id
-        #: The connection whose transaction the tool began, once it has.
+        #: The connection whose transaction the tool began, once it has; the tool
+        #: then holds the writer until ``_run_tool`` lets it go.
         self.conn: sqlite3.Connection | None = None
         #: Why the transaction could not begin: the step fails with it even if the
         #: tool caught it.
@@ -139,15 +143,22 @@ class _ToolHandle:
             return self.conn
         if self.failed is not None:
             raise self.failed
-        conn = self._store._tool_connection()
+        writer = self._store._write_connection
+        writer.turns.take_blocking()  # on this thread, not the loop
         try:
-            # Waits up to busy_timeout for the write lock: on this thread, not the loop.
-            conn.execute("BEGIN IMMEDIATE")
-        except sqlite3.Error as exc:
+            _begin_blocking(writer.conn, self._store.busy_timeout)
+        except StoreError as exc:
+            writer.turns.release()
             self.failed = StoreError(f"session {self._sid}: cannot begin the tool's step: {exc}")
             raise self.failed from exc
-        self.conn = conn
-        return conn
+        self.conn = writer.conn
+        return self.conn
+
+    def release(self) -> None:
+        """Let the writer go (``_run_tool``, once the step committed or rolled back)."""
+        if self.conn is not None:
+            self.conn = None
+            self._store._write_connection.turns.release()
 
     def unwrap(self) -> sqlite3.Connection:
         return self._open()
@@ -157,6 +168,31 @@ class _ToolHandle:
 
     def transient(self, exc: BaseException) -> bool:
         return _transient(exc)
+
+
+def _try_begin(conn: sqlite3.Connection, what: str) -> bool:
+    """``BEGIN IMMEDIATE``: whether it began (``False``: another connection holds
+    the write lock)."""
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        return True
+    except sqlite3.OperationalError as exc:
+        # The extended code (SQLITE_BUSY_RECOVERY, …) carries BUSY in its low byte.
+        if getattr(exc, "sqlite_errorcode", 0) & 0xFF != sqlite3.SQLITE_BUSY:
+            raise StoreError(f"session {what}: cannot begin: {exc}") from exc
+        return False
+
+
+def _begin_blocking(conn: sqlite3.Connection, timeout: float) -> None:
+    """``BEGIN IMMEDIATE`` on a thread that may block: another process's lock is
+    waited for up to ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    delay = 0.001
+    while not _try_begin(conn, "the tool's step"):
+        if time.monotonic() >= deadline:
+            raise StoreError(f"the database stayed locked by another connection for {timeout:g}s")
+        time.sleep(delay)
+        delay = min(delay * 2, 0.05)
 
 
 def _commit_failed(session_id: str, exc: BaseException) -> BaseException:
@@ -359,19 +395,24 @@ class _SqliteSession:
         return result
 
     async def _write(self, writes: RecordedWrites) -> None:
-        conn = self._store.connection
-        await self._begin(conn)
-        tx = _SqliteTransaction(conn, self._sid)
+        writer = self._store._write_connection
+        await writer.turns.take()
         try:
-            writes.replay(tx)
-            conn.execute("COMMIT")
-        except BaseException as exc:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            failure = _commit_failed(self._sid, exc)
-            if failure is exc:
-                raise
-            raise failure from exc
+            conn = writer.conn
+            await self._begin(conn)
+            tx = _SqliteTransaction(conn, self._sid)
+            try:
+                writes.replay(tx)
+                conn.execute("COMMIT")
+            except BaseException as exc:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                failure = _commit_failed(self._sid, exc)
+                if failure is exc:
+                    raise
+                raise failure from exc
+        finally:
+            writer.turns.release()
         self._store._committed()
         if tx.cancels:
             self._store._locks.signal()
@@ -383,8 +424,18 @@ class _SqliteSession:
         store = self._store
         handle = _ToolHandle(store, self._sid)
         writes = RecordedWrites(handle)
-        result: T = await on_thread(store._tools, self._run_tool, work, writes, handle)
-        if handle.conn is None:  # the tool never used ctx.store
+        used = False
+
+        def run() -> T:
+            nonlocal used
+            try:
+                return self._run_tool(work, writes, handle)
+            finally:
+                used = handle.conn is not None
+                handle.release()
+
+        result: T = await on_thread(store._tools, run)
+        if not used:  # the tool never used ctx.store
             await self._write(writes)
         else:
             store._committed()
@@ -413,24 +464,18 @@ class _SqliteSession:
             raise failure from exc
 
     async def _begin(self, conn: sqlite3.Connection) -> None:
-        """``BEGIN IMMEDIATE``, waiting for another process's write lock without blocking
-        the event loop: the connection never busy-waits, this retries with a sleep."""
+        """``BEGIN IMMEDIATE`` on the write connection this task holds. Within the
+        process nobody else writes, so a lock held here is another process's: wait
+        for it up to ``busy_timeout`` without blocking the event loop."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._store.busy_timeout
         delay = 0.001
-        while True:
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-                return
-            except sqlite3.OperationalError as exc:
-                # The extended code (SQLITE_BUSY_RECOVERY, …) carries BUSY in its low byte.
-                if getattr(exc, "sqlite_errorcode", 0) & 0xFF != sqlite3.SQLITE_BUSY:
-                    raise StoreError(f"session {self._sid}: cannot begin: {exc}") from exc
-                if loop.time() >= deadline:
-                    raise StoreError(
-                        f"session {self._sid}: the database stayed locked by another "
-                        f"connection for {self._store.busy_timeout:g}s"
-                    ) from exc
+        while not _try_begin(conn, self._sid):
+            if loop.time() >= deadline:
+                raise StoreError(
+                    f"session {self._sid}: the database stayed locked by another "
+                    f"connection for {self._store.busy_timeout:g}s"
+                )
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.05)
 
@@ -550,12 +595,12 @@ class SqliteStore:
         self.busy_timeout = busy_timeout
         self.tool_threads = tool_threads
         self.writer_timeout = writer_timeout
+        #: Reads, on the event loop's thread (``connection``).
         self._conn: sqlite3.Connection | None = None
-        #: The tool threads and their connections (one each, made on first use).
+        #: Every write, taken in turn by the loop's commits and the tool threads.
+        self._writer: SqliteWriter | None = None
+        #: The threads local tools run on.
         self._tool_executor: ThreadPoolExecutor | None = None
-        self._tool_local = threading.local()
-        self._tool_conns: list[sqlite3.Connection] = []
-        self._tool_conns_lock = threading.Lock()
         self._store_id: str | None = None
         self._since_checkpoint = 0
         self._checkpoint: asyncio.Future[None] | None = None
@@ -588,11 +633,17 @@ class SqliteStore:
             )
         conn = self._checkpoint_conn
         _, frames, _ = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
-        if frames >= RESTART_FRAMES:
+        writer = self._writer
+        if frames >= RESTART_FRAMES and writer is not None:
             # Commits made during the passive pass kept the WAL from being rewound;
             # this pass copies the few frames since and makes the next writer start
-            # the WAL from its beginning. Writers wait for it in ``_begin``, off the loop.
-            conn.execute("PRAGMA wal_checkpoint(RESTART)").fetchall()
+            # the WAL from its beginning. It takes its turn with this process's
+            # writers, so none of them meets it at SQLite's lock.
+            writer.turns.take_blocking()
+            try:
+                conn.execute("PRAGMA wal_checkpoint(RESTART)").fetchall()
+            finally:
+                writer.turns.release()
             self.restarts += 1
 
     def _checkpoint_done(self, future: asyncio.Future[None]) -> None:
@@ -606,32 +657,23 @@ class SqliteStore:
 
     @property
     def connection(self) -> sqlite3.Connection:
+        """The connection the store reads through (on the event loop's thread). It
+        never writes: every write goes through the store's one write connection."""
         if self._conn is None:
             raise _not_open()
         return self._conn
+
+    @property
+    def _write_connection(self) -> SqliteWriter:
+        if self._writer is None:
+            raise _not_open()
+        return self._writer
 
     @property
     def _tools(self) -> ThreadPoolExecutor:
         if self._tool_executor is None:
             raise _not_open()
         return self._tool_executor
-
-    def _tool_connection(self) -> sqlite3.Connection:
-        """This tool thread's own connection, made on its first use. SQLite's busy
-        handler waits for the write lock here (up to ``busy_timeout``): off the loop."""
-        conn: sqlite3.Connection | None = getattr(self._tool_local, "conn", None)
-        if conn is None:
-            conn = sqlite3.connect(
-                self.path,
-                timeout=self.busy_timeout,
-                isolation_level=None,
-                check_same_thread=False,  # only closed elsewhere, by ``close``
-            )
-            _configure(conn)
-            self._tool_local.conn = conn
-            with self._tool_conns_lock:
-                self._tool_conns.append(conn)
-        return conn
 
     @property
     def store_id(self) -> str:
@@ -648,14 +690,17 @@ class SqliteStore:
         if not os.path.isdir(parent):
             raise StoreError(f"SqliteStore: directory {parent!r} does not exist")
         # Migrations may wait for another process's lock: do it off the event loop.
-        self._conn = await asyncio.to_thread(self._connect)
+        write_conn = await asyncio.to_thread(self._connect)
         try:
+            self._conn = await asyncio.to_thread(self._connect_reader, write_conn)
             self._locks.open()
         except BaseException:
-            self._conn.close()
+            if self._conn is not None and self._conn is not write_conn:
+                self._conn.close()
             self._conn = None
+            write_conn.close()
             raise
-        self._tool_local = threading.local()
+        self._writer = SqliteWriter(write_conn)
         self._tool_executor = ThreadPoolExecutor(
             max_workers=self.tool_threads, thread_name_prefix="turnkit-sqlite-tool"
         )
@@ -678,16 +723,26 @@ class SqliteStore:
             raise
         return conn
 
+    def _connect_reader(self, write_conn: sqlite3.Connection) -> sqlite3.Connection:
+        """The read connection: its own, so reads never see a tool's open step (an
+        in-memory database has a single connection, as it is one per connection)."""
+        if self.path in ("", ":memory:") or self.path.startswith("file:"):
+            return write_conn
+        conn = sqlite3.connect(
+            self.path, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False
+        )
+        _configure(conn)
+        return conn
+
     async def close(self) -> None:
         executor, self._tool_executor = self._tool_executor, None
         if executor is not None:
-            # A tool still blocking is not waited for (as on PostgreSQL): its
+            # A tool still blocking is not waited for (as on PostgreSQL): the write
             # connection closes under it, which rolls its step back.
             executor.shutdown(wait=False, cancel_futures=True)
-        with self._tool_conns_lock:
-            tool_conns, self._tool_conns = self._tool_conns, []
-        for tool_conn in tool_conns:
-            tool_conn.close()
+        writer, self._writer = self._writer, None
+        if writer is not None and writer.conn is not self._conn:
+            writer.conn.close()
         if self._checkpoint is not None:
             await asyncio.wait([self._checkpoint])
         if self._checkpoint_conn is not None:
