@@ -664,6 +664,12 @@ class SqliteStore:
         return self._conn
 
     @property
+    def writes_waiting(self) -> int:
+        """How many commits of this store wait for its write connection right now
+        (for monitoring: a number that stays high means a tool holds its step)."""
+        return self._writer.turns.waiting if self._writer is not None else 0
+
+    @property
     def _write_connection(self) -> SqliteWriter:
         if self._writer is None:
             raise _not_open()
