@@ -15,8 +15,9 @@ from contextlib import closing
 from pathlib import Path
 
 import turnkit
-from turnkit.stores import SqliteStore
+from turnkit.stores import SqliteStore, TurnRecord
 from turnkit.stores._sqlite_writer import WriteTurns
+from turnkit.stores.sqlite import CHECKPOINT_EVERY
 from turnkit.testing import ScriptedModel, ScriptedReply, tool_call
 
 DEADLINE = 30.0
@@ -137,3 +138,34 @@ async def test_a_tool_holding_its_step_past_the_busy_timeout_fails_no_other_sess
     assert [r.status for r in results] == ["completed"] * 13, [r.error for r in results]
     with closing(sqlite3.connect(db, isolation_level=None)) as conn:
         assert conn.execute("SELECT count(*) FROM notes").fetchone() == (13,)
+
+
+async def test_checkpoints_keep_running_while_the_event_loop_never_waits(tmp_path: Path) -> None:
+    """A turn whose steps never wait (a fast model, async tools) keeps the loop busy;
+    each background checkpoint must still start after the last one ended, or the WAL
+    grows and every later commit slows (one checkpoint per store, before the fix)."""
+    store = SqliteStore(tmp_path / "busy.db")
+    async with turnkit.Runtime(turnkit.Agent(name="a", model=ScriptedModel(["x"])), store=store):
+        session = store.session("s1")
+        opening = turnkit.UserMessage(text="hi", turn_id="t1")
+        record = TurnRecord(
+            session_id="s1",
+            turn_id="t1",
+            agent="a",
+            status="running",
+            opening=opening.to_dict(),
+            created_at=0.0,
+        )
+        await session.commit(lambda tx: (tx.append_message(0, opening), tx.open_turn(record)))
+        index = 1
+        for rounds in range(1, 4):
+            for _ in range(CHECKPOINT_EVERY):
+                reply = turnkit.AssistantMessage(text="y", turn_id="t1")
+                await session.commit(lambda tx, i=index, m=reply: tx.append_message(i, m))
+                index += 1
+            # Block the loop on purpose (it is what a busy loop looks like to the
+            # checkpoint's thread) until this round's checkpoint has ended.
+            deadline = time.monotonic() + DEADLINE
+            while store.checkpoints < rounds:
+                assert time.monotonic() < deadline, f"checkpoint {rounds} never ran"
+                time.sleep(0.005)

@@ -19,7 +19,7 @@ import re
 import sqlite3
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager, contextmanager
 from typing import Any, TypeVar, cast
 
@@ -603,7 +603,9 @@ class SqliteStore:
         self._tool_executor: ThreadPoolExecutor | None = None
         self._store_id: str | None = None
         self._since_checkpoint = 0
-        self._checkpoint: asyncio.Future[None] | None = None
+        #: The background checkpoint running or last run, on its own thread.
+        self._checkpoint: Future[None] | None = None
+        self._checkpointer: ThreadPoolExecutor | None = None
         self._checkpoint_conn: sqlite3.Connection | None = None
         #: How many background checkpoints have completed, and how many of them
         #: rewound the WAL (for monitoring and tests).
@@ -617,10 +619,15 @@ class SqliteStore:
     def _committed(self) -> None:
         """Count a commit; start a background checkpoint when enough have piled up."""
         self._since_checkpoint += 1
-        if self._since_checkpoint < CHECKPOINT_EVERY or self._checkpoint is not None:
+        if self._since_checkpoint < CHECKPOINT_EVERY:
+            return
+        running, checkpointer = self._checkpoint, self._checkpointer
+        if checkpointer is None or (running is not None and not running.done()):
             return
         self._since_checkpoint = 0
-        self._checkpoint = asyncio.get_running_loop().run_in_executor(None, self._run_checkpoint)
+        # Its end is noted on its own thread, not through the event loop: a busy loop
+        # (a turn whose steps never wait) must not keep the next one from starting.
+        self._checkpoint = checkpointer.submit(self._run_checkpoint)
         self._checkpoint.add_done_callback(self._checkpoint_done)
 
     def _run_checkpoint(self) -> None:
@@ -646,8 +653,7 @@ class SqliteStore:
                 writer.turns.release()
             self.restarts += 1
 
-    def _checkpoint_done(self, future: asyncio.Future[None]) -> None:
-        self._checkpoint = None
+    def _checkpoint_done(self, future: Future[None]) -> None:
         if future.cancelled():
             return
         if future.exception() is not None:
@@ -707,6 +713,7 @@ class SqliteStore:
             write_conn.close()
             raise
         self._writer = SqliteWriter(write_conn)
+        self._checkpointer = ThreadPoolExecutor(1, thread_name_prefix="turnkit-sqlite-checkpoint")
         self._tool_executor = ThreadPoolExecutor(
             max_workers=self.tool_threads, thread_name_prefix="turnkit-sqlite-tool"
         )
@@ -749,8 +756,11 @@ class SqliteStore:
         writer, self._writer = self._writer, None
         if writer is not None and writer.conn is not self._conn:
             writer.conn.close()
+        checkpointer, self._checkpointer = self._checkpointer, None
         if self._checkpoint is not None:
-            await asyncio.wait([self._checkpoint])
+            await asyncio.wait([asyncio.wrap_future(self._checkpoint)])
+        if checkpointer is not None:
+            checkpointer.shutdown(wait=False)
         if self._checkpoint_conn is not None:
             self._checkpoint_conn.close()
             self._checkpoint_conn = None
