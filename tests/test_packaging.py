@@ -37,7 +37,7 @@ INTEGRATIONS = {
 def test_every_extra_installs_something_and_all_is_every_integration() -> None:
     extras: dict[str, list[str]] = PROJECT["optional-dependencies"]
     assert all(extras.values()), [name for name, needs in extras.items() if not needs]
-    assert set(extras) == INTEGRATIONS | {"all", "test"}
+    assert set(extras) == INTEGRATIONS | {"all", "test", "bench"}  # bench: the peers
     everything = {need for name in INTEGRATIONS for need in extras[name]}
     assert set(extras["all"]) == everything
 
