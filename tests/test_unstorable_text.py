@@ -96,6 +96,31 @@ async def test_item1_unstorable_text_from_every_way_in_is_kept_as_u_fffd(
         assert await runtime.recover() == []
 
 
+async def test_item1_a_tool_that_returns_its_own_input_with_bad_text_put_in_is_cleaned(
+    make_store: StoreFactory,
+) -> None:
+    """A tool's input is a private copy it may change and return; what it put in is
+    checked like any result (no check is skipped for a copy handed to a tool)."""
+
+    @tool
+    def mangle(data: dict[str, Any]) -> dict[str, Any]:
+        """Returns its input, changed."""
+        data["note"] = BAD
+        data["items"].append(BAD)
+        return data
+
+    model = ScriptedModel(
+        [ScriptedReply(tool_calls=[tool_call("mangle", {"data": {"items": ["x"]}})]), "ok"]
+    )
+    agent = turnkit.Agent(name="m", model=model, tools=[mangle])
+    async with turnkit.Runtime(agent, store=make_store()) as runtime:
+        session = runtime.session("m", "s1")
+        assert await session.turn("go") == "ok"
+        [result] = [m.result for m in await session.messages() if m.role == "tool"]
+        assert result == {"items": ["x", CLEAN], "note": CLEAN}
+        assert not has_unstorable([e.to_dict() for e in await session.events()])
+
+
 async def test_item1_the_session_list_survives_a_stored_nul_on_postgres(
     pg_dsn: str, pg_schema: str
 ) -> None:
