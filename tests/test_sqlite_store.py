@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sqlite3
+import time
 from pathlib import Path
 from typing import Any
 
@@ -178,17 +179,23 @@ async def test_a_background_checkpoint_rewinds_a_long_wal(tmp_path: Path) -> Non
     agent = turnkit.Agent(name="a", model=ScriptedModel(respond=lambda m: "ok"))
     store = SqliteStore(db)
     # Each opening writes its text three times (message, turn row, turn.started), so
-    # the first background checkpoint finds far more than RESTART_FRAMES pages.
-    text = "x" * (4 * 4096 * RESTART_FRAMES // CHECKPOINT_EVERY)
+    # the first background checkpoint finds several times RESTART_FRAMES pages (and
+    # fewer than SQLite's own backstop, which would copy them first).
+    text = "x" * (2 * 4096 * RESTART_FRAMES // CHECKPOINT_EVERY)
+    turns = CHECKPOINT_EVERY // 2 + 1  # two commits per turn: one checkpoint is due
     async with turnkit.Runtime(agent, store=store) as rt:
         session = rt.session("a", "s1")
-        for i in range(CHECKPOINT_EVERY + 2):  # two commits per turn
+        for i in range(turns):
             await session.turn(f"{i} {text}")
-    assert store.checkpoints >= 1 and store.restarts >= 1
+        # Wait for it here: if commits went on meanwhile on a loaded machine, SQLite's
+        # own backstop could copy the WAL first, and there would be nothing to rewind.
+        deadline = time.monotonic() + 30
+        while store.checkpoints < 1:
+            assert time.monotonic() < deadline, "no background checkpoint ran"
+            await asyncio.sleep(0.01)
+    assert store.restarts >= 1
     with sqlite3.connect(db) as conn:
-        assert conn.execute("SELECT count(*) FROM turnkit_turns").fetchone() == (
-            CHECKPOINT_EVERY + 2,
-        )
+        assert conn.execute("SELECT count(*) FROM turnkit_turns").fetchone() == (turns,)
 
 
 def _one_tool_agent(fn: Any) -> turnkit.Agent:
