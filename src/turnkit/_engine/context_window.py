@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._errors import ContextWindowError
-from .._seams.store import NO_MESSAGES, SessionStore, Transaction
+from .._seams.store import NO_MESSAGES, SessionStore
 from .._seams.tracer import NO_SPAN, StepSpan
 from .._values.messages import (
     AssistantMessage,
@@ -30,6 +30,7 @@ from .._values.step_ids import history_step_id, window_step_id
 from .._values.turns import TurnFailure
 from .._values.usage import Usage
 from .._values.windows import SummaryRecord, SummaryRef, WindowRecord
+from .._values.writes import PutStep, Write
 from .agent import Agent
 from .history import OPENINGS, HistoryView, HistoryWindow, Summarizer, estimate_tokens
 from .model_call import Sent, stored_form, stream_reply, window_failure
@@ -125,11 +126,12 @@ class ContextWindows:
         used, self._usage = self._usage, Usage()
         return used
 
-    def write(self, tx: Transaction) -> None:
-        """Store the chosen window with the model step's commit."""
-        if self.chosen is not None:
-            index, record, _ = self.chosen
-            tx.put_step(window_step_id(index), self.turn_id, record.to_dict())
+    def writes(self) -> list[Write]:
+        """What stores the chosen window with the model step's commit."""
+        if self.chosen is None:
+            return []
+        index, record, _ = self.chosen
+        return [PutStep(window_step_id(index), self.turn_id, record.to_dict())]
 
     def committed(self) -> WindowCache | None:
         """After the step committed: its window becomes the one to start from."""
@@ -243,11 +245,7 @@ class ContextWindows:
             )
             span.replied(reply)
             record = SummaryRecord(text=reply.text, upto=upto, usage=reply.usage)
-
-            def write(tx: Transaction) -> None:
-                tx.put_step(step_id, self.turn_id, record.to_dict())
-
-            await self.store.commit(write)
+            await self.store.commit([PutStep(step_id, self.turn_id, record.to_dict())])
         self.steps[step_id] = record.to_dict()
         if reply.usage is not None:
             self._usage = self._usage + reply.usage

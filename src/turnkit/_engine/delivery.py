@@ -6,16 +6,17 @@ state changes take it through this protocol, so none of them imports the runner.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, Protocol
 
-from .._seams.store import SessionStore, Transaction
+from .._seams.store import SessionStore
 from .._seams.tracer import StepTrace, TurnSpan
 from .._values.events import TurnEvent
 from .._values.inbound import InboundEvent
 from .._values.messages import Message
 from .._values.policy import TurnPolicy
 from .._values.usage import Usage
+from .._values.writes import Write
 from .agent import Agent
 from .context import ChildTurns
 from .turn_tools import TurnTools
@@ -47,7 +48,7 @@ class Delivery(Protocol):
 
     async def commit(
         self,
-        write: Callable[[Transaction], None],
+        writes: Sequence[Write],
         events: list[TurnEvent],
         messages: Sequence[Message] = (),
     ) -> None: ...

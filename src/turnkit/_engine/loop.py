@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, Literal, TypeAlias
 
 from .._errors import ConfigurationError, SessionOwnerError, StoreError
 from .._seams.sink import EventSink
-from .._seams.store import SessionStore, Transaction
+from .._seams.store import SessionStore
 from .._seams.tracer import (
     NO_SPAN,
     NO_TRACER,
@@ -44,6 +44,7 @@ from .._values.step_ids import (
 )
 from .._values.turns import TurnCancelled, TurnFailure, TurnRequest, TurnResult, result_from_record
 from .._values.usage import Usage, steps_usage
+from .._values.writes import LogEvent, SettleQueued, Write
 from .agent import Agent
 from .batch import distinct_ids
 from .context import ChildTurns
@@ -277,9 +278,7 @@ class TurnRunner:
     ) -> TurnResult:
         """End a queued turn that will not open, durably, and tell observers (live:
         nothing of it is in the transcript or the event log)."""
-        await self.store.commit(
-            lambda tx: tx.settle_queued(self.turn_id, status, reason=reason, error=error)
-        )
+        await self.store.commit([SettleQueued(self.turn_id, status, reason=reason, error=error)])
         if status == "cancelled":
             return self._cancelled_unopened(reason or "requested")
         message = error or "the turn could not open"
@@ -345,26 +344,20 @@ class TurnRunner:
 
     async def commit(
         self,
-        write: Callable[[Transaction], None],
+        writes: Sequence[Write],
         events: list[TurnEvent],
         messages: Sequence[Message] = (),
     ) -> None:
-        """Commit ``write`` plus ``events`` (numbered from ``next_seq`` by the caller);
-        only then extend the transcript and emit."""
-
-        def work(tx: Transaction) -> None:
-            write(tx)
-            for event in events:
-                tx.log_event(event)
-
-        await self.store.commit(work)
+        """Commit ``writes`` plus ``events`` (numbered from ``next_seq`` by the
+        caller); only then extend the transcript and emit."""
+        await self.store.commit([*writes, *map(LogEvent, events)])
         self.next_seq += len(events)
         self.transcript.extend(messages)
         for event in events:
             self.emit(event)
 
     async def _apply(self, planned: Planned) -> None:
-        await self.commit(planned.write, planned.events, planned.messages)
+        await self.commit(planned.writes, planned.events, planned.messages)
 
     def emit(self, event: TurnEvent) -> None:
         try:

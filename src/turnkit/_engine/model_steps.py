@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._seams.store import Transaction
 from .._seams.tracer import StepSpan
 from .._values.checkpoints import ToolStepResult
 from .._values.events import MessageDeltaEvent, ReasoningDeltaEvent
 from .._values.messages import ToolMessage
 from .._values.step_ids import model_step_id, tool_step_id
+from .._values.writes import AppendMessage, PutStep, SetTurnStatus, Write
 from .context_window import ContextWindows
 from .delivery import Delivery
 from .known_transcript import KnownTranscript
@@ -83,22 +83,22 @@ class ModelSteps:
             first_seq=d.next_seq,
         )
 
-        def write(tx: Transaction) -> None:
-            # Part of the commit: a cancel that arrived after the last delta or while
-            # the stream closed still wins (nothing of the step is written).
-            d.boundary()
-            tx.put_step(step_id, d.turn_id, reply.to_dict())
-            windows.write(tx)
-            tx.append_message(index, message)
-            for offset, later in enumerate(tail, start=1):
-                if isinstance(later, ToolMessage):
-                    stored = ToolStepResult(result=later.result, error=error_of(later))
-                    tx.put_step(tool_step_id(index, later.call_id), tid, stored.to_dict())
-                tx.append_message(index + offset, later)
-            if answer is not None:
-                tx.set_turn_status(d.turn_id, "completed", text=answer)
-
-        await d.commit(write, events, [message, *tail])
+        writes: list[Write] = [
+            PutStep(step_id, tid, reply.to_dict()),
+            *windows.writes(),
+            AppendMessage(index, message),
+        ]
+        for offset, later in enumerate(tail, start=1):
+            if isinstance(later, ToolMessage):
+                stored = ToolStepResult(result=later.result, error=error_of(later))
+                writes.append(PutStep(tool_step_id(index, later.call_id), tid, stored.to_dict()))
+            writes.append(AppendMessage(index + offset, later))
+        if answer is not None:
+            writes.append(SetTurnStatus(tid, "completed", text=answer))
+        # Right before the commit: a cancel that arrived after the last delta or while
+        # the stream closed still wins (nothing of the step is written).
+        d.boundary()
+        await d.commit(writes, events, [message, *tail])
         cache = windows.committed()
         if self._known is not None:
             self._known.window = cache

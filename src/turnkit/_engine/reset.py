@@ -1,6 +1,6 @@
 """Carrying out a pending reset: the barrier a reset records in the store.
 
-``session.reset()`` records the request in the store (``Transaction.request_reset``)
+``session.reset()`` records the request in the store (a ``RequestReset`` write)
 and cancels the turns stored before it in the same write. Whichever process then
 holds the session's writer lock carries it out: the resetting process's own reset
 job, or a delivery of a turn stored after the request, which archives first and
@@ -10,8 +10,9 @@ asked for it staying alive, and no turn stored after it runs in the old generati
 
 from __future__ import annotations
 
-from .._seams.store import NO_MESSAGES, SessionStore, Transaction
+from .._seams.store import NO_MESSAGES, SessionStore
 from .._values.records import TurnRecord
+from .._values.writes import ArchiveGeneration, DropReset, SettleQueued, SetTurnStatus, Write
 
 
 async def carry_out_reset(store: SessionStore, agent: str) -> int | None:
@@ -29,24 +30,19 @@ async def carry_out_reset(store: SessionStore, agent: str) -> int | None:
         return None
     generation = snap.generation
     if await store.status() == "new":
-        await store.commit(lambda tx: tx.drop_reset())
+        await store.commit([DropReset()])
         return None
     cancelled = [r for r in await store.unfinished() if r.cancel_reason is not None]
 
-    def write(tx: Transaction) -> None:
-        for record in cancelled:
-            _end(tx, record)
-        tx.archive_generation(generation, snap.agent or agent)
-
-    await store.commit(write)
+    writes = [_end(record) for record in cancelled]
+    await store.commit([*writes, ArchiveGeneration(generation, snap.agent or agent)])
     return generation
 
 
-def _end(tx: Transaction, record: TurnRecord) -> None:
+def _end(record: TurnRecord) -> Write:
     if record.status == "queued":
-        tx.settle_queued(record.turn_id, "cancelled", reason=record.cancel_reason)
-    else:
-        tx.set_turn_status(record.turn_id, "cancelled")
+        return SettleQueued(record.turn_id, "cancelled", reason=record.cancel_reason)
+    return SetTurnStatus(record.turn_id, "cancelled")
 
 
 def runs_after_reset(turn: TurnRecord | None) -> bool:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._errors import FatalToolError, StoreError
-from .._seams.store import NoHandle, StoreHandle, Transaction
+from .._seams.store import NoHandle, StoreHandle
 from .._seams.tracer import StepOutcome, StepSpan
 from .._values.checkpoints import ToolStepResult
 from .._values.events import ActionCompletedEvent
@@ -20,6 +20,7 @@ from .._values.inputs import InputRequest
 from .._values.listed_tools import ListedTools
 from .._values.messages import AssistantMessage, ToolCall, ToolMessage
 from .._values.step_ids import tool_step_id, tools_step_id
+from .._values.writes import AppendMessage, LogEvent, PutStep, Write
 from .batch import committed_results, in_order
 from .context import ToolContext, TurnParked
 from .delivery import Delivery
@@ -79,11 +80,7 @@ class ToolSteps:
         if stored is None:
             listed = await list_tool_sources(d.agent)
             row = listed.to_dict()
-
-            def write(tx: Transaction) -> None:
-                tx.put_step(step_id, d.turn_id, row)
-
-            await d.commit(write, [])
+            await d.commit([PutStep(step_id, d.turn_id, row)], [])
             d.steps[step_id] = row
         else:
             listed = ListedTools.from_dict(stored)
@@ -126,12 +123,8 @@ class ToolSteps:
         held = committed_results(step.assistant_index, step.owed, d.steps, d.turn_id)
         ready = in_order(step.owed, held)
         index = len(d.transcript)
-
-        def write(tx: Transaction) -> None:
-            for offset, message in enumerate(ready):
-                tx.append_message(index + offset, message)
-
-        await d.commit(write, [], ready)
+        writes = [AppendMessage(index + offset, m) for offset, m in enumerate(ready)]
+        await d.commit(writes, [], ready)
 
     def _context(self, handle: Any, call: ToolCall, step_id: str, *, local: bool) -> ToolContext:
         d = self._d
@@ -210,19 +203,17 @@ class ToolSteps:
         index, seq = len(d.transcript), d.next_seq
         handles: list[StoreHandle] = []
 
-        def work(tx: Transaction) -> _Written:
-            # Asking for the handle, before anything else, tells the store that this
-            # work runs tool code, which may block: it runs it off the event loop.
-            handle = tx.handle
+        def step(handle: StoreHandle) -> tuple[_Written, list[Write]]:
+            # Off the event loop, in the step's transaction (see ``run_tool``).
             # Only a tool that can see ctx.store is handed it.
             given = handle if tool.needs_store else _NO_CONTEXT_HANDLE
             handles.append(handle)  # (it also tells a passing database failure apart)
             ctx = self._context(given, call, step_id, local=True)
             value = run_local(tool, copy_input(call.input), ctx)
-            return self._write(tx, _ToolRow(index, seq, step_id, call, value, None))
+            return self._written(_ToolRow(index, seq, step_id, call, value, None))
 
         try:
-            written = await d.store.commit(work)
+            written = await d.store.run_tool(step)
         except ToolRaised as raised:
             # The transaction rolled back, undoing the tool's own writes.
             if handles and transient(handles[-1], raised.original):
@@ -246,13 +237,11 @@ class ToolSteps:
         """Commit a tool step whose result is already known."""
         d = self._d
         row = _ToolRow(len(d.transcript), d.next_seq, step_id, call, value, error)
+        written, writes = self._written(row)
+        await d.store.commit(writes)
+        self._after(written)
 
-        def work(tx: Transaction) -> _Written:
-            return self._write(tx, row)
-
-        self._after(await d.store.commit(work))
-
-    def _write(self, tx: Transaction, row: _ToolRow) -> _Written:
+    def _written(self, row: _ToolRow) -> tuple[_Written, list[Write]]:
         """The rows of one tool step: its memo, its ``action.completed``, and its tool
         message with those of the calls after it that were waiting for it (the
         transcript keeps the order the model asked in)."""
@@ -275,12 +264,11 @@ class ToolSteps:
             seq=row.seq,
         )
         stored = ToolStepResult(result=row.value, error=row.error).to_dict()
-        tx.put_step(row.step_id, d.turn_id, stored)
         ready = self._ready_after(call, message)
-        for offset, ready_message in enumerate(ready):
-            tx.append_message(row.index + offset, ready_message)
-        tx.log_event(event)
-        return _Written(row.step_id, stored, ready, event)
+        writes: list[Write] = [PutStep(row.step_id, d.turn_id, stored)]
+        writes.extend(AppendMessage(row.index + offset, m) for offset, m in enumerate(ready))
+        writes.append(LogEvent(event))
+        return _Written(row.step_id, stored, ready, event), writes
 
     def _ready_after(self, call: ToolCall, message: ToolMessage) -> list[ToolMessage]:
         """The messages that join the transcript once ``call``'s result commits."""

@@ -8,13 +8,13 @@ committed by the runner, which decides when; only opening reads the store first
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from itertools import count
 from typing import Any
 
 from .._errors import SessionSuspendedError
-from .._seams.store import NO_MESSAGES, Transaction
+from .._seams.store import NO_MESSAGES
 from .._values.checkpoints import SuspendCheckpoint, ToolStepResult
 from .._values.events import (
     ActionCompletedEvent,
@@ -31,6 +31,14 @@ from .._values.policy import TurnPolicy
 from .._values.records import TurnRecord
 from .._values.step_ids import policy_step_id, tool_step_id, trace_step_id
 from .._values.turns import TurnRequest
+from .._values.writes import (
+    AppendMessage,
+    OpenTurn,
+    PutStep,
+    RequestCancel,
+    SetTurnStatus,
+    Write,
+)
 from .agent import Agent
 from .batch import committed_results
 from .delivery import Delivery
@@ -55,7 +63,7 @@ class Planned:
     """One commit, ready: its rows, its events (numbered from ``next_seq``), and the
     messages that join the transcript once it lands."""
 
-    write: Callable[[Transaction], None]
+    writes: list[Write]
     events: list[TurnEvent]
     messages: Sequence[Message] = ()
 
@@ -135,22 +143,21 @@ async def plan_opening(
     stored_trace = trace_step_id(turn_id) in steps
     context = None if stored_trace else d.span.context()
 
-    def write(tx: Transaction) -> None:
-        for offset, (step_id, msg) in enumerate(closing):
-            if step_id is not None:
-                stored = ToolStepResult(result=msg.result, error=msg.result["error"])
-                tx.put_step(step_id, msg.turn_id, stored.to_dict())
-            tx.append_message(index + offset, msg)
-        if crashed is not None:
-            tx.set_turn_status(crashed.turn_id, "failed", error=SUPERSEDED_ERROR)
-        tx.append_message(index + len(closing), opening)
-        tx.open_turn(record, owner=owner)
-        if policy_step_id(turn_id) not in steps:  # a queued turn has it
-            tx.put_step(policy_step_id(turn_id), turn_id, policy)
-        if context:  # the trace later deliveries of this turn refer to
-            tx.put_step(trace_step_id(turn_id), turn_id, context)
-
-    return Planned(write, events, [m for _, m in closing] + [opening])
+    writes: list[Write] = []
+    for offset, (step_id, msg) in enumerate(closing):
+        if step_id is not None:
+            stored = ToolStepResult(result=msg.result, error=msg.result["error"])
+            writes.append(PutStep(step_id, msg.turn_id, stored.to_dict()))
+        writes.append(AppendMessage(index + offset, msg))
+    if crashed is not None:
+        writes.append(SetTurnStatus(crashed.turn_id, "failed", error=SUPERSEDED_ERROR))
+    writes.append(AppendMessage(index + len(closing), opening))
+    writes.append(OpenTurn(record, owner))
+    if policy_step_id(turn_id) not in steps:  # a queued turn has it
+        writes.append(PutStep(policy_step_id(turn_id), turn_id, policy))
+    if context:  # the trace later deliveries of this turn refer to
+        writes.append(PutStep(trace_step_id(turn_id), turn_id, context))
+    return Planned(writes, events, [m for _, m in closing] + [opening])
 
 
 async def _closing_results(d: Delivery, reason: str) -> list[tuple[str | None, ToolMessage]]:
@@ -184,23 +191,15 @@ async def _closing_results(d: Delivery, reason: str) -> list[tuple[str | None, T
 def plan_reopen(d: Delivery, record: TurnRecord) -> Planned:
     """A failed turn's redelivery: running again, announced as started."""
     turn_id = d.turn_id
-
-    def write(tx: Transaction) -> None:
-        tx.set_turn_status(turn_id, "running")
-
     text = str(record.opening.get("text", ""))
     started = TurnStartedEvent(turn_id=turn_id, session_id=d.session_id, text=text, seq=d.next_seq)
-    return Planned(write, [started])
+    return Planned([SetTurnStatus(turn_id, "running")], [started])
 
 
 def plan_failure(d: Delivery, error: str) -> Planned:
     turn_id = d.turn_id
-
-    def write(tx: Transaction) -> None:
-        tx.set_turn_status(turn_id, "failed", error=error)
-
     failed = TurnFailedEvent(turn_id=turn_id, session_id=d.session_id, error=error, seq=d.next_seq)
-    return Planned(write, [failed])
+    return Planned([SetTurnStatus(turn_id, "failed", error=error)], [failed])
 
 
 def plan_park(d: Delivery, requests: tuple[InputRequest, ...], opening: dict[str, Any]) -> Planned:
@@ -218,10 +217,6 @@ def plan_park(d: Delivery, requests: tuple[InputRequest, ...], opening: dict[str
         requests=requests,
     ).to_dict()
     turn_id = d.turn_id
-
-    def write(tx: Transaction) -> None:
-        tx.set_turn_status(turn_id, "suspended", pending=checkpoint)
-
     event = InputRequestedEvent(
         turn_id=turn_id,
         session_id=d.session_id,
@@ -229,7 +224,7 @@ def plan_park(d: Delivery, requests: tuple[InputRequest, ...], opening: dict[str
         requests=requests,
         seq=d.next_seq,
     )
-    return Planned(write, [event])
+    return Planned([SetTurnStatus(turn_id, "suspended", pending=checkpoint)], [event])
 
 
 def plan_cancel(d: Delivery, reason: str) -> Planned:
@@ -252,17 +247,17 @@ def plan_cancel(d: Delivery, reason: str) -> Planned:
         for c in owed
     ]
 
-    def write(tx: Transaction) -> None:
-        for offset, (call, message) in enumerate(zip(owed, messages, strict=True)):
-            if call.id not in kept:
-                stored = ToolStepResult(result=message.result, error=f"cancelled: {reason}")
-                step_id = tool_step_id(assistant_index, call.id)
-                tx.put_step(step_id, turn_id, stored.to_dict())
-            tx.append_message(index + offset, message)
-        tx.request_cancel(turn_id, reason)
-        tx.set_turn_status(turn_id, "cancelled")
+    writes: list[Write] = []
+    for offset, (call, message) in enumerate(zip(owed, messages, strict=True)):
+        if call.id not in kept:
+            stored = ToolStepResult(result=message.result, error=f"cancelled: {reason}")
+            step_id = tool_step_id(assistant_index, call.id)
+            writes.append(PutStep(step_id, turn_id, stored.to_dict()))
+        writes.append(AppendMessage(index + offset, message))
+    writes.append(RequestCancel(turn_id, reason))
+    writes.append(SetTurnStatus(turn_id, "cancelled"))
 
     event = TurnCancelledEvent(
         turn_id=turn_id, session_id=d.session_id, reason=reason, seq=d.next_seq
     )
-    return Planned(write, [event], messages)
+    return Planned(writes, [event], messages)

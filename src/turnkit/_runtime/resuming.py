@@ -9,7 +9,7 @@ from typing import Any
 from pydantic_core import from_json, to_json
 
 from .._errors import InvalidAnswerError, ResumeConflictError, TurnError
-from .._seams.store import NO_MESSAGES, SessionStore, Transaction
+from .._seams.store import NO_MESSAGES, SessionStore
 from .._values.checkpoints import InputAnswer, checkpoint_of
 from .._values.events import InputAnsweredEvent, InputRequestedEvent
 from .._values.inbound import InboundEvent
@@ -17,6 +17,7 @@ from .._values.messages import TriggerMessage, UserMessage, message_from_dict
 from .._values.step_ids import input_step_id
 from .._values.text import storable_json
 from .._values.turns import TurnRequest
+from .._values.writes import LogEvent, PutStep, SetTurnStatus, Write
 from .approvals import Grant, GrantSealer, check_answer, check_answerer
 
 
@@ -106,17 +107,16 @@ async def record_answer(
             else None
         )
 
-        def write(tx: Transaction) -> None:
-            tx.put_step(input_step_id(turn_id, input_id), turn_id, answer.to_dict())
-            if still is None:
-                tx.set_turn_status(turn_id, "running")
-            else:  # parked on the others still (each answered on its own)
-                tx.set_turn_status(turn_id, "suspended", pending=still.to_dict())
-            tx.log_event(answered)
-            if asked is not None:
-                tx.log_event(asked)
-
-        await store.commit(write)
+        writes: list[Write] = [
+            PutStep(input_step_id(turn_id, input_id), turn_id, answer.to_dict()),
+            SetTurnStatus(turn_id, "running")
+            if still is None  # else parked on the others still (each answered on its own)
+            else SetTurnStatus(turn_id, "suspended", pending=still.to_dict()),
+            LogEvent(answered),
+        ]
+        if asked is not None:
+            writes.append(LogEvent(asked))
+        await store.commit(writes)
     opening = message_from_dict(record.opening)
     event = InboundEvent.from_dict(record.event) if record.event else None
     if not isinstance(opening, UserMessage | TriggerMessage):

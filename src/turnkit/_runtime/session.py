@@ -13,7 +13,6 @@ import logging
 import time
 import uuid
 from collections import OrderedDict, deque
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, TypeVar
 
@@ -35,7 +34,7 @@ from .._errors import (
     TurnSuspendedError,
 )
 from .._seams.sink import EventSink
-from .._seams.store import NO_MESSAGES, SessionStore, Store, Transaction
+from .._seams.store import NO_MESSAGES, SessionStore, Store
 from .._seams.tracer import Tracer
 from .._values.events import TurnEvent
 from .._values.inbound import InboundEvent, Proactive
@@ -49,6 +48,7 @@ from .._values.records import TERMINAL_TURN_STATUSES, TurnRecord
 from .._values.step_ids import policy_step_id, tool_step_id
 from .._values.text import unstorable
 from .._values.turns import ResetResult, TurnRequest, TurnResult
+from .._values.writes import PutStep, QueueTurn, RequestCancel, RequestReset
 from .approvals import Grant, GrantSealer
 from .children import RuntimeChildren, child_session_id
 from .resuming import record_answer
@@ -260,13 +260,13 @@ class AgentSession(SessionView):
             else []
         )
 
-        def write(tx: Transaction) -> None:
-            for turn_id in replaced:
-                tx.request_cancel(turn_id, "replaced")
-            tx.queue_turn(record, owner=owner)
-            tx.put_step(policy_step_id(record.turn_id), record.turn_id, policy)
-
-        await self._store.commit(write)
+        await self._store.commit(
+            [
+                *(RequestCancel(turn_id, "replaced") for turn_id in replaced),
+                QueueTurn(record, owner),
+                PutStep(policy_step_id(record.turn_id), record.turn_id, policy),
+            ]
+        )
         if replace:
             self._replace(keep=request.turn_id)
         return self._enqueue(request)
@@ -664,7 +664,7 @@ class AgentSession(SessionView):
                 continue
             recorded.append(record.turn_id)
             if record.cancel_reason is None:
-                await self._store.commit(_cancel_request(record.turn_id, reason))
+                await self._store.commit([RequestCancel(record.turn_id, reason)])
             if record.status == "suspended":
                 self._parked = None
                 opening = message_from_dict(record.opening)
@@ -775,7 +775,7 @@ class AgentSession(SessionView):
             self._resets_pending -= 1
 
     async def _request_reset(self) -> int:
-        """Record the reset's barrier in the store (see ``Transaction.request_reset``)
+        """Record the reset's barrier in the store (see ``RequestReset``)
         and stop what it cancels: deliveries here at once, those elsewhere at their
         next boundary (the cancellations are announced), parked turns closed, child
         turns cancelled. Returns the live generation it found."""
@@ -784,13 +784,17 @@ class AgentSession(SessionView):
         unfinished = await self._store.unfinished()
         generation = (await self._store.load(from_index=NO_MESSAGES)).generation
 
-        def write(tx: Transaction) -> None:
-            for record in unfinished:
-                if record.cancel_reason is None:
-                    tx.request_cancel(record.turn_id, "reset")  # announced to their process
-            tx.request_reset()  # and any stored since we read them
-
-        await self._store.commit(write)
+        await self._store.commit(
+            [
+                # Announced to the process running each ...
+                *(
+                    RequestCancel(record.turn_id, "reset")
+                    for record in unfinished
+                    if record.cancel_reason is None
+                ),
+                RequestReset(),  # ... and any stored since we read them
+            ]
+        )
         for record in unfinished:
             if record.status == "suspended":
                 # Parked: there is no delivery to reach a boundary, so close it here.
@@ -861,13 +865,6 @@ def _parked_refusal(session_id: str, turn_id: str) -> str:
         f"session {session_id} is waiting for input on turn {turn_id}; "
         "resume it (or reset the session) before starting another turn"
     )
-
-
-def _cancel_request(turn_id: str, reason: str) -> Callable[[Transaction], None]:
-    def write(tx: Transaction) -> None:
-        tx.request_cancel(turn_id, reason)
-
-    return write
 
 
 def _emit_quietly(sink: EventSink, event: TurnEvent) -> None:

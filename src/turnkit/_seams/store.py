@@ -1,31 +1,31 @@
 """The ``SessionStore`` seam: the contract every storage backend meets.
 
-A backend (``Store``) hands out one ``SessionStore`` per session. All durable state
-changes go through ``SessionStore.commit(work)``: the store opens a transaction,
-calls the synchronous ``work(tx)``, and commits if it returns or rolls back and
-re-raises the same exception if it raises. ``tx`` offers the engine's writes and,
-through ``tx.handle``, the backend's own connection so a local tool's SQL joins
-the same transaction; a ``work`` that runs a local tool is run off the event loop
-(see ``SessionStore.commit``). See ``docs/stores.md`` for the full contract.
+A backend (``Store``) hands out one ``SessionStore`` per session. Every durable
+change is a list of writes (``turnkit._values.writes``) that the engine makes and
+the store applies in one transaction, all or none: ``commit(writes)``. A local
+tool's step is ``run_tool(step)``: the store calls ``step(handle)`` where its
+transaction lives (off the event loop, as the tool may block), so the tool's SQL
+through ``handle`` and the step's writes commit together. See ``docs/stores.md``
+for the full contract.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from typing import Any, Protocol, TypeAlias, TypeVar, runtime_checkable
 
 from .._errors import FatalToolError
 from .._values.events import TurnEvent
-from .._values.messages import JsonObject, Message
+from .._values.messages import Message
 from .._values.records import (
     SessionInfo,
     SessionKey,
     SessionSnapshot,
     SessionStatus,
     TurnRecord,
-    TurnStatus,
 )
+from .._values.writes import Write
 
 T = TypeVar("T")
 
@@ -58,83 +58,10 @@ class StoreHandle(Protocol):
         ...
 
 
-@runtime_checkable
-class Transaction(Protocol):
-    """The writes one ``commit`` may make. All of them land together or not at all."""
-
-    @property
-    def handle(self) -> StoreHandle: ...
-
-    def append_message(self, index: int, message: Message) -> None:
-        """Put ``message`` at transcript position ``index``; a taken index is an error."""
-
-    def put_step(self, step_id: str, turn_id: str, result: Any) -> None:
-        """Memoize a step's JSON result; a step id already stored is an error."""
-
-    def log_event(self, event: TurnEvent) -> None:
-        """Append a structural event; ``event.seq`` is set and unused in the session."""
-
-    def request_cancel(self, turn_id: str, reason: str) -> None:
-        """Record that the turn is to end ``cancelled`` (its ``cancel_reason``); the
-        first reason recorded wins. A missing turn is an error."""
-
-    def archive_generation(self, generation: int, agent: str) -> None:
-        """Reset the session: move its messages, steps, events and turns to the archive
-        under ``generation``, empty the live tables, set the status to ``new`` and the
-        generation to ``generation + 1``, clearing a pending reset. Turns still
-        ``queued`` stay live, with their steps: they run in the new generation.
-        Refused if the live generation is not ``generation`` (someone else reset it
-        first)."""
-
-    def request_reset(self) -> None:
-        """Mark the session as having a reset pending (a barrier every process reads
-        in ``load``), and cancel (reason ``reset``) each of its unfinished turns that
-        has no cancellation yet, in this same write: a turn stored before it ends
-        with the old generation, one stored after it runs in the new one. A mark
-        already there stays; a session the store has never seen is left alone.
-        ``archive_generation`` and ``drop_reset`` clear the mark."""
-
-    def drop_reset(self) -> None:
-        """Clear the session's pending reset without archiving (it held nothing)."""
-
-    def queue_turn(self, record: TurnRecord, *, owner: str | None = None) -> None:
-        """Record a submitted turn as ``queued``: its opening and event are kept, the
-        transcript is not touched. A session seen for the first time is created
-        (status ``new``, agent ``record.agent``, recorded as ``owner``'s); an
-        existing one keeps its status and owner. A turn id already taken is an error."""
-
-    def open_turn(self, record: TurnRecord, *, owner: str | None = None) -> None:
-        """Record a new running turn, or move the queued turn of that id to running,
-        and mark the session ``running`` for ``record.agent``. A turn id taken by a
-        turn that is not queued is an error.
-
-        A session this creates is recorded as ``owner``'s; an existing session keeps
-        the owner it has (the engine refuses a turn of another owner before this)."""
-
-    def settle_queued(
-        self,
-        turn_id: str,
-        status: TurnStatus,
-        *,
-        reason: str | None = None,
-        error: str | None = None,
-    ) -> None:
-        """End a ``queued`` turn that will never open (``cancelled`` with ``reason``,
-        or ``failed`` with ``error``), leaving the session's status alone. A turn
-        that is not queued is an error."""
-
-    def set_turn_status(
-        self,
-        turn_id: str,
-        status: TurnStatus,
-        *,
-        text: str | None = None,
-        error: str | None = None,
-        pending: JsonObject | None = None,
-    ) -> None:
-        """Move a turn to ``status``; the session becomes ``running``, ``suspended``, or
-        (if terminal) ``idle``. ``pending`` is the checkpoint a ``suspended`` turn keeps;
-        any other status clears it."""
+#: A local tool's step, as ``run_tool`` runs it: called with the store's handle
+#: inside the step's transaction, it runs the tool and returns what the caller gets
+#: back and the writes that record the step, committed with the tool's own SQL.
+ToolStep: TypeAlias = Callable[[StoreHandle], tuple[T, Sequence[Write]]]
 
 
 @runtime_checkable
@@ -159,13 +86,19 @@ class SessionStore(Protocol):
         are returned, so a caller that kept the transcript reads just what is new."""
         ...
 
-    async def commit(self, work: Callable[[Transaction], T]) -> T:
-        """Run ``work(tx)`` in one transaction: commit if it returns, roll back and
-        re-raise the same exception if it raises.
+    async def commit(self, writes: Sequence[Write]) -> None:
+        """Apply ``writes`` in order, in one transaction: all of them or, if one is
+        refused (a ``StoreError``), none."""
+        ...
 
-        A ``work`` that runs a local tool may block; it asks for ``tx.handle`` before
-        anything else (no other ``work`` asks), so a store can stop it there and run
-        it again on a worker thread with its transaction, keeping the loop free.
+    async def run_tool(self, step: ToolStep[T]) -> T:
+        """Run a local tool's step in one transaction and return what it returned.
+
+        ``step(handle)`` is called once, off the event loop (the tool may block),
+        with the handle the tool sees as ``ctx.store``; the writes it returns are
+        applied in the same transaction as whatever the tool did through the handle,
+        and committed. If ``step`` or a write raises, everything rolls back and the
+        exception propagates unchanged (a store's own failure as ``StoreError``).
         """
         ...
 

@@ -8,7 +8,7 @@ deployments with many processes.
 from typing import TYPE_CHECKING, Any
 
 from .._seams.queue import PendingReset, TurnQueue
-from .._seams.store import SessionStore, Store, StoreHandle, Transaction
+from .._seams.store import SessionStore, Store, StoreHandle, ToolStep
 from .._values.records import (
     SessionInfo,
     SessionSnapshot,
@@ -16,6 +16,20 @@ from .._values.records import (
     TurnRecord,
     TurnStatus,
     preview_of,
+)
+from .._values.writes import (
+    AppendMessage,
+    ArchiveGeneration,
+    DropReset,
+    LogEvent,
+    OpenTurn,
+    PutStep,
+    QueueTurn,
+    RequestCancel,
+    RequestReset,
+    SettleQueued,
+    SetTurnStatus,
+    Write,
 )
 from ._takeover import Takeover
 from .memory import MemoryStore
@@ -34,20 +48,32 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "AppendMessage",
+    "ArchiveGeneration",
+    "DropReset",
+    "LogEvent",
     "MemoryStore",
+    "OpenTurn",
     "PendingReset",
     "PostgresStore",
+    "PutStep",
+    "QueueTurn",
+    "RequestCancel",
+    "RequestReset",
     "SessionInfo",
     "SessionSnapshot",
     "SessionStatus",
     "SessionStore",
+    "SetTurnStatus",
+    "SettleQueued",
     "SqliteStore",
     "Store",
     "StoreHandle",
     "Takeover",
-    "Transaction",
+    "ToolStep",
     "TurnQueue",
     "TurnRecord",
     "TurnStatus",
+    "Write",
     "preview_of",
 ]

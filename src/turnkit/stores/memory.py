@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 from pydantic_core import from_json, to_json
 
 from .._errors import StoreError
-from .._seams.store import NoHandle, StoreHandle
+from .._seams.store import NoHandle, ToolStep
 from .._values.events import TurnEvent, event_from_dict
 from .._values.messages import JsonObject, Message, message_from_dict
 from .._values.records import (
@@ -34,8 +34,10 @@ from .._values.records import (
     preview_of,
     session_status_after,
 )
+from .._values.writes import Write
+from ._apply import apply_writes
 from ._locks import SessionLocks
-from ._off_loop import RecordedWrites, RunsTool, on_thread
+from ._off_loop import on_thread
 
 T = TypeVar("T")
 
@@ -107,10 +109,6 @@ class _MemoryTransaction:
             self._undo.append(partial(turns.pop, turn_id))
         else:
             self._undo.append(partial(turns.__setitem__, turn_id, before))
-
-    @property
-    def handle(self) -> StoreHandle:
-        raise RunsTool  # see ``_MemorySession.commit``
 
     def append_message(self, index: int, message: Message) -> None:
         if index != len(self._data.messages):
@@ -319,25 +317,19 @@ class _MemorySession:
             reset_requested=d.reset_requested is not None,
         )
 
-    async def commit(self, work: Callable[[Any], T]) -> T:
+    async def commit(self, writes: Sequence[Write]) -> None:
         tx = _MemoryTransaction(self._data, self._session_id)
         try:
-            return work(tx)
-        except RunsTool:
-            tx.rollback()  # nothing to undo: the engine asks for the handle first
+            apply_writes(tx, writes)
         except BaseException:
             tx.rollback()
             raise
-        # A local tool: it runs on a worker thread, so blocking in it stalls no other
+
+    async def run_tool(self, step: ToolStep[T]) -> T:
+        # The tool runs on a worker thread, so blocking in it stalls no other
         # session; its step's writes are made here, on the event loop, afterwards.
-        writes = RecordedWrites(_NO_HANDLE)
-        result: T = await on_thread(None, work, writes)
-        tx = _MemoryTransaction(self._data, self._session_id)
-        try:
-            writes.replay(tx)
-        except BaseException:
-            tx.rollback()
-            raise
+        result, writes = await on_thread(None, step, _NO_HANDLE)
+        await self.commit(writes)
         return result
 
     async def turn(self, turn_id: str) -> TurnRecord | None:

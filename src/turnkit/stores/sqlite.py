@@ -18,13 +18,13 @@ import os
 import re
 import sqlite3
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager, contextmanager
 from typing import Any, TypeVar, cast
 
 from .._errors import ConfigurationError, FatalToolError, StoreError
-from .._seams.store import StoreHandle
+from .._seams.store import ToolStep
 from .._values.events import TurnEvent, event_from_dict
 from .._values.messages import JsonObject, Message, message_from_dict
 from .._values.records import (
@@ -37,10 +37,12 @@ from .._values.records import (
     TurnStatus,
     session_status_after,
 )
+from .._values.writes import Write
 from . import _archive_sql as archive_sql
 from . import _sql as sql
+from ._apply import apply_writes
 from ._host_locks import HostSessionLocks
-from ._off_loop import RecordedWrites, RunsTool, on_thread
+from ._off_loop import on_thread
 from ._sql_rows import dumps as _dumps
 from ._sql_rows import session_info, turn_values
 from ._sql_rows import turn_from_row as _turn_from_row
@@ -216,11 +218,6 @@ class _SqliteTransaction:
         #: Whether this transaction records a cancellation (others are then told).
         self.cancels = False
 
-    @property
-    def handle(self) -> StoreHandle:
-        # Never asked for: ``work`` runs against ``RecordedWrites`` (see ``commit``).
-        raise RunsTool
-
     def append_message(self, index: int, message: Message) -> None:
         _check_open(self._conn)
         self._conn.execute(
@@ -382,19 +379,7 @@ class _SqliteSession:
             reset_requested=bool(agent_row and agent_row[3] is not None),
         )
 
-    async def commit(self, work: Callable[[Any], T]) -> T:
-        # ``work`` runs before the transaction begins, its writes kept: so a step that
-        # runs a tool (``RunsTool``) is sent to a tool thread before it waits for or
-        # takes the write lock, and the lock is held only while the rows go in.
-        writes = RecordedWrites(None)
-        try:
-            result = work(writes)
-        except RunsTool:
-            return await self._commit_tool(work)
-        await self._write(writes)
-        return result
-
-    async def _write(self, writes: RecordedWrites) -> None:
+    async def commit(self, writes: Sequence[Write]) -> None:
         writer = self._store._write_connection
         await writer.turns.take()
         try:
@@ -402,7 +387,7 @@ class _SqliteSession:
             await self._begin(conn)
             tx = _SqliteTransaction(conn, self._sid)
             try:
-                writes.replay(tx)
+                apply_writes(tx, writes)
                 conn.execute("COMMIT")
             except BaseException as exc:
                 if conn.in_transaction:
@@ -417,41 +402,40 @@ class _SqliteSession:
         if tx.cancels:
             self._store._locks.signal()
 
-    async def _commit_tool(self, work: Callable[[Any], T]) -> T:
-        """``work`` runs a local tool: run it on a tool thread. If the tool used
-        ``ctx.store``, the step's rows commit there in the tool's transaction;
-        otherwise they commit here afterwards, like any engine commit."""
+    async def run_tool(self, step: ToolStep[T]) -> T:
+        """The step runs on a tool thread. If the tool used ``ctx.store``, its rows
+        commit there in the tool's transaction; otherwise they commit here
+        afterwards, like any engine commit."""
         store = self._store
         handle = _ToolHandle(store, self._sid)
-        writes = RecordedWrites(handle)
         used = False
 
-        def run() -> T:
+        def run() -> tuple[T, Sequence[Write]]:
             nonlocal used
             try:
-                return self._run_tool(work, writes, handle)
+                return self._run_step(step, handle)
             finally:
                 used = handle.conn is not None
                 handle.release()
 
-        result: T = await on_thread(store._tools, run)
+        result, writes = await on_thread(store._tools, run)
         if not used:  # the tool never used ctx.store
-            await self._write(writes)
+            await self.commit(writes)
         else:
             store._committed()
         return result
 
-    def _run_tool(self, work: Callable[[Any], T], writes: RecordedWrites, handle: _ToolHandle) -> T:
-        """On a tool thread: ``work``, then, if the tool began a transaction, the
+    def _run_step(self, step: ToolStep[T], handle: _ToolHandle) -> tuple[T, Sequence[Write]]:
+        """On a tool thread: the step, then, if the tool began a transaction, the
         step's rows and the commit in it; all of it rolled back if any of it fails."""
         try:
-            result = work(writes)
+            result, writes = step(handle)
             if handle.failed is not None:  # the tool caught it; the step cannot land
                 raise handle.failed
             if handle.conn is not None:
-                writes.replay(_SqliteTransaction(handle.conn, self._sid))
+                apply_writes(_SqliteTransaction(handle.conn, self._sid), writes)
                 handle.conn.execute("COMMIT")
-            return result
+            return result, writes
         except BaseException as exc:
             conn = handle.conn
             if conn is not None and conn.in_transaction:

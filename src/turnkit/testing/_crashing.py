@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Literal, TypeVar
 
-from .._seams.store import SessionStore, Store, Transaction
+from .._seams.store import SessionStore, Store, ToolStep
 from .._values.events import TurnEvent
 from .._values.messages import Message
 from .._values.records import SessionInfo, SessionKey, SessionSnapshot, SessionStatus, TurnRecord
+from .._values.writes import Write
 
 T = TypeVar("T")
 
@@ -40,15 +41,25 @@ class _CountingSession:
     async def load(self, turn_id: str | None = None, *, from_index: int = 0) -> SessionSnapshot:
         return await self._inner.load(turn_id, from_index=from_index)
 
-    async def commit(self, work: Callable[[Transaction], T]) -> T:
-        number = self._owner.commits + 1
-        if self._owner.when == "before" and number == self._owner.crash_at:
-            self._owner.on_crash()
-        result = await self._inner.commit(work)
-        self._owner.commits = number
-        if self._owner.when == "after" and number == self._owner.crash_at:
-            self._owner.on_crash()
+    async def commit(self, writes: Sequence[Write]) -> None:
+        self._before()
+        await self._inner.commit(writes)
+        self._after()
+
+    async def run_tool(self, step: ToolStep[T]) -> T:
+        self._before()
+        result = await self._inner.run_tool(step)
+        self._after()
         return result
+
+    def _before(self) -> None:
+        if self._owner.when == "before" and self._owner.commits + 1 == self._owner.crash_at:
+            self._owner.on_crash()
+
+    def _after(self) -> None:
+        self._owner.commits += 1
+        if self._owner.when == "after" and self._owner.commits == self._owner.crash_at:
+            self._owner.on_crash()
 
     async def turn(self, turn_id: str) -> TurnRecord | None:
         return await self._inner.turn(turn_id)
