@@ -18,7 +18,7 @@ from .._values.records import TurnRecord
 @dataclass(frozen=True)
 class PendingReset:
     """A claimed session whose next work is a reset that was recorded and not carried
-    out (``Transaction.request_reset``; the process that asked for it may have died):
+    out (a ``RequestReset`` write; the process that asked for it may have died):
     the claimer archives the generation, then the turns stored after it can run."""
 
     session_id: str
