@@ -17,7 +17,7 @@ import pytest
 from postgres_support import drop_schema, new_schema, postgres_dsn
 
 import turnkit
-from turnkit.stores import MemoryStore, SqliteStore, Store, TurnRecord
+from turnkit.stores import AppendMessage, MemoryStore, OpenTurn, SqliteStore, Store, TurnRecord
 from turnkit.testing import RecordingSink
 
 StoreFactory = Callable[[], Store]
@@ -109,19 +109,17 @@ async def plant_open_turn(
     opening = turnkit.UserMessage(text=text, turn_id=turn_id)
     existing = len(await store.session(session_id).messages())
 
-    def write(tx: Any) -> None:
-        tx.append_message(existing, opening)
-        tx.open_turn(
-            TurnRecord(
-                session_id=session_id,
-                turn_id=turn_id,
-                agent=agent,
-                status="running",
-                opening=opening.to_dict(),
-            )
-        )
-        for offset, message in enumerate(after, start=existing + 1):
-            tx.append_message(offset, message)
-
-    await store.session(session_id).commit(write)
+    record = TurnRecord(
+        session_id=session_id,
+        turn_id=turn_id,
+        agent=agent,
+        status="running",
+        opening=opening.to_dict(),
+    )
+    writes = [
+        AppendMessage(existing, opening),
+        OpenTurn(record),
+        *(AppendMessage(offset, m) for offset, m in enumerate(after, start=existing + 1)),
+    ]
+    await store.session(session_id).commit(writes)
     await store.close()

@@ -26,6 +26,7 @@ from turnkit import (
     UserMessage,
     tool,
 )
+from turnkit.stores import RequestReset
 from turnkit.testing import RecordingSink, ScriptedModel, ScriptedReply, tool_call
 
 CHILD = Path(__file__).with_name("cancel_child.py")
@@ -383,7 +384,7 @@ async def test_resume_is_refused_once_a_reset_elsewhere_is_recorded(open_runtime
     rt = await open_runtime(turnkit.Agent(name="a", model=model, tools=[ask]))
     session = rt.session("a", "s1")
     parked = await session.result(session.start("go"))
-    await rt.store.session("s1").commit(lambda tx: tx.request_reset())
+    await rt.store.session("s1").commit([RequestReset()])
     with pytest.raises(turnkit.ResumeConflictError, match=r"cancelled \(reset\)"):
         await session.resume(parked.turn_id, "ok", True)
     # Nor is the session stuck on it: a new turn queues behind the reset, which the

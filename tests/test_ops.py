@@ -19,7 +19,14 @@ from test_scale_out import cluster
 import turnkit
 from turnkit import MessageDeltaEvent
 from turnkit.server import ops_app
-from turnkit.stores import MemoryStore, PostgresStore, SqliteStore, Store, TurnRecord
+from turnkit.stores import (
+    MemoryStore,
+    PostgresStore,
+    QueueTurn,
+    SqliteStore,
+    Store,
+    TurnRecord,
+)
 from turnkit.testing import ScriptedModel, ScriptedReply, tool_call
 
 
@@ -48,7 +55,7 @@ async def queue_turns(store: Store, session_id: str, count: int) -> None:
             status="queued",
             opening=turnkit.UserMessage(text="later", turn_id=f"q{i}").to_dict(),
         )
-        await store.session(session_id).commit(lambda tx, r=record: tx.queue_turn(r))
+        await store.session(session_id).commit([QueueTurn(record)])
 
 
 def scraped(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -24,7 +24,14 @@ from turnkit.testing import ScriptedModel, ScriptedReply, tool_call
 
 psycopg = pytest.importorskip("psycopg", reason="PostgreSQL tests need turnkit[postgres]")
 
-from turnkit.stores import PostgresStore  # noqa: E402
+from turnkit.stores import (  # noqa: E402
+    AppendMessage,
+    LogEvent,
+    OpenTurn,
+    PostgresStore,
+    RequestCancel,
+    Write,
+)
 from turnkit.stores._postgres_schema import MIGRATIONS, SCHEMA_VERSION, migrate  # noqa: E402
 from turnkit.stores.postgres import qmark_to_pyformat  # noqa: E402
 
@@ -334,10 +341,9 @@ async def test_a_session_waiting_on_postgres_does_not_hold_up_other_sessions(
 
 
 async def test_a_local_tool_runs_exactly_once_on_a_worker_thread(store: PostgresStore) -> None:
-    """Engine-only commits run ``work`` on the event loop; a commit whose ``work`` asks
-    for ``tx.handle`` is stopped there and run on a worker thread instead. The engine
-    asks for the handle before it calls a local tool, so no tool code ever runs on the
-    loop, and none runs twice: each tool body here runs once per call."""
+    """Engine-only commits stay on the event loop; a local tool's step (``run_tool``)
+    runs on a worker thread, once: no tool code ever runs on the loop, and none runs
+    twice (each tool body here runs once per call)."""
     loop_thread = threading.get_ident()
     runs: list[tuple[str, bool]] = []
 
@@ -373,23 +379,18 @@ async def test_a_local_tool_runs_exactly_once_on_a_worker_thread(store: Postgres
     assert rows == (3,)
 
 
-async def test_a_commit_that_asks_for_the_handle_late_keeps_its_earlier_writes_once(
-    store: PostgresStore,
-) -> None:
-    """Writes buffered before ``tx.handle`` was first asked for are dropped with the
-    stopped first pass and made again by the second: they land exactly once."""
+async def test_a_tool_step_runs_once_and_its_writes_land_once(store: PostgresStore) -> None:
+    """The step is called once, and its writes land once, in its transaction."""
     session = store.session("s1")
     passes: list[str] = []
 
-    def work(tx: Any) -> list[tuple[Any, ...]]:
-        passes.append("before the handle")
-        tx.log_event(turnkit.TurnStartedEvent(turn_id="t1", session_id="s1", text="x", seq=1))
-        handle = tx.handle
-        passes.append("after the handle")
-        return handle.execute("SELECT 1")
+    def step(handle: Any) -> tuple[list[tuple[Any, ...]], list[Write]]:
+        passes.append("ran")
+        event = turnkit.TurnStartedEvent(turn_id="t1", session_id="s1", text="x", seq=1)
+        return handle.execute("SELECT 1"), [LogEvent(event)]
 
-    assert await session.commit(work) == [(1,)]
-    assert passes == ["before the handle", "before the handle", "after the handle"]
+    assert await session.run_tool(step) == [(1,)]
+    assert passes == ["ran"]
     assert [e.seq for e in await session.events()] == [1]
 
 
@@ -405,21 +406,17 @@ async def test_concurrent_commits_are_grouped_yet_fail_only_where_they_fail(
         sessions = [store.session(f"s{i}") for i in range(30)]
         record = {"agent": "a", "status": "running", "opening": {"role": "user", "text": "x"}}
 
-        def opening(sid: str) -> Any:
-            def work(tx: Any) -> None:
-                tx.append_message(0, UserMessage(text="x", turn_id="t"))
-                tx.open_turn(turnkit.stores.TurnRecord(session_id=sid, turn_id="t", **record))
-
-            return work
+        def opening(sid: str) -> list[Write]:
+            return [
+                AppendMessage(0, UserMessage(text="x", turn_id="t")),
+                OpenTurn(turnkit.stores.TurnRecord(session_id=sid, turn_id="t", **record)),
+            ]
 
         await asyncio.gather(*(s.commit(opening(s.session_id)) for s in sessions))
         store._tokens["s7"] = "not-the-writer"  # as if another process took s7 over
 
-        def second(tx: Any) -> None:
-            tx.append_message(1, UserMessage(text="y", turn_id="t"))
-
-        def taken(tx: Any) -> None:
-            tx.append_message(0, UserMessage(text="again", turn_id="t"))
+        second = [AppendMessage(1, UserMessage(text="y", turn_id="t"))]
+        taken = [AppendMessage(0, UserMessage(text="again", turn_id="t"))]
 
         works = [taken if i == 3 else second for i in range(30)]
         groups: list[int] = []
@@ -450,11 +447,7 @@ async def test_a_commit_larger_than_the_socket_buffer_is_sent_whole(store: Postg
     session = store.session("s1")
     big = "x" * 4_000_000
     for index in (0, 1):
-
-        def work(tx: Any, index: int = index) -> None:
-            tx.append_message(index, UserMessage(text=f"{index}{big}", turn_id="t"))
-
-        await session.commit(work)
+        await session.commit([AppendMessage(index, UserMessage(text=f"{index}{big}", turn_id="t"))])
     assert [m.text[:2] for m in await session.messages()] == ["0x", "1x"]
     assert [len(m.text) for m in await session.messages()] == [len(big) + 1] * 2
 
@@ -462,16 +455,18 @@ async def test_a_commit_larger_than_the_socket_buffer_is_sent_whole(store: Postg
 async def test_text_the_server_cannot_hold_fails_the_commit_cleanly(store: PostgresStore) -> None:
     session = store.session("s1")
 
-    def nul(tx: Any) -> None:
-        tx.append_message(0, UserMessage(text="x", turn_id="t"))
-        tx.request_cancel("t", "a reason with a \x00 in it")
+    nul = [
+        AppendMessage(0, UserMessage(text="x", turn_id="t")),
+        RequestCancel("t", "a reason with a \x00 in it"),
+    ]
 
     with pytest.raises(turnkit.StoreError, match="NUL"):
         await session.commit(nul)
 
-    def surrogate(tx: Any) -> None:
-        tx.append_message(0, UserMessage(text="x", turn_id="t"))
-        tx.request_cancel("t", "half a pair: \ud800")
+    surrogate = [
+        AppendMessage(0, UserMessage(text="x", turn_id="t")),
+        RequestCancel("t", "half a pair: \ud800"),
+    ]
 
     with pytest.raises(turnkit.StoreError, match="not valid Unicode"):
         await session.commit(surrogate)

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 import turnkit
-from turnkit.stores import SqliteStore
+from turnkit.stores import AppendMessage, PutStep, SqliteStore
 from turnkit.stores._sqlite_schema import MIGRATIONS, SCHEMA_VERSION, migrate
 from turnkit.testing import ScriptedModel, ScriptedReply, tool_call
 
@@ -144,12 +144,12 @@ async def test_a_taken_transcript_position_is_a_store_error_and_changes_nothing(
     await store.open()
     session = store.session("s1")
     first = turnkit.UserMessage(text="one", turn_id="t1")
-    await session.commit(lambda tx: tx.append_message(0, first))
+    await session.commit([AppendMessage(0, first)])
 
-    def clash(tx: turnkit.stores.Transaction) -> None:
-        tx.put_step("model:1", "t1", {"text": "x"})
-        tx.append_message(0, turnkit.UserMessage(text="two", turn_id="t2"))
-
+    clash = [
+        PutStep("model:1", "t1", {"text": "x"}),
+        AppendMessage(0, turnkit.UserMessage(text="two", turn_id="t2")),
+    ]
     with pytest.raises(turnkit.StoreError, match="session s1: commit failed: UNIQUE constraint"):
         await session.commit(clash)
     assert await session.messages() == [first]

@@ -15,7 +15,7 @@ from contextlib import closing
 from pathlib import Path
 
 import turnkit
-from turnkit.stores import SqliteStore, TurnRecord
+from turnkit.stores import AppendMessage, OpenTurn, SqliteStore, TurnRecord
 from turnkit.stores._sqlite_writer import WriteTurns
 from turnkit.stores.sqlite import CHECKPOINT_EVERY
 from turnkit.testing import ScriptedModel, ScriptedReply, tool_call
@@ -156,12 +156,12 @@ async def test_checkpoints_keep_running_while_the_event_loop_never_waits(tmp_pat
             opening=opening.to_dict(),
             created_at=0.0,
         )
-        await session.commit(lambda tx: (tx.append_message(0, opening), tx.open_turn(record)))
+        await session.commit([AppendMessage(0, opening), OpenTurn(record)])
         index = 1
         for rounds in range(1, 4):
             for _ in range(CHECKPOINT_EVERY):
                 reply = turnkit.AssistantMessage(text="y", turn_id="t1")
-                await session.commit(lambda tx, i=index, m=reply: tx.append_message(i, m))
+                await session.commit([AppendMessage(index, reply)])
                 index += 1
             # Block the loop on purpose (it is what a busy loop looks like to the
             # checkpoint's thread) until this round's checkpoint has ended.

@@ -463,7 +463,9 @@ async def test_other_sessions_stream_while_a_def_tool_blocks(
     [tool_message] = [m for m in await blocked.messages() if isinstance(m, turnkit.ToolMessage)]
     assert tool_message.result == "went" and not tool_message.is_error
     if write:
-        rows = await store.session("s1").commit(lambda tx: tx.handle.execute("SELECT v FROM marks"))
+        rows = await store.session("s1").run_tool(
+            lambda handle: (handle.execute("SELECT v FROM marks"), [])
+        )
         assert rows == [("after the wait",)]
 
 

@@ -43,14 +43,6 @@ T = TypeVar("T")
 log = logging.getLogger("turnkit.stores.postgres")
 
 
-class _NeedsConnection(BaseException):
-    """Internal: ``work`` asked for ``tx.handle`` while running on the event loop.
-
-    A ``BaseException``, so no ``except Exception`` in between can swallow it. The
-    engine asks for the handle before a local tool runs, so no tool code has run
-    when this is raised; the commit is then run again on a worker thread."""
-
-
 _Write = tuple[str, tuple[Any, ...]]
 #: A step commit's writer fence (see ``_pg_writer``).
 FENCE = "SELECT turnkit_fence(?, ?)"
@@ -174,19 +166,12 @@ _SET_STATUS_CHECKED = (
 
 
 class _LoopTransaction(_Writes):
-    """The transaction ``work`` first sees: on the event loop, writes only buffered.
-
-    Engine-only commits (model steps, remote tools' results, events, turn moves)
-    never touch ``handle``, so they run here and their rows go out in one
-    pipelined request. Asking for ``handle`` stops ``work`` at once."""
+    """A commit made from the event loop, its writes buffered until they go out in
+    one pipelined request."""
 
     def __init__(self, session_id: str, schema: str) -> None:
         super().__init__(session_id, schema)
         self.rows = _Rows()
-
-    @property
-    def handle(self) -> StoreHandle:
-        raise _NeedsConnection
 
     # The rows of every step: the hot path. Each table's rows go in as one
     # multi-row INSERT (see ``statements``).
@@ -299,7 +284,7 @@ _TRANSIENT_CLASSES = frozenset({"08", "40"})
 
 
 class _PgTransaction(_Writes):
-    """A commit whose ``work`` uses ``tx.handle``, run on a worker thread.
+    """A local tool's step (``run_tool``), run on a worker thread.
 
     A connection is taken from the sync pool, and ``BEGIN`` sent, only when the
     tool first touches ``ctx.store``; a tool that never does leaves its rows

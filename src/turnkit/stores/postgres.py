@@ -3,11 +3,9 @@
 Needs ``turnkit[postgres]`` (psycopg 3 and its pool). Everything that runs no user
 code (reads, the writer lock, and the commits of model steps, remote tools' results
 and events) uses psycopg's asynchronous API on the event loop, which waits on the
-socket and never blocks. A commit runs ``work`` on the loop first, with writes only
-buffered; if ``work`` asks for ``tx.handle`` (the engine does so before it calls a
-local tool, so no tool code has run yet) it is stopped there and run again on a
-private worker thread, where a local tool's synchronous SQL joins the step's
-transaction on a connection of a second, blocking pool.
+socket and never blocks. A local tool's step (``run_tool``) runs on a private
+worker thread, where the tool's synchronous SQL joins the step's transaction on a
+connection of a second, blocking pool.
 
 A step commit is one round trip: the writer fence and the step's rows go as one
 pipelined request with bound values (one implicit transaction), on the group committer's own
@@ -44,11 +42,14 @@ from typing import Any, TypeVar, cast
 
 from .._errors import ConfigurationError, StoreError
 from .._seams.queue import PendingReset
+from .._seams.store import ToolStep
 from .._values.events import TurnEvent, event_from_dict
 from .._values.messages import Message, message_from_dict
 from .._values.records import SessionInfo, SessionKey, SessionSnapshot, SessionStatus, TurnRecord
+from .._values.writes import Write
 from . import _archive_sql as archive_sql
 from . import _sql as sql
+from ._apply import apply_writes
 from ._pg_election import PgElection
 from ._pg_listen import CancelListener, announce
 from ._pg_relay import PgEventRelay
@@ -89,10 +90,8 @@ from ._pg_writes import (
     FENCE,
     _commit_error,
     _LoopTransaction,
-    _NeedsConnection,
     _PgTransaction,
     _Rows,
-    _Writes,
 )
 
 T = TypeVar("T")
@@ -168,43 +167,56 @@ class _PgSession:
             reset_requested=res.get_value(0, 18) is not None,
         )
 
-    async def commit(self, work: Callable[[Any], T]) -> T:
+    async def commit(self, writes: Sequence[Write]) -> None:
+        await self._send(writes, await self._fence_token())
+
+    async def _fence_token(self) -> str | None:
+        """This process's fencing token for the session, claiming the session first
+        where it must be claimed (see ``_pg_writer``)."""
         store = self._store
         if store._writers.must_claim(self._sid):
             await store._writers.acquire(self._sid)
-        token = store._writers.tokens.get(self._sid)
-        tx = _LoopTransaction(self._sid, store.schema)
+        return store._writers.tokens.get(self._sid)
+
+    async def _send(self, writes: Sequence[Write], token: str | None) -> None:
+        """``writes`` from the event loop, in one pipelined request."""
+        tx = _LoopTransaction(self._sid, self._store.schema)
+        apply_writes(tx, writes)
         try:
-            result = work(tx)
-            writes: _Writes = tx
-        except _NeedsConnection:
-            # A local tool: it runs on a worker thread, where its SQL may block.
-            result, thread_tx = await store._call(self._commit_on_thread, work, token)
-            if thread_tx.flushed:
-                await store._announce_cancels(self._sid, thread_tx.cancels)
-                return result
-            writes = thread_tx
-        try:
-            statements = writes.statements()
+            statements = tx.statements()
         except psycopg.Error as exc:
             raise StoreError(f"session {self._sid}: commit failed: {exc}") from exc
         if statements:
-            rows = tx.rows if writes is tx and not tx.writes else None
-            await self._flush(statements, token, rows)
-        await store._announce_cancels(self._sid, writes.cancels)
+            await self._flush(statements, token, tx.rows if not tx.writes else None)
+        await self._store._announce_cancels(self._sid, tx.cancels)
+
+    async def run_tool(self, step: ToolStep[T]) -> T:
+        # The step runs on a worker thread, where the tool's SQL may block; if the
+        # tool used ctx.store, its transaction commits there with the step's rows.
+        store = self._store
+        token = await self._fence_token()
+        ran: tuple[T, Sequence[Write], _PgTransaction] = await store._call(
+            self._run_step, step, token
+        )
+        result, writes, thread_tx = ran
+        if thread_tx.flushed:
+            await store._announce_cancels(self._sid, thread_tx.cancels)
+        else:  # the tool never used ctx.store: its rows go like any engine commit
+            await self._send(writes, token)
         return result
 
-    def _commit_on_thread(
-        self, work: Callable[[Any], T], token: str | None
-    ) -> tuple[T, _PgTransaction]:
+    def _run_step(
+        self, step: ToolStep[T], token: str | None
+    ) -> tuple[T, Sequence[Write], _PgTransaction]:
         store = self._store
         tx = _PgTransaction(self._sid, store.schema, store.sync_pool, store.connect_timeout)
         try:
             try:
-                result = work(tx)
+                result, writes = step(tx.handle)
                 if tx.checkout_failed is not None:  # the tool caught it; the step cannot land
                     raise tx._no_connection(tx.checkout_failed)
                 if tx.opened is not None:
+                    apply_writes(tx, writes)
                     tx.flush(token)
             except BaseException as exc:
                 if tx.checkout_failed is not None:
@@ -216,7 +228,7 @@ class _PgSession:
                 raise _commit_error(self._sid, _connection_lost(conn), exc) from exc
         finally:
             tx.release()
-        return result, tx
+        return result, writes, tx
 
     async def _flush(
         self, statements: list[wire.Statement], token: str | None, rows: _Rows | None

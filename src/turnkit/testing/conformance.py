@@ -36,7 +36,7 @@ from .._engine.context import ToolContext
 from .._engine.tools import tool
 from .._errors import FatalToolError, SessionOwnerError, StoreError
 from .._runtime.runtime import Runtime
-from .._seams.store import SessionStore, Store, Transaction
+from .._seams.store import SessionStore, Store, StoreHandle
 from .._values.events import TurnCompletedEvent, TurnStartedEvent
 from .._values.messages import (
     AssistantMessage,
@@ -46,6 +46,20 @@ from .._values.messages import (
     UserMessage,
 )
 from .._values.records import PREVIEW_CHARS, TurnRecord
+from .._values.writes import (
+    AppendMessage,
+    ArchiveGeneration,
+    DropReset,
+    LogEvent,
+    OpenTurn,
+    PutStep,
+    QueueTurn,
+    RequestCancel,
+    RequestReset,
+    SettleQueued,
+    SetTurnStatus,
+    Write,
+)
 from ..models._scripted import ScriptedModel, ScriptedReply, tool_call
 from ._crashing import CrashingStore
 
@@ -58,6 +72,7 @@ __all__ = [
     "test_conformance_a_taken_position_or_step_is_refused",
     "test_conformance_a_tool_step_runs_off_the_event_loop",
     "test_conformance_a_turn_of_another_owner_is_refused",
+    "test_conformance_an_empty_commit_changes_nothing",
     "test_conformance_commit_writes_read_back",
     "test_conformance_data_survives_reopening",
     "test_conformance_events_filter_by_turn_and_sequence",
@@ -66,6 +81,8 @@ __all__ = [
     "test_conformance_park_cancel_and_unfinished",
     "test_conformance_queued_turns_open_or_settle",
     "test_conformance_reset_archives_a_generation",
+    "test_conformance_run_tool_calls_its_step_once_and_commits_its_writes",
+    "test_conformance_run_tool_writes_land_with_the_tools_sql",
     "test_conformance_session_pages_newest_first_by_key",
     "test_conformance_sessions_are_isolated_and_listed",
     "test_conformance_sessions_carry_a_preview_of_their_first_message",
@@ -76,6 +93,7 @@ __all__ = [
     "test_conformance_unfinished_turns_oldest_first",
     "test_conformance_updating_a_missing_turn_is_refused",
     "test_conformance_writer_is_exclusive_per_session",
+    "test_conformance_writes_apply_in_list_order",
 ]
 
 
@@ -84,7 +102,8 @@ class StoreUnderTest:
     """A backend for the suite: how to make it, and what it offers by design."""
 
     factory: Callable[[], Store]
-    #: ``tx.handle`` is a SQL connection: ``execute`` (with ``?``) joins the transaction.
+    #: A tool step's handle is a SQL connection: ``execute`` (with ``?``) joins the
+    #: step's transaction.
     sql: bool = True
 
 
@@ -116,15 +135,21 @@ async def _open_turn(
 ) -> None:
     opening = UserMessage(text=f"open {turn_id}", turn_id=turn_id)
 
-    def work(tx: Transaction) -> None:
-        tx.append_message(index, opening)
-        tx.open_turn(_record(session.session_id, turn_id, **kw), owner=owner)
-
-    await session.commit(work)
+    record = _record(session.session_id, turn_id, **kw)
+    await session.commit([AppendMessage(index, opening), OpenTurn(record, owner)])
 
 
 class _Boom(Exception):
     pass
+
+
+def _read_rows(table: str, column: str) -> Callable[[StoreHandle], tuple[Any, list[Write]]]:
+    """A tool step that reads ``column`` of an app table through the handle."""
+
+    def read(handle: StoreHandle) -> tuple[Any, list[Write]]:
+        return handle.execute(f"SELECT {column} FROM {table} ORDER BY {column}"), []
+
+    return read
 
 
 # -- the store seam ---------------------------------------------------------------
@@ -142,14 +167,15 @@ async def test_conformance_commit_writes_read_back(conformance_store: StoreUnder
         started = TurnStartedEvent(turn_id="t1", session_id="s1", text="open t1", seq=1)
         done = TurnCompletedEvent(turn_id="t1", session_id="s1", text="hi", seq=2)
 
-        def work(tx: Transaction) -> None:
-            tx.put_step("model:1", "t1", {"text": "hi", "nested": [1, {"a": None}]})
-            tx.append_message(1, reply)
-            tx.log_event(started)
-            tx.log_event(done)
-            tx.set_turn_status("t1", "completed", text="hi")
-
-        await session.commit(work)
+        await session.commit(
+            [
+                PutStep("model:1", "t1", {"text": "hi", "nested": [1, {"a": None}]}),
+                AppendMessage(1, reply),
+                LogEvent(started),
+                LogEvent(done),
+                SetTurnStatus("t1", "completed", text="hi"),
+            ]
+        )
         snap = await session.load("t1")
         assert snap.messages == [UserMessage(text="open t1", turn_id="t1"), reply]
         assert snap.steps == {"model:1": {"text": "hi", "nested": [1, {"a": None}]}}
@@ -167,18 +193,18 @@ async def test_conformance_commit_writes_read_back(conformance_store: StoreUnder
 async def test_conformance_a_failed_commit_reraises_unchanged(
     conformance_store: StoreUnderTest,
 ) -> None:
+    """What a local tool's step raises comes out of ``run_tool`` as that very object,
+    and nothing of the step lands."""
     async with _opened(conformance_store) as store:
         session = store.session("s1")
         await _open_turn(session, "t1")
-        boom = _Boom("from work")
+        boom = _Boom("from the step")
 
-        def work(tx: Transaction) -> None:
-            tx.put_step("model:1", "t1", {"text": "x"})
-            tx.append_message(1, AssistantMessage(text="x", turn_id="t1"))
+        def step(handle: StoreHandle) -> tuple[None, list[Write]]:
             raise boom
 
         with pytest.raises(_Boom) as caught:
-            await session.commit(work)
+            await session.run_tool(step)
         assert caught.value is boom  # the engine tells tool failures apart by type
         snap = await session.load("t1")
         assert len(snap.messages) == 1 and snap.steps == {}
@@ -192,33 +218,140 @@ async def test_conformance_a_failed_commit_undoes_every_kind_of_write(
         session = store.session("s1")
         await _open_turn(session, "t1")
         started = TurnStartedEvent(turn_id="t1", session_id="s1", text="open t1", seq=1)
-        await session.commit(lambda tx: tx.log_event(started))
+        await session.commit([LogEvent(started)])
         before = await session.load("t1")
-
-        def everything(tx: Transaction) -> None:
-            tx.put_step("model:1", "t1", {"text": "x"})
-            tx.append_message(1, AssistantMessage(text="x", turn_id="t1"))
-            tx.log_event(TurnCompletedEvent(turn_id="t1", session_id="s1", text="x", seq=2))
-            tx.request_cancel("t1", "requested")
-            tx.set_turn_status("t1", "suspended", pending={"request": {"id": "ok"}})
-            tx.append_message(2, UserMessage(text="open t2", turn_id="t2"))
-            tx.open_turn(_record("s1", "t2", created_at=2.0))
-            raise _Boom("after every kind of write")
-
-        def reset(tx: Transaction) -> None:
-            tx.archive_generation(0, "a")
-            tx.append_message(0, UserMessage(text="open t3", turn_id="t3"))
-            raise _Boom("after the reset")
-
-        for work in (everything, reset):
-            with pytest.raises(_Boom):
-                await session.commit(work)
+        # Each list ends with a write the store must refuse (a taken position), so
+        # every write before it has to be undone.
+        refused = AppendMessage(0, UserMessage(text="again", turn_id="t1"))
+        everything: list[Write] = [
+            PutStep("model:1", "t1", {"text": "x"}),
+            AppendMessage(1, AssistantMessage(text="x", turn_id="t1")),
+            LogEvent(TurnCompletedEvent(turn_id="t1", session_id="s1", text="x", seq=2)),
+            RequestCancel("t1", "requested"),
+            SetTurnStatus("t1", "suspended", pending={"request": {"id": "ok"}}),
+            AppendMessage(2, UserMessage(text="open t2", turn_id="t2")),
+            OpenTurn(_record("s1", "t2", created_at=2.0)),
+            QueueTurn(_record("s1", "t4", created_at=3.0)),
+            RequestReset(),
+            refused,
+        ]
+        reset: list[Write] = [
+            ArchiveGeneration(0, "a"),
+            AppendMessage(0, UserMessage(text="open t3", turn_id="t3")),
+            AppendMessage(0, UserMessage(text="again", turn_id="t3")),
+        ]
+        for writes in (everything, reset):
+            with pytest.raises(StoreError):
+                await session.commit(writes)
             assert await session.load("t1") == before
             assert await session.status() == "running"
             assert await session.events() == [started]
             assert await session.parked() is None and await session.turn("t2") is None
             assert [t.turn_id for t in await session.unfinished()] == ["t1"]
             assert await session.generations() == []
+
+
+@pytest.mark.asyncio
+async def test_conformance_an_empty_commit_changes_nothing(
+    conformance_store: StoreUnderTest,
+) -> None:
+    async with _opened(conformance_store) as store:
+        session = store.session("s1")
+        await session.commit([])
+        assert await session.status() == "new" and await store.sessions() == []
+        await _open_turn(session, "t1")
+        before = await session.load("t1")
+        await session.commit([])
+        assert await session.load("t1") == before
+
+
+@pytest.mark.asyncio
+async def test_conformance_writes_apply_in_list_order(conformance_store: StoreUnderTest) -> None:
+    """A write may rely on one earlier in the same list: open a turn, then end it."""
+    async with _opened(conformance_store) as store:
+        session = store.session("s1")
+        opening = UserMessage(text="open t1", turn_id="t1")
+        await session.commit(
+            [
+                AppendMessage(0, opening),
+                OpenTurn(_record("s1", "t1")),
+                RequestCancel("t1", "requested"),
+                SetTurnStatus("t1", "cancelled"),
+                AppendMessage(1, AssistantMessage(text="after", turn_id="t1")),
+            ]
+        )
+        record = await session.turn("t1")
+        assert record is not None and (record.status, record.cancel_reason) == (
+            "cancelled",
+            "requested",
+        )
+        assert await session.status() == "idle"
+        assert [m.turn_id for m in await session.messages()] == ["t1", "t1"]
+
+
+@pytest.mark.asyncio
+async def test_conformance_run_tool_calls_its_step_once_and_commits_its_writes(
+    conformance_store: StoreUnderTest,
+) -> None:
+    async with _opened(conformance_store) as store:
+        session = store.session("s1")
+        await _open_turn(session, "t1")
+        calls: list[bool] = []
+
+        def step(handle: StoreHandle) -> tuple[dict[str, int], list[Write]]:
+            calls.append(_loop_running())
+            reply = AssistantMessage(text="from the step", turn_id="t1")
+            return {"n": 1}, [PutStep("tool:0:c1", "t1", {"ok": True}), AppendMessage(1, reply)]
+
+        assert await session.run_tool(step) == {"n": 1}
+        assert calls == [False]  # once, and off the event loop
+        snap = await session.load("t1")
+        assert snap.steps == {"tool:0:c1": {"ok": True}} and len(snap.messages) == 2
+
+        def refused(handle: StoreHandle) -> tuple[None, list[Write]]:
+            # Its writes are refused (a taken position): none of them lands.
+            return None, [
+                PutStep("tool:0:c2", "t1", {}),
+                AppendMessage(1, UserMessage(text="x", turn_id="t1")),
+            ]
+
+        with pytest.raises(StoreError):
+            await session.run_tool(refused)
+        assert await session.load("t1") == snap
+
+
+@pytest.mark.asyncio
+async def test_conformance_run_tool_writes_land_with_the_tools_sql(
+    conformance_store: StoreUnderTest,
+) -> None:
+    """What a step did through the handle and the writes it returned commit together,
+    or (a write refused) not at all."""
+    if not conformance_store.sql:
+        pytest.skip("this backend has no SQL handle by design (checked above)")
+    async with _opened(conformance_store) as store:
+        session = store.session("s1")
+        await _open_turn(session, "t1")
+
+        def create(handle: StoreHandle) -> tuple[None, list[Write]]:
+            handle.execute("CREATE TABLE conformance_paired (n INTEGER)")
+            return None, []
+
+        await session.run_tool(create)
+
+        def insert(n: int, at: int) -> Callable[[StoreHandle], tuple[None, list[Write]]]:
+            def step(handle: StoreHandle) -> tuple[None, list[Write]]:
+                handle.execute("INSERT INTO conformance_paired (n) VALUES (?)", (n,))
+                reply = AssistantMessage(text=f"wrote {n}", turn_id="t1")
+                return None, [PutStep(f"tool:{n}", "t1", {"n": n}), AppendMessage(at, reply)]
+
+            return step
+
+        await session.run_tool(insert(1, 1))
+        with pytest.raises(StoreError):
+            await session.run_tool(insert(2, 1))  # position 1 is taken: all of it undone
+        rows = await session.run_tool(_read_rows("conformance_paired", "n"))
+        assert rows == [(1,)]
+        assert (await session.load("t1")).steps == {"tool:1": {"n": 1}}
 
 
 @pytest.mark.asyncio
@@ -229,13 +362,11 @@ async def test_conformance_a_taken_position_or_step_is_refused(
         session = store.session("s1")
         await _open_turn(session, "t1")
 
-        def taken_position(tx: Transaction) -> None:
-            tx.append_message(0, UserMessage(text="again", turn_id="t1"))
-
-        def repeated_step(tx: Transaction) -> None:
-            tx.put_step("model:1", "t1", {"text": "first"})
-            tx.put_step("model:1", "t1", {"text": "second"})
-
+        taken_position = [AppendMessage(0, UserMessage(text="again", turn_id="t1"))]
+        repeated_step = [
+            PutStep("model:1", "t1", {"text": "first"}),
+            PutStep("model:1", "t1", {"text": "second"}),
+        ]
         with pytest.raises(StoreError):
             await session.commit(taken_position)
         with pytest.raises(StoreError):
@@ -252,7 +383,7 @@ async def test_conformance_updating_a_missing_turn_is_refused(
     async with _opened(conformance_store) as store:
         session = store.session("s1")
         with pytest.raises(StoreError, match="no turn"):
-            await session.commit(lambda tx: tx.set_turn_status("ghost", "completed", text="x"))
+            await session.commit([SetTurnStatus("ghost", "completed", text="x")])
         assert await session.status() == "new"
 
 
@@ -267,11 +398,7 @@ async def test_conformance_events_filter_by_turn_and_sequence(
             for seq, tid in enumerate(["t1", "t2", "t1", "t2"], start=1)
         ]
 
-        def work(tx: Transaction) -> None:
-            for event in events:
-                tx.log_event(event)
-
-        await session.commit(work)
+        await session.commit([LogEvent(event) for event in events])
         assert await session.events() == events
         assert await session.events(turn_id="t1") == [events[0], events[2]]
         assert await session.events(after=2) == events[2:]
@@ -287,7 +414,7 @@ async def test_conformance_sessions_are_isolated_and_listed(
         one, two = store.session("s1"), store.session("s2")
         await _open_turn(one, "t1")
         await _open_turn(two, "t1")  # the same turn id in another session is another turn
-        await one.commit(lambda tx: tx.set_turn_status("t1", "completed", text="done"))
+        await one.commit([SetTurnStatus("t1", "completed", text="done")])
         assert await one.status() == "idle" and await two.status() == "running"
         assert len(await one.messages()) == 1 and len(await two.messages()) == 1
         listed = {(i.session_id, i.agent, i.status) for i in await store.sessions()}
@@ -302,7 +429,7 @@ async def test_conformance_session_pages_newest_first_by_key(
         for n in range(7):
             session = store.session(f"s{n}")
             await _open_turn(session, "t1", agent="a" if n % 3 else "b")
-        await store.session("s1").commit(lambda tx: tx.set_turn_status("t1", "completed"))
+        await store.session("s1").commit([SetTurnStatus("t1", "completed")])
         every = await store.sessions()
         expected = sorted(
             (i for i in every if i.agent == "a"), key=lambda i: (-i.updated_at, i.session_id)
@@ -328,20 +455,19 @@ async def test_conformance_sessions_carry_a_preview_of_their_first_message(
 ) -> None:
     long = "Please  refund\norder 17 " + "ü" * 200
 
-    def opened(session_id: str, opening: UserMessage | TriggerMessage) -> Callable[..., None]:
-        def work(tx: Transaction) -> None:
-            tx.append_message(0, opening)
-            tx.open_turn(_record(session_id, opening.turn_id))
-            tx.append_message(1, AssistantMessage(text="later text", turn_id=opening.turn_id))
-
-        return work
+    def opened(session_id: str, opening: UserMessage | TriggerMessage) -> list[Write]:
+        return [
+            AppendMessage(0, opening),
+            OpenTurn(_record(session_id, opening.turn_id)),
+            AppendMessage(1, AssistantMessage(text="later text", turn_id=opening.turn_id)),
+        ]
 
     async with _opened(conformance_store) as store:
         await store.session("long").commit(opened("long", UserMessage(text=long, turn_id="t1")))
         cron = TriggerMessage(text="nightly report", turn_id="t1", by="cron:daily")
         await store.session("cron").commit(opened("cron", cron))
         await _open_turn(store.session("reset"), "t1")
-        await store.session("reset").commit(lambda tx: tx.archive_generation(0, "a"))
+        await store.session("reset").commit([ArchiveGeneration(0, "a")])
         expected = {
             "long": "Please refund order 17 " + "ü" * (PREVIEW_CHARS - 24) + "…",
             "cron": "nightly report",
@@ -362,7 +488,7 @@ async def test_conformance_unfinished_turns_oldest_first(
         await _open_turn(store.session("early"), "t1", created_at=20.0)
         await _open_turn(store.session("late"), "t2", created_at=10.0)
         await _open_turn(store.session("done"), "t3", created_at=5.0)
-        await store.session("done").commit(lambda tx: tx.set_turn_status("t3", "failed", error="x"))
+        await store.session("done").commit([SetTurnStatus("t3", "failed", error="x")])
         assert [t.turn_id for t in await store.unfinished_turns()] == ["t1", "t2"]
 
 
@@ -428,35 +554,32 @@ async def test_conformance_sql_handle_or_its_honest_absence(
         session = store.session("s1")
         if not conformance_store.sql:
 
-            def probe(tx: Transaction) -> None:
-                assert tx.handle.unwrap() is None
+            def probe(handle: StoreHandle) -> tuple[None, list[Write]]:
+                assert handle.unwrap() is None
                 with pytest.raises(FatalToolError):
-                    tx.handle.execute("SELECT 1")
-                assert tx.handle.transient(ValueError("a tool's own")) is False
+                    handle.execute("SELECT 1")
+                assert handle.transient(ValueError("a tool's own")) is False
+                return None, []
 
-            await session.commit(probe)
+            await session.run_tool(probe)
             return
 
-        def create(tx: Transaction) -> list[tuple[Any, ...]]:
-            assert tx.handle.unwrap() is not None
-            assert tx.handle.transient(ValueError("a tool's own")) is False
-            tx.handle.execute("CREATE TABLE conformance_rows (k TEXT PRIMARY KEY, v INTEGER)")
-            tx.handle.execute("INSERT INTO conformance_rows (k, v) VALUES (?, ?)", ("a", 1))
-            return tx.handle.execute("SELECT k, v FROM conformance_rows WHERE v = ?", (1,))
+        def create(handle: StoreHandle) -> tuple[list[tuple[Any, ...]], list[Write]]:
+            assert handle.unwrap() is not None
+            assert handle.transient(ValueError("a tool's own")) is False
+            handle.execute("CREATE TABLE conformance_rows (k TEXT PRIMARY KEY, v INTEGER)")
+            handle.execute("INSERT INTO conformance_rows (k, v) VALUES (?, ?)", ("a", 1))
+            return handle.execute("SELECT k, v FROM conformance_rows WHERE v = ?", (1,)), []
 
-        assert await session.commit(create) == [("a", 1)]
+        assert await session.run_tool(create) == [("a", 1)]
 
-        def write_then_fail(tx: Transaction) -> None:
-            tx.handle.execute("INSERT INTO conformance_rows (k, v) VALUES (?, ?)", ("b", 2))
+        def write_then_fail(handle: StoreHandle) -> tuple[None, list[Write]]:
+            handle.execute("INSERT INTO conformance_rows (k, v) VALUES (?, ?)", ("b", 2))
             raise _Boom("after the insert")
 
         with pytest.raises(_Boom):
-            await session.commit(write_then_fail)
-
-        def read(tx: Transaction) -> list[tuple[Any, ...]]:
-            return tx.handle.execute("SELECT k FROM conformance_rows ORDER BY k")
-
-        assert await session.commit(read) == [("a",)]
+            await session.run_tool(write_then_fail)
+        assert await session.run_tool(_read_rows("conformance_rows", "k")) == [("a",)]
 
 
 @pytest.mark.asyncio
@@ -468,11 +591,7 @@ async def test_conformance_load_from_an_index_reads_only_the_rest(
         await _open_turn(session, "t1")
         replies = [AssistantMessage(text=str(i), turn_id="t1") for i in range(1, 4)]
 
-        def work(tx: Transaction) -> None:
-            for i, reply in enumerate(replies, start=1):
-                tx.append_message(i, reply)
-
-        await session.commit(work)
+        await session.commit([AppendMessage(i, r) for i, r in enumerate(replies, start=1)])
         whole = await session.load("t1")
         rest = await session.load("t1", from_index=2)
         assert len(whole.messages) == 4 and whole.from_index == 0
@@ -489,21 +608,21 @@ async def test_conformance_park_cancel_and_unfinished(conformance_store: StoreUn
         assert [t.turn_id for t in await session.unfinished()] == ["t1"]
         assert await session.parked() is None
         checkpoint = {"request": {"id": "ok"}, "call_id": "c1"}
-        await session.commit(lambda tx: tx.set_turn_status("t1", "suspended", pending=checkpoint))
+        await session.commit([SetTurnStatus("t1", "suspended", pending=checkpoint)])
         parked = await session.parked()
         assert parked is not None and parked.pending == checkpoint
         assert await session.status() == "suspended"
         assert [t.status for t in await session.unfinished()] == ["suspended"]
-        await session.commit(lambda tx: tx.request_cancel("t1", "requested"))
-        await session.commit(lambda tx: tx.request_cancel("t1", "reset"))  # first one wins
-        await session.commit(lambda tx: tx.set_turn_status("t1", "cancelled"))
+        await session.commit([RequestCancel("t1", "requested")])
+        await session.commit([RequestCancel("t1", "reset")])  # first one wins
+        await session.commit([SetTurnStatus("t1", "cancelled")])
         record = await session.turn("t1")
         assert record is not None and record.status == "cancelled"
         assert record.cancel_reason == "requested" and record.pending is None
         assert await session.parked() is None and await session.unfinished() == []
         assert await session.status() == "idle"
         with pytest.raises(StoreError, match="no turn"):
-            await session.commit(lambda tx: tx.request_cancel("ghost", "requested"))
+            await session.commit([RequestCancel("ghost", "requested")])
 
 
 @pytest.mark.asyncio
@@ -512,9 +631,9 @@ async def test_conformance_queued_turns_open_or_settle(conformance_store: StoreU
         session = store.session("q")
         # The store orders turns, never the record's clock: these claim ever earlier
         # times, yet sort in the order they were stored.
-        await session.commit(lambda tx: tx.queue_turn(_record("q", "t1", created_at=30.0)))
-        await session.commit(lambda tx: tx.queue_turn(_record("q", "t2", created_at=20.0)))
-        await session.commit(lambda tx: tx.queue_turn(_record("q", "t3", created_at=10.0)))
+        await session.commit([QueueTurn(_record("q", "t1", created_at=30.0))])
+        await session.commit([QueueTurn(_record("q", "t2", created_at=20.0))])
+        await session.commit([QueueTurn(_record("q", "t3", created_at=10.0))])
         queued = await session.turn("t1")
         assert queued is not None and queued.status == "queued"
         assert queued.opening == UserMessage(text="open t1", turn_id="t1").to_dict()
@@ -524,7 +643,7 @@ async def test_conformance_queued_turns_open_or_settle(conformance_store: StoreU
         assert [t.turn_id for t in await session.unfinished()] == ["t1", "t2", "t3"]
         assert [t.turn_id for t in await store.unfinished_turns()] == ["t1", "t2", "t3"]
         with pytest.raises(StoreError):
-            await session.commit(lambda tx: tx.queue_turn(_record("q", "t1")))
+            await session.commit([QueueTurn(_record("q", "t1"))])
 
         first = await session.turn("t1")
         assert first is not None
@@ -533,11 +652,11 @@ async def test_conformance_queued_turns_open_or_settle(conformance_store: StoreU
         assert opened is not None and opened.status == "running"
         assert opened.created_at == first.created_at and await session.status() == "running"
         with pytest.raises(StoreError, match="t1"):  # a running turn is not opened twice
-            await session.commit(lambda tx: tx.open_turn(_record("q", "t1")))
+            await session.commit([OpenTurn(_record("q", "t1"))])
 
-        await session.commit(lambda tx: tx.request_cancel("t2", "replaced"))
-        await session.commit(lambda tx: tx.settle_queued("t2", "cancelled", reason="requested"))
-        await session.commit(lambda tx: tx.settle_queued("t3", "failed", error="parked"))
+        await session.commit([RequestCancel("t2", "replaced")])
+        await session.commit([SettleQueued("t2", "cancelled", reason="requested")])
+        await session.commit([SettleQueued("t3", "failed", error="parked")])
         t2, t3 = await session.turn("t2"), await session.turn("t3")
         assert t2 is not None and (t2.status, t2.cancel_reason) == ("cancelled", "replaced")
         assert t3 is not None and (t3.status, t3.error) == ("failed", "parked")
@@ -545,12 +664,8 @@ async def test_conformance_queued_turns_open_or_settle(conformance_store: StoreU
         assert await session.status() == "running"  # settling leaves the session alone
         assert [t.turn_id for t in await session.unfinished()] == ["t1"]
         for turn_id in ("t1", "t2", "ghost"):  # only a queued turn settles
-
-            def settle(tx: Transaction, turn_id: str = turn_id) -> None:
-                tx.settle_queued(turn_id, "cancelled", reason="x")
-
             with pytest.raises(StoreError, match="queued"):
-                await session.commit(settle)
+                await session.commit([SettleQueued(turn_id, "cancelled", reason="x")])
 
 
 @pytest.mark.asyncio
@@ -561,13 +676,9 @@ async def test_conformance_reset_archives_a_generation(conformance_store: StoreU
         await _open_turn(other, "t1")
         started = TurnStartedEvent(turn_id="t1", session_id="s1", text="open t1", seq=1)
 
-        def more(tx: Transaction) -> None:
-            tx.put_step("model:1", "t1", {"text": "x"})
-            tx.log_event(started)
-
-        await session.commit(more)
+        await session.commit([PutStep("model:1", "t1", {"text": "x"}), LogEvent(started)])
         assert (await session.load()).generation == 0
-        await session.commit(lambda tx: tx.archive_generation(0, "a"))
+        await session.commit([ArchiveGeneration(0, "a")])
         snap = await session.load("t1")
         assert snap.messages == [] and snap.steps == {} and snap.turn is None
         # Event numbers carry on across a reset: an id a client kept from generation
@@ -578,20 +689,18 @@ async def test_conformance_reset_archives_a_generation(conformance_store: StoreU
         assert await session.archived_messages(0) == [UserMessage(text="open t1", turn_id="t1")]
         assert await session.archived_messages(7) == []
         with pytest.raises(StoreError):  # generation 0 is gone already
-            await session.commit(lambda tx: tx.archive_generation(0, "a"))
+            await session.commit([ArchiveGeneration(0, "a")])
         assert len(await other.messages()) == 1  # other sessions are untouched
         await _open_turn(session, "t2")  # the same address lives on
         assert [m.turn_id for m in await session.messages()] == ["t2"]
-        await session.commit(lambda tx: tx.archive_generation(1, "a"))  # logged nothing
+        await session.commit([ArchiveGeneration(1, "a")])  # logged nothing
         assert (await session.load()).next_seq == 2
         await _open_turn(session, "t3")
         await session.commit(
-            lambda tx: tx.log_event(
-                TurnStartedEvent(turn_id="t3", session_id="s1", text="open t3", seq=2)
-            )
+            [LogEvent(TurnStartedEvent(turn_id="t3", session_id="s1", text="open t3", seq=2))]
         )
         assert [e.seq for e in await session.events()] == [2]
-        await session.commit(lambda tx: tx.archive_generation(2, "a"))
+        await session.commit([ArchiveGeneration(2, "a")])
         assert (await session.load()).next_seq == 3
 
 
@@ -604,43 +713,38 @@ async def test_conformance_a_reset_request_is_a_barrier_in_the_store(
     archive, which clears the mark (as ``drop_reset`` does without archiving)."""
     async with _opened(conformance_store) as store:
         session = store.session("r")
-        await session.commit(lambda tx: tx.request_reset())  # no session yet: nothing
+        await session.commit([RequestReset()])  # no session yet: nothing
         assert not (await session.load()).reset_requested
         await _open_turn(session, "t1")
-        await session.commit(lambda tx: tx.queue_turn(_record("r", "t2", created_at=20.0)))
-        await session.commit(lambda tx: tx.request_cancel("t2", "replaced"))
-        await session.commit(lambda tx: tx.queue_turn(_record("r", "t3", created_at=30.0)))
+        await session.commit([QueueTurn(_record("r", "t2", created_at=20.0))])
+        await session.commit([RequestCancel("t2", "replaced")])
+        await session.commit([QueueTurn(_record("r", "t3", created_at=30.0))])
         assert not (await session.load()).reset_requested
-        await session.commit(lambda tx: tx.request_reset())
-        await session.commit(lambda tx: tx.request_reset())  # a second request: one mark
-        await session.commit(lambda tx: tx.queue_turn(_record("r", "t4", created_at=40.0)))
+        await session.commit([RequestReset()])
+        await session.commit([RequestReset()])  # a second request: one mark
+        await session.commit([QueueTurn(_record("r", "t4", created_at=40.0))])
         assert (await session.load()).reset_requested
         reasons = {t.turn_id: t.cancel_reason for t in await session.unfinished()}
         # The first cancellation recorded stays; the turn stored after is untouched.
         assert reasons == {"t1": "reset", "t2": "replaced", "t3": "reset", "t4": None}
-        with pytest.raises(_Boom):  # a failed commit leaves the mark as it was
-
-            def fails(tx: Transaction) -> None:
-                tx.drop_reset()
-                raise _Boom
-
-            await session.commit(fails)
+        with pytest.raises(StoreError):  # a failed commit leaves the mark as it was
+            await session.commit([DropReset(), SettleQueued("t1", "cancelled")])
         assert (await session.load()).reset_requested
-
-        def archive(tx: Transaction) -> None:
-            tx.set_turn_status("t1", "cancelled")
-            for turn_id in ("t2", "t3"):
-                tx.settle_queued(turn_id, "cancelled", reason="reset")
-            tx.archive_generation(0, "a")
-
-        await session.commit(archive)
+        await session.commit(
+            [
+                SetTurnStatus("t1", "cancelled"),
+                SettleQueued("t2", "cancelled", reason="reset"),
+                SettleQueued("t3", "cancelled", reason="reset"),
+                ArchiveGeneration(0, "a"),
+            ]
+        )
         snap = await session.load("t4")
         assert not snap.reset_requested and snap.generation == 1
         assert snap.turn is not None and snap.turn.status == "queued"
         assert [t.turn_id for t in await session.unfinished()] == ["t4"]
-        await session.commit(lambda tx: tx.request_reset())
+        await session.commit([RequestReset()])
         assert (await session.load()).reset_requested
-        await session.commit(lambda tx: tx.drop_reset())
+        await session.commit([DropReset()])
         assert not (await session.load()).reset_requested
         assert await session.generations() == [0]
 
@@ -655,11 +759,11 @@ async def test_conformance_sessions_record_their_owner(conformance_store: StoreU
         await _open_turn(mine, "t1", owner="alice")
         await _open_turn(code, "t1")  # opened from code: nobody's
         await _open_turn(store.session("bobs"), "t1", owner="bob", agent="b")
-        await mine.commit(lambda tx: tx.set_turn_status("t1", "completed"))
+        await mine.commit([SetTurnStatus("t1", "completed")])
         await _open_turn(mine, "t2", index=1, owner="bob")  # an existing session keeps its owner
         assert (await mine.load("t2")).owner == "alice"
         assert (await code.load()).owner is None
-        await mine.commit(lambda tx: tx.archive_generation(0, "a"))
+        await mine.commit([ArchiveGeneration(0, "a")])
         await _open_turn(mine, "t3", owner="carol")
         assert (await mine.load()).owner == "alice"
     async with _opened(conformance_store) as store:
@@ -812,8 +916,8 @@ def _loop_running() -> bool:
 async def test_conformance_a_tool_step_runs_off_the_event_loop(
     conformance_store: StoreUnderTest,
 ) -> None:
-    """A ``work`` that asks for ``tx.handle`` (the engine's step for a local tool) may
-    block: it runs off the event loop, and other sessions commit meanwhile."""
+    """A local tool's step (``run_tool``) may block: it runs off the event loop, and
+    other sessions commit meanwhile. It is called once."""
     async with _opened(conformance_store) as store:
         blocked, other = store.session("s1"), store.session("s2")
         await _open_turn(blocked, "t1")
@@ -821,21 +925,19 @@ async def test_conformance_a_tool_step_runs_off_the_event_loop(
         started, go = threading.Event(), threading.Event()
         loops: list[bool] = []
 
-        def tool_step(tx: Transaction) -> str:
-            _ = tx.handle  # what the engine asks for before a local tool runs
+        def tool_step(handle: StoreHandle) -> tuple[str, list[Write]]:
             loops.append(_loop_running())
             started.set()
             # A safety net, not a timing: go is set once the other session committed.
             if not go.wait(timeout=60):
                 raise _Boom("the other session never committed: the event loop was blocked")
-            tx.append_message(1, AssistantMessage(text="after the tool", turn_id="t1"))
-            return "ran"
+            return "ran", [AppendMessage(1, AssistantMessage(text="after the tool", turn_id="t1"))]
 
-        step = asyncio.ensure_future(blocked.commit(tool_step))
+        step = asyncio.ensure_future(blocked.run_tool(tool_step))
         while not started.is_set():
             await asyncio.sleep(0.001)
         meanwhile = AssistantMessage(text="meanwhile", turn_id="t2")
-        await other.commit(lambda tx: tx.append_message(1, meanwhile))
+        await other.commit([AppendMessage(1, meanwhile)])
         go.set()
         assert await step == "ran" and loops == [False]
         assert (await blocked.messages())[1] == AssistantMessage(
@@ -872,9 +974,6 @@ async def test_conformance_local_tool_rows_commit_or_roll_back_with_the_step(
         assert await rt.session("a", "s1").turn("go") == "recorded"
         results = [m for m in await rt.session("a", "s1").messages() if m.role == "tool"]
 
-        def read(tx: Transaction) -> list[tuple[Any, ...]]:
-            return tx.handle.execute("SELECT n FROM conformance_app ORDER BY n")
-
-        rows = await rt.store.session("check").commit(read)
+        rows = await rt.store.session("check").run_tool(_read_rows("conformance_app", "n"))
     assert [getattr(m, "is_error", None) for m in results] == [False, True]
     assert rows == [(2,)]  # the failing call's row rolled back with its step
