@@ -86,6 +86,24 @@ def test_dev_serves_the_bundled_example_with_its_page_and_says_which_model(
     assert "Traceback" not in err
 
 
+def test_dev_stops_gracefully_on_sigterm_and_exits_0(
+    dev: tuple[subprocess.Popen[str], str], tmp_path: Path
+) -> None:
+    """What a service manager sends: the server stops, the runtime and its store
+    close, and the exit status is 0 (it was 143, killed by the signal raised again)."""
+    proc, url = dev
+    with httpx.Client(base_url=url, timeout=30) as client:
+        reply = client.post("/agents/ops/sessions/s1/chat", json={"text": "order 2 blue widgets"})
+        assert reply.status_code == 200
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(15) == 0
+    _, err = proc.communicate()
+    assert err.strip().splitlines()[-1] == "turnkit dev: stopped (SIGTERM)"
+    assert "Traceback" not in err
+    # Closed, not killed: the store's last connection checkpointed and removed its WAL.
+    assert not (tmp_path / ".turnkit" / "sessions.db-wal").exists()
+
+
 def test_dev_refuses_a_rebound_host_and_a_foreign_origin(
     dev: tuple[subprocess.Popen[str], str], tmp_path: Path
 ) -> None:

@@ -8,8 +8,11 @@ turns a previous run left open, so a page that reconnects sees them finish.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import signal
 import socket
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from ipaddress import ip_address
 
@@ -150,7 +153,7 @@ async def _serve(
             lifespan="off",
             timeout_graceful_shutdown=2,
         )
-        server = uvicorn.Server(config)
+        server = _DevServer(config)
         serving = asyncio.create_task(server.serve(sockets=listeners))
         while not server.started and not serving.done():
             await asyncio.sleep(0.02)
@@ -176,6 +179,37 @@ async def _serve(
         await serving
     finally:
         unwatch()
+    if server.stopped_by == signal.SIGINT:
+        raise KeyboardInterrupt  # Ctrl-C: "interrupted", 130, once all is closed
+    if server.stopped_by == signal.SIGTERM:
+        print("turnkit dev: stopped (SIGTERM)", file=sys.stderr, flush=True)
+
+
+class _DevServer(uvicorn.Server):
+    """uvicorn, stopping on SIGINT and SIGTERM without raising the signal again
+    afterwards, so the runtime closes (its turns recorded, its store closed) and
+    ``turnkit dev`` exits 0 on SIGTERM, 130 on Ctrl-C, as a service manager and a
+    terminal expect. A second Ctrl-C stops at once, as uvicorn's does."""
+
+    stopped_by: int | None = None
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        loop = asyncio.get_running_loop()
+        wanted = (signal.SIGINT, signal.SIGTERM)
+        for signum in wanted:
+            loop.add_signal_handler(signum, self._stop, signum)
+        try:
+            yield
+        finally:
+            for signum in wanted:
+                loop.remove_signal_handler(signum)
+
+    def _stop(self, signum: int) -> None:
+        if self.should_exit and signum == signal.SIGINT:
+            self.force_exit = True
+        self.stopped_by = self.stopped_by or signum
+        self.should_exit = True
 
 
 async def _recover(runtime: Runtime, turns: TurnLog) -> None:
