@@ -111,13 +111,13 @@ def _check_postgres_tables(dsn: str) -> None:
     create them, and a mistyped DSN would look like a store with no sessions. Also
     the place a DSN that cannot connect is reported, in one line."""
     import psycopg
+    from psycopg import sql
 
     schema = dsn_schema(dsn)
+    table = f"{sql.Identifier(schema).as_string(None)}.turnkit_sessions"
     try:
         with psycopg.connect(dsn, connect_timeout=10, autocommit=True) as conn:
-            row = conn.execute(
-                "SELECT to_regclass(%s)", (f'"{schema}".turnkit_sessions',)
-            ).fetchone()
+            row = conn.execute("SELECT to_regclass(%s)", (table,)).fetchone()
     except psycopg.Error as exc:
         raise CliError(
             f"cannot connect to PostgreSQL at {redact_dsn(dsn)!r}: {one_line(str(exc))}"

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any, TypeVar
 
 import psycopg
+from psycopg import sql as pg_sql
 from psycopg.pq import ExecStatus, TransactionStatus
 from psycopg.pq.abc import PGresult
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
@@ -101,12 +102,19 @@ _TURNKIT_NAME = re.compile(r'(?<![\w."])turnkit_\w+')
 
 
 @functools.cache
+def quoted_schema(schema: str) -> str:
+    """The schema's name as an SQL identifier (psycopg's quoting), for statement text."""
+    return pg_sql.Identifier(schema).as_string(None)
+
+
+@functools.cache
 def pg(sql: str, schema: str) -> str:
     """A ``?``-style statement (see ``_sql``) as PostgreSQL runs it for the store in
     ``schema``: psycopg's ``%s`` placeholders, and turnkit's tables and functions
     qualified with the schema, so a local tool that changes ``search_path`` in the
     step's transaction cannot redirect the store's own statements."""
-    return qmark_to_pyformat(_TURNKIT_NAME.sub(lambda m: f'"{schema}".{m.group(0)}', sql))
+    quoted = quoted_schema(schema)
+    return qmark_to_pyformat(_TURNKIT_NAME.sub(lambda m: f"{quoted}.{m.group(0)}", sql))
 
 
 @functools.cache
@@ -119,7 +127,8 @@ def _lock_key(schema: str, session_id: str) -> int:
     """The advisory-lock key of a session's writer: what ``turnkit_lock_key`` (in the
     schema) computes too, so a claim can lock sessions in SQL. Not a security
     boundary: md5 only spreads the ids over the key space."""
-    digest = hashlib.md5(f'"{schema}"/{session_id}'.encode(), usedforsecurity=False).digest()
+    where = f"{quoted_schema(schema)}/{session_id}"  # as the schema's function spells it
+    digest = hashlib.md5(where.encode(), usedforsecurity=False).digest()
     return int.from_bytes(digest[:8], "big", signed=True)
 
 

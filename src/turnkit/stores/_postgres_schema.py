@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from psycopg import sql
+
 from .._errors import StoreError
 
 #: SQLSTATE raised by ``turnkit_fence`` when another process holds the session.
@@ -237,7 +239,8 @@ SCHEMA_VERSION = len(MIGRATIONS)
 
 def read_store_id(conn: Any, schema: str) -> str:
     """The identity ``schema`` was given when its tables were created."""
-    row = conn.execute(f'SELECT store_id FROM "{schema}".turnkit_store WHERE id = 1').fetchone()
+    query = sql.SQL("SELECT store_id FROM {}.turnkit_store WHERE id = 1")
+    row = conn.execute(query.format(sql.Identifier(schema))).fetchone()
     if row is None:
         raise StoreError(f"schema {schema!r} has no store identity (turnkit_store is empty)")
     return str(row[0])
@@ -245,7 +248,8 @@ def read_store_id(conn: Any, schema: str) -> str:
 
 def read_relay_key(conn: Any, schema: str) -> bytes:
     """The key that signs ``schema``'s relay notifications."""
-    row = conn.execute(f'SELECT key FROM "{schema}".turnkit_relay_key WHERE id = 1').fetchone()
+    query = sql.SQL("SELECT key FROM {}.turnkit_relay_key WHERE id = 1")
+    row = conn.execute(query.format(sql.Identifier(schema))).fetchone()
     if row is None:
         raise StoreError(f"schema {schema!r} has no relay key (turnkit_relay_key is empty)")
     return str(row[0]).encode()
@@ -256,7 +260,7 @@ def migrate(conn: Any, schema: str, migrations: list[tuple[str, ...]] = MIGRATIO
 
     A database written by a newer turnkit is refused rather than misread.
     """
-    quoted = f'"{schema}"'
+    quoted = sql.Identifier(schema).as_string(conn)
     with conn.transaction():
         # One migrator at a time per schema, across every process.
         conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"turnkit-migrate:{schema}",))
