@@ -413,20 +413,12 @@ async def test_concurrent_commits_are_grouped_yet_fail_only_where_they_fail(
             ]
 
         await asyncio.gather(*(s.commit(opening(s.session_id)) for s in sessions))
-        store._tokens["s7"] = "not-the-writer"  # as if another process took s7 over
+        store.faults.lose_writer("s7")  # as if another process took s7 over
 
         second = [AppendMessage(1, UserMessage(text="y", turn_id="t"))]
         taken = [AppendMessage(0, UserMessage(text="again", turn_id="t"))]
 
         works = [taken if i == 3 else second for i in range(30)]
-        groups: list[int] = []
-        send_group = store._committer._send_group
-
-        async def counted(group: list[Any]) -> None:
-            groups.append(len(group))
-            await send_group(group)
-
-        store._committer._send_group = counted  # type: ignore[method-assign]
         outcomes = await asyncio.gather(
             *(s.commit(w) for s, w in zip(sessions, works, strict=True)),
             return_exceptions=True,
@@ -436,7 +428,7 @@ async def test_concurrent_commits_are_grouped_yet_fail_only_where_they_fail(
         assert [o for i, o in enumerate(outcomes) if i not in (3, 7)] == [None] * 28
         lengths = [len(await s.messages()) for s in sessions]
         assert lengths == [1 if i in (3, 7) else 2 for i in range(30)]
-        assert max(groups) > 2, groups  # commits did go out in groups
+        assert store.largest_commit_group > 2  # commits did go out in groups
     finally:
         await store.close()
 
@@ -554,9 +546,10 @@ async def test_a_writer_that_lost_its_lock_is_fenced_off(pg_dsn: str, pg_schema:
         session_a = rt_a.session("a", "s1")
         tid_a = session_a.start("a")
         await reached.wait()
-        assert store_a._lock_conn is not None
+        pid = store_a.faults.lock_backend_pid()
+        assert pid is not None
         with connect(pg_dsn) as admin:
-            admin.execute("SELECT pg_terminate_backend(%s)", (store_a._lock_conn.info.backend_pid,))
+            admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
         # B can now take the lock: it finishes A's turn first (its call again), then
         # runs its own; the gate opens once B is inside A's call.
         reached.clear()

@@ -232,6 +232,8 @@ class _GroupCommitter:
         self._tasks: set[asyncio.Task[None]] = set()
         self._idle: list[_Sender] = []
         self._inflight: dict[asyncio.Future[None], str] = {}
+        #: The most commits one transaction has carried so far (for monitoring).
+        self.largest_group = 0
 
     async def settled(self, sid: str | None) -> None:
         """Wait for the commits in flight now: of session ``sid``, or of all if ``None``."""
@@ -298,6 +300,7 @@ class _GroupCommitter:
             task.add_done_callback(self._tasks.discard)
 
     async def _send_group(self, group: list[_Queued]) -> None:
+        self.largest_group = max(self.largest_group, len(group))
         try:
             statements = group[0][1] if len(group) == 1 else _merged(group, self._schema)
             failed = await self._run(statements)

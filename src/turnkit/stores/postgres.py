@@ -51,6 +51,7 @@ from . import _archive_sql as archive_sql
 from . import _sql as sql
 from ._apply import apply_writes
 from ._pg_election import PgElection
+from ._pg_faults import PgFaults
 from ._pg_listen import CancelListener, announce
 from ._pg_relay import PgEventRelay
 from ._postgres_schema import migrate, read_relay_key, read_store_id
@@ -630,13 +631,15 @@ class PostgresStore:
         self._writers.busy_timeout = seconds
 
     @property
-    def _tokens(self) -> dict[str, str]:
-        """The writer token of each session this process holds and has claimed."""
-        return self._writers.tokens
+    def largest_commit_group(self) -> int:
+        """The most step commits (of any sessions) one transaction has carried so far:
+        above 1 once commits queued behind busy senders went out together."""
+        return self._committer.largest_group
 
     @property
-    def _lock_conn(self) -> psycopg.AsyncConnection[Any] | None:
-        return self._writers.lock_conn
+    def faults(self) -> PgFaults:
+        """Fault injection for tests of failure handling: see ``PgFaults``."""
+        return PgFaults(self._writers)
 
     # -- the Store protocol ------------------------------------------------------
 
