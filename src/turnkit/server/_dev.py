@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import os
 import signal
 import socket
 import sys
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from ipaddress import ip_address
@@ -79,15 +82,37 @@ async def serve_dev(agent: Agent, store: Store, options: DevOptions, *, notice: 
         await store.close()
         raise
     unconfigure = configure(options.quiet)
+    stopped = False
     try:
         async with Runtime([agent], store=store, tracer=options.tracer) as runtime:
             await _serve(runtime, listener, agent, options, notice, slack_listener)
+    except _Stopped:
+        stopped = True  # the turns under way were interrupted; the next start recovers them
     finally:
         unconfigure()
     listener.close()
     if slack_listener is not None:
         slack_listener.close()
+    if stopped:
+        print("turnkit dev: stopped (SIGTERM)", file=sys.stderr, flush=True)
+        _exit_now_if_a_tool_still_runs()
     return 0
+
+
+class _Stopped(Exception):
+    """SIGTERM stopped the server: the runtime closes as on an error, interrupting
+    the turns under way (they stay open, and the next start finishes them)."""
+
+
+def _exit_now_if_a_tool_still_runs() -> None:
+    """A local (``def``) tool interrupted by the stop may still run on its thread,
+    and Python waits for such threads before a process ends; its turn is recorded
+    as unfinished already and its connection closed, so end the process now."""
+    main = threading.main_thread()
+    if any(t.is_alive() and not t.daemon and t is not main for t in threading.enumerate()):
+        sys.stdout.flush()
+        logging.shutdown()
+        os._exit(0)
 
 
 def _slack_app(runtime: Runtime, agent: Agent, options: SlackOptions) -> Starlette:
@@ -182,7 +207,7 @@ async def _serve(
     if server.stopped_by == signal.SIGINT:
         raise KeyboardInterrupt  # Ctrl-C: "interrupted", 130, once all is closed
     if server.stopped_by == signal.SIGTERM:
-        print("turnkit dev: stopped (SIGTERM)", file=sys.stderr, flush=True)
+        raise _Stopped
 
 
 class _DevServer(uvicorn.Server):
