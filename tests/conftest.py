@@ -17,7 +17,15 @@ import pytest
 from postgres_support import drop_schema, new_schema, postgres_dsn
 
 import turnkit
-from turnkit.stores import AppendMessage, MemoryStore, OpenTurn, SqliteStore, Store, TurnRecord
+from turnkit.stores import (
+    AppendMessage,
+    MemoryStore,
+    OpenTurn,
+    SqliteStore,
+    Store,
+    TurnRecord,
+    transcript,
+)
 from turnkit.testing import RecordingSink
 
 StoreFactory = Callable[[], Store]
@@ -107,7 +115,7 @@ async def plant_open_turn(
     store = SqliteStore(db)
     await store.open()
     opening = turnkit.UserMessage(text=text, turn_id=turn_id)
-    existing = len(await store.session(session_id).messages())
+    existing = len(await transcript(store.session(session_id)))
 
     record = TurnRecord(
         session_id=session_id,

@@ -24,6 +24,7 @@ from starlette.requests import Request
 import turnkit
 from turnkit import tool
 from turnkit.server import Principal, ServerLimits, create_app
+from turnkit.stores import parked_turn
 from turnkit.testing import ScriptedModel, ScriptedReply, tool_call
 
 
@@ -103,7 +104,7 @@ async def snapshot(runtime: turnkit.Runtime) -> dict[str, Any]:
             "status": await store.status(),
             "messages": [m.to_dict() for m in await store.messages()],
             "events": [e.to_dict() for e in await store.events()],
-            "parked": None if (p := await store.parked()) is None else p.pending,
+            "parked": None if (p := await parked_turn(store)) is None else p.pending,
         }
     return state
 

@@ -31,6 +31,7 @@ from turnkit import (
     tool,
 )
 from turnkit._runtime.approvals import GrantSealer
+from turnkit.stores import parked_turn
 from turnkit.testing import CrashingStore, RecordingSink, ScriptedModel, ScriptedReply, tool_call
 
 APPROVAL = {
@@ -98,7 +99,7 @@ async def stored_state(session: turnkit.AgentSession, turn_id: str) -> Any:
     """Everything a refused resume must leave exactly as it was."""
     store = session._store
     snap = await store.load(turn_id)
-    parked = await store.parked()
+    parked = await parked_turn(store)
     return (
         [m.to_dict() for m in snap.messages],
         snap.steps,
@@ -132,7 +133,7 @@ async def test_a_park_writes_one_checkpoint_and_announces_the_request(
     assert await session.status() == "suspended"
     assert await session.pending() == request
     assert sink.types()[-1] == "input.requested"
-    parked = await session._store.parked()
+    parked = await parked_turn(session._store)
     assert parked is not None and parked.pending is not None
     assert parked.pending["call_id"] == request.call_id
     assert parked.pending["opening_text"] == "o-1"

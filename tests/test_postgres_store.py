@@ -20,6 +20,7 @@ import pytest
 
 import turnkit
 from turnkit import ToolContext, UserMessage, tool
+from turnkit.stores import all_sessions, transcript
 from turnkit.testing import ScriptedModel, ScriptedReply, tool_call
 
 psycopg = pytest.importorskip("psycopg", reason="PostgreSQL tests need turnkit[postgres]")
@@ -118,7 +119,7 @@ async def test_sessions_from_before_owners_have_none_and_stay_usable(
     store = PostgresStore(pg_dsn, schema=pg_schema)
     await store.open()
     try:
-        assert [(i.session_id, i.owner) for i in await store.sessions()] == [("old", None)]
+        assert [(i.session_id, i.owner) for i in await all_sessions(store)] == [("old", None)]
         assert (await store.session("old").load()).owner is None
         assert await store.session_page(limit=5, owner="alice") == []
     finally:
@@ -197,7 +198,7 @@ async def test_clear_errors_for_bad_configuration(pg_dsn: str) -> None:
             "postgresql://127.0.0.1:5432/no_such_database_here", connect_timeout=3
         ).open()
     with pytest.raises(turnkit.StoreError, match="not open"):
-        await PostgresStore(pg_dsn).session("s1").messages()
+        await transcript(PostgresStore(pg_dsn).session("s1"))
 
 
 # -- the SQL handle -----------------------------------------------------------------

@@ -28,7 +28,7 @@ from test_cli import OFFLINE_ENV
 
 import turnkit
 from turnkit import ToolMessage, UserMessage
-from turnkit.stores import PostgresStore
+from turnkit.stores import PostgresStore, transcript
 
 AGENT_DIR = Path(__file__).parent / "fixtures" / "queue_agent"
 AGENT = "queued"
@@ -212,7 +212,7 @@ async def test_300_turns_over_50_sessions_run_once_each_in_order_on_3_workers(
     # Per session: the turns ran one after another in the order they were submitted,
     # each one's messages together (opening, call, result, answer).
     for n, turn_ids in enumerate(submitted):
-        messages = await nodes.runtime.store.session(f"s{n:02d}").messages()
+        messages = await transcript(nodes.runtime.store.session(f"s{n:02d}"))
         assert [m.turn_id for m in messages] == [t for t in turn_ids for _ in range(4)]
         openings = [m.text for m in messages if isinstance(m, UserMessage)]
         assert openings == [f"s{n:02d} turn {i}" for i in range(6)]
@@ -284,7 +284,7 @@ async def test_a_paused_worker_resumed_after_a_takeover_cannot_commit(nodes: Clu
     await nodes.wait_for("SELECT 1 FROM turnkit_turns WHERE status = 'completed'")
     await asyncio.sleep(1.0)  # time for the resumed worker to try its commit
     assert nodes.effects(turn_id) == [("hold p1", second.pid)]
-    messages = await nodes.runtime.store.session("p1").messages()
+    messages = await transcript(nodes.runtime.store.session("p1"))
     assert sum(isinstance(m, ToolMessage) for m in messages) == 1
     assert nodes.status(turn_id) == "completed"
     assert first.poll() is None  # it lost the session, not its life
@@ -369,7 +369,7 @@ async def test_a_cancel_posted_to_the_http_node_stops_a_turn_running_on_a_worker
     record = await nodes.runtime.store.session("x1").turn(turn_id)
     assert record is not None and record.cancel_reason == "requested"
     # It stopped at the boundary after the tool step: no answer was written.
-    messages = await nodes.runtime.store.session("x1").messages()
+    messages = await transcript(nodes.runtime.store.session("x1"))
     assert [type(m).__name__ for m in messages][:3] == [
         "UserMessage",
         "AssistantMessage",

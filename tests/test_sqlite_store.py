@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 import turnkit
-from turnkit.stores import AppendMessage, PutStep, SqliteStore
+from turnkit.stores import AppendMessage, PutStep, SqliteStore, all_sessions
 from turnkit.stores._sqlite_schema import MIGRATIONS, SCHEMA_VERSION, migrate
 from turnkit.testing import ScriptedModel, ScriptedReply, tool_call
 
@@ -65,7 +65,7 @@ async def test_sessions_from_before_owners_have_none_and_stay_usable(tmp_path: P
     store = SqliteStore(db)
     await store.open()
     try:
-        assert [(i.session_id, i.owner) for i in await store.sessions()] == [("old", None)]
+        assert [(i.session_id, i.owner) for i in await all_sessions(store)] == [("old", None)]
         assert (await store.session("old").load()).owner is None
         assert await store.session_page(limit=5, owner="alice") == []
     finally:

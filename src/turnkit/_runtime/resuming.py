@@ -9,7 +9,7 @@ from typing import Any
 from pydantic_core import from_json, to_json
 
 from .._errors import InvalidAnswerError, ResumeConflictError, TurnError
-from .._seams.store import NO_MESSAGES, SessionStore
+from .._seams.store import NO_MESSAGES, SessionStore, parked_turn
 from .._values.checkpoints import InputAnswer, checkpoint_of
 from .._values.events import InputAnsweredEvent, InputRequestedEvent
 from .._values.inbound import InboundEvent
@@ -38,7 +38,7 @@ async def record_answer(
     only announces that. Every refusal raises before anything is stored (see
     ``AgentSession.resume``)."""
     async with store.writer():
-        record = await store.parked()
+        record = await parked_turn(store)
         checkpoint = checkpoint_of(record) if record is not None else None
         if record is None or checkpoint is None:
             raise ResumeConflictError(

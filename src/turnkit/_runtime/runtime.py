@@ -16,7 +16,7 @@ from .._engine.tool_sources import OpenedToolSource
 from .._errors import ConfigurationError
 from .._seams.relay import EventRelay, RelayingStore
 from .._seams.sink import EventSink, LocalEventSink
-from .._seams.store import Store
+from .._seams.store import Store, all_sessions
 from .._seams.tracer import NO_TRACER, Tracer
 from .._values.records import SessionInfo
 from .._values.text import unstorable
@@ -251,7 +251,7 @@ class Runtime:
 
     async def sessions(self) -> list[SessionInfo]:
         """Every session the store holds, with its agent and status."""
-        return await self.store.sessions()
+        return await all_sessions(self.store)
 
     async def recover(self) -> list[TurnResult]:
         """Replay every turn left unfinished in the store and wait for them to end.

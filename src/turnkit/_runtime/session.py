@@ -34,7 +34,7 @@ from .._errors import (
     TurnSuspendedError,
 )
 from .._seams.sink import EventSink
-from .._seams.store import NO_MESSAGES, SessionStore, Store
+from .._seams.store import NO_MESSAGES, SessionStore, Store, parked_turn
 from .._seams.tracer import Tracer
 from .._values.events import TurnEvent
 from .._values.inbound import InboundEvent, Proactive
@@ -233,7 +233,7 @@ class AgentSession(SessionView):
                 )
             if owner is not None and snap.agent is not None and snap.owner != owner:
                 raise SessionOwnerError(_owner_refusal(self.session_id, owner))
-        parked = await self._store.parked()
+        parked = await parked_turn(self._store)
         if parked is not None and not await self._reset_ends(parked):
             self._parked = parked.turn_id
             raise SessionSuspendedError(_parked_refusal(self.session_id, parked.turn_id))
@@ -713,11 +713,10 @@ class AgentSession(SessionView):
         unfinished = await self._store.unfinished()
         if not unfinished:
             return []
-        snap = await self._store.load(from_index=NO_MESSAGES)
-        transcript = await self._store.messages()
+        snap = await self._store.load(from_index=0)
         found: list[AgentSession] = []
         for record in unfinished:
-            step = next_step(transcript, record.turn_id)
+            step = next_step(snap.messages, record.turn_id)
             if not isinstance(step, RunTools):
                 continue
             for call in step.owed:

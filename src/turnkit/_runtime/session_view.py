@@ -14,7 +14,7 @@ from .._engine.agent import Agent
 from .._engine.output import with_output
 from .._seams.relay import EventRelay
 from .._seams.sink import EventSink
-from .._seams.store import SessionStore
+from .._seams.store import SessionStore, parked_turn, transcript
 from .._values.checkpoints import checkpoint_of
 from .._values.events import TurnEvent
 from .._values.inputs import InputRequest
@@ -82,7 +82,7 @@ class SessionView:
 
     async def _parked_input(self) -> tuple[tuple[InputRequest, ...], int] | None:
         """The requests this session is parked on and the generation they wait in."""
-        record = await self._store.parked()
+        record = await parked_turn(self._store)
         checkpoint = checkpoint_of(record) if record is not None else None
         if checkpoint is None:
             return None
@@ -118,7 +118,7 @@ class SessionView:
 
     async def messages(self) -> list[Message]:
         """The live transcript, oldest first."""
-        return await self._store.messages()
+        return await transcript(self._store)
 
     async def status(self) -> SessionStatus:
         """``new``, ``running``, ``suspended`` or ``idle``."""

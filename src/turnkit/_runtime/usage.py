@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from .._seams.store import NO_MESSAGES, SessionStore
+from .._seams.store import NO_MESSAGES, SessionStore, transcript
 from .._values.messages import Message
 from .._values.usage import Usage, steps_usage
 
@@ -24,7 +24,7 @@ async def session_usage(store: SessionStore, messages: Sequence[Message] | None 
     """What every turn of the live generation used: one read of steps per turn in
     ``messages`` (the transcript, read here when not given)."""
     if messages is None:
-        messages = await store.messages()
+        messages = await transcript(store)
     result = Usage()
     for turn_id in _turn_ids(messages):
         result = result + await turn_usage(store, turn_id)

@@ -114,15 +114,9 @@ class SessionStore(Protocol):
         """
         ...
 
-    async def messages(self) -> list[Message]: ...
-
     async def events(self, *, turn_id: str | None = None, after: int = 0) -> list[TurnEvent]: ...
 
     async def status(self) -> SessionStatus: ...
-
-    async def parked(self) -> TurnRecord | None:
-        """The session's ``suspended`` turn, if it is parked on one."""
-        ...
 
     async def unfinished(self) -> list[TurnRecord]:
         """This session's ``queued``, ``running`` and ``suspended`` turns, oldest first."""
@@ -147,8 +141,6 @@ class Store(Protocol):
     async def close(self) -> None: ...
 
     def session(self, session_id: str) -> SessionStore: ...
-
-    async def sessions(self) -> list[SessionInfo]: ...
 
     async def session_page(
         self,
@@ -183,3 +175,36 @@ class NoHandle:
 
     def transient(self, exc: BaseException) -> bool:
         return False  # no database behind it
+
+
+# -- reads made from the seam's own -------------------------------------------------
+# What a store need not offer because the seam already answers it; the runtime, the
+# server and the CLI read these through the functions below.
+
+
+async def transcript(store: SessionStore) -> list[Message]:
+    """The live generation's whole transcript."""
+    return (await store.load(from_index=0)).messages
+
+
+async def parked_turn(store: SessionStore) -> TurnRecord | None:
+    """The session's ``suspended`` turn (the newest, should there be several), if any."""
+    parked = [t for t in await store.unfinished() if t.status == "suspended"]
+    return parked[-1] if parked else None
+
+
+#: How many sessions ``all_sessions`` reads per page.
+_PAGE = 500
+
+
+async def all_sessions(store: Store) -> list[SessionInfo]:
+    """Every session the store has seen, by id."""
+    found: list[SessionInfo] = []
+    after: SessionKey | None = None
+    while True:
+        page = await store.session_page(limit=_PAGE, after=after)
+        found += page
+        if len(page) < _PAGE:
+            return sorted(found, key=lambda i: i.session_id)
+        last = page[-1]
+        after = (last.updated_at, last.session_id)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from .._seams.store import SessionStore, Store
+from .._seams.store import SessionStore, Store, all_sessions, parked_turn, transcript
 from .._values.checkpoints import SuspendCheckpoint
 from .._values.events import InputAnsweredEvent
 from .._values.inputs import InputRequest
@@ -108,7 +108,7 @@ async def list_sessions(
     progress.update("reading the session list…", force=True)
     if limit is not None:  # the newest few, read by key from the store's index
         return await store.session_page(agent=agent, limit=limit)
-    found = [s for s in await store.sessions() if agent is None or s.agent == agent]
+    found = [s for s in await all_sessions(store) if agent is None or s.agent == agent]
     found.sort(key=lambda s: (-s.updated_at, s.session_id))
     return found
 
@@ -134,7 +134,7 @@ async def read_session(
         generation=snapshot.generation,
         messages=snapshot.messages,
         turns=turns,
-        parked=await session.parked(),
+        parked=await parked_turn(session),
         generations=generations,
     )
 
@@ -178,7 +178,7 @@ async def read_archive(
     generations = await session.generations()
     if generation not in generations:
         status = await session.status()
-        if not generations and status == "new" and not await session.messages():
+        if not generations and status == "new" and not await transcript(session):
             raise CliError(f"session {session_id!r} does not exist in {where}")
         have = ", ".join(f"g{n}" for n in generations) or "none"
         raise CliError(

@@ -38,7 +38,7 @@ from .._errors import (
 )
 from .._runtime.runtime import Runtime
 from .._runtime.session import AgentSession
-from .._seams.store import SessionStore
+from .._seams.store import SessionStore, parked_turn
 from .._values.checkpoints import checkpoint_of
 from .._values.inbound import InboundEvent, User
 from .._values.records import SessionInfo
@@ -347,7 +347,7 @@ class _Api:
 
     async def pending(self, request: Request, principal: Principal) -> Response:
         store = (await self._target(request, principal, "read")).store
-        record = await store.parked()
+        record = await parked_turn(store)
         checkpoint = checkpoint_of(record) if record is not None else None
         if checkpoint is None:
             return JSONResponse({"request": None, "requests": []})
@@ -621,7 +621,7 @@ async def _names(store: SessionStore, body: ResumeBody, principal: Principal) ->
     answer it in a way that can admit ``principal``: as the named user, or through a
     policy (which ``authorize_answer`` decides). A request naming nobody admits only
     principals that ``authorize`` lets ``resume``."""
-    record = await store.parked()
+    record = await parked_turn(store)
     checkpoint = checkpoint_of(record) if record is not None else None
     if record is None or checkpoint is None or record.turn_id != body.turn_id:
         return False

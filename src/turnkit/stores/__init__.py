@@ -8,7 +8,15 @@ deployments with many processes.
 from typing import TYPE_CHECKING, Any
 
 from .._seams.queue import PendingReset, TurnQueue
-from .._seams.store import SessionStore, Store, StoreHandle, ToolStep
+from .._seams.store import (
+    SessionStore,
+    Store,
+    StoreHandle,
+    ToolStep,
+    all_sessions,
+    parked_turn,
+    transcript,
+)
 from .._values.records import (
     SessionInfo,
     SessionSnapshot,
@@ -75,5 +83,8 @@ __all__ = [
     "TurnRecord",
     "TurnStatus",
     "Write",
+    "all_sessions",
+    "parked_turn",
     "preview_of",
+    "transcript",
 ]

@@ -100,7 +100,6 @@ LAST_SEQ = (
     "ORDER BY generation DESC, seq DESC LIMIT 1))"
 )
 
-MESSAGES = "SELECT body FROM turnkit_messages WHERE session_id = ? ORDER BY idx"
 EVENTS = "SELECT body FROM turnkit_events WHERE session_id = ? AND seq > ? ORDER BY seq"
 TURN_EVENTS = (
     "SELECT body FROM turnkit_events WHERE session_id = ? AND turn_id = ? AND seq > ? ORDER BY seq"
@@ -111,10 +110,6 @@ UNFINISHED = (
     "AND status IN ('queued', 'running', 'suspended') ORDER BY created_at"
 )
 CANCEL_REASON = "SELECT cancel_reason FROM turnkit_turns WHERE session_id = ? AND turn_id = ?"
-PARKED = (
-    f"SELECT {TURN_COLUMNS} FROM turnkit_turns WHERE session_id = ? "
-    "AND status = 'suspended' ORDER BY created_at DESC LIMIT 1"
-)
 STATUS = "SELECT status FROM turnkit_sessions WHERE session_id = ?"
 #: What ``recover()`` picks up: turns left running by a dead process, and queued ones.
 UNFINISHED_TURNS = (

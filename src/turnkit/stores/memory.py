@@ -339,9 +339,6 @@ class _MemorySession:
         record = self._data.turns.get(turn_id)
         return record.cancel_reason if record is not None else None
 
-    async def messages(self) -> list[Message]:
-        return [message_from_dict(from_json(m)) for m in self._data.messages]
-
     async def events(self, *, turn_id: str | None = None, after: int = 0) -> list[TurnEvent]:
         return [
             event_from_dict(from_json(body))
@@ -364,10 +361,6 @@ class _MemorySession:
         ]
         return sorted(found, key=lambda t: t.created_at)
 
-    async def parked(self) -> TurnRecord | None:
-        found = [t for t in self._data.turns.values() if t.status == "suspended"]
-        return max(found, key=lambda t: t.created_at) if found else None
-
 
 class MemoryStore:
     """Every session in a dict. Fast, and gone when the process exits."""
@@ -388,7 +381,7 @@ class MemoryStore:
         data = self._sessions.setdefault(session_id, _SessionData())
         return _MemorySession(session_id, data, self._locks, self.store_id)
 
-    async def sessions(self) -> list[SessionInfo]:
+    async def _infos(self) -> list[SessionInfo]:
         return [
             SessionInfo(
                 session_id=sid,
@@ -410,9 +403,7 @@ class MemoryStore:
         after: SessionKey | None = None,
         owner: str | None = None,
     ) -> list[SessionInfo]:
-        return newest_first(
-            await self.sessions(), agent=agent, limit=limit, after=after, owner=owner
-        )
+        return newest_first(await self._infos(), agent=agent, limit=limit, after=after, owner=owner)
 
     async def unfinished_turns(self) -> list[TurnRecord]:
         found = [

@@ -268,9 +268,6 @@ class _PgSession:
         self._cancel_poll = (turn_id, now, reason)
         return reason
 
-    async def messages(self) -> list[Message]:
-        return await self._select(f"session {self._sid}", sql.MESSAGES, (), _message)
-
     async def events(self, *, turn_id: str | None = None, after: int = 0) -> list[TurnEvent]:
         what = f"events of session {self._sid}"
         if turn_id is None:
@@ -287,10 +284,6 @@ class _PgSession:
 
     async def unfinished(self) -> list[TurnRecord]:
         return await self._select(f"session {self._sid}", sql.UNFINISHED, (), _turn_from_row)
-
-    async def parked(self) -> TurnRecord | None:
-        found = await self._select(f"session {self._sid}", sql.PARKED, (), _turn_from_row)
-        return found[0] if found else None
 
     async def status(self) -> SessionStatus:
         statement = pg_wire(sql.STATUS, self._store.schema)
@@ -645,11 +638,6 @@ class PostgresStore:
 
     def session(self, session_id: str) -> _PgSession:
         return _PgSession(self, session_id)
-
-    async def sessions(self) -> list[SessionInfo]:
-        query = sql.with_previews(sql.SESSIONS, _TEXT_OF)
-        found = await self._select("the session list", query, (), session_info)
-        return sorted(found, key=lambda i: i.session_id)
 
     async def session_page(
         self,

@@ -484,11 +484,6 @@ class _SqliteSession:
         row = conn.execute(sql.TURN, (self._sid, turn_id)).fetchone()
         return _turn_from_row(row) if row else None
 
-    async def messages(self) -> list[Message]:
-        with _reading(f"session {self._sid}"):
-            rows = self._store.connection.execute(sql.MESSAGES, (self._sid,)).fetchall()
-            return [message_from_dict(json.loads(r[0])) for r in rows]
-
     async def events(self, *, turn_id: str | None = None, after: int = 0) -> list[TurnEvent]:
         with _reading(f"events of session {self._sid}"):
             return self._read_events(turn_id, after)
@@ -517,11 +512,6 @@ class _SqliteSession:
         with _reading(f"session {self._sid}"):
             rows = self._store.connection.execute(sql.UNFINISHED, (self._sid,)).fetchall()
             return [_turn_from_row(r) for r in rows]
-
-    async def parked(self) -> TurnRecord | None:
-        with _reading(f"session {self._sid}"):
-            row = self._store.connection.execute(sql.PARKED, (self._sid,)).fetchone()
-            return _turn_from_row(row) if row else None
 
     async def status(self) -> SessionStatus:
         with _reading(f"session {self._sid}"):
@@ -755,11 +745,6 @@ class SqliteStore:
 
     def session(self, session_id: str) -> _SqliteSession:
         return _SqliteSession(self, session_id)
-
-    async def sessions(self) -> list[SessionInfo]:
-        with _reading("the session list"):
-            rows = self.connection.execute(sql.with_previews(sql.SESSIONS, _TEXT_OF)).fetchall()
-        return sorted((session_info(r) for r in rows), key=lambda i: i.session_id)
 
     async def session_page(
         self,

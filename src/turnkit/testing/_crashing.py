@@ -67,17 +67,11 @@ class _CountingSession:
     async def cancel_reason(self, turn_id: str) -> str | None:
         return await self._inner.cancel_reason(turn_id)
 
-    async def messages(self) -> list[Message]:
-        return await self._inner.messages()
-
     async def events(self, *, turn_id: str | None = None, after: int = 0) -> list[TurnEvent]:
         return await self._inner.events(turn_id=turn_id, after=after)
 
     async def status(self) -> SessionStatus:
         return await self._inner.status()
-
-    async def parked(self) -> TurnRecord | None:
-        return await self._inner.parked()
 
     async def unfinished(self) -> list[TurnRecord]:
         return await self._inner.unfinished()
@@ -115,9 +109,6 @@ class CrashingStore:
 
     def session(self, session_id: str) -> _CountingSession:
         return _CountingSession(self, self.inner.session(session_id))
-
-    async def sessions(self) -> list[SessionInfo]:
-        return await self.inner.sessions()
 
     async def session_page(
         self,

@@ -36,7 +36,14 @@ from .._engine.context import ToolContext
 from .._engine.tools import tool
 from .._errors import FatalToolError, SessionOwnerError, StoreError
 from .._runtime.runtime import Runtime
-from .._seams.store import SessionStore, Store, StoreHandle
+from .._seams.store import (
+    SessionStore,
+    Store,
+    StoreHandle,
+    all_sessions,
+    parked_turn,
+    transcript,
+)
 from .._values.events import TurnCompletedEvent, TurnStartedEvent
 from .._values.messages import (
     AssistantMessage,
@@ -160,7 +167,7 @@ async def test_conformance_commit_writes_read_back(conformance_store: StoreUnder
     async with _opened(conformance_store) as store:
         session = store.session("s1")
         assert await session.status() == "new"
-        assert await session.messages() == []
+        assert await transcript(session) == []
         await _open_turn(session, "t1")
         assert await session.status() == "running"
         reply = AssistantMessage(text="hi", turn_id="t1")
@@ -246,7 +253,7 @@ async def test_conformance_a_failed_commit_undoes_every_kind_of_write(
             assert await session.load("t1") == before
             assert await session.status() == "running"
             assert await session.events() == [started]
-            assert await session.parked() is None and await session.turn("t2") is None
+            assert await parked_turn(session) is None and await session.turn("t2") is None
             assert [t.turn_id for t in await session.unfinished()] == ["t1"]
             assert await session.generations() == []
 
@@ -258,7 +265,7 @@ async def test_conformance_an_empty_commit_changes_nothing(
     async with _opened(conformance_store) as store:
         session = store.session("s1")
         await session.commit([])
-        assert await session.status() == "new" and await store.sessions() == []
+        assert await session.status() == "new" and await all_sessions(store) == []
         await _open_turn(session, "t1")
         before = await session.load("t1")
         await session.commit([])
@@ -286,7 +293,7 @@ async def test_conformance_writes_apply_in_list_order(conformance_store: StoreUn
             "requested",
         )
         assert await session.status() == "idle"
-        assert [m.turn_id for m in await session.messages()] == ["t1", "t1"]
+        assert [m.turn_id for m in await transcript(session)] == ["t1", "t1"]
 
 
 @pytest.mark.asyncio
@@ -416,8 +423,8 @@ async def test_conformance_sessions_are_isolated_and_listed(
         await _open_turn(two, "t1")  # the same turn id in another session is another turn
         await one.commit([SetTurnStatus("t1", "completed", text="done")])
         assert await one.status() == "idle" and await two.status() == "running"
-        assert len(await one.messages()) == 1 and len(await two.messages()) == 1
-        listed = {(i.session_id, i.agent, i.status) for i in await store.sessions()}
+        assert len(await transcript(one)) == 1 and len(await transcript(two)) == 1
+        listed = {(i.session_id, i.agent, i.status) for i in await all_sessions(store)}
         assert listed == {("s1", "a", "idle"), ("s2", "a", "running")}
 
 
@@ -430,7 +437,7 @@ async def test_conformance_session_pages_newest_first_by_key(
             session = store.session(f"s{n}")
             await _open_turn(session, "t1", agent="a" if n % 3 else "b")
         await store.session("s1").commit([SetTurnStatus("t1", "completed")])
-        every = await store.sessions()
+        every = await all_sessions(store)
         expected = sorted(
             (i for i in every if i.agent == "a"), key=lambda i: (-i.updated_at, i.session_id)
         )
@@ -473,7 +480,7 @@ async def test_conformance_sessions_carry_a_preview_of_their_first_message(
             "cron": "nightly report",
             "reset": None,  # the live generation has no message yet
         }
-        for listing in (await store.sessions(), await store.session_page(limit=10)):
+        for listing in (await all_sessions(store), await store.session_page(limit=10)):
             assert {i.session_id: i.preview for i in listing} == expected
         long_preview = expected["long"]
         assert long_preview is not None and len(long_preview) == PREVIEW_CHARS
@@ -606,10 +613,10 @@ async def test_conformance_park_cancel_and_unfinished(conformance_store: StoreUn
         session = store.session("s1")
         await _open_turn(session, "t1")
         assert [t.turn_id for t in await session.unfinished()] == ["t1"]
-        assert await session.parked() is None
+        assert await parked_turn(session) is None
         checkpoint = {"request": {"id": "ok"}, "call_id": "c1"}
         await session.commit([SetTurnStatus("t1", "suspended", pending=checkpoint)])
-        parked = await session.parked()
+        parked = await parked_turn(session)
         assert parked is not None and parked.pending == checkpoint
         assert await session.status() == "suspended"
         assert [t.status for t in await session.unfinished()] == ["suspended"]
@@ -619,7 +626,7 @@ async def test_conformance_park_cancel_and_unfinished(conformance_store: StoreUn
         record = await session.turn("t1")
         assert record is not None and record.status == "cancelled"
         assert record.cancel_reason == "requested" and record.pending is None
-        assert await session.parked() is None and await session.unfinished() == []
+        assert await parked_turn(session) is None and await session.unfinished() == []
         assert await session.status() == "idle"
         with pytest.raises(StoreError, match="no turn"):
             await session.commit([RequestCancel("ghost", "requested")])
@@ -638,8 +645,8 @@ async def test_conformance_queued_turns_open_or_settle(conformance_store: StoreU
         assert queued is not None and queued.status == "queued"
         assert queued.opening == UserMessage(text="open t1", turn_id="t1").to_dict()
         # A queued turn is stored and listed, but nothing is in the transcript yet.
-        assert await session.status() == "new" and await session.messages() == []
-        assert [i.session_id for i in await store.sessions()] == ["q"]
+        assert await session.status() == "new" and await transcript(session) == []
+        assert [i.session_id for i in await all_sessions(store)] == ["q"]
         assert [t.turn_id for t in await session.unfinished()] == ["t1", "t2", "t3"]
         assert [t.turn_id for t in await store.unfinished_turns()] == ["t1", "t2", "t3"]
         with pytest.raises(StoreError):
@@ -690,9 +697,9 @@ async def test_conformance_reset_archives_a_generation(conformance_store: StoreU
         assert await session.archived_messages(7) == []
         with pytest.raises(StoreError):  # generation 0 is gone already
             await session.commit([ArchiveGeneration(0, "a")])
-        assert len(await other.messages()) == 1  # other sessions are untouched
+        assert len(await transcript(other)) == 1  # other sessions are untouched
         await _open_turn(session, "t2")  # the same address lives on
-        assert [m.turn_id for m in await session.messages()] == ["t2"]
+        assert [m.turn_id for m in await transcript(session)] == ["t2"]
         await session.commit([ArchiveGeneration(1, "a")])  # logged nothing
         assert (await session.load()).next_seq == 2
         await _open_turn(session, "t3")
@@ -769,7 +776,7 @@ async def test_conformance_sessions_record_their_owner(conformance_store: StoreU
     async with _opened(conformance_store) as store:
         assert (await store.session("mine").load()).owner == "alice"
         expected = {"mine": "alice", "code": None, "bobs": "bob"}
-        for listing in (await store.sessions(), await store.session_page(limit=10)):
+        for listing in (await all_sessions(store), await store.session_page(limit=10)):
             assert {i.session_id: i.owner for i in listing} == expected
         assert [i.session_id for i in await store.session_page(limit=10, owner="alice")] == ["mine"]
         assert [i.session_id for i in await store.session_page(limit=10, owner="bob")] == ["bobs"]
@@ -940,10 +947,10 @@ async def test_conformance_a_tool_step_runs_off_the_event_loop(
         await other.commit([AppendMessage(1, meanwhile)])
         go.set()
         assert await step == "ran" and loops == [False]
-        assert (await blocked.messages())[1] == AssistantMessage(
+        assert (await transcript(blocked))[1] == AssistantMessage(
             text="after the tool", turn_id="t1"
         )
-        assert (await other.messages())[1] == meanwhile
+        assert (await transcript(other))[1] == meanwhile
 
 
 @pytest.mark.asyncio
