@@ -24,7 +24,7 @@ from starlette.requests import Request
 import turnkit
 from turnkit import tool
 from turnkit.server import Principal, ServerLimits, create_app
-from turnkit.stores import parked_turn
+from turnkit.stores import parked_turn, transcript
 from turnkit.testing import ScriptedModel, ScriptedReply, tool_call
 
 
@@ -102,7 +102,7 @@ async def snapshot(runtime: turnkit.Runtime) -> dict[str, Any]:
         store = runtime.store.session(info.session_id)
         state[info.session_id] = {
             "status": await store.status(),
-            "messages": [m.to_dict() for m in await store.messages()],
+            "messages": [m.to_dict() for m in await transcript(store)],
             "events": [e.to_dict() for e in await store.events()],
             "parked": None if (p := await parked_turn(store)) is None else p.pending,
         }

@@ -13,7 +13,7 @@ import pytest
 
 import turnkit
 from turnkit import Runtime, SessionBusyError, ToolMessage, UserMessage
-from turnkit.stores import SqliteStore, Store
+from turnkit.stores import SqliteStore, Store, transcript
 
 CHILD = Path(__file__).with_name("shared_session_child.py")
 
@@ -67,7 +67,7 @@ async def test_two_processes_complete_every_turn_of_one_session_in_order(
     await store.open()
     try:
         session = store.session("shared")
-        messages = await session.messages()
+        messages = await transcript(session)
         unfinished = await session.unfinished()
         turns = [await session.turn(f"{n}-{i:02d}") for n in "pq" for i in range(15)]
     finally:

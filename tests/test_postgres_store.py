@@ -427,7 +427,7 @@ async def test_concurrent_commits_are_grouped_yet_fail_only_where_they_fail(
         assert isinstance(outcomes[3], turnkit.StoreError)
         assert isinstance(outcomes[7], turnkit.SessionBusyError)
         assert [o for i, o in enumerate(outcomes) if i not in (3, 7)] == [None] * 28
-        lengths = [len(await s.messages()) for s in sessions]
+        lengths = [len(await transcript(s)) for s in sessions]
         assert lengths == [1 if i in (3, 7) else 2 for i in range(30)]
         assert store.largest_commit_group > 2  # commits did go out in groups
     finally:
@@ -441,8 +441,8 @@ async def test_a_commit_larger_than_the_socket_buffer_is_sent_whole(store: Postg
     big = "x" * 4_000_000
     for index in (0, 1):
         await session.commit([AppendMessage(index, UserMessage(text=f"{index}{big}", turn_id="t"))])
-    assert [m.text[:2] for m in await session.messages()] == ["0x", "1x"]
-    assert [len(m.text) for m in await session.messages()] == [len(big) + 1] * 2
+    assert [m.text[:2] for m in await transcript(session)] == ["0x", "1x"]
+    assert [len(m.text) for m in await transcript(session)] == [len(big) + 1] * 2
 
 
 async def test_text_the_server_cannot_hold_fails_the_commit_cleanly(store: PostgresStore) -> None:
@@ -463,7 +463,7 @@ async def test_text_the_server_cannot_hold_fails_the_commit_cleanly(store: Postg
 
     with pytest.raises(turnkit.StoreError, match="not valid Unicode"):
         await session.commit(surrogate)
-    assert await session.messages() == []
+    assert await transcript(session) == []
 
 
 # -- one writer per session across processes -------------------------------------------

@@ -530,7 +530,7 @@ async def test_a_stop_that_lands_during_a_claim_ends_the_worker_without_waiting_
 async def _generations(nodes: Cluster, session: str) -> tuple[list[str], list[str]]:
     """The openings of the live generation and of archived generation 0."""
     stored = nodes.runtime.store.session(session)
-    live = [m.text for m in await stored.messages() if isinstance(m, UserMessage)]
+    live = [m.text for m in await transcript(stored) if isinstance(m, UserMessage)]
     old = [m.text for m in await stored.archived_messages(0) if isinstance(m, UserMessage)]
     return live, old
 

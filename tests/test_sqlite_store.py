@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 import turnkit
-from turnkit.stores import AppendMessage, PutStep, SqliteStore, all_sessions
+from turnkit.stores import AppendMessage, PutStep, SqliteStore, all_sessions, transcript
 from turnkit.stores._sqlite_schema import MIGRATIONS, SCHEMA_VERSION, migrate
 from turnkit.testing import ScriptedModel, ScriptedReply, tool_call
 
@@ -152,7 +152,7 @@ async def test_a_taken_transcript_position_is_a_store_error_and_changes_nothing(
     ]
     with pytest.raises(turnkit.StoreError, match="session s1: commit failed: UNIQUE constraint"):
         await session.commit(clash)
-    assert await session.messages() == [first]
+    assert await transcript(session) == [first]
     assert (await session.load("t1")).steps == {}
     await store.close()
 
