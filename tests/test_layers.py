@@ -168,6 +168,7 @@ PSYCOPG_PUBLIC = {
     "psycopg.errors",
     "psycopg.pq",
     "psycopg.pq.abc",
+    "psycopg.sql",
     "psycopg_pool",
 }
 
