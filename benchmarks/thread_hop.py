@@ -1,0 +1,77 @@
+"""The floor under a ``def`` tool's extra cost: one hop to a thread and back.
+
+Run from the repo root::
+
+    .venv/bin/python benchmarks/thread_hop.py            # 20,000 hops, 5 runs
+
+A plain ``def`` tool may block, so it runs off the event loop: at least one
+hand-off to a worker thread and one wake-up of the loop when it returns. This
+times exactly that, with nothing else: ``await loop.run_in_executor(pool, f)`` for
+a function that returns at once, on a one-thread pool (as a store's tool thread)
+and on the loop's default executor, and the same call made directly, so a ``def``
+tool's cost over an ``async`` one in ``step_overhead.py`` can be read against it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextvars
+import functools
+import gc
+import statistics
+import time
+from collections.abc import Sequence
+from concurrent.futures import Executor, ThreadPoolExecutor
+
+
+def _noop() -> int:
+    return 1
+
+
+async def _hops(executor: Executor | None, n: int, with_context: bool) -> float:
+    loop = asyncio.get_running_loop()
+    call = _noop
+    for _ in range(100):  # warm the pool's thread
+        await loop.run_in_executor(executor, call)
+    gc.collect()
+    start = time.perf_counter()
+    for _ in range(n):
+        if with_context:  # as turnkit's on_thread does: the caller's context vars go along
+            call = functools.partial(contextvars.copy_context().run, _noop)
+        await loop.run_in_executor(executor, call)
+    return (time.perf_counter() - start) / n * 1e6
+
+
+async def _direct(n: int) -> float:
+    start = time.perf_counter()
+    for _ in range(n):
+        _noop()
+    return (time.perf_counter() - start) / n * 1e6
+
+
+async def measure(n: int, runs: int) -> dict[str, float]:
+    samples: dict[str, list[float]] = {"direct": [], "own pool": [], "own pool + ctx": []}
+    samples["default executor"] = []
+    with ThreadPoolExecutor(1) as pool:
+        for _ in range(runs):
+            samples["direct"].append(await _direct(n))
+            samples["own pool"].append(await _hops(pool, n, False))
+            samples["own pool + ctx"].append(await _hops(pool, n, True))
+            samples["default executor"].append(await _hops(None, n, False))
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--hops", type=int, default=20_000)
+    parser.add_argument("--runs", type=int, default=5)
+    args = parser.parse_args(argv)
+    result = asyncio.run(measure(args.hops, args.runs))
+    print(f"µs per call, median of {args.runs} runs of {args.hops}:")
+    for name, us in result.items():
+        print(f"  {name:18s} {us:8.2f}")
+
+
+if __name__ == "__main__":
+    main()
