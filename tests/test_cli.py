@@ -147,6 +147,39 @@ def test_an_unanswered_park_waits_for_the_next_run(tmp_path: Path) -> None:
     assert "finished: {'deployed': True}" in out
 
 
+def test_answer_answers_the_park_and_starts_no_new_turn(tmp_path: Path) -> None:
+    """``turnkit answer`` resumes the parked turn, given the answer or at the prompt,
+    and says nothing new to the agent (issue 37 item 7)."""
+    agent = write_agent(tmp_path / "deployer")
+    parked = turnkit_with_input("run", str(agent), "api", cwd=tmp_path, stdin="")
+    assert parked.returncode == 3
+    given = turnkit_with_input("answer", str(agent), "yes", cwd=tmp_path, stdin="")
+    assert given.returncode == 0, given.stderr
+    assert "finished: {'deployed': True}" in given.stdout
+    assert "Deploy api?" not in given.stdout  # answered as given, not asked
+    shown = turnkit_with_input("show", "cli:deployer", "--json", cwd=tmp_path, stdin="")
+    users = [m for m in json.loads(shown.stdout)["messages"] if m["role"] == "user"]
+    assert [m["text"] for m in users] == ["api"]  # no second turn
+    nothing = turnkit_with_input("answer", str(agent), cwd=tmp_path, stdin="")
+    assert nothing.returncode == 2
+    assert "session 'cli:deployer' is not waiting for an answer" in nothing.stderr
+    again = turnkit_with_input("run", str(agent), "web", cwd=tmp_path, stdin="")
+    assert again.returncode == 3
+    asked = turnkit_with_input("answer", str(agent), cwd=tmp_path, stdin="maybe\nn\n")
+    assert asked.returncode == 0, asked.stderr
+    assert "? Deploy web?" in asked.stdout and "! answer yes or no" in asked.stdout
+    assert "finished: {'deployed': False}" in asked.stdout
+
+
+def test_answer_refuses_a_bad_answer_and_stray_words(tmp_path: Path) -> None:
+    agent = write_agent(tmp_path / "deployer")
+    turnkit_with_input("run", str(agent), "api", cwd=tmp_path, stdin="")
+    bad = turnkit_with_input("answer", str(agent), "perhaps", cwd=tmp_path, stdin="")
+    assert bad.returncode == 2 and "answer yes or no" in bad.stderr
+    stray = turnkit_with_input("answer", "nowhere", "yes", cwd=tmp_path, stdin="")
+    assert stray.returncode == 2 and "'nowhere' is not a folder" in stray.stderr
+
+
 def test_ctrl_c_at_the_prompt_exits_at_once_and_keeps_the_park(tmp_path: Path) -> None:
     import signal
 

@@ -211,6 +211,30 @@ class TerminalChannel:
         await self._show(stream, asks=True)
         return await self._settle(ctx, session, stream.turn_id)
 
+    async def answer(
+        self, ctx: ChannelContext, *, session: str, given: str | None = None
+    ) -> TurnResult | None:
+        """Answer the question ``session`` is parked on, and nothing more: the turn
+        goes on to its end (or its next question, asked at the prompt), and no new
+        turn starts. ``given`` answers the first question without asking. ``None``
+        if the session is not waiting for an answer."""
+        pending = await ctx.pending(session=session)
+        if pending is None:
+            return None
+        if given is not None:
+            result = await ctx.result(pending.turn_id, session=session)
+            if result.request is not None:
+                request = result.requests[0] if result.requests else result.request
+                resumed = await ctx.resume_stream(
+                    session=session,
+                    turn_id=pending.turn_id,
+                    input_id=request.id,
+                    value=parse_answer(request, given),
+                    by=self.user_id,
+                )
+                await self._show(resumed, asks=True)
+        return await self._settle(ctx, session, pending.turn_id)
+
     async def _ask_for(self, request: InputRequest) -> str:
         """The typed answer to ``request``. At the end of input the prompt's line is
         ended before ``EOFError`` goes on, so what is written next starts a line."""

@@ -24,12 +24,13 @@ from .._assembly.loader import AgentFolder
 from .._channels.channel import mount_agent
 from .._channels.printable import printable, printable_json
 from .._channels.terminal import TerminalChannel
-from .._errors import TurnkitError
+from .._errors import InvalidAnswerError, TurnkitError
 from .._runtime.runtime import Runtime
 from .._seams.model import Model
 from .._seams.store import Store
 from .._seams.tracer import Tracer
-from ._agent_dir import bundled_example, default_session, run_target
+from .._values.turns import TurnResult
+from ._agent_dir import answer_target, bundled_example, default_session, run_target
 from ._folder_model import choose_model
 from ._logging import log_to_stderr
 from ._otel import otel_tracing
@@ -70,6 +71,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"turnkit {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_run(commands)
+    _add_answer(commands)
     _add_sessions(commands)
     _add_show(commands)
     _add_dev(commands)
@@ -124,6 +126,26 @@ def _add_run(commands: Any) -> None:
     _add_store_option(run)
     _add_otel_option(run)
     run.set_defaults(handler=_run)
+
+
+def _add_answer(commands: Any) -> None:
+    answer = commands.add_parser(
+        "answer",
+        help="answer the question a session is parked on (no new turn)",
+        description="Answer the question a session's turn is parked on, and let that turn "
+        "go on to its end; nothing new is said to the agent. Without ANSWER the question "
+        "is asked at the prompt (as are any it asks next).",
+    )
+    answer.add_argument(
+        "words",
+        nargs="*",
+        metavar="[AGENT_DIR] [ANSWER]",
+        help="the agent folder (default: the bundled example) and the answer (yes/no for "
+        "a yes-or-no question, JSON or text otherwise)",
+    )
+    answer.add_argument("--session", help="session id (default: cli:AGENT, as turnkit run uses)")
+    _add_store_option(answer)
+    answer.set_defaults(handler=_answer)
 
 
 def _add_sessions(commands: Any) -> None:
@@ -191,10 +213,39 @@ async def _run_turn(args: argparse.Namespace, tracer: Tracer | None) -> int:
         await runtime.recover()
         ctx = mount_agent(agent, runtime, channels=[terminal])
         result = await terminal.converse(ctx, target.text, session=session)
+    return _turn_status(result, session)
+
+
+async def _answer(args: argparse.Namespace, progress: Progress) -> int:
+    del progress
+    target = answer_target(args.words)
+    folder = AgentFolder.read(target.folder)
+    session = args.session or default_session(folder.name)
+    store = await writable_store(args.store)
+    try:
+        await _check_owner(store, session, folder.name, given=args.session is not None)
+        agent = folder.agent(_model_for(folder))
+    except BaseException:
+        await store.close()
+        raise
+    terminal = TerminalChannel()
+    async with Runtime([agent], store=store) as runtime:
+        ctx = mount_agent(agent, runtime, channels=[terminal])
+        try:
+            result = await terminal.answer(ctx, session=session, given=target.answer)
+        except (ValueError, InvalidAnswerError) as exc:
+            raise CliError(f"the answer {target.answer!r} does not do: {exc}") from None
+    if result is None:
+        raise CliError(f"session {session!r} is not waiting for an answer")
+    return _turn_status(result, session)
+
+
+def _turn_status(result: TurnResult, session: str) -> int:
+    """The exit status of a turn the terminal showed, saying why it is not 0."""
     if result.status == "suspended":
         print(
             printable(
-                f"turnkit: the turn is still waiting for an answer; run again with "
+                f"turnkit: the turn is still waiting for an answer; run turnkit answer "
                 f"--session {shlex.quote(session)} to answer it"
             ),
             file=sys.stderr,

@@ -61,6 +61,27 @@ def run_target(words: Sequence[str]) -> RunTarget:
     return RunTarget(folder=bundled_example(), text=text)
 
 
+@dataclass(frozen=True)
+class AnswerTarget:
+    folder: Path
+    answer: str | None
+
+
+def answer_target(words: Sequence[str]) -> AnswerTarget:
+    """``[AGENT_DIR] [ANSWER]`` → the folder (the bundled example when absent) and the
+    answer (``None``: ask at the prompt). A first word naming a folder is the folder."""
+    if len(words) > 2:
+        raise CliError(
+            f"turnkit answer takes [AGENT_DIR] [ANSWER], got {len(words)} words; "
+            'quote the answer: turnkit answer AGENT_DIR "yes"'
+        )
+    if words and Path(words[0]).is_dir():
+        return AnswerTarget(folder=Path(words[0]), answer=words[1] if len(words) == 2 else None)
+    if len(words) == 2:
+        raise CliError(f"{words[0]!r} is not a folder; turnkit answer takes [AGENT_DIR] [ANSWER]")
+    return AnswerTarget(folder=bundled_example(), answer=words[0] if words else None)
+
+
 def default_session(agent: str) -> str:
     """The session ``turnkit run`` uses without ``--session``: one per agent, since a
     session belongs to the agent that opened it."""
