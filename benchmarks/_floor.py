@@ -156,7 +156,7 @@ def floor_pool(dsn: str, size: int = 1) -> Iterator[ConnectionPool[Any]]:
     import psycopg
     from psycopg_pool import ConnectionPool
 
-    from turnkit.stores._postgres_schema import migrate
+    from turnkit.stores.postgres._schema import migrate
 
     schema = fresh_schema("floor")
     kwargs: dict[str, Any] = {"autocommit": True, "options": f"-c search_path={schema},public"}

@@ -41,8 +41,8 @@ from typing import Any
 import psycopg
 from _floor import DEFAULT_DSN, bare_commits, drop_schema, fresh_schema, pyformat
 
-from turnkit.stores import _pg_wire as wire
-from turnkit.stores._postgres_schema import migrate
+from turnkit.stores.postgres import _wire as wire
+from turnkit.stores.postgres._schema import migrate
 
 _SESSION = "bench"
 _runs = itertools.count()

@@ -30,7 +30,7 @@ import turnkit
 from turnkit import MessageDeltaEvent, ReasoningDeltaEvent, TurnCompletedEvent
 from turnkit._seams.relay import Logged, Relayed
 from turnkit.stores import PostgresStore
-from turnkit.stores._pg_relay_wire import (
+from turnkit.stores.postgres._relay_wire import (
     MAX_HELD_BYTES,
     MAX_PAYLOAD,
     PARTIAL_LIMIT,
@@ -168,7 +168,7 @@ def test_a_chunk_not_signed_with_the_key_is_dropped_and_counted() -> None:
     assert joined.rejected["forged"] == 2 and joined.holding == (0, 0)
     # Signed, but claiming more chunks than a batch may have: refused unheld.
     signed = "app/you/2/0/20000000/{}"
-    from turnkit.stores._pg_relay_wire import mac
+    from turnkit.stores.postgres._relay_wire import mac
 
     assert joined.add(f"app/you/2/0/20000000/{mac(KEY, signed)}/{{}}") is None
     assert joined.rejected["malformed"] == 1 and joined.holding == (0, 0)

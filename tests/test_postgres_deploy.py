@@ -251,7 +251,7 @@ async def test_a_refused_resume_writes_nothing_at_all(pg_dsn: str, pg_schema: st
 
 
 def test_shared_statements_are_rendered_for_the_stores_schema() -> None:
-    from turnkit.stores._pg_sql import pg
+    from turnkit.stores.postgres._statements import pg
 
     rendered = pg("SELECT body FROM turnkit_messages m WHERE m.session_id = ? AND x = '?'", "s1")
     assert rendered == (

@@ -33,8 +33,8 @@ from turnkit.stores import (  # noqa: E402
     RequestCancel,
     Write,
 )
-from turnkit.stores._postgres_schema import MIGRATIONS, SCHEMA_VERSION, migrate  # noqa: E402
 from turnkit.stores.postgres import qmark_to_pyformat  # noqa: E402
+from turnkit.stores.postgres._schema import MIGRATIONS, SCHEMA_VERSION, migrate  # noqa: E402
 
 CHILD = Path(__file__).with_name("pg_writer_child.py")
 

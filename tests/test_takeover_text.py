@@ -19,7 +19,7 @@ import turnkit
 from turnkit.slack._pacing import EditPacer
 from turnkit.slack._render import SlackReply, SlackThread
 from turnkit.stores import PostgresStore, SqliteStore
-from turnkit.stores._pg_relay_wire import delta_entry, delta_from
+from turnkit.stores.postgres._relay_wire import delta_entry, delta_from
 from turnkit.testing import RecordingSink
 
 WORDS = [f"w{n} " for n in range(10)]

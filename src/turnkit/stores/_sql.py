@@ -1,7 +1,7 @@
 """The SQL both SQL stores send, written once in SQLite's ``?`` style.
 
 SQLite runs these statements as they are; PostgreSQL runs them rendered by
-``_pg_sql.pg`` (psycopg's ``%s`` placeholders, turnkit's tables and functions
+``postgres._statements.pg`` (psycopg's ``%s`` placeholders, turnkit's tables and functions
 qualified with the store's schema). Values always travel as bound parameters.
 What only one dialect can say (PostgreSQL's one-statement load and its
 server-side row-count checks, SQLite's JSON functions) stays in its store.

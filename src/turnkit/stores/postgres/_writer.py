@@ -23,12 +23,12 @@ from time import time as now
 import psycopg
 from psycopg.pq.abc import PGresult
 
-from .._errors import SessionBusyError, StoreError
-from . import _pg_wire as wire
-from ._locks import SessionLocks
-from ._pg_commit import Connect, _close_quietly, _Sender
-from ._pg_sql import _LOAD_SQL, _lock_key, pg_wire
-from ._takeover import Takeover
+from ..._errors import SessionBusyError, StoreError
+from .._locks import SessionLocks
+from .._takeover import Takeover
+from . import _wire as wire
+from ._commit import Connect, Sender, close_quietly
+from ._statements import LOAD_SQL, lock_key, pg_wire
 
 log = logging.getLogger("turnkit.stores.postgres")
 
@@ -56,12 +56,12 @@ _PREPARED = {
     b"turnkit_acquire": _ACQUIRE_SQL,
     b"turnkit_lock": _LOCK_SQL,
     b"turnkit_claim": _CLAIM_SQL,
-    b"turnkit_load": _LOAD_SQL,
+    b"turnkit_load": LOAD_SQL,
     b"turnkit_unlock": _UNLOCK_SQL,
     b"turnkit_ping": "SELECT 1",
 }
 
-_Entry = tuple[wire.Statement, "asyncio.Future[PGresult] | None", "_Sender | None"]
+_Entry = tuple[wire.Statement, "asyncio.Future[PGresult] | None", "Sender | None"]
 
 
 class LockLost(StoreError):
@@ -90,16 +90,16 @@ class _LockChannel:
         self._connect = connect
         self._prepared = prepared
         self._takeover = takeover
-        self.sender: _Sender | None = None
+        self.sender: Sender | None = None
         self._queue: list[_Entry] = []
         self._pumping = False
         self._tasks: set[asyncio.Task[None]] = set()
         self._beat: asyncio.Task[None] | None = None
         #: The connection each watched statement ran on (see ``run_here``).
-        self._ran_on: dict[asyncio.Future[PGresult], _Sender | None] = {}
+        self._ran_on: dict[asyncio.Future[PGresult], Sender | None] = {}
 
     async def run(
-        self, statements: Sequence[wire.Statement], *, on: _Sender | None = None
+        self, statements: Sequence[wire.Statement], *, on: Sender | None = None
     ) -> list[PGresult]:
         """Run ``statements`` in order in the next batch; their results. With ``on``,
         only on that connection: if it is gone, they fail unsent (``LockLost``)."""
@@ -112,7 +112,7 @@ class _LockChannel:
             future.exception()  # each one's failure counts as seen
         return [future.result() for future in futures]
 
-    async def run_here(self, statement: wire.Statement) -> tuple[PGresult, _Sender]:
+    async def run_here(self, statement: wire.Statement) -> tuple[PGresult, Sender]:
         """Run ``statement`` in the next batch; its result and the connection it ran
         on (whose session-level locks it took are held there)."""
         future: asyncio.Future[PGresult] = asyncio.get_running_loop().create_future()
@@ -176,7 +176,7 @@ class _LockChannel:
                 future.set_result(res)
 
     @staticmethod
-    def _pinned_elsewhere(batch: list[_Entry], sender: _Sender) -> list[_Entry]:
+    def _pinned_elsewhere(batch: list[_Entry], sender: Sender) -> list[_Entry]:
         """``batch`` without the statements meant for another (a lost) connection,
         which fail unsent."""
         kept = []
@@ -188,7 +188,7 @@ class _LockChannel:
                 future.set_exception(LockLost("its lock connection closed"))
         return kept
 
-    async def _connection(self) -> _Sender:
+    async def _connection(self) -> Sender:
         """The lock connection, opened if there is none (or it is unfit). Only the
         pump calls it: a check while a batch is out would take its results for a
         hang-up."""
@@ -211,11 +211,11 @@ class _LockChannel:
         except BaseException:
             await conn.close()
             raise
-        self.sender = _Sender(conn, loop)
+        self.sender = Sender(conn, loop)
         self._beat = loop.create_task(self._heartbeat(self.sender), name="turnkit-lock-heartbeat")
         return self.sender
 
-    async def _heartbeat(self, sender: _Sender) -> None:
+    async def _heartbeat(self, sender: Sender) -> None:
         """Speak on ``sender`` every ``heartbeat`` seconds while it is the lock
         connection, so its ``idle_session_timeout`` ends it only if this process
         stops running."""
@@ -233,7 +233,7 @@ class _LockChannel:
         if beat is not None and beat is not asyncio.current_task():
             beat.cancel()
         if sender is not None:
-            await _close_quietly(sender)
+            await close_quietly(sender)
 
     async def close(self) -> None:
         while self._tasks:
@@ -263,7 +263,7 @@ class Writers:
         self.tokens: dict[str, str] = {}
         self._pending: set[str] = set()
         #: The lock connection that took each held session's lock.
-        self._held: dict[str, _Sender] = {}
+        self._held: dict[str, Sender] = {}
         #: Sessions a claim locked for a delivery that has not begun to hold them.
         self._claimed: set[str] = set()
 
@@ -287,7 +287,7 @@ class Writers:
                 sender = self._held.pop(session_id, None)
                 if sender is not None and sender is self.channel.sender and not sender.suspect:
                     # (A lock whose connection is gone went with it.)
-                    key = _lock_key(self._schema, session_id)
+                    key = lock_key(self._schema, session_id)
                     self.channel.post(wire.execute(b"turnkit_unlock", (key,)))
 
     async def claim(self, statement: wire.Statement) -> PGresult:
@@ -310,7 +310,7 @@ class Writers:
         self._claimed.discard(session_id)
         sender = self._held.pop(session_id, None)
         if sender is not None and sender is self.channel.sender and not sender.suspect:
-            key = _lock_key(self._schema, session_id)
+            key = lock_key(self._schema, session_id)
             self.channel.post(wire.execute(b"turnkit_unlock", (key,)))
 
     def must_lock(self, session_id: str) -> bool:
@@ -349,7 +349,7 @@ class Writers:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.busy_timeout
         delay = 0.005
-        key = _lock_key(self._schema, session_id)
+        key = lock_key(self._schema, session_id)
         while True:
             token = uuid.uuid4().hex
             take = (

@@ -20,27 +20,27 @@ from psycopg.pq import ExecStatus, TransactionStatus
 from psycopg.pq.abc import PGresult
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
-from .._values.records import TurnRecord
-from . import _pg_wire as wire
-from . import _sql as sql
-from ._sql_rows import TURN_COLUMNS as _TURN_COLUMNS
-from ._sql_rows import turn_from_row as _turn_from_row
+from ..._values.records import TurnRecord
+from .. import _sql as sql
+from .._sql_rows import TURN_COLUMNS as _TURN_COLUMNS
+from .._sql_rows import turn_from_row as _turn_from_row
+from . import _wire as wire
 
 T = TypeVar("T")
 log = logging.getLogger("turnkit.stores.postgres")
 
 
-_SCHEMA_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
-_TRANSACTION_CONTROL = re.compile(
+SCHEMA_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+TRANSACTION_CONTROL = re.compile(
     r"^\s*(BEGIN|START\s+TRANSACTION|COMMIT|END|ABORT|ROLLBACK(?!\s+(TRANSACTION\s+|WORK\s+)?TO\b)"
     r"|PREPARE\s+TRANSACTION)\b",
     re.IGNORECASE,
 )
-_ENDED = (
+ENDED = (
     "a local tool ended the step's transaction (commit or rollback on ctx.store); "
     "turnkit commits the step itself, so never end the transaction in a tool"
 )
-_ABORTED = (
+ABORTED = (
     "a local tool left the step's transaction aborted (it caught a database error "
     "raised through ctx.store.unwrap()); use ctx.store.execute, which isolates each "
     "statement, or let the error propagate"
@@ -119,11 +119,11 @@ def pg(sql: str, schema: str) -> str:
 
 @functools.cache
 def pg_wire(sql: str, schema: str) -> bytes:
-    """``pg(sql, schema)`` with ``$1``, ``$2``, ... placeholders, for ``_pg_wire``."""
+    """``pg(sql, schema)`` with ``$1``, ``$2``, ... placeholders, for ``_wire``."""
     return wire.numbered(pg(sql, schema))
 
 
-def _lock_key(schema: str, session_id: str) -> int:
+def lock_key(schema: str, session_id: str) -> int:
     """The advisory-lock key of a session's writer: what ``turnkit_lock_key`` (in the
     schema) computes too, so a claim can lock sessions in SQL. Not a security
     boundary: md5 only spreads the ids over the key space."""
@@ -132,12 +132,12 @@ def _lock_key(schema: str, session_id: str) -> int:
     return int.from_bytes(digest[:8], "big", signed=True)
 
 
-def _connection_lost(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
+def connection_lost(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
     return bool(conn.closed or conn.broken)
 
 
-def _rollback_quietly(conn: psycopg.Connection[Any]) -> None:
-    if _connection_lost(conn) or conn.info.transaction_status == TransactionStatus.IDLE:
+def rollback_quietly(conn: psycopg.Connection[Any]) -> None:
+    if connection_lost(conn) or conn.info.transaction_status == TransactionStatus.IDLE:
         return
     try:
         conn.execute("ROLLBACK")
@@ -145,28 +145,28 @@ def _rollback_quietly(conn: psycopg.Connection[Any]) -> None:
         log.debug("rollback after a failed commit failed too", exc_info=True)
 
 
-def _check_idle_connection(conn: psycopg.Connection[Any]) -> None:
+def check_idle_connection(conn: psycopg.Connection[Any]) -> None:
     """The sync pool's checkout check, free in the common case: an idle connection whose
     socket is readable has been sent something (a termination notice, EOF), so only
     then is it probed; a dead one is discarded before a step ever uses it."""
-    if _connection_lost(conn):
+    if connection_lost(conn):
         raise psycopg.OperationalError("connection is closed")
     readable, _, _ = select.select([conn.fileno()], [], [], 0)
     if readable:
         ConnectionPool.check_connection(conn)
 
 
-async def _check_idle_async(conn: psycopg.AsyncConnection[Any]) -> None:
-    """``_check_idle_connection`` for the event loop's pool (the ``select`` never waits)."""
-    if _connection_lost(conn):
+async def check_idle_async(conn: psycopg.AsyncConnection[Any]) -> None:
+    """``check_idle_connection`` for the event loop's pool (the ``select`` never waits)."""
+    if connection_lost(conn):
         raise psycopg.OperationalError("connection is closed")
     readable, _, _ = select.select([conn.fileno()], [], [], 0)
     if readable:
         await AsyncConnectionPool.check_connection(conn)
 
 
-async def _rollback_quietly_async(conn: psycopg.AsyncConnection[Any]) -> None:
-    if _connection_lost(conn) or conn.info.transaction_status == TransactionStatus.IDLE:
+async def rollback_quietly_async(conn: psycopg.AsyncConnection[Any]) -> None:
+    if connection_lost(conn) or conn.info.transaction_status == TransactionStatus.IDLE:
         return
     try:
         await conn.execute("ROLLBACK")
@@ -180,7 +180,7 @@ async def _rollback_quietly_async(conn: psycopg.AsyncConnection[Any]) -> None:
 _prepared_on: weakref.WeakKeyDictionary[Any, set[bytes]] = weakref.WeakKeyDictionary()
 
 
-async def _run_prepared(
+async def run_prepared(
     conn: psycopg.AsyncConnection[Any], name: bytes, statement: bytes, params: Sequence[Any]
 ) -> PGresult:
     """Run one statement as a server-side prepared statement, preparing it (in the
@@ -200,7 +200,7 @@ async def _run_prepared(
     return results[1]
 
 
-def _text(value: bytes | None) -> str | None:
+def as_text(value: bytes | None) -> str | None:
     return None if value is None else value.decode()
 
 
@@ -208,31 +208,31 @@ def _float(value: bytes | None) -> float | None:
     return None if value is None else float(value)
 
 
-def _turn_row(res: PGresult, row: int, first: int = 0) -> TurnRecord:
+def turn_row(res: PGresult, row: int, first: int = 0) -> TurnRecord:
     """A ``TurnRecord`` from ``_TURN_COLUMNS`` at column ``first`` on."""
     v = [res.get_value(row, first + c) for c in range(12)]
     return _turn_from_row(
-        [*(_text(x) for x in v[:8]), _float(v[8]), _float(v[9]), _text(v[10]), _text(v[11])]
+        [*(as_text(x) for x in v[:8]), _float(v[8]), _float(v[9]), as_text(v[10]), as_text(v[11])]
     )
 
 
-_TURN_COLUMNS_T = ", ".join(f"t.{c.strip()}" for c in _TURN_COLUMNS.split(","))
+TURN_COLUMNS_T = ", ".join(f"t.{c.strip()}" for c in _TURN_COLUMNS.split(","))
 
 # A delivery's whole read in one statement, so in one snapshot: the session, the
 # next event number, the transcript from an index (as one JSON array's items), the
 # turn's memoized steps (as one JSON object's members), the turn's record and, last,
 # the session's owner.
-_LOAD_SQL = (
+LOAD_SQL = (
     f"SELECT s.agent, s.generation, {sql.LAST_SEQ}, "
     "(SELECT string_agg(body, ',' ORDER BY idx) FROM turnkit_messages "
     "WHERE session_id = ? AND idx >= ?), "
     "(SELECT string_agg(to_json(step_id)::text || ':' || result, ',') FROM turnkit_steps "
     "WHERE session_id = ? AND turn_id = ?), "
-    f"{_TURN_COLUMNS_T}, s.owner, s.reset_requested FROM (SELECT) AS one "
+    f"{TURN_COLUMNS_T}, s.owner, s.reset_requested FROM (SELECT) AS one "
     "LEFT JOIN turnkit_sessions s ON s.session_id = ? "
     "LEFT JOIN turnkit_turns t ON t.session_id = ? AND t.turn_id = ?"
 )
 
 
-class _NoConnection(Exception):
+class NoConnection(Exception):
     """Internal: the pool had no connection to give (its cause says why)."""

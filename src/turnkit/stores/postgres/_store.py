@@ -17,10 +17,11 @@ and releases), and every commit re-checks a per-acquisition token, so a process 
 lost its lock (its lock connection died) can never interleave a step with the new
 holder's.
 
-This module holds the store and its sessions; the SQL it sends is in ``_pg_sql``,
-how requests go on the wire in ``_pg_wire``, the transactions and the tool handle
-in ``_pg_writes``, and the loop's commit paths (commit connections, the lock
-connection, the group committer) in ``_pg_commit``.
+This module holds the store and its sessions; the SQL it sends is in
+``_statements``, how requests go on the wire in ``_wire`` (the one module that
+touches libpq's connection), the transactions and the tool handle in ``_writes``,
+the loop's commit paths (commit connections, the group committer) in ``_commit``,
+the writer locks in ``_writer``, the schema's migrations in ``_schema``.
 """
 
 from __future__ import annotations
@@ -40,24 +41,24 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager
 from typing import Any, TypeVar, cast
 
-from .._errors import ConfigurationError, StoreError
-from .._seams.queue import PendingReset
-from .._seams.store import ToolStep
-from .._values.events import TurnEvent, event_from_dict
-from .._values.messages import Message, message_from_dict
-from .._values.records import SessionInfo, SessionKey, SessionSnapshot, SessionStatus, TurnRecord
-from .._values.writes import Write
-from . import _archive_sql as archive_sql
-from . import _sql as sql
-from ._apply import apply_writes
-from ._pg_election import PgElection
-from ._pg_faults import PgFaults
-from ._pg_listen import CancelListener, announce
-from ._pg_relay import PgEventRelay
-from ._postgres_schema import migrate, read_relay_key, read_store_id
-from ._sql_rows import session_info
-from ._sql_rows import turn_from_row as _turn_from_row
-from ._takeover import Takeover
+from ..._errors import ConfigurationError, StoreError
+from ..._seams.queue import PendingReset
+from ..._seams.store import ToolStep
+from ..._values.events import TurnEvent, event_from_dict
+from ..._values.messages import Message, message_from_dict
+from ..._values.records import SessionInfo, SessionKey, SessionSnapshot, SessionStatus, TurnRecord
+from ..._values.writes import Write
+from .. import _archive_sql as archive_sql
+from .. import _sql as sql
+from .._apply import apply_writes
+from .._sql_rows import session_info
+from .._sql_rows import turn_from_row as _turn_from_row
+from .._takeover import Takeover
+from ._election import PgElection
+from ._faults import PgFaults
+from ._listen import CancelListener, announce
+from ._relay import PgEventRelay
+from ._schema import migrate, read_relay_key, read_store_id
 
 try:
     import psycopg
@@ -68,31 +69,31 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     raise ImportError(
         "PostgresStore needs psycopg 3 and psycopg-pool: pip install 'turnkit[postgres]'"
     ) from exc
-from . import _pg_wire as wire
-from ._pg_commit import _GroupCommitter
-from ._pg_queue import CLAIM_SQL
-from ._pg_sql import (
-    _LOAD_SQL,
-    _SCHEMA_NAME,
-    _check_idle_async,
-    _check_idle_connection,
-    _connection_lost,
-    _rollback_quietly,
-    _rollback_quietly_async,
-    _run_prepared,
-    _text,
-    _turn_row,
+from . import _wire as wire
+from ._commit import GroupCommitter
+from ._queue import CLAIM_SQL
+from ._statements import (
+    LOAD_SQL,
+    SCHEMA_NAME,
+    as_text,
+    check_idle_async,
+    check_idle_connection,
+    connection_lost,
     pg,
     pg_wire,
     qmark_to_pyformat,  # noqa: F401 - public for portable tools
+    rollback_quietly,
+    rollback_quietly_async,
+    run_prepared,
+    turn_row,
 )
-from ._pg_writer import Writers
-from ._pg_writes import (
+from ._writer import Writers
+from ._writes import (
     FENCE,
-    _commit_error,
-    _LoopTransaction,
-    _PgTransaction,
-    _Rows,
+    LoopTransaction,
+    PgTransaction,
+    Rows,
+    commit_error,
 )
 
 T = TypeVar("T")
@@ -147,8 +148,8 @@ class _PgSession:
     ) -> SessionSnapshot:
         sid = self._sid
         params = (sid, sid, sid, from_index, sid, turn_id, sid, sid, turn_id)
-        statement = pg_wire(_LOAD_SQL, self._store.schema)
-        res = await _run_prepared(conn, b"turnkit_load", statement, params)
+        statement = pg_wire(LOAD_SQL, self._store.schema)
+        res = await run_prepared(conn, b"turnkit_load", statement, params)
         return self._snapshot(res, from_index)
 
     def _snapshot(self, res: PGresult, from_index: int) -> SessionSnapshot:
@@ -159,12 +160,12 @@ class _PgSession:
             else [],
             store_id=self._store.store_id,
             steps=json.loads(b"{" + steps + b"}") if steps else {},
-            turn=_turn_row(res, 0, 5) if res.get_value(0, 6) is not None else None,
-            agent=_text(agent),
+            turn=turn_row(res, 0, 5) if res.get_value(0, 6) is not None else None,
+            agent=as_text(agent),
             next_seq=(int(seq) if seq is not None else 0) + 1,
             generation=int(generation) if generation is not None else 0,
             from_index=from_index,
-            owner=_text(res.get_value(0, 17)),
+            owner=as_text(res.get_value(0, 17)),
             reset_requested=res.get_value(0, 18) is not None,
         )
 
@@ -173,7 +174,7 @@ class _PgSession:
 
     async def _fence_token(self) -> str | None:
         """This process's fencing token for the session, claiming the session first
-        where it must be claimed (see ``_pg_writer``)."""
+        where it must be claimed (see ``_writer``)."""
         store = self._store
         if store._writers.must_claim(self._sid):
             await store._writers.acquire(self._sid)
@@ -181,7 +182,7 @@ class _PgSession:
 
     async def _send(self, writes: Sequence[Write], token: str | None) -> None:
         """``writes`` from the event loop, in one pipelined request."""
-        tx = _LoopTransaction(self._sid, self._store.schema)
+        tx = LoopTransaction(self._sid, self._store.schema)
         apply_writes(tx, writes)
         try:
             statements = tx.statements()
@@ -196,7 +197,7 @@ class _PgSession:
         # tool used ctx.store, its transaction commits there with the step's rows.
         store = self._store
         token = await self._fence_token()
-        ran: tuple[T, Sequence[Write], _PgTransaction] = await store._call(
+        ran: tuple[T, Sequence[Write], PgTransaction] = await store._call(
             self._run_step, step, token
         )
         result, writes, thread_tx = ran
@@ -208,9 +209,9 @@ class _PgSession:
 
     def _run_step(
         self, step: ToolStep[T], token: str | None
-    ) -> tuple[T, Sequence[Write], _PgTransaction]:
+    ) -> tuple[T, Sequence[Write], PgTransaction]:
         store = self._store
-        tx = _PgTransaction(self._sid, store.schema, store.sync_pool, store.connect_timeout)
+        tx = PgTransaction(self._sid, store.schema, store.sync_pool, store.connect_timeout)
         try:
             try:
                 result, writes = step(tx.handle)
@@ -225,14 +226,14 @@ class _PgSession:
                 conn = tx.opened
                 if conn is None:
                     raise
-                _rollback_quietly(conn)
-                raise _commit_error(self._sid, _connection_lost(conn), exc) from exc
+                rollback_quietly(conn)
+                raise commit_error(self._sid, connection_lost(conn), exc) from exc
         finally:
             tx.release()
         return result, writes, tx
 
     async def _flush(
-        self, statements: list[wire.Statement], token: str | None, rows: _Rows | None
+        self, statements: list[wire.Statement], token: str | None, rows: Rows | None
     ) -> None:
         """The fence and ``statements`` as one pipelined request (one implicit
         transaction: any failing statement undoes them all), sent by the store's
@@ -248,13 +249,13 @@ class _PgSession:
         statement = pg_wire(sql.TURN, self._store.schema)
 
         async def read(conn: psycopg.AsyncConnection[Any]) -> TurnRecord | None:
-            res = await _run_prepared(conn, b"turnkit_turn", statement, (self._sid, turn_id))
-            return _turn_row(res, 0) if res.ntuples else None
+            res = await run_prepared(conn, b"turnkit_turn", statement, (self._sid, turn_id))
+            return turn_row(res, 0) if res.ntuples else None
 
         return await self._store._read(f"turn {turn_id}", read, of=self._sid)
 
     async def cancel_reason(self, turn_id: str) -> str | None:
-        # Announced cancellations are heard at once (see _pg_listen); the turn's row
+        # Announced cancellations are heard at once (see _listen); the turn's row
         # is read besides at most every CANCEL_POLL seconds per delivery, for one
         # whose announcement was lost. The step hot path pays no round trip between.
         now = time.monotonic()
@@ -289,8 +290,8 @@ class _PgSession:
         statement = pg_wire(sql.STATUS, self._store.schema)
 
         async def read(conn: psycopg.AsyncConnection[Any]) -> SessionStatus:
-            res = await _run_prepared(conn, b"turnkit_status", statement, (self._sid,))
-            return cast(SessionStatus, _text(res.get_value(0, 0))) if res.ntuples else "new"
+            res = await run_prepared(conn, b"turnkit_status", statement, (self._sid,))
+            return cast(SessionStatus, as_text(res.get_value(0, 0))) if res.ntuples else "new"
 
         return await self._store._read(f"session {self._sid}", read, of=self._sid)
 
@@ -321,7 +322,7 @@ class PostgresStore:
     before raising ``SessionBusyError``. ``commit_senders`` is how many step
     commits are in flight at once (at most ``max_size``): commits that arrive while
     all are busy go out together, in one transaction, as soon as one is free (see
-    ``_GroupCommitter``). Few senders make big groups; on the two-core machine of
+    ``GroupCommitter``). Few senders make big groups; on the two-core machine of
     the benchmarks two beat ten by 1.5-2x at 100 sessions. A server with many cores
     may want more. ``relay_events`` carries live events to the other processes
     (see ``relay``).
@@ -344,7 +345,7 @@ class PostgresStore:
         relay_events: bool = True,
         takeover: Takeover | None = None,
     ) -> None:
-        if not _SCHEMA_NAME.match(schema):
+        if not SCHEMA_NAME.match(schema):
             raise ConfigurationError(
                 f"PostgresStore schema {schema!r} must be a plain identifier "
                 "(letters, digits and _, not starting with a digit)"
@@ -378,7 +379,7 @@ class PostgresStore:
         self._listener = CancelListener(self._connect, schema)
         self._relay = PgEventRelay(self._connect, schema) if relay_events else None
         self.commit_senders = commit_senders
-        self._committer = _GroupCommitter(
+        self._committer = GroupCommitter(
             self._connect, schema, senders=min(commit_senders, max_size)
         )
 
@@ -463,7 +464,7 @@ class PostgresStore:
                 min_size=self.min_size,
                 max_size=self.max_size,
                 kwargs=self._connect_kwargs(),
-                check=_check_idle_async,
+                check=check_idle_async,
                 open=False,
                 name=f"turnkit-{self.schema}-async",
             )
@@ -494,7 +495,7 @@ class PostgresStore:
                 min_size=0,
                 max_size=self.max_size,
                 kwargs=self._tool_connect_kwargs(),
-                check=_check_idle_connection,
+                check=check_idle_connection,
                 open=False,
                 name=f"turnkit-{self.schema}",
             )
@@ -568,12 +569,12 @@ class PostgresStore:
         try:
             return await fn(conn, *args)
         except psycopg.Error as exc:
-            await _rollback_quietly_async(conn)
+            await rollback_quietly_async(conn)
             raise StoreError(f"cannot read {what}: {exc}") from exc
         except ValueError as exc:
             raise StoreError(f"{what} holds data that is not valid JSON: {exc}") from exc
         except BaseException:
-            await _rollback_quietly_async(conn)
+            await rollback_quietly_async(conn)
             raise
         finally:
             await pool.putconn(conn)
@@ -600,7 +601,7 @@ class PostgresStore:
     def election(self, name: str, *, interval: float = 1.0) -> PgElection:
         """The election for job ``name`` among every process on this schema: one
         leads at a time, through an advisory lock on a connection of its own; the
-        others ask again every ``interval`` seconds (see ``_pg_election``)."""
+        others ask again every ``interval`` seconds (see ``_election``)."""
         if not isinstance(name, str) or not name:
             raise ConfigurationError(f"an election needs a non-empty name, got {name!r}")
         if isinstance(interval, bool) or not isinstance(interval, int | float) or interval <= 0:
@@ -611,7 +612,7 @@ class PostgresStore:
     def relay(self) -> PgEventRelay | None:
         """Carries live events (deltas, and hints that events were logged) to the other
         processes on this database over LISTEN/NOTIFY; ``None`` if ``relay_events``
-        was turned off. Its connections open on first use (see ``_pg_relay``)."""
+        was turned off. Its connections open on first use (see ``_relay``)."""
         return self._relay
 
     @property
@@ -674,11 +675,11 @@ class PostgresStore:
         except StoreError as exc:
             raise StoreError(f"claiming turns failed: {exc}") from exc
         return [
-            _turn_row(res, row, 2)
+            turn_row(res, row, 2)
             if res.get_value(row, 3) is not None
             else PendingReset(
-                session_id=_text(res.get_value(row, 0)) or "",
-                agent=_text(res.get_value(row, 1)) or "",
+                session_id=as_text(res.get_value(row, 0)) or "",
+                agent=as_text(res.get_value(row, 1)) or "",
             )
             for row in range(res.ntuples)
         ]

@@ -25,8 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .._seams.relay import Logged, Relayed
-from .._values.events import (
+from ..._seams.relay import Logged, Relayed
+from ..._values.events import (
     DeliveryFailedEvent,
     MessageDeltaEvent,
     ReasoningDeltaEvent,

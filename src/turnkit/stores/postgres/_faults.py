@@ -9,7 +9,7 @@ internals: this object is the one documented way.
 
 from __future__ import annotations
 
-from ._pg_writer import Writers
+from ._writer import Writers
 
 
 class PgFaults:

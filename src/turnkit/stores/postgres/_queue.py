@@ -5,14 +5,14 @@ There is no queue beside the transcript: a submitted turn is its ``queued`` row 
 ``turnkit_turns``. A claim takes, oldest first, the first runnable turn of sessions
 no process holds, skipping rows another claim is reading (``FOR NO KEY UPDATE
 SKIP LOCKED``), and takes each session's writer lock (the advisory lock of
-``_pg_writer``) in the same statement, on the lock connection: from then on the
+``_writer``) in the same statement, on the lock connection: from then on the
 session is the claiming process's until its delivery ends or its connection dies.
 """
 
 from __future__ import annotations
 
-from ._pg_sql import _TURN_COLUMNS_T
-from ._postgres_schema import claimable
+from ._schema import claimable
+from ._statements import TURN_COLUMNS_T
 
 #: Wakes the workers listening on this database (payload: the schema).
 CHANNEL = "turnkit_queue"
@@ -61,7 +61,7 @@ CLAIM_SQL = (
     "ORDER BY s.reset_requested LIMIT ?), "
     "p AS (SELECT * FROM c UNION ALL SELECT * FROM r ORDER BY created_at LIMIT ?) "
     # Every row of ``p`` is tried (no LIMIT out here), so no lock is taken and lost.
-    f"SELECT p.session_id, s.agent, {_TURN_COLUMNS_T} FROM p "
+    f"SELECT p.session_id, s.agent, {TURN_COLUMNS_T} FROM p "
     "JOIN turnkit_sessions s ON s.session_id = p.session_id "
     "LEFT JOIN turnkit_turns t ON t.session_id = p.session_id AND t.turn_id = p.turn_id "
     "WHERE pg_try_advisory_lock(turnkit_lock_key(p.session_id)) ORDER BY p.created_at"

@@ -8,7 +8,7 @@ boundary without a round trip per step. Notifications are a hint only: one that
 is lost (a listener reconnecting, a sender that died right after its commit) is
 made up for by ``PostgresStore``'s bounded poll of the turn's row.
 
-The same connection hears the workers' queue (``_pg_queue.CHANNEL``): a commit that
+The same connection hears the workers' queue (``_queue.CHANNEL``): a commit that
 makes a turn runnable notifies it, and ``work`` is set for a worker to claim again
 (a worker polls besides, for what no notification announces: a dead process's
 sessions, freed when PostgreSQL ends its connection).
@@ -48,7 +48,7 @@ class CancelListener:
         self._task: asyncio.Task[None] | None = None
         #: Whether the listening connection is up (else only the poll finds cancels).
         self.listening = False
-        #: Set when a turn of ``schema`` became runnable (see ``_pg_queue``).
+        #: Set when a turn of ``schema`` became runnable (see ``_queue``).
         self.work = asyncio.Event()
 
     def start(self) -> None:
@@ -79,7 +79,7 @@ class CancelListener:
     async def _listen(self) -> None:
         await listen_forever(
             self._connect,
-            (CHANNEL, "turnkit_queue"),  # _pg_queue.CHANNEL
+            (CHANNEL, "turnkit_queue"),  # _queue.CHANNEL
             self._connected,
             self._set_listening,
             "the cancellation listener",

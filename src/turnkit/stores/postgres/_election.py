@@ -18,7 +18,7 @@ from typing import Any
 
 import psycopg
 
-from ._pg_commit import Connect
+from ._commit import Connect
 
 log = logging.getLogger("turnkit.stores.postgres")
 

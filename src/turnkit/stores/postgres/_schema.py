@@ -12,7 +12,7 @@ from typing import Any
 
 from psycopg import sql
 
-from .._errors import StoreError
+from ..._errors import StoreError
 
 #: SQLSTATE raised by ``turnkit_fence`` when another process holds the session.
 FENCE_SQLSTATE = "TK001"

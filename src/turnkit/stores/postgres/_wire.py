@@ -1,4 +1,5 @@
-"""PostgresStore's requests on the wire: statements sent in libpq's pipeline mode
+"""PostgresStore's requests on the wire (the one module that touches libpq's
+connection, ``conn.pgconn``): statements sent in libpq's pipeline mode
 through psycopg's documented libpq wrapper (``psycopg.pq``), every value a bound
 parameter in PostgreSQL's text format, and the results read without psycopg's
 cursor layer (whose CPU per statement costs more than the round trip itself).
@@ -21,7 +22,7 @@ from typing import Any
 import psycopg
 from psycopg import errors as pg_errors
 from psycopg.pq import DiagnosticField, ExecStatus, PipelineStatus
-from psycopg.pq.abc import PGconn, PGresult
+from psycopg.pq.abc import PGresult
 
 #: A value in PostgreSQL's text format (``None`` is SQL NULL).
 Value = bytes | None
@@ -102,8 +103,19 @@ def execute(name: bytes, params: Sequence[Any]) -> Execute:
     return Execute(name, tuple(value(p) for p in params))
 
 
-def send(pgconn: PGconn, statements: Sequence[Statement]) -> None:
+def socket_of(conn: psycopg.AsyncConnection[Any]) -> int:
+    """The connection's socket, to watch on the event loop."""
+    return conn.pgconn.socket
+
+
+def consume(conn: psycopg.AsyncConnection[Any]) -> None:
+    """Read what the server has sent so far (so the socket is not readable again)."""
+    conn.pgconn.consume_input()
+
+
+def send(conn: psycopg.AsyncConnection[Any], statements: Sequence[Statement]) -> None:
     """Queue ``statements`` and a Sync in pipeline mode (libpq flushes what fits)."""
+    pgconn = conn.pgconn
     pgconn.enter_pipeline_mode()
     for s in statements:
         if type(s) is Query:
@@ -127,9 +139,10 @@ class Results:
         self.done = False
         self._in_one = False  # a statement's result is in, its end not yet
 
-    def feed(self, pgconn: PGconn) -> bool:
+    def feed(self, conn: psycopg.AsyncConnection[Any]) -> bool:
         """Read what the server has sent; whether the Sync is in (the pipeline is
         then left, and the connection is idle again)."""
+        pgconn = conn.pgconn
         pgconn.consume_input()
         while not pgconn.is_busy():
             res = pgconn.get_result()
@@ -169,9 +182,10 @@ def error(res: PGresult, encoding: str) -> psycopg.Error:
 _SEVERITY = re.compile(r"^(ERROR|FATAL|PANIC):\s+")
 
 
-async def flush(pgconn: PGconn, loop: asyncio.AbstractEventLoop) -> None:
+async def flush(conn: psycopg.AsyncConnection[Any], loop: asyncio.AbstractEventLoop) -> None:
     """Send what libpq still holds of a request that did not fit the socket's buffer
     (rare: waited on the plain way)."""
+    pgconn = conn.pgconn
     while pgconn.flush():
         fd = pgconn.socket
         _, writable, _ = select.select([], [fd], [], 0)
@@ -190,9 +204,9 @@ async def exchange(
     loop = asyncio.get_running_loop()
     got = Results()
     try:
-        send(pgconn, statements)
-        await flush(pgconn, loop)
-        while not got.feed(pgconn):
+        send(conn, statements)
+        await flush(conn, loop)
+        while not got.feed(conn):
             await _ready(loop, pgconn.socket)
     except BaseException:
         if pgconn.pipeline_status != PipelineStatus.OFF:

@@ -15,36 +15,36 @@ from psycopg import errors as pg_errors
 from psycopg.pq import TransactionStatus
 from psycopg_pool import ConnectionPool
 
-from .._errors import FatalToolError, FencedError, StoreError
-from .._seams.store import StoreHandle
-from .._values.events import TurnEvent
-from .._values.messages import JsonObject, Message
-from .._values.records import TERMINAL_TURN_STATUSES, TurnRecord, TurnStatus, session_status_after
-from . import _archive_sql as archive_sql
-from . import _pg_wire as wire
-from . import _sql as sql
-from ._pg_queue import CHANNEL as WAKE_CHANNEL
-from ._pg_queue import WAKE_SQL
-from ._pg_sql import (
-    _ABORTED,
-    _ENDED,
-    _TRANSACTION_CONTROL,
-    _connection_lost,
-    _NoConnection,
+from ..._errors import FatalToolError, FencedError, StoreError
+from ..._seams.store import StoreHandle
+from ..._values.events import TurnEvent
+from ..._values.messages import JsonObject, Message
+from ..._values.records import TERMINAL_TURN_STATUSES, TurnRecord, TurnStatus, session_status_after
+from .. import _archive_sql as archive_sql
+from .. import _sql as sql
+from .._sql_rows import dumps as _dumps
+from .._sql_rows import turn_values
+from . import _wire as wire
+from ._queue import CHANNEL as WAKE_CHANNEL
+from ._queue import WAKE_SQL
+from ._schema import FENCE_SQLSTATE, MISSING_SQLSTATE
+from ._statements import (
+    ABORTED,
+    ENDED,
+    TRANSACTION_CONTROL,
+    NoConnection,
+    connection_lost,
     pg,
     pg_wire,
     qmark_to_pyformat,
 )
-from ._postgres_schema import FENCE_SQLSTATE, MISSING_SQLSTATE
-from ._sql_rows import dumps as _dumps
-from ._sql_rows import turn_values
 
 T = TypeVar("T")
 log = logging.getLogger("turnkit.stores.postgres")
 
 
 _Write = tuple[str, tuple[Any, ...]]
-#: A step commit's writer fence (see ``_pg_writer``).
+#: A step commit's writer fence (see ``_writer``).
 FENCE = "SELECT turnkit_fence(?, ?)"
 
 
@@ -165,13 +165,13 @@ _SET_STATUS_CHECKED = (
 )
 
 
-class _LoopTransaction(_Writes):
+class LoopTransaction(_Writes):
     """A commit made from the event loop, its writes buffered until they go out in
     one pipelined request."""
 
     def __init__(self, session_id: str, schema: str) -> None:
         super().__init__(session_id, schema)
-        self.rows = _Rows()
+        self.rows = Rows()
 
     # The rows of every step: the hot path. Each table's rows go in as one
     # multi-row INSERT (see ``statements``).
@@ -189,9 +189,9 @@ class _LoopTransaction(_Writes):
         return [*self.rows.statements(self.schema), *super().statements()]
 
 
-class _Rows:
+class Rows:
     """A commit's step, message and event rows (four values a row, in column order):
-    rows of several commits can share one INSERT per table (see ``_GroupCommitter``)."""
+    rows of several commits can share one INSERT per table (see ``GroupCommitter``)."""
 
     __slots__ = ("events", "messages", "steps")
 
@@ -200,7 +200,7 @@ class _Rows:
         self.messages: list[Any] = []
         self.events: list[Any] = []
 
-    def extend(self, other: _Rows) -> None:
+    def extend(self, other: Rows) -> None:
         self.steps += other.steps
         self.messages += other.messages
         self.events += other.events
@@ -228,7 +228,7 @@ def _multi_row(insert: str, rows: int, schema: str) -> bytes:
 class _PgHandle:
     """``ctx.store`` for local tools on PostgreSQL."""
 
-    def __init__(self, tx: _PgTransaction) -> None:
+    def __init__(self, tx: PgTransaction) -> None:
         self._tx = tx
 
     def unwrap(self) -> psycopg.Connection[Any]:
@@ -242,8 +242,8 @@ class _PgHandle:
         The statement runs under a savepoint: if it fails, only it is undone and the
         error propagates, just as one failed statement does on SQLite.
         """
-        if _TRANSACTION_CONTROL.match(sql):
-            raise FatalToolError(f"{_ENDED}: refused {sql.split()[0].upper()}")
+        if TRANSACTION_CONTROL.match(sql):
+            raise FatalToolError(f"{ENDED}: refused {sql.split()[0].upper()}")
         self._tx.begin()
         conn = self._tx.conn
         query = qmark_to_pyformat(sql) if params else sql
@@ -253,7 +253,7 @@ class _PgHandle:
                 cur = conn.execute(query, tuple(params) if params else None)
                 conn.execute("RELEASE SAVEPOINT turnkit_statement")
         except psycopg.Error:
-            if not _connection_lost(conn):
+            if not connection_lost(conn):
                 conn.execute("ROLLBACK TO SAVEPOINT turnkit_statement")
                 conn.execute("RELEASE SAVEPOINT turnkit_statement")
             raise
@@ -270,9 +270,7 @@ class _PgHandle:
         if state in _TRANSIENT_STATES or state[:2] in _TRANSIENT_CLASSES:
             return True
         conn = self._tx.opened
-        return isinstance(exc, psycopg.OperationalError) and (
-            conn is None or _connection_lost(conn)
-        )
+        return isinstance(exc, psycopg.OperationalError) and (conn is None or connection_lost(conn))
 
 
 #: SQLSTATEs of passing failures: lock_not_available (``lock_timeout``), the server
@@ -283,7 +281,7 @@ _TRANSIENT_STATES = frozenset({"55P03", "57P01", "57P02", "57P03", "53300"})
 _TRANSIENT_CLASSES = frozenset({"08", "40"})
 
 
-class _PgTransaction(_Writes):
+class PgTransaction(_Writes):
     """A local tool's step (``run_tool``), run on a worker thread.
 
     A connection is taken from the sync pool, and ``BEGIN`` sent, only when the
@@ -338,13 +336,13 @@ class _PgTransaction(_Writes):
 
     def check_open(self) -> None:
         if self.conn.info.transaction_status == TransactionStatus.IDLE:
-            raise FatalToolError(_ENDED)
+            raise FatalToolError(ENDED)
 
     def flush(self, token: str | None) -> None:
         """Send the fence, the buffered writes and the COMMIT in one round trip."""
         conn = self.conn
         if conn.info.transaction_status == TransactionStatus.INERROR:
-            raise FatalToolError(_ABORTED)
+            raise FatalToolError(ABORTED)
         self.check_open()
         schema = self.schema
         with conn.pipeline():
@@ -356,10 +354,10 @@ class _PgTransaction(_Writes):
         self.flushed = True
 
 
-def _commit_error(sid: str, lost: bool, exc: BaseException) -> BaseException:
+def commit_error(sid: str, lost: bool, exc: BaseException) -> BaseException:
     """What a failed commit raises: the engine's own exceptions unchanged, unless the
     connection died under them (``lost``: a store outage, not a tool's failure)."""
-    if isinstance(exc, _NoConnection):
+    if isinstance(exc, NoConnection):
         return StoreError(f"session {sid}: no database connection: {exc.__cause__}")
     if lost:
         return StoreError(
@@ -387,6 +385,6 @@ def _commit_error(sid: str, lost: bool, exc: BaseException) -> BaseException:
                 "(another writer advanced this session)"
             )
         if isinstance(exc, pg_errors.InFailedSqlTransaction):
-            return FatalToolError(_ABORTED)
+            return FatalToolError(ABORTED)
         return StoreError(f"session {sid}: commit failed: {exc}")
     return exc

@@ -9,7 +9,7 @@ one batch, cut into chunks under NOTIFY's payload limit, on a connection of its
 own (so the batches go out, and arrive, in order, and no step commit waits on
 NOTIFY's commit lock). A process that serves feeds listens on another connection,
 opened at its first follower, and takes only chunks signed with the schema's relay
-key (see ``_pg_relay_wire``): a role that can merely connect can send NOTIFYs, not
+key (see ``_relay_wire``): a role that can merely connect can send NOTIFYs, not
 forge an event or make a listener hold more than its bounds. Both are hints: what
 is lost (a full buffer, a connection that dropped) only costs a follower some live
 text, never an event of the log.
@@ -28,16 +28,16 @@ from typing import Any
 
 import psycopg
 
-from .._errors import MessageDecodeError
-from .._seams.relay import Relayed
-from .._values.events import (
+from ..._errors import MessageDecodeError
+from ..._seams.relay import Relayed
+from ..._values.events import (
     DeliveryFailedEvent,
     MessageDeltaEvent,
     ReasoningDeltaEvent,
     TurnEvent,
 )
-from ._pg_listen import listen_forever
-from ._pg_relay_wire import (
+from ._listen import listen_forever
+from ._relay_wire import (
     MAX_CHUNKS,
     Batch,
     Reassembler,

@@ -1,5 +1,5 @@
 """PostgresStore's commit paths from the event loop: connections of the store's own
-that stay registered with the loop (``_Sender``), and the group committer that
+that stay registered with the loop (``Sender``), and the group committer that
 merges concurrent sessions' step commits."""
 
 from __future__ import annotations
@@ -16,17 +16,17 @@ import psycopg
 from psycopg.pq import ExecStatus
 from psycopg.pq.abc import PGresult
 
-from .._errors import StoreError
-from . import _pg_wire as wire
-from ._pg_sql import (
-    _connection_lost,
-    _NoConnection,
-    _rollback_quietly_async,
+from ..._errors import StoreError
+from . import _wire as wire
+from ._statements import (
+    NoConnection,
+    connection_lost,
     pg_wire,
+    rollback_quietly_async,
 )
-from ._pg_writes import (
-    _commit_error,
-    _Rows,
+from ._writes import (
+    Rows,
+    commit_error,
 )
 
 T = TypeVar("T")
@@ -38,7 +38,7 @@ Connect = Callable[[], Awaitable[psycopg.AsyncConnection[Any]]]
 Fence = tuple[str, str]
 
 
-class _Sender:
+class Sender:
     """A connection of the group committer's own, outside the pool, that sends step
     commits from the event loop.
 
@@ -54,7 +54,7 @@ class _Sender:
     def __init__(self, conn: psycopg.AsyncConnection[Any], loop: asyncio.AbstractEventLoop) -> None:
         self.conn = conn
         self._loop = loop
-        self._fd = conn.pgconn.socket
+        self._fd = wire.socket_of(conn)
         self._waiter: asyncio.Future[None] | None = None
         self._busy = False
         self.suspect = False
@@ -74,7 +74,7 @@ class _Sender:
         # readable again once the request has ended (which would look like a
         # hang-up); the request then takes the results.
         with contextlib.suppress(psycopg.Error):  # the request's own read raises it
-            self.conn.pgconn.consume_input()
+            wire.consume(self.conn)
         self._waiter = None
         if not waiter.done():
             waiter.set_result(None)
@@ -88,7 +88,7 @@ class _Sender:
     def usable(self, loop: asyncio.AbstractEventLoop) -> bool:
         """Fit to send a commit: alive, on this loop, and not being hung up on (the
         ``select`` never waits; it catches what the loop has not polled yet)."""
-        if self.suspect or loop is not self._loop or _connection_lost(self.conn):
+        if self.suspect or loop is not self._loop or connection_lost(self.conn):
             return False
         readable, _, _ = select.select([self._fd], [], [], 0)
         return not readable
@@ -150,13 +150,13 @@ class _Sender:
         return sent, fresh
 
     async def _exchange(self, statements: Sequence[wire.Statement]) -> list[PGresult]:
-        pgconn = self.conn.pgconn
+        conn = self.conn
         got = wire.Results()
         self._busy = True
         try:
-            wire.send(pgconn, statements)
-            await wire.flush(pgconn, self._loop)
-            while not got.feed(pgconn):
+            wire.send(conn, statements)
+            await wire.flush(conn, self._loop)
+            while not got.feed(conn):
                 waiter = self._waiter = self._loop.create_future()
                 await waiter
         except BaseException:
@@ -177,7 +177,7 @@ class _Sender:
 _MAX_PREPARED = 64
 
 _Queued = tuple[
-    str, list[wire.Statement], "asyncio.Future[None]", "tuple[Fence | None, _Rows] | None"
+    str, list[wire.Statement], "asyncio.Future[None]", "tuple[Fence | None, Rows] | None"
 ]
 
 
@@ -187,7 +187,7 @@ def _merged(group: list[_Queued], schema: str) -> list[wire.Statement]:
     their fences), which saves the server most of its per-statement work; the others
     go in as they are."""
     fences: list[str] = []
-    rows = _Rows()
+    rows = Rows()
     alone: list[wire.Statement] = []
     for _, statements, _, merge in group:
         if merge is None:
@@ -210,7 +210,7 @@ def _fences_sql(n: int, schema: str) -> bytes:
     return pg_wire(f"SELECT turnkit_fence(s, t) FROM (VALUES {pairs}) AS f(s, t)", schema)
 
 
-class _GroupCommitter:
+class GroupCommitter:
     """Sends engine-only commits from the event loop, with at most ``senders`` in flight.
 
     A commit that finds a sender free goes out at once, alone. Commits that arrive
@@ -230,7 +230,7 @@ class _GroupCommitter:
         self._busy = 0
         self._queue: list[_Queued] = []
         self._tasks: set[asyncio.Task[None]] = set()
-        self._idle: list[_Sender] = []
+        self._idle: list[Sender] = []
         self._inflight: dict[asyncio.Future[None], str] = {}
         #: The most commits one transaction has carried so far (for monitoring).
         self.largest_group = 0
@@ -247,7 +247,7 @@ class _GroupCommitter:
         self,
         sid: str,
         statements: list[wire.Statement],
-        merge: tuple[Fence | None, _Rows] | None = None,
+        merge: tuple[Fence | None, Rows] | None = None,
     ) -> None:
         """Commit ``statements``; ``merge`` (its fence and its rows) if its writes are
         only step, message and event rows, which a group may merge with others'."""
@@ -263,7 +263,7 @@ class _GroupCommitter:
         self,
         sid: str,
         statements: list[wire.Statement],
-        merge: tuple[Fence | None, _Rows] | None,
+        merge: tuple[Fence | None, Rows] | None,
     ) -> None:
         if self._busy < self._senders and not self._queue:
             self._busy += 1
@@ -274,7 +274,7 @@ class _GroupCommitter:
                 self._kick()
             if failed is not None:
                 exc, lost = failed
-                raise _commit_error(sid, lost, exc) from exc
+                raise commit_error(sid, lost, exc) from exc
             return
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._queue.append((sid, statements, future, merge))
@@ -289,7 +289,7 @@ class _GroupCommitter:
         await self.drain()
         idle, self._idle = self._idle, []
         for sender in idle:
-            await _close_quietly(sender)
+            await close_quietly(sender)
 
     def _kick(self) -> None:
         while self._queue and self._busy < self._senders:
@@ -310,10 +310,10 @@ class _GroupCommitter:
                         future.set_result(None)
                 return
             exc, lost = failed
-            if len(group) == 1 or lost or isinstance(exc, _NoConnection):
+            if len(group) == 1 or lost or isinstance(exc, NoConnection):
                 for sid, _, future, _ in group:
                     if not future.done():
-                        future.set_exception(_commit_error(sid, lost, exc))
+                        future.set_exception(commit_error(sid, lost, exc))
                 return
             for sid, mine, future, _ in group:  # find whose it was: each alone
                 alone = await self._run(mine)
@@ -322,7 +322,7 @@ class _GroupCommitter:
                 if alone is None:
                     future.set_result(None)
                 else:
-                    future.set_exception(_commit_error(sid, alone[1], alone[0]))
+                    future.set_exception(commit_error(sid, alone[1], alone[0]))
         except BaseException as exc:  # cancelled with the loop, say
             for _, _, future, _ in group:
                 if not future.done():
@@ -336,15 +336,15 @@ class _GroupCommitter:
             self._busy -= 1
             self._kick()
 
-    async def _sender(self) -> _Sender:
+    async def _sender(self) -> Sender:
         """An idle sender fit for use, or a new one (never more than ``senders``)."""
         loop = asyncio.get_running_loop()
         while self._idle:
             sender = self._idle.pop()
             if sender.usable(loop):
                 return sender
-            await _close_quietly(sender)
-        return _Sender(await self._connect(), loop)
+            await close_quietly(sender)
+        return Sender(await self._connect(), loop)
 
     async def _run(self, statements: list[wire.Statement]) -> tuple[BaseException, bool] | None:
         """Send ``statements`` on one of the committer's connections; the error and
@@ -352,27 +352,27 @@ class _GroupCommitter:
         try:
             sender = await self._sender()
         except Exception as exc:
-            failure = _NoConnection(str(exc))
+            failure = NoConnection(str(exc))
             failure.__cause__ = exc
             return failure, False
         try:
             await sender.query(statements)
         except Exception as exc:
             conn = sender.conn
-            lost = _connection_lost(conn)
-            await _rollback_quietly_async(conn)
+            lost = connection_lost(conn)
+            await rollback_quietly_async(conn)
             if lost:
                 sender.suspect = True
             return exc, lost
         finally:
             if sender.suspect:
-                await _close_quietly(sender)
+                await close_quietly(sender)
             else:
                 self._idle.append(sender)
         return None
 
 
-async def _close_quietly(sender: _Sender) -> None:
+async def close_quietly(sender: Sender) -> None:
     try:
         await sender.close()
     except Exception:
