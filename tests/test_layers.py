@@ -197,3 +197,30 @@ def _is_module(name: str) -> bool:
         return importlib.util.find_spec(name) is not None
     except ModuleNotFoundError:  # its parent is a module, not a package
         return False
+
+
+POSTGRES = PACKAGE / "stores" / "postgres"
+
+
+def test_only_the_wire_module_touches_libpqs_connection() -> None:
+    """``conn.pgconn`` (psycopg's libpq wrapper) is used in ``_wire`` alone."""
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path == POSTGRES / "_wire.py":
+            continue
+        tree = ast.parse(path.read_text())
+        touching = [
+            node.lineno
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Attribute) and node.attr == "pgconn"
+        ]
+        assert not touching, f"{module_name(path)} touches .pgconn at lines {touching}"
+
+
+def test_the_postgres_modules_share_no_underscore_names() -> None:
+    """What one module of the package gives another is public in it; a leading
+    underscore means the module's own."""
+    for path in sorted(POSTGRES.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module:
+                private = [a.name for a in node.names if a.name.startswith("_")]
+                assert not private, f"{module_name(path)} imports {private} from .{node.module}"
