@@ -305,6 +305,18 @@ async def test_mount_checks_the_agent_and_warns_once_per_unused_policy(
     assert "policy for source 'slack', but no mounted channel emits it" in warnings[0]
 
 
+async def test_a_source_served_elsewhere_is_not_warned_about(
+    open_runtime: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``turnkit dev --slack`` beside ``turnkit run``: the example's ``cli`` overlay
+    applies to the terminal, so mounting Slack alone says nothing of it."""
+    agent = Agent(name="ops", model=ScriptedModel([]), source_instructions={"cli": "Terse."})
+    runtime = await open_runtime(agent)
+    with caplog.at_level(logging.WARNING, logger="turnkit.channels"):
+        mount_agent(agent, runtime, channels=[RecordingChannel()], served_elsewhere=["cli"])
+    assert [r.getMessage() for r in caplog.records] == []
+
+
 # -- the terminal channel ----------------------------------------------------------
 
 

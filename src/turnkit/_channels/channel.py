@@ -247,12 +247,19 @@ class ChannelContext:
 
 
 def mount_agent(
-    agent: Agent, runtime: Runtime, *, channels: Iterable[Channel] = ()
+    agent: Agent,
+    runtime: Runtime,
+    *,
+    channels: Iterable[Channel] = (),
+    served_elsewhere: Iterable[str] = (),
 ) -> ChannelContext:
     """The ``ChannelContext`` for ``agent`` in ``runtime``.
 
     Pass the ``channels`` that will feed it: a per-source policy (or overlay) for a
     source none of them emits is logged as a warning, once, since it would never apply.
+    ``served_elsewhere`` names sources that reach the agent another way (another
+    process on the same store, the terminal beside a server): their policies apply
+    there, so they are not warned about.
     """
     if not isinstance(agent, Agent):
         raise ConfigurationError(f"mount_agent needs an Agent, got {type(agent).__name__}")
@@ -269,7 +276,7 @@ def mount_agent(
             raise ConfigurationError(f"channel {channel!r} has no source (a non-empty str)")
         sources.add(source)
     if listed:
-        for source in agent.unheard_policy_sources(sources):
+        for source in agent.unheard_policy_sources(sources | set(served_elsewhere)):
             log.warning(
                 "agent %r has a policy for source %r, but no mounted channel emits it "
                 "(mounted: %s); it will not apply",

@@ -24,6 +24,7 @@ from starlette.applications import Starlette
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .._channels.channel import mount_agent
+from .._channels.terminal import SOURCE as TERMINAL_SOURCE
 from .._engine.agent import Agent
 from .._errors import ConfigurationError
 from .._runtime.runtime import Runtime
@@ -123,7 +124,9 @@ def _slack_app(runtime: Runtime, agent: Agent, options: SlackOptions) -> Starlet
         signing_secret=options.signing_secret, bot_token=options.bot_token, base_url=options.api_url
     )
     app = Starlette()
-    app.mount("/slack", slack.app(mount_agent(agent, runtime, channels=[slack])))
+    # ``turnkit run`` on the same store is the terminal's way in: its policy is expected.
+    ctx = mount_agent(agent, runtime, channels=[slack], served_elsewhere=[TERMINAL_SOURCE])
+    app.mount("/slack", slack.app(ctx))
     return app
 
 
