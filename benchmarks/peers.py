@@ -1,29 +1,37 @@
-"""turnkit beside LangGraph and DBOS: the cost of one durable model+tool step pair.
+"""turnkit beside LangGraph and DBOS: what one durable model+tool step pair costs in each.
 
-Run from the repo root, with the ``bench`` extra installed::
+Run from the repo root, with the ``bench`` extra installed (``pip install -e '.[bench]'``)::
 
-    .venv/bin/pip install -e '.[bench]'
-    .venv/bin/python benchmarks/peers.py                           # SQLite and PostgreSQL
-    .venv/bin/python benchmarks/peers.py --stores sqlite --pairs 100 500 --runs 5
+    .venv/bin/python benchmarks/peers.py                         # 100 and 500 pairs, both stores
+    .venv/bin/python benchmarks/peers.py --pairs 100 --runs 3 --stores sqlite
+    .venv/bin/python benchmarks/peers.py --stores postgres --dsn postgresql://127.0.0.1:5432/test
 
-Each framework drives one agent turn of ``N`` pairs: a zero-latency fake model asks
-for one tool call (a ~300-byte argument), the tool answers (~300 bytes), and so on
-until ``N`` calls were made, then the model answers. Every step is checkpointed the
-way the framework does it in its own idiom:
+Every framework runs the same agent: ONE turn (graph run, workflow) in which a
+zero-latency fake model asks for one tool call with a ~300-byte argument, the tool
+answers with a ~300-byte result, and after N such pairs the model answers with text.
+Each framework checkpoints every step before the next one starts:
 
-- turnkit: a ``Runtime`` on ``SqliteStore`` / ``PostgresStore``, with a ``def`` tool
-  and with an ``async`` one;
-- LangGraph: a ``StateGraph`` (model node, tool node, a conditional edge) compiled
-  with ``SqliteSaver`` / ``PostgresSaver``: one checkpoint per super-step;
-- DBOS: a workflow whose steps are the model call and the tool call, on a SQLite
-  or PostgreSQL system database.
+- turnkit: an ``Agent`` on ``SqliteStore`` / ``PostgresStore``, once with a ``def``
+  tool and once with an ``async def`` tool (as ``step_overhead.py`` does).
+- LangGraph: a ``StateGraph`` over ``MessagesState`` (a model node, a ``ToolNode`` and
+  ``tools_condition`` between them), compiled with ``SqliteSaver`` / ``PostgresSaver``
+  and invoked with ``durability="sync"`` (each step persisted before the next starts).
+- DBOS: a workflow whose steps are the model call and the tool call, its system
+  database on SQLite (through ``system_database_engine``, so WAL and
+  ``synchronous=NORMAL`` can be set) or on PostgreSQL in a schema of its own.
 
-The same durability for all: SQLite in WAL mode with ``synchronous=NORMAL`` (every
-connection of every framework), PostgreSQL with ``synchronous_commit`` on (the
-server's default). Each run checks that the framework did what it claims (the
-answer, and the steps or checkpoints it stored), so a broken setup cannot report a
-fast number. Figures are µs per pair, medians of ``--runs``, beside the floor (two
-bare commits per pair, ``step_overhead.py``'s) measured in the same run.
+Same durability everywhere: SQLite files in WAL mode with ``synchronous=NORMAL`` (each
+run checks both PRAGMAs on the peer's connection), PostgreSQL with the server's
+``synchronous_commit`` (printed). Every run starts on a fresh file or schema, and is
+checked after the clock stops: the turn completed, the transcript or state read back
+holds 2N+2 messages and the peer wrote the checkpoints or steps the run claims.
+
+Reported per store and N: µs per pair (run time / N, median of ``--runs``), the floor
+(two bare commits of one step, one message and one event row per pair, the engine's
+bodies, with ``_floor.py``'s rows and ``step_overhead.py``'s timers) and each peer's time
+over turnkit's (over the slower and over the faster turnkit tool). The floor is timed
+like one more framework, and runs are interleaved (one of each, then the next round),
+so a noisy neighbour or a slow disk minute weighs on all of them alike.
 """
 
 from __future__ import annotations
@@ -31,353 +39,437 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import operator
 import os
+import platform
 import sqlite3
 import statistics
 import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, TypedDict
+from typing import Any, Literal
 
+import _floor
 import psycopg
-import step_overhead
-from _floor import DEFAULT_DSN, drop_schema, fresh_schema
+import sqlalchemy as sa
+import step_overhead as so
+from dbos import DBOS, DBOSConfig, SetWorkflowID
+from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+from langchain_core.tools import tool as lc_tool
+from langgraph.checkpoint.base import BaseCheckpointSaver
+from langgraph.checkpoint.postgres import PostgresSaver
+from langgraph.checkpoint.sqlite import SqliteSaver
+from langgraph.graph import END, START, MessagesState, StateGraph
+from langgraph.graph.state import CompiledStateGraph
+from langgraph.prebuilt import ToolNode, tools_condition
+from langgraph.types import Durability
+from psycopg.rows import dict_row
 
 import turnkit
-from turnkit import ModelDone, ModelReply, TextDelta, ToolCall
-from turnkit.stores import PostgresStore, SqliteStore, Store
+from turnkit import Message, ModelDelta, ModelDone, ModelReply, StopReason, ToolCall, ToolSpec
+from turnkit.stores import transcript as stored_transcript
 
-#: What the model sends as the tool's argument and the tool returns: ~300 bytes each.
-PAYLOAD = "x" * 300
-_TOOL = "lookup"
+StoreKind = Literal["sqlite", "postgres"]
+Runner = Callable[[int], float]  # pairs -> seconds for one verified run
+
+PAYLOAD_BYTES = 300
+FRAMEWORKS = ("turnkit def", "turnkit async", "LangGraph", "DBOS")
+_TEXT = "The quick brown fox jumps over the lazy dog while the durable agent keeps notes. "
 
 
-def _sqlite_pragmas(conn: Any) -> None:
-    """The durability every framework gets on SQLite: WAL, ``synchronous=NORMAL``."""
-    conn.execute("PRAGMA journal_mode = WAL")
-    conn.execute("PRAGMA synchronous = NORMAL")
+def note(k: int, kind: str) -> str:
+    """A ~300-byte payload, different for every call and every side of it."""
+    head = f"{kind} {k}: "
+    return (head + _TEXT * 4)[:PAYLOAD_BYTES]
+
+
+def answer(argument: str) -> str:
+    """What every framework's tool returns for ``argument``: a ~300-byte result."""
+    return f"result for {argument}"[:PAYLOAD_BYTES]
+
+
+def wants_tool(messages_so_far: int, pairs: int) -> bool:
+    """The fake model's one decision: with the opening then (call, result) pairs in
+    the transcript, ask for another tool call until ``pairs`` were made."""
+    return (messages_so_far - 1) // 2 < pairs
 
 
 # -- turnkit -----------------------------------------------------------------------
 
 
 class PayloadModel:
-    """Asks for one ``lookup`` call per step (a 300-byte argument) until ``pairs``
-    results exist, then answers; it reads ``len(messages)`` only."""
+    """turnkit's zero-latency model: a tool call with a ~300-byte argument per step."""
 
     def __init__(self, pairs: int, tool: str) -> None:
-        self.pairs = pairs
-        self.tool = tool
+        self.pairs, self.tool = pairs, tool
+        self._tool_use, self._end = StopReason(kind="tool_use"), StopReason(kind="end_turn")
 
-    async def stream(self, messages: Sequence[Any], tools: Any, *, system: str | None) -> Any:
+    async def stream(
+        self, messages: Sequence[Message], tools: Sequence[ToolSpec], *, system: str | None
+    ) -> AsyncIterator[ModelDelta]:
         n = len(messages)
-        if (n - 1) // 2 < self.pairs:
-            call = ToolCall(id=f"c{n}", name=self.tool, input={"q": PAYLOAD})
-            yield TextDelta(text="ok")
-            yield ModelDone(reply=ModelReply(text="ok", tool_calls=(call,)))
+        if wants_tool(n, self.pairs):
+            call = ToolCall(id=f"c{n}", name=self.tool, input={"note": note(n, "call")})
+            yield ModelDone(reply=ModelReply(text="", tool_calls=(call,), stop=self._tool_use))
         else:
-            yield ModelDone(reply=ModelReply(text="done"))
+            yield ModelDone(reply=ModelReply(text="done", stop=self._end))
 
 
-@turnkit.tool(name=_TOOL)
-def lookup(q: str) -> str:
-    """Answer with 300 bytes."""
-    return PAYLOAD
+@turnkit.tool
+def lookup(note: str) -> str:
+    """Look the note up (locally)."""
+    return answer(note)
 
 
-@turnkit.tool(name=_TOOL)
-async def lookup_async(q: str) -> str:
-    """Answer with 300 bytes, asynchronously."""
-    return PAYLOAD
+@turnkit.tool
+async def lookup_async(note: str) -> str:
+    """Look the note up (remotely)."""
+    return answer(note)
 
 
-async def turnkit_turn(store: Store, pairs: int, kind: str) -> float:
-    """One turn of ``pairs`` pairs; its seconds. Checks the stored transcript."""
-    tool = lookup if kind == "def" else lookup_async
-    agent = turnkit.Agent(name="bench", model=PayloadModel(pairs, _TOOL), tools=[tool])
-    async with turnkit.Runtime(agent, store=store) as runtime:
-        session = runtime.session("bench", "s1")
+async def _turnkit_turn(store: StoreKind, tool: turnkit.Tool, pairs: int, where: so.Where) -> float:
+    agent = turnkit.Agent(name="bench", model=PayloadModel(pairs, tool.name), tools=[tool])
+    async with (
+        so._fresh_store(store, where) as backend,
+        turnkit.Runtime(agent, store=backend) as runtime,
+    ):
+        session = runtime.session("bench", "peers")
         gc.collect()
-        start = time.perf_counter()
-        answer = await session.turn("go")
-        elapsed = time.perf_counter() - start
-        stored = await session.messages()
-    if answer != "done" or len(stored) != 2 * pairs + 2:
-        raise RuntimeError(f"turnkit did not run as scripted: {answer!r}, {len(stored)} messages")
+        t0 = time.perf_counter()
+        result = await session.result(session.start("go"))
+        elapsed = time.perf_counter() - t0
+        transcript = await stored_transcript(backend.session("peers"))
+    results = [m for m in transcript if m.role == "tool"]
+    if result.status != "completed" or len(transcript) != 2 * pairs + 2 or len(results) != pairs:
+        raise RuntimeError(f"turnkit: {result.status}, {len(transcript)} messages")
     return elapsed
+
+
+def turnkit_runner(store: StoreKind, tool: turnkit.Tool, where: so.Where) -> Runner:
+    return lambda pairs: asyncio.run(_turnkit_turn(store, tool, pairs, where))
 
 
 # -- LangGraph ---------------------------------------------------------------------
 
 
-class GraphState(TypedDict):
-    messages: Annotated[list[dict[str, Any]], operator.add]
+@lc_tool
+def lg_lookup(note: str) -> str:
+    """Look the note up."""
+    return answer(note)
 
 
-def langgraph_app(checkpointer: Any, pairs: int) -> Any:
-    from langgraph.graph import END, START, StateGraph
+def langgraph_agent(
+    pairs: int, saver: BaseCheckpointSaver[Any]
+) -> CompiledStateGraph[Any, Any, Any, Any]:
+    """The usual tool loop: model node, ``ToolNode``, ``tools_condition`` between them."""
 
-    def model(state: GraphState) -> dict[str, Any]:
-        done = sum(1 for m in state["messages"] if m["role"] == "tool")
-        if done < pairs:
-            call = {"id": f"c{done}", "name": _TOOL, "args": {"q": PAYLOAD}}
-            return {"messages": [{"role": "assistant", "text": "ok", "tool_calls": [call]}]}
-        return {"messages": [{"role": "assistant", "text": "done", "tool_calls": []}]}
+    def model(state: MessagesState) -> dict[str, list[AIMessage]]:
+        n = len(state["messages"])
+        if not wants_tool(n, pairs):
+            return {"messages": [AIMessage(content="done")]}
+        call = {"name": "lg_lookup", "args": {"note": note(n, "call")}, "id": f"c{n}"}
+        return {"messages": [AIMessage(content="", tool_calls=[call])]}
 
-    def tools(state: GraphState) -> dict[str, Any]:
-        call = state["messages"][-1]["tool_calls"][0]
-        return {"messages": [{"role": "tool", "call_id": call["id"], "result": PAYLOAD}]}
-
-    def route(state: GraphState) -> str:
-        return "tools" if state["messages"][-1]["tool_calls"] else END
-
-    graph = StateGraph(GraphState)
+    graph = StateGraph(MessagesState)
     graph.add_node("model", model)
-    graph.add_node("tools", tools)
+    graph.add_node("tools", ToolNode([lg_lookup]))
     graph.add_edge(START, "model")
-    graph.add_conditional_edges("model", route, ["tools", END])
+    graph.add_conditional_edges("model", tools_condition, {"tools": "tools", END: END})
     graph.add_edge("tools", "model")
-    return graph.compile(checkpointer=checkpointer)
+    return graph.compile(checkpointer=saver)
 
 
-def langgraph_turn(checkpointer: Any, pairs: int) -> float:
-    app = langgraph_app(checkpointer, pairs)
-    config = {"configurable": {"thread_id": uuid.uuid4().hex}, "recursion_limit": 2 * pairs + 10}
+def _langgraph_run(saver: BaseCheckpointSaver[Any], pairs: int, durability: Durability) -> float:
+    graph = langgraph_agent(pairs, saver)
+    config: Any = {"configurable": {"thread_id": "peers"}, "recursion_limit": 2 * pairs + 10}
     gc.collect()
-    start = time.perf_counter()
-    final = app.invoke({"messages": [{"role": "user", "text": "go", "tool_calls": []}]}, config)
-    elapsed = time.perf_counter() - start
-    last = final["messages"][-1]
-    saved = sum(1 for _ in checkpointer.list(config))
-    # One checkpoint per super-step: the input, each model and tool node, the end.
-    if last["text"] != "done" or saved < 2 * pairs + 1:
-        raise RuntimeError(f"LangGraph did not run as scripted: {last}, {saved} checkpoints")
+    t0 = time.perf_counter()
+    graph.invoke({"messages": [HumanMessage("go")]}, config, durability=durability)
+    elapsed = time.perf_counter() - t0
+    messages = graph.get_state(config).values["messages"]
+    results = [m for m in messages if isinstance(m, ToolMessage)]
+    checkpoints = sum(1 for _ in saver.list(config))
+    # One checkpoint for the input, one per superstep: 2N+1 node runs and the start.
+    if len(messages) != 2 * pairs + 2 or len(results) != pairs or checkpoints != 2 * pairs + 3:
+        raise RuntimeError(f"LangGraph: {len(messages)} messages, {checkpoints} checkpoints")
     return elapsed
 
 
-@contextmanager
-def langgraph_sqlite(path: Path) -> Iterator[Any]:
-    from langgraph.checkpoint.sqlite import SqliteSaver
-
-    conn = sqlite3.connect(path, check_same_thread=False)
-    _sqlite_pragmas(conn)
-    try:
-        yield SqliteSaver(conn)
-    finally:
-        conn.close()
+def _check_sqlite_durability(conn: sqlite3.Connection, who: str) -> None:
+    mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
+    sync = conn.execute("PRAGMA synchronous").fetchone()[0]
+    if (mode, sync) != ("wal", 1):
+        raise RuntimeError(f"{who}: journal_mode={mode}, synchronous={sync}; want wal, 1")
 
 
 @contextmanager
-def langgraph_postgres(dsn: str) -> Iterator[Any]:
-    from langgraph.checkpoint.postgres import PostgresSaver
+def langgraph_saver(store: StoreKind, where: so.Where) -> Iterator[BaseCheckpointSaver[Any]]:
+    """A fresh checkpointer: SqliteSaver on a new file in WAL mode with
+    synchronous=NORMAL, or PostgresSaver on a new schema."""
+    if store == "sqlite":
+        conn = sqlite3.connect(
+            where.tmp / f"langgraph-{uuid.uuid4().hex}.db", check_same_thread=False
+        )
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            saver = SqliteSaver(conn)
+            saver.setup()
+            yield saver
+            _check_sqlite_durability(conn, "LangGraph")
+        finally:
+            conn.close()
+        return
+    # What PostgresSaver.from_conn_string opens, on the run's own schema.
+    with (
+        fresh_pg_schema(where.dsn, "langgraph") as schema,
+        psycopg.connect(
+            where.dsn,
+            autocommit=True,
+            prepare_threshold=0,
+            row_factory=dict_row,
+            options=f"-c search_path={schema}",
+        ) as pg,
+    ):
+        pg_saver = PostgresSaver(pg)
+        pg_saver.setup()
+        yield pg_saver
 
-    schema = fresh_schema("bench_lg")
+
+def langgraph_runner(store: StoreKind, where: so.Where, durability: Durability) -> Runner:
+    def run(pairs: int) -> float:
+        with langgraph_saver(store, where) as saver:
+            return _langgraph_run(saver, pairs, durability)
+
+    return run
+
+
+@contextmanager
+def fresh_pg_schema(dsn: str, prefix: str) -> Iterator[str]:
+    """A new, empty schema for one run, dropped afterwards."""
+    schema = _floor.fresh_schema(prefix)
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(f'CREATE SCHEMA "{schema}"')
     try:
-        with PostgresSaver.from_conn_string(_in_schema(dsn, schema)) as saver:
-            saver.setup()
-            yield saver
+        yield schema
     finally:
-        drop_schema(dsn, schema)
+        _floor.drop_schema(dsn, schema)
 
 
-def _in_schema(dsn: str, schema: str) -> str:
-    joiner = "&" if "?" in dsn else "?"
-    return f"{dsn}{joiner}options=-csearch_path%3D{schema}"
+# -- DBOS ----------------------------------------------------------------------------
 
 
-# -- DBOS --------------------------------------------------------------------------
+@DBOS.step()
+def dbos_model(messages: list[dict[str, Any]], pairs: int) -> dict[str, Any]:
+    """The zero-latency model as a DBOS step: its reply is the step's checkpoint."""
+    n = len(messages)
+    if not wants_tool(n, pairs):
+        return {"role": "assistant", "content": "done"}
+    call = {"id": f"c{n}", "name": "lookup", "args": {"note": note(n, "call")}}
+    return {"role": "assistant", "content": "", "tool_call": call}
 
 
-def _dbos_workflow() -> Callable[[int], str]:
-    """The DBOS turn: a workflow of model and tool steps (registered once)."""
-    from dbos import DBOS
-
-    @DBOS.step()
-    def model_step(done: int, pairs: int) -> dict[str, Any]:
-        if done < pairs:
-            call = {"id": f"c{done}", "name": _TOOL, "args": {"q": PAYLOAD}}
-            return {"role": "assistant", "text": "ok", "tool_calls": [call]}
-        return {"role": "assistant", "text": "done", "tool_calls": []}
-
-    @DBOS.step()
-    def tool_step(call: dict[str, Any]) -> dict[str, Any]:
-        return {"role": "tool", "call_id": call["id"], "result": PAYLOAD}
-
-    @DBOS.workflow()
-    def turn(pairs: int) -> str:
-        done = 0
-        while True:
-            reply = model_step(done, pairs)
-            if not reply["tool_calls"]:
-                return str(reply["text"])
-            tool_step(reply["tool_calls"][0])
-            done += 1
-
-    return turn
+@DBOS.step()
+def dbos_tool(argument: str) -> str:
+    return answer(argument)
 
 
-_DBOS_TURN: Callable[[int], str] | None = None
+@DBOS.workflow()
+def dbos_agent(prompt: str, pairs: int) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = [{"role": "user", "content": prompt}]
+    while True:
+        reply = dbos_model(messages, pairs)
+        messages.append(reply)
+        call = reply.get("tool_call")
+        if call is None:
+            return messages
+        result = dbos_tool(call["args"]["note"])
+        messages.append({"role": "tool", "id": call["id"], "content": result})
 
 
-@contextmanager
-def dbos_running(url: str | None, engine: Any | None, schema: str | None) -> Iterator[Any]:
-    from dbos import DBOS, DBOSConfig
+def _dbos_sqlite_engine(path: Path) -> sa.Engine:
+    """DBOS's own SQLite engine settings (IMMEDIATE transactions, busy timeout, foreign
+    keys), plus WAL and synchronous=NORMAL, which DBOS leaves at SQLite's defaults."""
+    engine = sa.create_engine(f"sqlite:///{path}")
 
-    global _DBOS_TURN
-    if _DBOS_TURN is None:
-        _DBOS_TURN = _dbos_workflow()
-    config: DBOSConfig = {"name": "turnkit-peers", "log_level": "ERROR", "run_migrations": True}
-    if engine is not None:
-        config["system_database_engine"] = engine
-        config["system_database_url"] = str(engine.url)
-    if url is not None:
-        config["system_database_url"] = url
-    if schema is not None:
-        config["dbos_system_schema"] = schema
+    @sa.event.listens_for(engine, "connect")
+    def pragmas(dbapi_conn: Any, record: Any) -> None:
+        dbapi_conn.isolation_level = "IMMEDIATE"
+        for pragma in ("busy_timeout=30000", "foreign_keys=ON", "journal_mode=WAL"):
+            dbapi_conn.execute(f"PRAGMA {pragma}")
+        dbapi_conn.execute("PRAGMA synchronous=NORMAL")  # per connection, unlike WAL
+
+    return engine
+
+
+def _dbos_run(config: DBOSConfig, pairs: int) -> float:
     DBOS(config=config)
     DBOS.launch()
     try:
-        yield DBOS
+        workflow_id = uuid.uuid4().hex
+        gc.collect()
+        t0 = time.perf_counter()
+        with SetWorkflowID(workflow_id):
+            messages = dbos_agent("go", pairs)
+        elapsed = time.perf_counter() - t0
+        status = DBOS.get_workflow_status(workflow_id)
+        steps = DBOS.list_workflow_steps(workflow_id, load_output=False)
     finally:
-        DBOS.destroy(destroy_registry=False)
-
-
-def dbos_turn(dbos: Any, pairs: int) -> float:
-    assert _DBOS_TURN is not None
-    gc.collect()
-    workflow_id = uuid.uuid4().hex
-    from dbos import SetWorkflowID
-
-    start = time.perf_counter()
-    with SetWorkflowID(workflow_id):
-        answer = _DBOS_TURN(pairs)
-    elapsed = time.perf_counter() - start
-    steps = dbos.list_workflow_steps(workflow_id)
-    if answer != "done" or len(steps) != 2 * pairs + 1:
-        raise RuntimeError(f"DBOS did not run as scripted: {answer!r}, {len(steps)} steps")
+        DBOS.destroy()
+    if status is None or status.status != "SUCCESS" or len(messages) != 2 * pairs + 2:
+        raise RuntimeError(f"DBOS: {status and status.status}, {len(messages)} messages")
+    if len(steps) != 2 * pairs + 1:
+        raise RuntimeError(f"DBOS: {len(steps)} steps recorded, want {2 * pairs + 1}")
     return elapsed
 
 
-@contextmanager
-def dbos_sqlite(path: Path) -> Iterator[Any]:
-    import sqlalchemy as sa
+def dbos_runner(store: StoreKind, where: so.Where) -> Runner:
+    base: DBOSConfig = {"name": "turnkit-peers", "log_level": "WARNING"}
 
-    engine = sa.create_engine(f"sqlite:///{path}")
-    sa.event.listen(engine, "connect", lambda conn, _record: _sqlite_pragmas(conn))
-    with dbos_running(None, engine, None) as dbos:
-        yield dbos
-    engine.dispose()
-
-
-@contextmanager
-def dbos_postgres(dsn: str) -> Iterator[Any]:
-    schema = fresh_schema("bench_dbos")
-    url = dsn.replace("postgresql://", "postgresql+psycopg://", 1)
-    try:
-        with dbos_running(url, None, schema) as dbos:
-            yield dbos
-    finally:
-        drop_schema(dsn, schema)
-
-
-# -- the runs ----------------------------------------------------------------------
-
-
-def _median_us(seconds: list[float], pairs: int) -> float:
-    return statistics.median(seconds) / pairs * 1e6
-
-
-def measure(store: str, pairs: int, runs: int, dsn: str, tmp: Path) -> dict[str, float]:
-    """µs per pair for every framework on ``store``, medians of ``runs``."""
-    row: dict[str, float] = {}
-    for kind in ("def", "async"):
-        times = []
-        for n in range(runs + 1):  # the first run warms up, uncounted
-            fresh: Store = (
-                SqliteStore(tmp / f"tk-{kind}-{pairs}-{n}.db")
-                if store == "sqlite"
-                else PostgresStore(dsn, schema=fresh_schema("bench_tk"))
-            )
+    def run(pairs: int) -> float:
+        if store == "sqlite":
+            path = where.tmp / f"dbos-{uuid.uuid4().hex}.db"
+            engine = _dbos_sqlite_engine(path)
             try:
-                elapsed = asyncio.run(turnkit_turn(fresh, pairs, kind))
+                url = f"sqlite:///{path}"
+                config: DBOSConfig = {
+                    **base,
+                    "system_database_url": url,
+                    "system_database_engine": engine,
+                }
+                elapsed = _dbos_run(config, pairs)
+                with engine.connect() as conn:
+                    _check_sqlite_durability(conn.connection.dbapi_connection, "DBOS")  # type: ignore[arg-type]
+                return elapsed
             finally:
-                if isinstance(fresh, PostgresStore):
-                    drop_schema(dsn, fresh.schema)
-            if n:
-                times.append(elapsed)
-        row[f"turnkit {kind}"] = _median_us(times, pairs)
-    saver = langgraph_sqlite if store == "sqlite" else langgraph_postgres
-    times = []
-    for n in range(runs + 1):
-        where: Any = tmp / f"lg-{pairs}-{n}.db" if store == "sqlite" else dsn
-        with saver(where) as checkpointer:
-            elapsed = langgraph_turn(checkpointer, pairs)
-        if n:
-            times.append(elapsed)
-    row["LangGraph"] = _median_us(times, pairs)
-    running = dbos_sqlite if store == "sqlite" else dbos_postgres
-    times = []
-    for n in range(runs + 1):
-        where = tmp / f"dbos-{pairs}-{n}.db" if store == "sqlite" else dsn
-        with running(where) as dbos:
-            elapsed = dbos_turn(dbos, pairs)
-        if n:
-            times.append(elapsed)
-    row["DBOS"] = _median_us(times, pairs)
-    row["floor"] = _floor_us(store, pairs, runs, dsn, tmp)
-    return row
+                engine.dispose()
+        with fresh_pg_schema(where.dsn, "dbos") as schema:
+            config = {**base, "system_database_url": where.dsn, "dbos_system_schema": schema}
+            return _dbos_run(config, pairs)
+
+    return run
 
 
-def _floor_us(store: str, pairs: int, runs: int, dsn: str, tmp: Path) -> float:
-    """Two bare commits per pair, as ``step_overhead.py`` measures them."""
-    if store == "sqlite":
-        timer = step_overhead._sqlite_timer(tmp)
-        floor = step_overhead.measure_floor("sqlite", pairs, runs, pairs, timer)
-    else:
-        floor = step_overhead.measure_pg_floor(dsn, pairs, runs, pairs)
-    return floor.pair_3rows_us
+# -- measuring and reporting ---------------------------------------------------------
 
 
-def print_table(rows: dict[tuple[str, int], dict[str, float]]) -> None:
-    names = ["turnkit def", "turnkit async", "LangGraph", "DBOS", "floor"]
-    print("| store | pairs | " + " | ".join(names) + " | LangGraph / turnkit | DBOS / turnkit |")
-    print("|---" * (len(names) + 4) + "|")
-    for (store, pairs), row in rows.items():
-        ours = max(row["turnkit def"], row["turnkit async"])  # the slower of the two
-        cells = " | ".join(f"{row[n]:,.0f}" for n in names)
-        print(
-            f"| {store} | {pairs} | {cells} | {row['LangGraph'] / ours:.1f}x "
-            f"| {row['DBOS'] / ours:.1f}x |"
-        )
-    print(
-        "\nµs per model+tool pair, medians; the ratios divide by turnkit's slower tool "
-        "kind; floor: two bare commits per pair in the same run."
+@dataclass(frozen=True)
+class Row:
+    store: StoreKind
+    pairs: int
+    us_per_pair: dict[str, float]  # "floor" or framework -> median µs per pair
+
+
+def floor_runner(store: StoreKind, where: so.Where) -> Runner:
+    """Two bare commits per pair (one step, one message, one event row each, the
+    engine's bodies), with _floor.py's rows and step_overhead.py's timers, on a fresh
+    database or schema: timed as one more framework, so it shares the same rounds."""
+
+    def run(pairs: int) -> float:
+        commits = _floor.bare_commits(pairs, so._TURN_ID, "peers")
+        if store == "sqlite":
+            stamps = so._sqlite_timer(where.tmp)("floor", commits)
+        else:
+            with _floor.floor_pool(where.dsn) as pool:
+                stamps = so._pg_timer(pool)("floor", commits)
+        if len(stamps) != 2 * pairs + 1:
+            raise RuntimeError(f"floor: {len(stamps) - 1} commits, want {2 * pairs}")
+        return stamps[-1] - stamps[0]
+
+    return run
+
+
+def runners(store: StoreKind, where: so.Where, durability: Durability) -> dict[str, Runner]:
+    return {
+        "floor": floor_runner(store, where),
+        "turnkit def": turnkit_runner(store, lookup, where),
+        "turnkit async": turnkit_runner(store, lookup_async, where),
+        "LangGraph": langgraph_runner(store, where, durability),
+        "DBOS": dbos_runner(store, where),
+    }
+
+
+def measure(
+    store: StoreKind, pairs: int, runs: int, where: so.Where, durability: Durability
+) -> dict[str, float]:
+    """Median µs per pair for the floor and each framework, runs interleaved (one of
+    each per round), after one warm-up each."""
+    todo = runners(store, where, durability)
+    for run in todo.values():
+        run(min(pairs, 20))
+    samples: dict[str, list[float]] = {name: [] for name in todo}
+    for _ in range(runs):
+        for name, run in todo.items():
+            samples[name].append(run(pairs) / pairs * 1e6)
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def print_table(rows: Sequence[Row]) -> None:
+    columns = ["floor", *FRAMEWORKS]
+    print("| store | pairs | " + " | ".join(columns) + " | LangGraph / turnkit | DBOS / turnkit |")
+    print("|---|---:|" + "---:|" * (len(columns) + 2))
+    for r in rows:
+        us = r.us_per_pair
+        slow, fast = sorted((us["turnkit def"], us["turnkit async"]), reverse=True)
+        cells = [f"{us[name]:,.0f}" for name in columns]
+        ratios = [f"{us[p] / slow:.1f}-{us[p] / fast:.1f}x" for p in ("LangGraph", "DBOS")]
+        print(f"| {r.store} | {r.pairs} | " + " | ".join(cells + ratios) + " |")
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p.add_argument("--pairs", type=int, nargs="+", default=[100, 500], help="pairs per turn")
+    p.add_argument("--runs", type=int, default=5, help="runs per case; figures are medians")
+    p.add_argument(
+        "--stores", nargs="+", choices=["sqlite", "postgres"], default=["sqlite", "postgres"]
     )
+    p.add_argument(
+        "--dsn",
+        default=os.environ.get("TURNKIT_TEST_POSTGRES_DSN", _floor.DEFAULT_DSN),
+        help="PostgreSQL server (env TURNKIT_TEST_POSTGRES_DSN); each run gets a fresh schema",
+    )
+    p.add_argument(
+        "--langgraph-durability",
+        choices=["sync", "async", "exit"],
+        default="sync",
+        help="sync: each step persisted before the next starts, as turnkit and DBOS do",
+    )
+    args = p.parse_args(argv)
+    if args.runs < 1 or min(args.pairs) < 1:
+        p.error("--runs and --pairs must be positive")
+    return args
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--stores", nargs="+", default=["sqlite", "postgres"])
-    parser.add_argument("--pairs", nargs="+", type=int, default=[100, 500])
-    parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--dsn", default=os.environ.get("TURNKIT_TEST_POSTGRES_DSN", DEFAULT_DSN))
-    args = parser.parse_args(argv)
-    print(f"python {sys.version.split()[0]}, sqlite {sqlite3.sqlite_version}", flush=True)
-    rows: dict[tuple[str, int], dict[str, float]] = {}
-    with tempfile.TemporaryDirectory() as tmp:
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    started = time.perf_counter()
+    rows: list[Row] = []
+    with tempfile.TemporaryDirectory(prefix="turnkit-peers-") as d:
+        where = so.Where(tmp=Path(d), dsn=args.dsn)
         for store in args.stores:
             for pairs in args.pairs:
-                rows[(store, pairs)] = measure(store, pairs, args.runs, args.dsn, Path(tmp))
-                print(f"  {store} @{pairs}: {rows[(store, pairs)]}", flush=True)
+                medians = measure(store, pairs, args.runs, where, args.langgraph_durability)
+                rows.append(Row(store, pairs, medians))
+                print(f"({store} {pairs} pairs done, {time.perf_counter() - started:.0f} s)")
+    print(
+        f"\nturnkit beside its peers: python {platform.python_version()}, sqlite "
+        f"{sqlite3.sqlite_version}, {platform.machine()}, {os.cpu_count()} CPUs, "
+        f"median of {args.runs} runs, µs per model+tool pair (~{PAYLOAD_BYTES}-byte payloads)"
+    )
+    if "postgres" in args.stores:
+        print(_floor.describe(_floor.server_info(args.dsn)))
+    print(
+        f"(floor: two bare commits; ratios: peer / slower turnkit tool - peer / faster; "
+        f"LangGraph durability={args.langgraph_durability})\n"
+    )
     print_table(rows)
+    print(f"\n(total {time.perf_counter() - started:.0f} s)")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
