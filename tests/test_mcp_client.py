@@ -251,3 +251,43 @@ async def test_a_server_killed_mid_call_fails_the_step_and_a_redelivery_calls_ag
     assert answer.result == {"result": "done: x"} and not answer.is_error
     first, second = seen(log)
     assert second["key"] == first["key"] and second["pid"] != first["pid"]
+
+
+async def test_an_agent_folder_takes_mcp_tools_in_a_tools_module_and_in_agent_py(
+    tmp_path: Path,
+) -> None:
+    """Issue 37 item 1: ``mcp_tools(...)`` in ``tools/*.py`` or in ``agent.py``'s
+    ``tools`` setting reaches ``load_agent`` (and so ``run``, ``dev``, ``worker``)."""
+    folder = tmp_path / "weather"
+    (folder / "tools").mkdir(parents=True)
+    log = tmp_path / "calls.jsonl"
+    server = f"stdio({sys.executable!r}, {str(FIXTURE)!r}, env={{'MCP_FIXTURE_LOG': {str(log)!r}}})"
+    (folder / "tools" / "maths.py").write_text(
+        f"from turnkit.mcp import mcp_tools, stdio\n\nmaths = mcp_tools({server})\n"
+    )
+    (folder / "agent.py").write_text(
+        "from turnkit.mcp import mcp_tools, stdio\n\n"
+        f"agent = {{'tools': [mcp_tools({server}, prefix='again_', name='again')]}}\n"
+    )
+    model = ScriptedModel(
+        respond=replies(
+            ScriptedReply(
+                tool_calls=[
+                    tool_call("add", {"a": 2, "b": 3}),
+                    tool_call("again_add", {"a": 1, "b": 1}),
+                ]
+            ),
+            "Done.",
+        )
+    )
+    agent = turnkit.load_agent(folder, model=model)
+    assert len(agent.tool_sources) == 2
+    async with turnkit.Runtime([agent], store=MemoryStore()) as rt:
+        assert await rt.session("weather", "s1").turn("add") == "Done."
+        messages = await rt.session("weather", "s1").messages()
+    assert [m.result for m in results(messages).values()] == [{"result": 5}, {"result": 2}]
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "agent.py").write_text("agent = {'tools': ['not a tool']}\n")
+    with pytest.raises(turnkit.ConfigurationError, match=r"neither a Tool .* nor a tool source"):
+        turnkit.load_agent(bad, model=model)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import ModuleType
@@ -27,6 +27,7 @@ from typing import Any
 from .._engine.agent import Agent
 from .._engine.history import HistoryPolicy
 from .._engine.limits import Limits
+from .._engine.tool_sources import ToolSource
 from .._engine.tools import Tool
 from .._errors import ConfigurationError
 from .._seams.model import Model
@@ -52,6 +53,9 @@ class AgentConfig:
     #: The type the final answer must fit (a pydantic model, dataclass or TypedDict).
     output_type: type[Any] | None = None
     output_retries: int = 1
+    #: More tools, beside the ``tools/`` folder's: ``Tool``s and tool sources (an MCP
+    #: server's, ``turnkit.mcp.mcp_tools(...)``), built in ``agent.py``.
+    tools: Sequence[Tool | ToolSource] = ()
 
     def __post_init__(self) -> None:
         if self.name is not None and (not isinstance(self.name, str) or not self.name.strip()):
@@ -61,6 +65,16 @@ class AgentConfig:
                 "surfaces must be a dict keyed by source, like "
                 f"{{'slack': {{'deny_tools': [...]}}}}, got {type(self.surfaces).__name__}"
             )
+        if isinstance(self.tools, str | bytes) or not isinstance(self.tools, Sequence):
+            raise ConfigurationError(
+                f"tools must be a list of Tools and tool sources, got {type(self.tools).__name__}"
+            )
+        for item in self.tools:
+            if not isinstance(item, Tool | ToolSource):
+                raise ConfigurationError(
+                    f"tools holds {item!r}, which is neither a Tool (@tool) nor a tool "
+                    "source (turnkit.mcp.mcp_tools(...))"
+                )
         if self.authorize_answer is not None and not callable(self.authorize_answer):
             raise ConfigurationError(
                 f"authorize_answer must be an async function, got {self.authorize_answer!r}"
@@ -110,7 +124,7 @@ class AgentFolder:
     path: Path
     name: str
     instructions: str
-    tools: tuple[Tool, ...]
+    tools: tuple[Tool | ToolSource, ...]
     model: Model | None
     demo_model: Callable[[], Model] | None
     config: AgentConfig = field(default_factory=AgentConfig)
@@ -144,7 +158,7 @@ class AgentFolder:
             path=folder,
             name=name,
             instructions=instructions.strip(),
-            tools=tuple(_read_tools(folder / "tools")),
+            tools=tuple(_read_tools(folder / "tools")) + tuple(config.tools),
             model=model,
             demo_model=demo,
             config=config,
@@ -235,23 +249,32 @@ def _read_overlays(folder: Path) -> dict[str, str]:
     return overlays
 
 
-def _read_tools(tools_dir: Path) -> list[Tool]:
+def _read_tools(tools_dir: Path) -> list[Tool | ToolSource]:
     """Every module's tools: those named in its ``__all__`` if it has one, else every
-    ``Tool`` it holds. The same object seen twice (an alias, an import from a sibling
-    module) counts once; two different tools with one name are an error naming both files.
+    ``Tool`` and tool source (``mcp_tools(...)``) it holds. The same object seen twice
+    (an alias, an import from a sibling module) counts once; two different tools with
+    one name are an error naming both files (sources name their tools when a turn
+    opens, where a clash fails the turn).
     """
     if not tools_dir.is_dir():
         return []
     found: dict[str, tuple[Tool, Path]] = {}
+    sources: list[ToolSource] = []
     for path in sorted(tools_dir.glob("*.py")):
         if path.name.startswith("_"):
             continue
         module = _import_file(path)
         exported = getattr(module, "__all__", None)
         names = list(exported) if exported is not None else list(vars(module))
-        tools = [v for n in names if isinstance(v := getattr(module, n, None), Tool)]
-        if not tools:
-            raise ConfigurationError(f"{path}: defines no Tool (decorate a function with @tool)")
+        values = [getattr(module, n, None) for n in names]
+        tools = [v for v in values if isinstance(v, Tool)]
+        held = [v for v in values if isinstance(v, ToolSource) and not isinstance(v, Tool)]
+        if not tools and not held:
+            raise ConfigurationError(
+                f"{path}: defines no Tool (decorate a function with @tool) and no tool "
+                "source (such as turnkit.mcp.mcp_tools(...))"
+            )
+        sources += [v for v in held if all(v is not s for s in sources)]
         for t in tools:
             seen = found.get(t.name)
             if seen is None:
@@ -260,7 +283,7 @@ def _read_tools(tools_dir: Path) -> list[Tool]:
                 raise ConfigurationError(
                     f"two tools are named {t.name!r}: one in {seen[1]}, one in {path}"
                 )
-    return [t for t, _ in found.values()]
+    return [*(t for t, _ in found.values()), *sources]
 
 
 def load_agent(path: str | Path, *, model: Model | None = None) -> Agent:
