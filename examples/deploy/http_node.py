@@ -6,6 +6,11 @@ Its runtime has ``run_turns=False``: a turn posted here is stored (queued) and t
 workers run it; ``GET …/events`` streams it from the store's log, its text live
 through the PostgreSQL relay. Anyone who sends an ``X-User`` header is that user:
 put your own ``authenticate`` here before this leaves your machine.
+
+When it starts it creates the tool's own table if it is missing (the app's
+migration, in one process: workers only write to it). ``TURNKIT_SCHEMA`` names
+the schema (default ``public``), ``TURNKIT_POOL_SIZE`` the node's connections to
+PostgreSQL (default 10).
 """
 
 from __future__ import annotations
@@ -13,6 +18,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import psycopg
+from psycopg import sql
 from starlette.requests import Request
 
 import turnkit
@@ -25,7 +32,21 @@ def by_header(request: Request) -> Principal | None:
     return Principal(id=user) if user else None
 
 
+DSN = os.environ["DATABASE_URL"]
+SCHEMA = os.environ.get("TURNKIT_SCHEMA", "public")
+POOL_SIZE = int(os.environ.get("TURNKIT_POOL_SIZE", "10"))
+
+with psycopg.connect(DSN, autocommit=True) as conn:
+    schema = sql.Identifier(SCHEMA)
+    conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(schema))
+    conn.execute(
+        sql.SQL(
+            "CREATE TABLE IF NOT EXISTS {}.order_lookups "
+            "(session_id text, turn_id text, order_id text, pid integer)"
+        ).format(schema)
+    )
+
 agent = turnkit.load_agent(Path(__file__).with_name("agent"))
-store = PostgresStore(os.environ["DATABASE_URL"], schema=os.environ.get("TURNKIT_SCHEMA", "public"))
+store = PostgresStore(DSN, schema=SCHEMA, max_size=POOL_SIZE)
 runtime = turnkit.Runtime(agent, store=store, run_turns=False)
 app = create_app(runtime, authenticate=by_header, own_runtime=True)

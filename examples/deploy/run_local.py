@@ -1,15 +1,17 @@
 """A turnkit deployment on this machine: one HTTP node and three workers on one
 PostgreSQL database, started from the ``Procfile`` beside this file.
 
-    python examples/deploy/run_local.py                       # runs a demo, then stops
-    python examples/deploy/run_local.py --keep                # keeps serving until Ctrl-C
-    python examples/deploy/run_local.py --dsn postgresql://…  # default: $DATABASE_URL or local
+    .venv/bin/pip install -e '.[server,postgres]' httpx   # what it needs, from a checkout
+    .venv/bin/python examples/deploy/run_local.py             # runs a demo, then stops
+    .venv/bin/python examples/deploy/run_local.py --keep      # keeps serving until Ctrl-C
+    .venv/bin/python examples/deploy/run_local.py --dsn postgresql://…  # default: $DATABASE_URL
 
 It creates turnkit's tables in ``--schema`` (as the schema's owner would, once per
-release), starts every process of the Procfile (any Procfile runner, such as
-honcho or foreman, would start the same ones), waits for the HTTP node's
-``/readyz``, then posts turns to several sessions over HTTP while following one
-session's feed, whose text grows live although a worker writes it. At the end it
+release; the HTTP node creates the tool's table itself), starts every process of
+the Procfile (any Procfile runner, such as honcho or foreman, would start the same
+ones), waits for the HTTP node's ``/readyz``, then posts turns to several sessions
+over HTTP while following one session's feed, whose text grows live although a
+worker writes it. At the end it
 says which worker ran which turn (each lookup is noted once, whichever worker ran
 it) and stops the processes with SIGTERM, as an orchestrator would.
 """
@@ -71,15 +73,11 @@ def start(name: str, command: str, env: dict[str, str]) -> subprocess.Popen[str]
 
 
 async def prepare(dsn: str, schema: str) -> None:
-    """Create turnkit's tables and the tool's table (the owner's job)."""
+    """Create turnkit's tables (the schema owner's job, once per release); the tool's
+    own table is the HTTP node's to create when it starts."""
     store = PostgresStore(dsn, schema=schema)
     await store.open()
     await store.close()
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(
-            f'CREATE TABLE IF NOT EXISTS "{schema}".order_lookups (session_id text, '
-            "turn_id text, order_id text, pid integer)"
-        )
 
 
 async def demo(url: str, sessions: int, turns: int) -> None:

@@ -33,8 +33,13 @@ class SlowScript:
             call = ToolCall(id="lookup-1", name="lookup", input={"order": last.text})
             yield ModelDone(reply=ModelReply(text="", tool_calls=[call]))
             return
-        result = last.result if isinstance(last, ToolMessage) else "?"
-        words = f"Order {result['order']} is {result['state']}, handled by worker {result['pid']}."
+        result = last.result if isinstance(last, ToolMessage) else None
+        if isinstance(result, dict) and "state" in result:
+            words = (
+                f"Order {result['order']} is {result['state']}, handled by worker {result['pid']}."
+            )
+        else:  # the lookup failed: say what the tool said instead of guessing
+            words = f"I could not look the order up: {result}"
         for word in words.split(" "):
             await asyncio.sleep(0.05)
             yield TextDelta(text=word + " ")
