@@ -108,11 +108,12 @@ def _seen_clean(value: Any) -> bool:
 
 
 def _keep_clean(value: Any) -> None:
-    _clean[id(value)] = value
-    if len(_clean) > _CLEAN_KEPT:
-        # Values are also made on tool threads: another may have evicted it first.
-        with contextlib.suppress(KeyError, RuntimeError, StopIteration):
-            del _clean[next(iter(_clean))]
+    clean = _clean
+    clean[id(value)] = value
+    if len(clean) > _CLEAN_KEPT:
+        # (RuntimeError: another thread, a tool's, changed it meanwhile; evict next time.)
+        with contextlib.suppress(RuntimeError):
+            clean.pop(next(iter(clean)), None)
 
 
 def copied_clean(original: Any, copy: Any) -> Any:

@@ -7,7 +7,7 @@ may apply the write values however it likes.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from .._values.events import TurnEvent
@@ -65,31 +65,73 @@ class WriteTarget(Protocol):
     def archive_generation(self, generation: int, agent: str) -> None: ...
 
 
+def _append(tx: WriteTarget, w: AppendMessage) -> None:
+    tx.append_message(w.index, w.message)
+
+
+def _put(tx: WriteTarget, w: PutStep) -> None:
+    tx.put_step(w.step_id, w.turn_id, w.result)
+
+
+def _log(tx: WriteTarget, w: LogEvent) -> None:
+    tx.log_event(w.event)
+
+
+def _queue(tx: WriteTarget, w: QueueTurn) -> None:
+    tx.queue_turn(w.record, owner=w.owner)
+
+
+def _open(tx: WriteTarget, w: OpenTurn) -> None:
+    tx.open_turn(w.record, owner=w.owner)
+
+
+def _settle(tx: WriteTarget, w: SettleQueued) -> None:
+    tx.settle_queued(w.turn_id, w.status, reason=w.reason, error=w.error)
+
+
+def _status(tx: WriteTarget, w: SetTurnStatus) -> None:
+    tx.set_turn_status(w.turn_id, w.status, text=w.text, error=w.error, pending=w.pending)
+
+
+def _cancel(tx: WriteTarget, w: RequestCancel) -> None:
+    tx.request_cancel(w.turn_id, w.reason)
+
+
+def _reset(tx: WriteTarget, w: RequestReset) -> None:
+    tx.request_reset()
+
+
+def _drop(tx: WriteTarget, w: DropReset) -> None:
+    tx.drop_reset()
+
+
+def _archive(tx: WriteTarget, w: ArchiveGeneration) -> None:
+    tx.archive_generation(w.generation, w.agent)
+
+
+#: Each kind of write, and how a transaction makes it (looked up by exact type: one
+#: dict lookup a write, on the path of every step).
+_MAKE: dict[type[Any], Callable[[WriteTarget, Any], None]] = {
+    AppendMessage: _append,
+    PutStep: _put,
+    LogEvent: _log,
+    QueueTurn: _queue,
+    OpenTurn: _open,
+    SettleQueued: _settle,
+    SetTurnStatus: _status,
+    RequestCancel: _cancel,
+    RequestReset: _reset,
+    DropReset: _drop,
+    ArchiveGeneration: _archive,
+}
+
+
 def apply_writes(tx: WriteTarget, writes: Iterable[Write]) -> None:
     """Make each write on ``tx``, in order."""
+    make = _MAKE
     for write in writes:
-        match write:
-            case AppendMessage(index, message):
-                tx.append_message(index, message)
-            case PutStep(step_id, turn_id, result):
-                tx.put_step(step_id, turn_id, result)
-            case LogEvent(event):
-                tx.log_event(event)
-            case QueueTurn(record, owner):
-                tx.queue_turn(record, owner=owner)
-            case OpenTurn(record, owner):
-                tx.open_turn(record, owner=owner)
-            case SettleQueued(turn_id, status, reason, error):
-                tx.settle_queued(turn_id, status, reason=reason, error=error)
-            case SetTurnStatus(turn_id, status, text, error, pending):
-                tx.set_turn_status(turn_id, status, text=text, error=error, pending=pending)
-            case RequestCancel(turn_id, reason):
-                tx.request_cancel(turn_id, reason)
-            case RequestReset():
-                tx.request_reset()
-            case DropReset():
-                tx.drop_reset()
-            case ArchiveGeneration(generation, agent):
-                tx.archive_generation(generation, agent)
-            case _:
-                raise TypeError(f"not a store write: {write!r}")
+        try:
+            maker = make[type(write)]
+        except KeyError:
+            raise TypeError(f"not a store write: {write!r}") from None
+        maker(tx, write)
