@@ -16,7 +16,7 @@ from .._values.events import (
     TurnEvent,
 )
 from .._values.messages import AssistantMessage, Message, ModelReply, ToolCall, ToolMessage
-from .tool_call import copy_for_event
+from .tool_call import copy_input
 
 
 def assistant_message(
@@ -78,7 +78,7 @@ def _tail_event(message: Message, tid: str, sid: str, seq: int) -> TurnEvent | N
             session_id=sid,
             call_id=message.call_id,
             name=message.name,
-            result=copy_for_event(message.result),
+            result=copy_input(message.result),
             error=error_of(message),
             seq=seq,
         )
@@ -93,8 +93,8 @@ def _detached(calls: tuple[ToolCall, ...]) -> tuple[ToolCall, ...]:
         ToolCall(
             id=c.id,
             name=c.name,
-            input=copy_for_event(c.input),
-            provider_state=copy_for_event(c.provider_state),
+            input=copy_input(c.input),
+            provider_state=copy_input(c.provider_state),
         )
         for c in calls
     )

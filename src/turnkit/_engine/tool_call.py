@@ -14,7 +14,6 @@ from typing import Any
 from .._errors import FatalToolError
 from .._seams.store import StoreHandle
 from .._values.messages import ToolCall
-from .._values.text import copied_clean
 from .._values.turns import TurnFailure
 from .context import ToolContext
 from .tool_results import error_result, error_text, to_json_result
@@ -43,15 +42,6 @@ def copy_input(value: Any) -> Any:
         return {k: copy_input(v) if isinstance(v, _NESTING) else v for k, v in value.items()}
     if isinstance(value, list):
         return [copy_input(v) if isinstance(v, _NESTING) else v for v in value]
-    return value
-
-
-def copy_for_event(value: Any) -> Any:
-    """A copy of a committed value for an event's observers to mutate as they like,
-    not checked for unstorable text again (the value it copies was). Never for a
-    tool's input: a tool may put anything in it, then return it."""
-    if isinstance(value, _NESTING):
-        return copied_clean(value, copy_input(value))
     return value
 
 

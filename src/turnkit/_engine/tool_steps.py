@@ -30,7 +30,6 @@ from .parallel import Asked, Outcome, Ran, run_batch
 from .position import RunTools, next_step
 from .tool_call import (
     ToolRaised,
-    copy_for_event,
     copy_input,
     fatal,
     input_error,
@@ -259,7 +258,7 @@ class ToolSteps:
             session_id=d.session_id,
             call_id=call.id,
             name=call.name,
-            result=copy_for_event(row.value),  # observers get their own copy to mutate
+            result=copy_input(row.value),  # observers get their own copy to mutate
             error=row.error,
             seq=row.seq,
         )

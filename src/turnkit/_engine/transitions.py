@@ -43,7 +43,7 @@ from .agent import Agent
 from .batch import committed_results
 from .delivery import Delivery
 from .position import RunTools, next_step, stale_calls
-from .tool_call import copy_for_event
+from .tool_call import copy_input
 from .tool_results import error_result
 
 STALE_CALL_ERROR = "not run: the turn that asked for this call failed before it ran"
@@ -121,7 +121,7 @@ async def plan_opening(
             session_id=sid,
             call_id=m.call_id,
             name=m.name,
-            result=copy_for_event(m.result),
+            result=copy_input(m.result),
             error=m.result["error"],
             seq=next(seq),
         )

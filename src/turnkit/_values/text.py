@@ -11,7 +11,6 @@ instead, with a 400 naming the field, since its client can send the text again.
 
 from __future__ import annotations
 
-import contextlib
 import re
 from typing import Any
 
@@ -95,38 +94,18 @@ _NUL_ESCAPE = b"\\u0000"
 _SCALARS = frozenset({int, float, bool, type(None)})
 
 
-#: The containers most recently found clean, by id (held, so their ids stay theirs):
+#: The two containers most recently found clean (held, so their ids stay theirs):
 #: one step's tool result passes through its message, its stored step and its
 #: event, and one call's input through the reply and the transcript, so each is
 #: encoded once to be checked, not three times.
-_clean: dict[int, Any] = {}
-_CLEAN_KEPT = 16
-
-
-def _seen_clean(value: Any) -> bool:
-    return _clean.get(id(value)) is value
-
-
-def _keep_clean(value: Any) -> None:
-    clean = _clean
-    clean[id(value)] = value
-    if len(clean) > _CLEAN_KEPT:
-        # (RuntimeError: another thread, a tool's, changed it meanwhile; evict next time.)
-        with contextlib.suppress(RuntimeError):
-            clean.pop(next(iter(clean)), None)
-
-
-def copied_clean(original: Any, copy: Any) -> Any:
-    """``copy`` (a copy of ``original``), known clean if ``original`` was: a private
-    copy made for a tool or an observer is not checked again."""
-    if copy is not original and _seen_clean(original):
-        _keep_clean(copy)
-    return copy
+_clean_a: Any = None
+_clean_b: Any = None
 
 
 def clean_fields(value: object, names: tuple[str, ...]) -> None:
     """Make the named fields of a frozen dataclass ``value`` storable, in place (for
     its ``__post_init__``)."""
+    global _clean_a, _clean_b
     fields = value.__dict__
     for name in names:
         current = fields[name]
@@ -135,9 +114,9 @@ def clean_fields(value: object, names: tuple[str, ...]) -> None:
             # Inline, for the text of every value of every step.
             if "\x00" not in current and (current.isascii() or _SURROGATE.search(current) is None):
                 continue
-        elif kind in _SCALARS or _clean.get(id(current)) is current:
+        elif kind in _SCALARS or current is _clean_a or current is _clean_b:
             continue
         elif not _needs(current):
-            _keep_clean(current)
+            _clean_a, _clean_b = current, _clean_a
             continue
         object.__setattr__(value, name, _cleaned(current))
