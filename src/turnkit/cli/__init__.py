@@ -18,12 +18,14 @@ import sys
 from collections.abc import Callable, Coroutine, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 from .._assembly.loader import AgentFolder
 from .._channels.channel import mount_agent
 from .._channels.printable import printable, printable_json
 from .._channels.terminal import TerminalChannel
+from .._engine.agent import Agent
 from .._errors import InvalidAnswerError, TurnkitError
 from .._runtime.runtime import Runtime
 from .._seams.model import Model
@@ -197,9 +199,11 @@ async def _run(args: argparse.Namespace, progress: Progress) -> int:
         return await _run_turn(args, tracer)
 
 
-async def _run_turn(args: argparse.Namespace, tracer: Tracer | None) -> int:
-    target = run_target(args.words)
-    folder = AgentFolder.read(target.folder)
+async def _terminal_agent(args: argparse.Namespace, folder_path: Path) -> tuple[Agent, str, Store]:
+    """The folder's agent, the session (``--session`` or the agent's default) and the
+    opened store, for a command that talks to the agent at this terminal; a session
+    of another agent is refused before anything is stored."""
+    folder = AgentFolder.read(folder_path)
     session = args.session or default_session(folder.name)
     store = await writable_store(args.store)
     try:
@@ -208,6 +212,12 @@ async def _run_turn(args: argparse.Namespace, tracer: Tracer | None) -> int:
     except BaseException:
         await store.close()
         raise
+    return agent, session, store
+
+
+async def _run_turn(args: argparse.Namespace, tracer: Tracer | None) -> int:
+    target = run_target(args.words)
+    agent, session, store = await _terminal_agent(args, target.folder)
     terminal = TerminalChannel()
     async with Runtime([agent], store=store, tracer=tracer) as runtime:
         await runtime.recover()
@@ -219,15 +229,7 @@ async def _run_turn(args: argparse.Namespace, tracer: Tracer | None) -> int:
 async def _answer(args: argparse.Namespace, progress: Progress) -> int:
     del progress
     target = answer_target(args.words)
-    folder = AgentFolder.read(target.folder)
-    session = args.session or default_session(folder.name)
-    store = await writable_store(args.store)
-    try:
-        await _check_owner(store, session, folder.name, given=args.session is not None)
-        agent = folder.agent(_model_for(folder))
-    except BaseException:
-        await store.close()
-        raise
+    agent, session, store = await _terminal_agent(args, target.folder)
     terminal = TerminalChannel()
     async with Runtime([agent], store=store) as runtime:
         ctx = mount_agent(agent, runtime, channels=[terminal])
