@@ -10,6 +10,7 @@ import json
 import os
 import pty
 import re
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -439,6 +440,9 @@ def test_sessions_and_show_on_postgres(pg_spec: str, pg_schema: str, tmp_path: P
     out = parked.stdout
     assert re.search(r"asks +Deploy api\?", out) and re.search(r"^status +suspended$", out, re.M)
     assert '✗ create_order: {"error": "ValueError: quantity must be at least 1"}' in bad.stdout
+    # The process that last ran the session (a worker, after a takeover): host:pid:id.
+    host = re.escape(socket.gethostname())
+    assert re.search(rf"^writer +{host}:\d+:[0-9a-f]{{8}} \(since \S+ \S+ UTC\)$", bad.stdout, re.M)
     generation: dict[str, Any] = json.loads(archived.stdout)
     assert [m["text"] for m in generation["messages"]] == ["hello", "1 seen"]
     assert one_error(missing).startswith("turnkit: error: session 'nope' does not exist in ")

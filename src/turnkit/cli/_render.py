@@ -107,6 +107,9 @@ def _header(view: SessionView, store: str) -> str:
     usage = view.usage
     if usage:
         rows.append(("usage", describe_usage(usage)))
+    if view.writer is not None:
+        holder, since = view.writer
+        rows.append(("writer", f"{holder} (since {utc(since)})"))
     return table(("session", view.session_id), rows)
 
 

@@ -56,6 +56,9 @@ class SessionView:
     turns: list[TurnView]
     parked: TurnRecord | None
     generations: list[int]
+    #: On PostgreSQL: the process that last took the session's writer lock (after a
+    #: takeover, the worker that took it over) and since when.
+    writer: tuple[str, float] | None = None
 
     @property
     def request(self) -> InputRequest | None:
@@ -136,7 +139,17 @@ async def read_session(
         turns=turns,
         parked=await parked_turn(session),
         generations=generations,
+        writer=await _writer_of(store, session_id),
     )
+
+
+async def _writer_of(store: Store, session_id: str) -> tuple[str, float] | None:
+    """Who last ran the session, where the store records it (``PostgresStore``)."""
+    writer_of = getattr(store, "writer_of", None)
+    if writer_of is None:
+        return None
+    found = await writer_of(session_id)
+    return (found.holder, found.since) if found is not None else None
 
 
 async def _read_turns(
@@ -217,6 +230,9 @@ def session_json(view: SessionView, store: str) -> JsonObject:
         "parked_requests": [r.to_dict() for r in view.requests],
         "generations": view.generations,
         "usage": view.usage.to_dict(),
+        "writer": None
+        if view.writer is None
+        else {"holder": view.writer[0], "since": rfc3339(view.writer[1])},
     }
 
 

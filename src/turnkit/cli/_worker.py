@@ -50,7 +50,9 @@ async def serve_worker(
             loop.add_signal_handler(signum, worker.stop)
         undo = [hook(worker) for hook in hooks]
         names = ", ".join(a.name for a in agents)
-        print(f"turnkit worker: running {names} on {options.store_label}", flush=True)
+        holder = getattr(store, "holder", None)
+        who = f" as {holder}" if holder else ""
+        print(f"turnkit worker: running {names} on {options.store_label}{who}", flush=True)
         try:
             await worker.run()
         finally:

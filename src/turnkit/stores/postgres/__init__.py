@@ -4,6 +4,6 @@ modules are its parts, each named for its one job."""
 
 from ._faults import PgFaults
 from ._statements import qmark_to_pyformat
-from ._store import PostgresStore
+from ._store import PostgresStore, SessionWriter
 
-__all__ = ["PgFaults", "PostgresStore", "qmark_to_pyformat"]
+__all__ = ["PgFaults", "PostgresStore", "SessionWriter", "qmark_to_pyformat"]

@@ -39,6 +39,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 from ..._errors import ConfigurationError, StoreError
@@ -308,6 +309,19 @@ def _message(row: Any) -> Message:
 
 def _event(row: Any) -> TurnEvent:
     return event_from_dict(json.loads(row[0]))
+
+
+#: Who holds (or last held) a session's writer lock.
+_WRITER_OF = "SELECT holder, since FROM turnkit_writers WHERE session_id = ?"
+
+
+@dataclass(frozen=True)
+class SessionWriter:
+    """The process that last took a session's writer lock (``holder``: ``host:pid:id``)
+    and when it took it (``since``, seconds since the epoch)."""
+
+    holder: str
+    since: float
 
 
 class PostgresStore:
@@ -658,6 +672,16 @@ class PostgresStore:
         """How many turns are ``queued``, ``running`` and ``suspended`` (for monitoring)."""
         rows = await self._select("turn counts", sql.TURN_COUNTS, (), tuple)
         return {"queued": 0, "running": 0, "suspended": 0} | {str(s): int(n) for s, n in rows}
+
+    async def writer_of(self, session_id: str) -> SessionWriter | None:
+        """The process that last took ``session_id``'s writer lock, and when: after a
+        takeover, the one that took it over (``None`` if no process ever held it).
+        ``holder`` is that process's ``PostgresStore.holder``, ``host:pid:id``, which a
+        worker prints when it starts."""
+        rows = await self._select(
+            f"the writer of session {session_id}", _WRITER_OF, (session_id,), tuple
+        )
+        return SessionWriter(holder=str(rows[0][0]), since=float(rows[0][1])) if rows else None
 
     # -- the TurnQueue protocol --------------------------------------------------
 
