@@ -6,24 +6,26 @@ Run from the repo root::
     .venv/bin/python benchmarks/pg_wire.py --commits 5000 --dsn postgresql://...
 
 One commit is what a step sends: three rows (the step, its message, its event, the
-engine's exact JSON bodies) in one transaction. Three ways to send it, each on one
+engine's exact JSON bodies) in one transaction. Four ways to send it, each on one
 connection of its own, in a fresh schema with turnkit's tables:
 
-- ``raw``: what ``PostgresStore`` does (``_pg_wire``): the statements prepared once,
-  then each commit is their three executions and one Sync, in libpq's pipeline mode
-  through ``psycopg.pq``, results read without psycopg's cursors;
+- ``raw``: what ``PostgresStore`` does (its module ``_wire``): the statements
+  prepared once, then each commit is their three executions and one Sync, in
+  libpq's pipeline mode through ``psycopg.pq``, results read without psycopg's
+  cursors;
 - ``pipeline``: psycopg's documented API, ``async with conn.pipeline()`` around a
   ``conn.transaction()`` whose three ``execute(..., prepare=True)`` calls use
   server-side prepared statements;
 - ``pipeline1``: ``conn.pipeline()`` with BEGIN and COMMIT sent as statements in it,
-  so the block's one Sync ends the transaction (psycopg's closest to ``raw``);
+  so the block's one Sync ends the transaction, on one cursor reused for every
+  commit (psycopg's closest to ``raw``);
 - ``plain``: the same without a pipeline (a round trip per statement), for scale.
 
 It also counts round trips, in a separate short run through a counting TCP proxy
-(``RoundTrips``): a round trip is each time the client speaks again after the
-server has answered. Figures are µs per commit, medians of ``--runs`` (timed on a
-direct connection); the rule: the raw path stays only if it is more than 10%
-faster than psycopg's own.
+(``tests/round_trips.py``): a round trip is each time the client speaks again
+after the server has answered. Figures are µs per commit, medians of ``--runs``
+(timed on a direct connection); the rule: the raw path stays only if it is more
+than 10% faster than psycopg's own.
 """
 
 from __future__ import annotations
@@ -34,8 +36,10 @@ import gc
 import itertools
 import os
 import statistics
+import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -43,6 +47,9 @@ from _floor import DEFAULT_DSN, bare_commits, drop_schema, fresh_schema, pyforma
 
 from turnkit.stores.postgres import _wire as wire
 from turnkit.stores.postgres._schema import migrate
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from round_trips import RoundTrips  # the tests' counting proxy
 
 _SESSION = "bench"
 _runs = itertools.count()
@@ -55,49 +62,6 @@ def _commits(n: int) -> list[list[tuple[str, tuple[Any, ...]]]]:
 
 async def _reset(conn: psycopg.AsyncConnection[Any]) -> None:
     await conn.execute("TRUNCATE turnkit_steps, turnkit_messages, turnkit_events")
-
-
-class RoundTrips:
-    """A TCP proxy to PostgreSQL that counts round trips: client bursts that follow
-    a server reply (the client's first burst counts too)."""
-
-    def __init__(self, host: str, port: int) -> None:
-        self.target = (host, port)
-        self.count = 0
-        self._server_spoke = True
-        self._server: asyncio.base_events.Server | None = None
-        self._serving: set[asyncio.Task[Any]] = set()
-
-    async def start(self) -> int:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        return int(self._server.sockets[0].getsockname()[1])
-
-    async def close(self) -> None:
-        """Stop listening, once the proxied connections (closed by now) are done."""
-        if self._serving:
-            await asyncio.wait(self._serving, timeout=10)
-        if self._server is not None:
-            self._server.close()
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._serving.add(task)
-        task.add_done_callback(self._serving.discard)
-        up_reader, up_writer = await asyncio.open_connection(*self.target)
-
-        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter, client: bool) -> None:
-            while chunk := await src.read(65536):
-                if client and self._server_spoke:
-                    self.count += 1
-                self._server_spoke = not client
-                dst.write(chunk)
-                await dst.drain()
-            dst.close()
-
-        await asyncio.gather(
-            pipe(reader, up_writer, True), pipe(up_reader, writer, False), return_exceptions=True
-        )
 
 
 async def time_raw(conn: psycopg.AsyncConnection[Any], commits: Sequence[Any]) -> float:
@@ -138,14 +102,15 @@ async def time_pipeline_one_sync(
     """µs per commit with ``conn.pipeline()``, the transaction as BEGIN and COMMIT
     statements in it, so the block's one Sync ends it: psycopg's closest to ``raw``."""
     await _reset(conn)
+    cur = conn.cursor()  # one for every commit: psycopg's cheapest way to send
     gc.collect()
     start = time.perf_counter()
     for rows in commits:
         async with conn.pipeline():
-            await conn.execute("BEGIN")
+            await cur.execute("BEGIN")
             for sql, params in rows:
-                await conn.execute(sql, params, prepare=True)
-            await conn.execute("COMMIT")
+                await cur.execute(sql, params, prepare=True)
+            await cur.execute("COMMIT")
     elapsed = time.perf_counter() - start
     return elapsed / len(commits) * 1e6
 

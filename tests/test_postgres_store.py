@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from round_trips import RoundTrips
 
 import turnkit
 from turnkit import ToolContext, UserMessage, tool
@@ -443,6 +444,51 @@ async def test_a_commit_larger_than_the_socket_buffer_is_sent_whole(store: Postg
         await session.commit([AppendMessage(index, UserMessage(text=f"{index}{big}", turn_id="t"))])
     assert [m.text[:2] for m in await transcript(session)] == ["0x", "1x"]
     assert [len(m.text) for m in await transcript(session)] == [len(big) + 1] * 2
+
+
+@pytest.mark.parametrize("local", [False, True], ids=["async-tool", "def-tool"])
+async def test_each_step_commit_is_one_round_trip(pg_dsn: str, pg_schema: str, local: bool) -> None:
+    """A step's writes, its writer fence included, reach the server as one request:
+    through a proxy that counts round trips, every model+tool pair a turn adds costs
+    exactly two (one per step commit), for an async tool and for a local ``def``
+    tool that leaves ``ctx.store`` alone."""
+    with connect(pg_dsn) as conn:
+        host, port = conn.info.host, conn.info.port
+    if host.startswith("/"):
+        pytest.skip("the round-trip proxy speaks TCP; the test server is on a Unix socket")
+    proxy = RoundTrips(host, port)
+    proxied = psycopg.conninfo.make_conninfo(pg_dsn, host="127.0.0.1", port=await proxy.start())
+
+    async def noop_async() -> str:
+        """Do nothing."""
+        return "ok"
+
+    def noop() -> str:
+        """Do nothing."""
+        return "ok"
+
+    t = tool(noop if local else noop_async)
+
+    def respond(messages: Any) -> Any:
+        done = sum(isinstance(m, turnkit.ToolMessage) for m in messages)
+        return (
+            ScriptedReply(tool_calls=[tool_call(t.name)]) if done < int(messages[0].text) else "end"
+        )
+
+    agent = turnkit.Agent(name="a", model=ScriptedModel(respond=respond), tools=[t])
+    trips: dict[int, int] = {}
+    try:
+        store = PostgresStore(proxied, schema=pg_schema)
+        async with turnkit.Runtime(agent, store=store) as runtime:
+            for pairs in (1, 2, 6):  # the first turn also opens the pool's connections
+                session = runtime.session("a", f"s{pairs}")
+                before = proxy.count
+                result = await session.result(session.start(str(pairs)))
+                assert result.status == "completed"
+                trips[pairs] = proxy.count - before
+    finally:
+        await proxy.close()
+    assert trips[6] - trips[2] == 2 * (6 - 2)
 
 
 async def test_text_the_server_cannot_hold_fails_the_commit_cleanly(store: PostgresStore) -> None:
