@@ -224,3 +224,36 @@ def test_the_postgres_modules_share_no_underscore_names() -> None:
             if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module:
                 private = [a.name for a in node.names if a.name.startswith("_")]
                 assert not private, f"{module_name(path)} imports {private} from .{node.module}"
+
+
+def _own_names(tree: ast.Module) -> set[str]:
+    """Every name a module defines: its functions, classes and their attributes
+    (assigned to ``self.``, in a class body or listed in ``__slots__``)."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            names.add(node.attr)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            names.add(node.value)  # a __slots__ entry
+    return names
+
+
+def test_the_postgres_modules_reach_into_no_underscore_attributes_of_others() -> None:
+    """An object made in one module of the package is used by another through its
+    public attributes only: ``obj._name`` names something of the module's own."""
+    for path in sorted(POSTGRES.glob("*.py")):
+        tree = ast.parse(path.read_text())
+        own = _own_names(tree)
+        foreign = sorted(
+            f"{node.attr} (line {node.lineno})"
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Attribute)
+            and node.attr.startswith("_")
+            and not node.attr.startswith("__")
+            and node.attr not in own
+        )
+        assert not foreign, f"{module_name(path)} reaches into {foreign}"

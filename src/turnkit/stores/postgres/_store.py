@@ -217,13 +217,13 @@ class _PgSession:
             try:
                 result, writes = step(tx.handle)
                 if tx.checkout_failed is not None:  # the tool caught it; the step cannot land
-                    raise tx._no_connection(tx.checkout_failed)
+                    raise tx.no_connection(tx.checkout_failed)
                 if tx.opened is not None:
                     apply_writes(tx, writes)
                     tx.flush(token)
             except BaseException as exc:
                 if tx.checkout_failed is not None:
-                    raise tx._no_connection(tx.checkout_failed) from exc
+                    raise tx.no_connection(tx.checkout_failed) from exc
                 conn = tx.opened
                 if conn is None:
                     raise

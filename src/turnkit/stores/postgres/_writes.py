@@ -311,15 +311,15 @@ class PgTransaction(_Writes):
     def conn(self) -> psycopg.Connection[Any]:
         if self._conn is None:
             if self.checkout_failed is not None:
-                raise self._no_connection(self.checkout_failed)
+                raise self.no_connection(self.checkout_failed)
             try:
                 self._conn = self._pool.getconn(timeout=self._timeout)
             except Exception as exc:
                 self.checkout_failed = exc
-                raise self._no_connection(exc) from exc
+                raise self.no_connection(exc) from exc
         return self._conn
 
-    def _no_connection(self, exc: BaseException) -> StoreError:
+    def no_connection(self, exc: BaseException) -> StoreError:
         return StoreError(f"session {self._sid}: no database connection: {exc}")
 
     def release(self) -> None:
