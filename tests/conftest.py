@@ -20,11 +20,11 @@ import turnkit
 from turnkit.stores import (
     AppendMessage,
     MemoryStore,
-    OpenTurn,
     SqliteStore,
     Store,
     TurnRecord,
     transcript,
+    turn_rules,
 )
 from turnkit.testing import RecordingSink
 
@@ -126,7 +126,7 @@ async def plant_open_turn(
     )
     writes = [
         AppendMessage(existing, opening),
-        OpenTurn(record),
+        turn_rules.new_turn(record),
         *(AppendMessage(offset, m) for offset, m in enumerate(after, start=existing + 1)),
     ]
     await store.session(session_id).commit(writes)

@@ -22,10 +22,10 @@ from turnkit.server import ops_app
 from turnkit.stores import (
     MemoryStore,
     PostgresStore,
-    QueueTurn,
     SqliteStore,
     Store,
     TurnRecord,
+    turn_rules,
 )
 from turnkit.testing import ScriptedModel, ScriptedReply, tool_call
 
@@ -55,7 +55,7 @@ async def queue_turns(store: Store, session_id: str, count: int) -> None:
             status="queued",
             opening=turnkit.UserMessage(text="later", turn_id=f"q{i}").to_dict(),
         )
-        await store.session(session_id).commit([QueueTurn(record)])
+        await store.session(session_id).commit([turn_rules.new_turn(record)])
 
 
 def scraped(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

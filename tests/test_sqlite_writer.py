@@ -15,7 +15,7 @@ from contextlib import closing
 from pathlib import Path
 
 import turnkit
-from turnkit.stores import AppendMessage, OpenTurn, SqliteStore, TurnRecord
+from turnkit.stores import AppendMessage, SqliteStore, TurnRecord, turn_rules
 from turnkit.stores._sqlite_writer import WriteTurns
 from turnkit.stores.sqlite import CHECKPOINT_EVERY
 from turnkit.testing import ScriptedModel, ScriptedReply, tool_call
@@ -156,7 +156,7 @@ async def test_checkpoints_keep_running_while_the_event_loop_never_waits(tmp_pat
             opening=opening.to_dict(),
             created_at=0.0,
         )
-        await session.commit([AppendMessage(0, opening), OpenTurn(record)])
+        await session.commit([AppendMessage(0, opening), turn_rules.new_turn(record)])
         index = 1
         for rounds in range(1, 4):
             for _ in range(CHECKPOINT_EVERY):

@@ -44,6 +44,7 @@ from ._errors import (
     TurnError,
     TurnFailedError,
     TurnkitError,
+    TurnMoveError,
     TurnSuspendedError,
 )
 from ._runtime.approvals import Grant, ResumeRequest
@@ -187,6 +188,7 @@ __all__ = [
     "TurnEvent",
     "TurnFailedError",
     "TurnFailedEvent",
+    "TurnMoveError",
     "TurnPolicy",
     "TurnResult",
     "TurnSpan",

@@ -16,6 +16,7 @@ TurnkitError
     ├── ModelError            an adapter's failure (SDK error, broken stream)
     │   └── ContextWindowError  the request was longer than the model's context window
     ├── StoreError            the store refused or lost a write
+    │   ├── TurnMoveError     a turn move the rules forbid, or one another process beat
     │   └── SessionBusyError  another process holds the session's writer lock
     │       └── FencedError   a late commit of a delivery another process took over
     ├── MessageDecodeError    stored or wire JSON that is not a message
@@ -129,6 +130,12 @@ class ContextWindowError(ModelError):
 
 class StoreError(TurnError):
     """The session store refused a write or holds data it cannot read."""
+
+
+class TurnMoveError(StoreError):
+    """A turn's status move refused: the rules forbid it (a finished turn cannot run
+    again), or the turn was not in the status the move was planned from (another
+    process moved it first, or it does not exist). Nothing of the commit was kept."""
 
 
 class SessionBusyError(StoreError):

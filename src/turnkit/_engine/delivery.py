@@ -9,12 +9,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from .._errors import StoreError
 from .._seams.store import SessionStore
 from .._seams.tracer import StepTrace, TurnSpan
 from .._values.events import TurnEvent
 from .._values.inbound import InboundEvent
 from .._values.messages import Message
 from .._values.policy import TurnPolicy
+from .._values.records import TurnRecord
 from .._values.usage import Usage
 from .._values.writes import Write
 from .agent import Agent
@@ -36,6 +38,9 @@ class Delivery(Protocol):
     generation: int
     store_id: str
     policy: TurnPolicy
+    #: The turn as last stored (``None`` until its opening commit lands): what its
+    #: next status move is planned from (see ``turn_rules.move``).
+    record: TurnRecord | None
     tools: TurnTools
     transcript: list[Message]
     steps: dict[str, Any]
@@ -62,3 +67,10 @@ class Delivery(Protocol):
     async def step_boundary(self) -> None: ...
 
     async def poll_cancel(self) -> str | None: ...
+
+
+def stored_turn(d: Delivery) -> TurnRecord:
+    """The delivery's turn as last stored: what its next move is planned from."""
+    if d.record is None:
+        raise StoreError(f"session {d.session_id}: turn {d.turn_id} is not stored yet")
+    return d.record

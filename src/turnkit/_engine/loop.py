@@ -42,12 +42,14 @@ from .._values.step_ids import (
     policy_step_id,
     trace_step_id,
 )
+from .._values.turn_rules import move
 from .._values.turns import TurnCancelled, TurnFailure, TurnRequest, TurnResult, result_from_record
 from .._values.usage import Usage, steps_usage
-from .._values.writes import LogEvent, SettleQueued, Write
+from .._values.writes import LogEvent, RequestCancel, Write
 from .agent import Agent
 from .batch import distinct_ids
 from .context import ChildTurns
+from .delivery import stored_turn
 from .known_transcript import KnownTranscript
 from .model_steps import ModelSteps
 from .output import with_output
@@ -120,7 +122,8 @@ class TurnRunner:
         self.policy = TurnPolicy()
         self.tools = TurnTools(agent)
         self._known_finished: str | None = None
-        self._record: TurnRecord | None = None
+        #: The turn as last stored (see ``Delivery.record``).
+        self.record: TurnRecord | None = None
         self.tracer = tracer
         self.span: TurnSpan = NO_SPAN
         #: Whether the next step is the first a redelivery runs (see ``StepTrace``).
@@ -187,6 +190,7 @@ class TurnRunner:
                 "owner cannot run in a session another owner (or code) opened"
             )
             if snap.turn is not None and snap.turn.status == "queued":
+                self.record = snap.turn
                 return await self._settle_queued("failed", error=refusal)  # lost the race
             raise SessionOwnerError(refusal)
         self.transcript = [*prefix, *snap.messages]
@@ -197,7 +201,7 @@ class TurnRunner:
         self.steps, self.next_seq = snap.steps, snap.next_seq
         self.usage = steps_usage(self.steps)
         self.generation, self.store_id = snap.generation, snap.store_id
-        record = self._record = snap.turn
+        record = self.record = snap.turn
         if record is None and self.request.queued:
             # Submitted and stored, and gone before it could open: a reset archived it.
             return self._cancelled_unopened("reset")
@@ -278,7 +282,11 @@ class TurnRunner:
     ) -> TurnResult:
         """End a queued turn that will not open, durably, and tell observers (live:
         nothing of it is in the transcript or the event log)."""
-        await self.store.commit([SettleQueued(self.turn_id, status, reason=reason, error=error)])
+        writes: list[Write] = []
+        if reason is not None:
+            writes.append(RequestCancel(self.turn_id, reason))  # kept unless one was first
+        writes.append(move(stored_turn(self), status, error=error))
+        await self.store.commit(writes)
         if status == "cancelled":
             return self._cancelled_unopened(reason or "requested")
         message = error or "the turn could not open"
@@ -358,6 +366,8 @@ class TurnRunner:
 
     async def _apply(self, planned: Planned) -> None:
         await self.commit(planned.writes, planned.events, planned.messages)
+        if planned.turn is not None:
+            self.record = planned.turn
 
     def emit(self, event: TurnEvent) -> None:
         try:
@@ -373,7 +383,7 @@ class TurnRunner:
                 self.emit(event)
                 return
         # Settled while queued: it never opened, so nothing was logged; say it live.
-        record, sid = self._record, self.session_id
+        record, sid = self.record, self.session_id
         if record is not None and record.status == "cancelled":
             reason = record.cancel_reason or "requested"
             self.emit(TurnCancelledEvent(turn_id=self.turn_id, session_id=sid, reason=reason))
@@ -384,11 +394,10 @@ class TurnRunner:
     # -- opening, retry, failure -------------------------------------------------
 
     async def _open(self) -> None:
-        queued = self._record is not None and self._record.status == "queued"
+        queued = self.record if self.record is not None and self.record.status == "queued" else None
         opening = self.request.opening
-        if queued:
-            assert self._record is not None
-            stored = message_from_dict(self._record.opening)  # as submitted, whoever delivers
+        if queued is not None:
+            stored = message_from_dict(queued.opening)  # as submitted, whoever delivers
             if isinstance(stored, UserMessage | TriggerMessage):
                 opening = stored
         planned = await plan_opening(
@@ -412,7 +421,7 @@ class TurnRunner:
         in another process needs to replay the turn as it was opened."""
         requests = distinct_ids(asked)
         # The stored opening (a redelivery may have been started with other text).
-        opening = self._record.opening if self._record else self.request.opening.to_dict()
+        opening = self.record.opening if self.record else self.request.opening.to_dict()
         await self._apply(plan_park(self, requests, opening))
         return self._result("suspended", request=requests[0], requests=requests)
 

@@ -13,9 +13,10 @@ from .._values.checkpoints import ToolStepResult
 from .._values.events import MessageDeltaEvent, ReasoningDeltaEvent
 from .._values.messages import ToolMessage
 from .._values.step_ids import model_step_id, tool_step_id
-from .._values.writes import AppendMessage, PutStep, SetTurnStatus, Write
+from .._values.turn_rules import move
+from .._values.writes import AppendMessage, PutStep, Write
 from .context_window import ContextWindows
-from .delivery import Delivery
+from .delivery import Delivery, stored_turn
 from .known_transcript import KnownTranscript
 from .model_call import Sent, ask_model
 from .output import answer_tail
@@ -94,7 +95,7 @@ class ModelSteps:
                 writes.append(PutStep(tool_step_id(index, later.call_id), tid, stored.to_dict()))
             writes.append(AppendMessage(index + offset, later))
         if answer is not None:
-            writes.append(SetTurnStatus(tid, "completed", text=answer))
+            writes.append(move(stored_turn(d), "completed", text=answer))
         # Right before the commit: a cancel that arrived after the last delta or while
         # the stream closed still wins (nothing of the step is written).
         d.boundary()

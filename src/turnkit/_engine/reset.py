@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from .._seams.store import NO_MESSAGES, SessionStore
 from .._values.records import TurnRecord
-from .._values.writes import ArchiveGeneration, DropReset, SettleQueued, SetTurnStatus, Write
+from .._values.turn_rules import move
+from .._values.writes import ArchiveGeneration, DropReset
 
 
 async def carry_out_reset(store: SessionStore, agent: str) -> int | None:
@@ -34,15 +35,9 @@ async def carry_out_reset(store: SessionStore, agent: str) -> int | None:
         return None
     cancelled = [r for r in await store.unfinished() if r.cancel_reason is not None]
 
-    writes = [_end(record) for record in cancelled]
+    writes = [move(record, "cancelled") for record in cancelled]
     await store.commit([*writes, ArchiveGeneration(generation, snap.agent or agent)])
     return generation
-
-
-def _end(record: TurnRecord) -> Write:
-    if record.status == "queued":
-        return SettleQueued(record.turn_id, "cancelled", reason=record.cancel_reason)
-    return SetTurnStatus(record.turn_id, "cancelled")
 
 
 def runs_after_reset(turn: TurnRecord | None) -> bool:

@@ -30,18 +30,12 @@ from .._values.messages import Message, OpeningMessage, ToolCall, ToolMessage
 from .._values.policy import TurnPolicy
 from .._values.records import TurnRecord
 from .._values.step_ids import policy_step_id, tool_step_id, trace_step_id
+from .._values.turn_rules import move, new_turn
 from .._values.turns import TurnRequest
-from .._values.writes import (
-    AppendMessage,
-    OpenTurn,
-    PutStep,
-    RequestCancel,
-    SetTurnStatus,
-    Write,
-)
+from .._values.writes import AppendMessage, PutStep, RequestCancel, Write
 from .agent import Agent
 from .batch import committed_results
-from .delivery import Delivery
+from .delivery import Delivery, stored_turn
 from .position import RunTools, next_step, stale_calls
 from .tool_call import copy_input
 from .tool_results import error_result
@@ -60,12 +54,14 @@ class Refused(Exception):
 
 @dataclass(frozen=True)
 class Planned:
-    """One commit, ready: its rows, its events (numbered from ``next_seq``), and the
-    messages that join the transcript once it lands."""
+    """One commit, ready: its rows, its events (numbered from ``next_seq``), the
+    messages that join the transcript once it lands, and the delivery's turn as
+    stored after it (``None``: this commit does not move it)."""
 
     writes: list[Write]
     events: list[TurnEvent]
     messages: Sequence[Message] = ()
+    turn: TurnRecord | None = None
 
 
 def opening_policy(agent: Agent, request: TurnRequest, event: InboundEvent | None) -> TurnPolicy:
@@ -82,13 +78,14 @@ async def plan_opening(
     d: Delivery,
     opening: OpeningMessage,
     *,
-    queued: bool,
+    queued: TurnRecord | None,
     finished: str | None,
     owner: str | None,
 ) -> Planned:
     """The turn's opening commit. The turn before it, if a crash left it open, ends
     in the same commit (ours supersedes it); ``finished`` is a turn known to have
-    ended for good, so it need not be looked up."""
+    ended for good, so it need not be looked up. ``queued`` is the turn's stored
+    record when it was submitted ahead (it opens where it stands)."""
     previous = d.transcript[-1].turn_id if d.transcript else None
     if previous is None or previous == finished:
         stale = None  # none, or the turn our last delivery ended for good
@@ -99,7 +96,7 @@ async def plan_opening(
             f"session {d.session_id} is waiting for input on turn {stale.turn_id}; "
             "resume it (or reset the session) before starting another turn"
         )
-        if queued:  # submitted while the park was on its way: it ends here, for good
+        if queued is not None:  # submitted while the park was on its way: it ends here
             raise Refused(refusal)
         raise SessionSuspendedError(refusal)
     crashed = stale if stale is not None and stale.status == "running" else None
@@ -150,14 +147,15 @@ async def plan_opening(
             writes.append(PutStep(step_id, msg.turn_id, stored.to_dict()))
         writes.append(AppendMessage(index + offset, msg))
     if crashed is not None:
-        writes.append(SetTurnStatus(crashed.turn_id, "failed", error=SUPERSEDED_ERROR))
+        writes.append(move(crashed, "failed", error=SUPERSEDED_ERROR))
     writes.append(AppendMessage(index + len(closing), opening))
-    writes.append(OpenTurn(record, owner))
+    put = new_turn(record, owner=owner) if queued is None else move(queued, "running")
+    writes.append(put)
     if policy_step_id(turn_id) not in steps:  # a queued turn has it
         writes.append(PutStep(policy_step_id(turn_id), turn_id, policy))
     if context:  # the trace later deliveries of this turn refer to
         writes.append(PutStep(trace_step_id(turn_id), turn_id, context))
-    return Planned(writes, events, [m for _, m in closing] + [opening])
+    return Planned(writes, events, [m for _, m in closing] + [opening], put.record)
 
 
 async def _closing_results(d: Delivery, reason: str) -> list[tuple[str | None, ToolMessage]]:
@@ -193,13 +191,15 @@ def plan_reopen(d: Delivery, record: TurnRecord) -> Planned:
     turn_id = d.turn_id
     text = str(record.opening.get("text", ""))
     started = TurnStartedEvent(turn_id=turn_id, session_id=d.session_id, text=text, seq=d.next_seq)
-    return Planned([SetTurnStatus(turn_id, "running")], [started])
+    put = move(record, "running")
+    return Planned([put], [started], turn=put.record)
 
 
 def plan_failure(d: Delivery, error: str) -> Planned:
     turn_id = d.turn_id
     failed = TurnFailedEvent(turn_id=turn_id, session_id=d.session_id, error=error, seq=d.next_seq)
-    return Planned([SetTurnStatus(turn_id, "failed", error=error)], [failed])
+    put = move(stored_turn(d), "failed", error=error)
+    return Planned([put], [failed], turn=put.record)
 
 
 def plan_park(d: Delivery, requests: tuple[InputRequest, ...], opening: dict[str, Any]) -> Planned:
@@ -224,7 +224,8 @@ def plan_park(d: Delivery, requests: tuple[InputRequest, ...], opening: dict[str
         requests=requests,
         seq=d.next_seq,
     )
-    return Planned([SetTurnStatus(turn_id, "suspended", pending=checkpoint)], [event])
+    put = move(stored_turn(d), "suspended", pending=checkpoint)
+    return Planned([put], [event], turn=put.record)
 
 
 def plan_cancel(d: Delivery, reason: str) -> Planned:
@@ -255,9 +256,10 @@ def plan_cancel(d: Delivery, reason: str) -> Planned:
             writes.append(PutStep(step_id, turn_id, stored.to_dict()))
         writes.append(AppendMessage(index + offset, message))
     writes.append(RequestCancel(turn_id, reason))
-    writes.append(SetTurnStatus(turn_id, "cancelled"))
+    put = move(stored_turn(d), "cancelled")
+    writes.append(put)
 
     event = TurnCancelledEvent(
         turn_id=turn_id, session_id=d.session_id, reason=reason, seq=d.next_seq
     )
-    return Planned(writes, [event], messages)
+    return Planned(writes, [event], messages, put.record)

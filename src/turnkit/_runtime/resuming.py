@@ -16,8 +16,9 @@ from .._values.inbound import InboundEvent
 from .._values.messages import TriggerMessage, UserMessage, message_from_dict
 from .._values.step_ids import input_step_id
 from .._values.text import storable_json
+from .._values.turn_rules import move
 from .._values.turns import TurnRequest
-from .._values.writes import LogEvent, PutStep, SetTurnStatus, Write
+from .._values.writes import LogEvent, PutStep, Write
 from .approvals import Grant, GrantSealer, check_answer, check_answerer
 
 
@@ -109,9 +110,9 @@ async def record_answer(
 
         writes: list[Write] = [
             PutStep(input_step_id(turn_id, input_id), turn_id, answer.to_dict()),
-            SetTurnStatus(turn_id, "running")
+            move(record, "running")
             if still is None  # else parked on the others still (each answered on its own)
-            else SetTurnStatus(turn_id, "suspended", pending=still.to_dict()),
+            else move(record, "suspended", pending=still.to_dict()),
             LogEvent(answered),
         ]
         if asked is not None:

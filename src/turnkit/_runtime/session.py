@@ -47,8 +47,9 @@ from .._values.messages import (
 from .._values.records import TERMINAL_TURN_STATUSES, TurnRecord
 from .._values.step_ids import policy_step_id, tool_step_id
 from .._values.text import unstorable
+from .._values.turn_rules import new_turn
 from .._values.turns import ResetResult, TurnRequest, TurnResult
-from .._values.writes import PutStep, QueueTurn, RequestCancel, RequestReset
+from .._values.writes import PutStep, RequestCancel, RequestReset
 from .approvals import Grant, GrantSealer
 from .children import RuntimeChildren, child_session_id
 from .resuming import record_answer
@@ -263,7 +264,7 @@ class AgentSession(SessionView):
         await self._store.commit(
             [
                 *(RequestCancel(turn_id, "replaced") for turn_id in replaced),
-                QueueTurn(record, owner),
+                new_turn(record, owner=owner),
                 PutStep(policy_step_id(record.turn_id), record.turn_id, policy),
             ]
         )

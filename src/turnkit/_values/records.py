@@ -19,13 +19,6 @@ SessionStatus: TypeAlias = Literal["new", "running", "suspended", "idle"]
 TERMINAL_TURN_STATUSES: frozenset[str] = frozenset({"completed", "failed", "cancelled"})
 
 
-def session_status_after(status: TurnStatus) -> SessionStatus:
-    """The session's status once its current turn has moved to ``status``."""
-    if status in TERMINAL_TURN_STATUSES:
-        return "idle"
-    return "suspended" if status == "suspended" else "running"
-
-
 @dataclass(frozen=True, kw_only=True)
 class TurnRecord:
     """A turn as the store knows it. ``opening`` is the opening message's ``to_dict()``."""

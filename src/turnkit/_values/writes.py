@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import Any, TypeAlias
 
 from .events import TurnEvent
-from .messages import JsonObject, Message
-from .records import TurnRecord, TurnStatus
+from .messages import Message
+from .records import SessionStatus, TurnRecord, TurnStatus
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,51 +42,25 @@ class LogEvent:
 
 
 @dataclass(frozen=True, slots=True)
-class QueueTurn:
-    """Record a submitted turn as ``queued`` (the transcript is not touched). A
-    session seen for the first time is created (status ``new``, agent
-    ``record.agent``, ``owner``'s); an existing one keeps its status and owner. The
-    store, not the caller, gives the turn its place (``created_at``): after every
-    turn of the session, from the database's clock. A turn id taken is an error."""
+class PutTurn:
+    """Put ``record`` as the turn's state if the turn's stored status is still
+    ``expect`` (``None``: no turn of that id is stored yet); otherwise the commit
+    fails with ``TurnMoveError`` and nothing of it is kept. The engine makes these
+    with ``turn_rules.new_turn`` and ``turn_rules.move``; the store checks the
+    expected status and nothing else.
+
+    A new turn is stored whole, its place (``created_at``) given by the store (after
+    every turn of the session, from the database's clock); if its session has no
+    row yet, it gets one (agent ``record.agent``, ``owner``'s, status ``new``). A
+    stored turn takes the record's ``status``, ``text``, ``error``, ``pending`` and
+    ``finished_at``; its place, opening, event and cancellation stay as stored
+    (``RequestCancel`` alone sets that). ``session_status``, when given, becomes the
+    session's status, and ``record.agent`` its agent."""
 
     record: TurnRecord
+    expect: TurnStatus | None
+    session_status: SessionStatus | None = None
     owner: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class OpenTurn:
-    """Record a new running turn, or move the queued turn of that id to running
-    (keeping its place and any cancellation), and mark the session ``running`` for
-    ``record.agent``. A session this creates is ``owner``'s. A turn id taken by a
-    turn that is not queued is an error."""
-
-    record: TurnRecord
-    owner: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class SettleQueued:
-    """End a ``queued`` turn that will never open (``cancelled`` with ``reason``, or
-    ``failed`` with ``error``), leaving the session's status alone. A turn that is
-    not queued is an error."""
-
-    turn_id: str
-    status: TurnStatus
-    reason: str | None = None
-    error: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class SetTurnStatus:
-    """Move a turn to ``status``, and its session to ``session_status_after(status)``.
-    ``pending`` is the checkpoint a ``suspended`` turn keeps (any other status
-    clears it); a terminal status stamps ``finished_at``. A missing turn is an error."""
-
-    turn_id: str
-    status: TurnStatus
-    text: str | None = None
-    error: str | None = None
-    pending: JsonObject | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,10 +101,7 @@ Write: TypeAlias = (
     AppendMessage
     | PutStep
     | LogEvent
-    | QueueTurn
-    | OpenTurn
-    | SettleQueued
-    | SetTurnStatus
+    | PutTurn
     | RequestCancel
     | RequestReset
     | DropReset

@@ -2,7 +2,9 @@
 
 ``MemoryStore`` for tests, ``SqliteStore`` as the embedded default, and
 ``PostgresStore`` (``turnkit[postgres]``, imported only when first named) for
-deployments with many processes.
+deployments with many processes. A commit is a list of writes (``AppendMessage``,
+``PutStep``, ``LogEvent``, ``PutTurn``, ...); ``turn_rules`` makes the ``PutTurn`` of a
+turn's status move, so code that writes to a store by hand keeps the engine's rules.
 """
 
 from typing import TYPE_CHECKING, Any
@@ -17,6 +19,7 @@ from .._seams.store import (
     parked_turn,
     transcript,
 )
+from .._values import turn_rules
 from .._values.records import (
     SessionInfo,
     SessionSnapshot,
@@ -30,13 +33,10 @@ from .._values.writes import (
     ArchiveGeneration,
     DropReset,
     LogEvent,
-    OpenTurn,
     PutStep,
-    QueueTurn,
+    PutTurn,
     RequestCancel,
     RequestReset,
-    SettleQueued,
-    SetTurnStatus,
     Write,
 )
 from ._takeover import Takeover
@@ -61,19 +61,16 @@ __all__ = [
     "DropReset",
     "LogEvent",
     "MemoryStore",
-    "OpenTurn",
     "PendingReset",
     "PostgresStore",
     "PutStep",
-    "QueueTurn",
+    "PutTurn",
     "RequestCancel",
     "RequestReset",
     "SessionInfo",
     "SessionSnapshot",
     "SessionStatus",
     "SessionStore",
-    "SetTurnStatus",
-    "SettleQueued",
     "SqliteStore",
     "Store",
     "StoreHandle",
@@ -87,4 +84,5 @@ __all__ = [
     "parked_turn",
     "preview_of",
     "transcript",
+    "turn_rules",
 ]

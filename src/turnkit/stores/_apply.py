@@ -11,20 +11,17 @@ from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from .._values.events import TurnEvent
-from .._values.messages import JsonObject, Message
-from .._values.records import TurnRecord, TurnStatus
+from .._values.messages import Message
+from .._values.records import SessionStatus, TurnRecord, TurnStatus
 from .._values.writes import (
     AppendMessage,
     ArchiveGeneration,
     DropReset,
     LogEvent,
-    OpenTurn,
     PutStep,
-    QueueTurn,
+    PutTurn,
     RequestCancel,
     RequestReset,
-    SettleQueued,
-    SetTurnStatus,
     Write,
 )
 
@@ -38,22 +35,12 @@ class WriteTarget(Protocol):
 
     def log_event(self, event: TurnEvent) -> None: ...
 
-    def queue_turn(self, record: TurnRecord, *, owner: str | None = None) -> None: ...
-
-    def open_turn(self, record: TurnRecord, *, owner: str | None = None) -> None: ...
-
-    def settle_queued(
-        self, turn_id: str, status: TurnStatus, *, reason: str | None, error: str | None
-    ) -> None: ...
-
-    def set_turn_status(
+    def put_turn(
         self,
-        turn_id: str,
-        status: TurnStatus,
-        *,
-        text: str | None,
-        error: str | None,
-        pending: JsonObject | None,
+        record: TurnRecord,
+        expect: TurnStatus | None,
+        session_status: SessionStatus | None,
+        owner: str | None,
     ) -> None: ...
 
     def request_cancel(self, turn_id: str, reason: str) -> None: ...
@@ -77,20 +64,8 @@ def _log(tx: WriteTarget, w: LogEvent) -> None:
     tx.log_event(w.event)
 
 
-def _queue(tx: WriteTarget, w: QueueTurn) -> None:
-    tx.queue_turn(w.record, owner=w.owner)
-
-
-def _open(tx: WriteTarget, w: OpenTurn) -> None:
-    tx.open_turn(w.record, owner=w.owner)
-
-
-def _settle(tx: WriteTarget, w: SettleQueued) -> None:
-    tx.settle_queued(w.turn_id, w.status, reason=w.reason, error=w.error)
-
-
-def _status(tx: WriteTarget, w: SetTurnStatus) -> None:
-    tx.set_turn_status(w.turn_id, w.status, text=w.text, error=w.error, pending=w.pending)
+def _put_turn(tx: WriteTarget, w: PutTurn) -> None:
+    tx.put_turn(w.record, w.expect, w.session_status, w.owner)
 
 
 def _cancel(tx: WriteTarget, w: RequestCancel) -> None:
@@ -115,10 +90,7 @@ _MAKE: dict[type[Any], Callable[[WriteTarget, Any], None]] = {
     AppendMessage: _append,
     PutStep: _put,
     LogEvent: _log,
-    QueueTurn: _queue,
-    OpenTurn: _open,
-    SettleQueued: _settle,
-    SetTurnStatus: _status,
+    PutTurn: _put_turn,
     RequestCancel: _cancel,
     RequestReset: _reset,
     DropReset: _drop,

@@ -22,10 +22,10 @@ INSERT_EVENT = "INSERT INTO turnkit_events (session_id, seq, turn_id, body) VALU
 
 # -- turns and sessions -----------------------------------------------------------------
 
-# A submitted turn is a ``queued`` row: its opening and event are stored, nothing is
-# in the transcript yet. Opening it moves the same row to ``running``; a queued turn
-# that never opens (cancelled, refused) is settled where it stands, and the session's
-# status is left alone, since it never ran.
+# A turn's row is put by the engine's ``PutTurn`` writes (``turnkit._values.turn_rules``
+# decides them): a new turn is inserted (refused if its id is taken), a stored one is
+# moved only if it is still in the status the move was planned from. These
+# statements check nothing else; the store turns "no row" into ``TurnMoveError``.
 
 # A session's turns run in the order of their ``created_at``, so it is the store's,
 # never a node's clock: PostgreSQL's clock in the inserting statement, on SQLite the
@@ -41,54 +41,38 @@ SQLITE_ORDER = f"max(?, {_AFTER_LATEST})"
 PG_ORDER = f"GREATEST(extract(epoch FROM clock_timestamp())::double precision, {_AFTER_LATEST})"
 
 
-def queue_turn(order: str) -> str:
-    """The insert of a queued turn, its ``created_at`` given by ``order``."""
+def new_turn(order: str) -> str:
+    """The insert of a new turn, its ``created_at`` given by ``order``; a turn id
+    already taken inserts nothing (and reports no row)."""
     return (
         "INSERT INTO turnkit_turns (session_id, turn_id, agent, status, opening, event, "
-        f"created_at) VALUES (?, ?, ?, 'queued', ?, ?, {order})"
+        f"created_at) VALUES (?, ?, ?, ?, ?, ?, {order}) "
+        "ON CONFLICT (session_id, turn_id) DO NOTHING"
     )
 
 
-QUEUE_TURN = queue_turn(SQLITE_ORDER)
-#: A session first seen through a queued turn exists from then on, status ``new``.
-QUEUE_SESSION = (
+NEW_TURN = new_turn(SQLITE_ORDER)
+PG_NEW_TURN = new_turn(PG_ORDER)
+#: A stored turn's move, if it is still in the status it was planned from (the last
+#: parameter); its place, opening, event and cancellation stay.
+MOVE_TURN = (
+    "UPDATE turnkit_turns SET status = ?, text = ?, error = ?, pending = ?, finished_at = ? "
+    "WHERE session_id = ? AND turn_id = ? AND status = ?"
+)
+#: The session of a new turn that does not move it: made (status ``new``, with its
+#: owner) if this is its first turn, else only touched.
+SESSION_SEEN = (
     "INSERT INTO turnkit_sessions (session_id, agent, status, created_at, updated_at, owner) "
     "VALUES (?, ?, 'new', ?, ?, ?) ON CONFLICT (session_id) DO UPDATE SET "
     "updated_at = excluded.updated_at"
 )
-
-
-#: Opens a new turn, or the queued row of the same id; any other row of that id is
-#: left as it is (and the statement reports no row, which the store refuses).
-def open_turn(order: str) -> str:
-    """The insert of a running turn (or the move of its queued row to running)."""
-    return (
-        "INSERT INTO turnkit_turns AS cur (session_id, turn_id, agent, status, opening, "
-        f"event, created_at) VALUES (?, ?, ?, 'running', ?, ?, {order}) "
-        "ON CONFLICT (session_id, turn_id) "
-        "DO UPDATE SET status = 'running' WHERE cur.status = 'queued'"
-    )
-
-
-OPEN_TURN = open_turn(SQLITE_ORDER)
-PG_QUEUE_TURN = queue_turn(PG_ORDER)
-PG_OPEN_TURN = open_turn(PG_ORDER)
-SETTLE_QUEUED = (
-    "UPDATE turnkit_turns SET status = ?, error = ?, "
-    "cancel_reason = coalesce(cancel_reason, ?), finished_at = ? "
-    "WHERE session_id = ? AND turn_id = ? AND status = 'queued'"
-)
-#: A session's row as a turn opens: made (with its owner) or moved to ``running``.
-UPSERT_SESSION = (
+#: The session's row as one of its turns moves it: made (with its owner) if this is
+#: its first turn, else given the turn's agent and the status.
+PUT_SESSION = (
     "INSERT INTO turnkit_sessions (session_id, agent, status, created_at, updated_at, "
-    "owner) VALUES (?, ?, 'running', ?, ?, ?) ON CONFLICT (session_id) DO UPDATE SET "
-    "agent = excluded.agent, status = 'running', updated_at = excluded.updated_at"
+    "owner) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (session_id) DO UPDATE SET "
+    "agent = excluded.agent, status = excluded.status, updated_at = excluded.updated_at"
 )
-SET_TURN_STATUS = (
-    "UPDATE turnkit_turns SET status = ?, text = ?, error = ?, finished_at = ?, "
-    "pending = ? WHERE session_id = ? AND turn_id = ?"
-)
-SET_SESSION_STATUS = "UPDATE turnkit_sessions SET status = ?, updated_at = ? WHERE session_id = ?"
 
 # -- reads ------------------------------------------------------------------------------
 

@@ -25,20 +25,46 @@ def dumps(value: Any) -> str:
         raise StoreError(f"cannot store a value as JSON: {exc}") from exc
 
 
-def turn_values(session_id: str, record: TurnRecord, now: float | None) -> tuple[Any, ...]:
-    """The values of ``_sql.queue_turn`` and ``_sql.open_turn`` for ``record``: with
-    the writer's time ``now`` on SQLite, without it (``None``) on PostgreSQL, whose
-    own clock orders the turn. ``record.created_at`` is not used: a node's clock
-    never orders turns."""
+def new_turn_values(session_id: str, record: TurnRecord, now: float | None) -> tuple[Any, ...]:
+    """The values of ``_sql.new_turn`` for ``record``: with the writer's time ``now``
+    on SQLite, without it (``None``) on PostgreSQL, whose own clock orders the turn.
+    ``record.created_at`` is not used: a node's clock never orders turns."""
     clock = () if now is None else (now,)
     return (
         session_id,
         record.turn_id,
         record.agent,
+        record.status,
         dumps(record.opening),
         dumps(record.event) if record.event is not None else None,
         *clock,
         session_id,
+    )
+
+
+def move_values(session_id: str, record: TurnRecord, expect: str) -> tuple[Any, ...]:
+    """The values of ``_sql.MOVE_TURN``: ``record``'s moving fields, then the turn's
+    key and the status it must still be in."""
+    pending = dumps(record.pending) if record.pending is not None else None
+    return (
+        record.status,
+        record.text,
+        record.error,
+        pending,
+        record.finished_at,
+        session_id,
+        record.turn_id,
+        expect,
+    )
+
+
+def refused_move(session_id: str, record: TurnRecord, expect: str | None) -> str:
+    """What a store says of a ``PutTurn`` it found no row for."""
+    if expect is None:
+        return f"session {session_id}: turn {record.turn_id} already exists"
+    return (
+        f"session {session_id}: turn {record.turn_id} was to move from {expect} to "
+        f"{record.status}, but another process moved it first (or it does not exist)"
     )
 
 

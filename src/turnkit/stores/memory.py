@@ -18,12 +18,11 @@ from typing import Any, TypeVar
 
 from pydantic_core import from_json, to_json
 
-from .._errors import StoreError
+from .._errors import StoreError, TurnMoveError
 from .._seams.store import NoHandle, ToolStep
 from .._values.events import TurnEvent, event_from_dict
 from .._values.messages import JsonObject, Message, message_from_dict
 from .._values.records import (
-    TERMINAL_TURN_STATUSES,
     SessionInfo,
     SessionKey,
     SessionSnapshot,
@@ -32,8 +31,8 @@ from .._values.records import (
     TurnStatus,
     newest_first,
     preview_of,
-    session_status_after,
 )
+from .._values.turn_rules import UNFINISHED, first_cancel_reason
 from .._values.writes import Write
 from ._apply import apply_writes
 from ._locks import SessionLocks
@@ -76,6 +75,11 @@ def _encode(value: Any, what: str) -> bytes:
 
 def _copy(value: Any) -> Any:
     return from_json(to_json(value))
+
+
+def _kept_pending(pending: JsonObject | None) -> JsonObject | None:
+    """A suspend checkpoint as kept: a copy, refused with a clear error if not JSON."""
+    return None if pending is None else from_json(_encode(pending, "a suspend checkpoint"))
 
 
 class _MemoryTransaction:
@@ -142,7 +146,9 @@ class _MemoryTransaction:
         record = self._data.turns.get(turn_id)
         if record is None:
             raise StoreError(f"session {self._session_id}: no turn {turn_id} to cancel")
-        self._put_turn(replace(record, cancel_reason=record.cancel_reason or reason))
+        self._put_turn(
+            replace(record, cancel_reason=first_cancel_reason(record.cancel_reason, reason))
+        )
 
     def archive_generation(self, generation: int, agent: str) -> None:
         self._keep_fields()
@@ -173,106 +179,65 @@ class _MemoryTransaction:
         if d.reset_requested is None:
             d.reset_requested = time.time()
         for record in list(d.turns.values()):
-            if record.status in ("queued", "running", "suspended") and not record.cancel_reason:
+            if record.status in UNFINISHED and not record.cancel_reason:
                 self._put_turn(replace(record, cancel_reason="reset"))
 
     def drop_reset(self) -> None:
         self._keep_fields()
         self._data.reset_requested = None
 
-    def queue_turn(self, record: TurnRecord, *, owner: str | None = None) -> None:
-        if record.turn_id in self._data.turns:
-            raise StoreError(f"session {self._session_id}: turn {record.turn_id} already exists")
-        self._keep_fields()
-        if self._data.agent is None:  # the turn creates the session
-            self._data.owner = owner
-        self._put_turn(
-            replace(
+    def put_turn(
+        self,
+        record: TurnRecord,
+        expect: TurnStatus | None,
+        session_status: SessionStatus | None,
+        owner: str | None,
+    ) -> None:
+        turn_id = record.turn_id
+        stored = self._data.turns.get(turn_id)
+        if expect is None:
+            if stored is not None:
+                raise TurnMoveError(
+                    f"session {self._session_id}: turn {turn_id} already exists ({stored.status})"
+                )
+            self._keep_fields()
+            if self._data.agent is None:  # the turn creates the session
+                self._data.owner, self._data.agent = owner, record.agent
+            kept = replace(
                 record,
-                status="queued",
                 opening=_copy(record.opening),
                 event=_copy(record.event),
+                pending=_kept_pending(record.pending),
                 created_at=self._next_order(),
             )
-        )
-        if self._data.agent is None:
+        else:
+            if stored is None or stored.status != expect:
+                found = "no such turn" if stored is None else f"it is {stored.status}"
+                raise TurnMoveError(
+                    f"session {self._session_id}: turn {turn_id} was to move from {expect} "
+                    f"to {record.status}, but {found}"
+                )
+            kept = replace(
+                stored,
+                status=record.status,
+                text=record.text,
+                error=record.error,
+                pending=_kept_pending(record.pending),
+                finished_at=record.finished_at,
+            )
+        self._put_turn(kept)
+        if session_status is not None:
+            self._keep_fields()
             self._data.agent = record.agent
-        self._touch(self._data.status)
+            self._touch(session_status)
+        elif expect is None:
+            self._touch(self._data.status)
 
     def _next_order(self) -> float:
         """When a new turn of the session sorts: now, and after its latest turn (as
-        the SQL stores order them; see ``_sql.queue_turn``)."""
+        the SQL stores order them; see ``_sql.new_turn``)."""
         latest = max((t.created_at for t in self._data.turns.values()), default=0.0)
         return max(time.time(), latest + 0.000001)
-
-    def open_turn(self, record: TurnRecord, *, owner: str | None = None) -> None:
-        existing = self._data.turns.get(record.turn_id)
-        if existing is not None and existing.status != "queued":
-            raise StoreError(f"session {self._session_id}: turn {record.turn_id} already exists")
-        if self._data.agent is None:  # the turn creates the session
-            self._data.owner = owner
-        opened = replace(
-            record,
-            status="running",
-            opening=_copy(record.opening),
-            event=_copy(record.event),
-            created_at=existing.created_at if existing is not None else self._next_order(),
-            cancel_reason=existing.cancel_reason if existing is not None else None,
-        )
-        self._put_turn(opened)
-        self._data.agent = record.agent
-        self._touch("running")
-
-    def settle_queued(
-        self,
-        turn_id: str,
-        status: TurnStatus,
-        *,
-        reason: str | None = None,
-        error: str | None = None,
-    ) -> None:
-        record = self._data.turns.get(turn_id)
-        if record is None or record.status != "queued":
-            raise StoreError(f"session {self._session_id}: no queued turn {turn_id} to settle")
-        self._put_turn(
-            replace(
-                record,
-                status=status,
-                error=error,
-                cancel_reason=record.cancel_reason or reason,
-                finished_at=time.time(),
-            )
-        )
-
-    def set_turn_status(
-        self,
-        turn_id: str,
-        status: TurnStatus,
-        *,
-        text: str | None = None,
-        error: str | None = None,
-        pending: JsonObject | None = None,
-    ) -> None:
-        record = self._data.turns.get(turn_id)
-        if record is None:
-            raise StoreError(f"session {self._session_id}: no turn {turn_id} to update")
-        terminal = status in TERMINAL_TURN_STATUSES
-        kept = (
-            from_json(_encode(pending, "a suspend checkpoint"))
-            if status == "suspended" and pending is not None
-            else None
-        )
-        self._put_turn(
-            replace(
-                record,
-                status=status,
-                text=text,
-                error=error,
-                finished_at=time.time() if terminal else None,
-                pending=kept,
-            )
-        )
-        self._touch(session_status_after(status))
 
     def _touch(self, status: SessionStatus) -> None:
         self._keep_fields()

@@ -23,19 +23,17 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager, contextmanager
 from typing import Any, TypeVar, cast
 
-from .._errors import ConfigurationError, FatalToolError, StoreError
+from .._errors import ConfigurationError, FatalToolError, StoreError, TurnMoveError
 from .._seams.store import ToolStep
 from .._values.events import TurnEvent, event_from_dict
-from .._values.messages import JsonObject, Message, message_from_dict
+from .._values.messages import Message, message_from_dict
 from .._values.records import (
-    TERMINAL_TURN_STATUSES,
     SessionInfo,
     SessionKey,
     SessionSnapshot,
     SessionStatus,
     TurnRecord,
     TurnStatus,
-    session_status_after,
 )
 from .._values.writes import Write
 from . import _archive_sql as archive_sql
@@ -44,7 +42,7 @@ from ._apply import apply_writes
 from ._host_locks import HostSessionLocks
 from ._off_loop import on_thread
 from ._sql_rows import dumps as _dumps
-from ._sql_rows import session_info, turn_values
+from ._sql_rows import move_values, new_turn_values, refused_move, session_info
 from ._sql_rows import turn_from_row as _turn_from_row
 from ._sqlite_schema import migrate, read_store_id
 from ._sqlite_writer import SqliteWriter
@@ -265,55 +263,27 @@ class _SqliteTransaction:
         _check_open(self._conn)
         self._conn.execute(archive_sql.DROP_RESET, (self._sid,))
 
-    def queue_turn(self, record: TurnRecord, *, owner: str | None = None) -> None:
-        _check_open(self._conn)
-        now = time.time()
-        self._conn.execute(sql.QUEUE_TURN, turn_values(self._sid, record, now))
-        self._conn.execute(sql.QUEUE_SESSION, (self._sid, record.agent, now, now, owner))
-
-    def settle_queued(
+    def put_turn(
         self,
-        turn_id: str,
-        status: TurnStatus,
-        *,
-        reason: str | None = None,
-        error: str | None = None,
-    ) -> None:
-        _check_open(self._conn)
-        cur = self._conn.execute(
-            sql.SETTLE_QUEUED, (status, error, reason, time.time(), self._sid, turn_id)
-        )
-        if cur.rowcount != 1:
-            raise StoreError(f"session {self._sid}: no queued turn {turn_id} to settle")
-
-    def open_turn(self, record: TurnRecord, *, owner: str | None = None) -> None:
-        _check_open(self._conn)
-        now = time.time()
-        cur = self._conn.execute(sql.OPEN_TURN, turn_values(self._sid, record, now))
-        if cur.rowcount != 1:
-            raise StoreError(f"session {self._sid}: turn {record.turn_id} already exists")
-        self._conn.execute(sql.UPSERT_SESSION, (self._sid, record.agent, now, now, owner))
-
-    def set_turn_status(
-        self,
-        turn_id: str,
-        status: TurnStatus,
-        *,
-        text: str | None = None,
-        error: str | None = None,
-        pending: JsonObject | None = None,
+        record: TurnRecord,
+        expect: TurnStatus | None,
+        session_status: SessionStatus | None,
+        owner: str | None,
     ) -> None:
         _check_open(self._conn)
         now = time.time()
-        terminal = status in TERMINAL_TURN_STATUSES
-        kept = _dumps(pending) if status == "suspended" and pending is not None else None
-        cur = self._conn.execute(
-            sql.SET_TURN_STATUS,
-            (status, text, error, now if terminal else None, kept, self._sid, turn_id),
-        )
+        sid = self._sid
+        if expect is None:
+            cur = self._conn.execute(sql.NEW_TURN, new_turn_values(sid, record, now))
+        else:
+            cur = self._conn.execute(sql.MOVE_TURN, move_values(sid, record, expect))
         if cur.rowcount != 1:
-            raise StoreError(f"session {self._sid}: no turn {turn_id} to update")
-        self._conn.execute(sql.SET_SESSION_STATUS, (session_status_after(status), now, self._sid))
+            raise TurnMoveError(refused_move(sid, record, expect))
+        if session_status is not None:
+            row = (sid, record.agent, session_status, now, now, owner)
+            self._conn.execute(sql.PUT_SESSION, row)
+        elif expect is None:
+            self._conn.execute(sql.SESSION_SEEN, (sid, record.agent, now, now, owner))
 
 
 class _SqliteSession:

@@ -26,7 +26,7 @@ import asyncio
 import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
@@ -34,7 +34,7 @@ import pytest
 from .._engine.agent import Agent
 from .._engine.context import ToolContext
 from .._engine.tools import tool
-from .._errors import FatalToolError, SessionOwnerError, StoreError
+from .._errors import FatalToolError, SessionOwnerError, StoreError, TurnMoveError
 from .._runtime.runtime import Runtime
 from .._seams.store import (
     SessionStore,
@@ -44,6 +44,7 @@ from .._seams.store import (
     parked_turn,
     transcript,
 )
+from .._values import turn_rules
 from .._values.events import TurnCompletedEvent, TurnStartedEvent
 from .._values.messages import (
     AssistantMessage,
@@ -52,19 +53,16 @@ from .._values.messages import (
     TriggerMessage,
     UserMessage,
 )
-from .._values.records import PREVIEW_CHARS, TurnRecord
+from .._values.records import PREVIEW_CHARS, TurnRecord, TurnStatus
 from .._values.writes import (
     AppendMessage,
     ArchiveGeneration,
     DropReset,
     LogEvent,
-    OpenTurn,
     PutStep,
-    QueueTurn,
+    PutTurn,
     RequestCancel,
     RequestReset,
-    SettleQueued,
-    SetTurnStatus,
     Write,
 )
 from ..models._scripted import ScriptedModel, ScriptedReply, tool_call
@@ -78,6 +76,7 @@ __all__ = [
     "test_conformance_a_reset_request_is_a_barrier_in_the_store",
     "test_conformance_a_taken_position_or_step_is_refused",
     "test_conformance_a_tool_step_runs_off_the_event_loop",
+    "test_conformance_a_turn_moved_by_someone_else_first_is_refused",
     "test_conformance_a_turn_of_another_owner_is_refused",
     "test_conformance_an_empty_commit_changes_nothing",
     "test_conformance_commit_writes_read_back",
@@ -143,7 +142,18 @@ async def _open_turn(
     opening = UserMessage(text=f"open {turn_id}", turn_id=turn_id)
 
     record = _record(session.session_id, turn_id, **kw)
-    await session.commit([AppendMessage(index, opening), OpenTurn(record, owner)])
+    await session.commit([AppendMessage(index, opening), turn_rules.new_turn(record, owner=owner)])
+
+
+def _move(turn_id: str, status: TurnStatus, *, was: TurnStatus = "running", **kw: Any) -> PutTurn:
+    """The write that moves a stored turn (in status ``was``) to ``status``, made by
+    the engine's rules, as a delivery makes it."""
+    return turn_rules.move(replace(_record("s", turn_id), status=was), status, **kw)
+
+
+def _queue(record: TurnRecord) -> PutTurn:
+    """The write that stores ``record`` as a queued turn."""
+    return turn_rules.new_turn(replace(record, status="queued"))
 
 
 class _Boom(Exception):
@@ -180,7 +190,7 @@ async def test_conformance_commit_writes_read_back(conformance_store: StoreUnder
                 AppendMessage(1, reply),
                 LogEvent(started),
                 LogEvent(done),
-                SetTurnStatus("t1", "completed", text="hi"),
+                _move("t1", "completed", text="hi"),
             ]
         )
         snap = await session.load("t1")
@@ -235,10 +245,10 @@ async def test_conformance_a_failed_commit_undoes_every_kind_of_write(
             AppendMessage(1, AssistantMessage(text="x", turn_id="t1")),
             LogEvent(TurnCompletedEvent(turn_id="t1", session_id="s1", text="x", seq=2)),
             RequestCancel("t1", "requested"),
-            SetTurnStatus("t1", "suspended", pending={"request": {"id": "ok"}}),
+            _move("t1", "suspended", pending={"request": {"id": "ok"}}),
             AppendMessage(2, UserMessage(text="open t2", turn_id="t2")),
-            OpenTurn(_record("s1", "t2", created_at=2.0)),
-            QueueTurn(_record("s1", "t4", created_at=3.0)),
+            turn_rules.new_turn(_record("s1", "t2", created_at=2.0)),
+            _queue(_record("s1", "t4", created_at=3.0)),
             RequestReset(),
             refused,
         ]
@@ -281,9 +291,9 @@ async def test_conformance_writes_apply_in_list_order(conformance_store: StoreUn
         await session.commit(
             [
                 AppendMessage(0, opening),
-                OpenTurn(_record("s1", "t1")),
+                turn_rules.new_turn(_record("s1", "t1")),
                 RequestCancel("t1", "requested"),
-                SetTurnStatus("t1", "cancelled"),
+                _move("t1", "cancelled"),
                 AppendMessage(1, AssistantMessage(text="after", turn_id="t1")),
             ]
         )
@@ -389,9 +399,35 @@ async def test_conformance_updating_a_missing_turn_is_refused(
 ) -> None:
     async with _opened(conformance_store) as store:
         session = store.session("s1")
-        with pytest.raises(StoreError, match="no turn"):
-            await session.commit([SetTurnStatus("ghost", "completed", text="x")])
+        with pytest.raises(TurnMoveError, match="ghost"):
+            await session.commit([_move("ghost", "completed", text="x")])
         assert await session.status() == "new"
+
+
+@pytest.mark.asyncio
+async def test_conformance_a_turn_moved_by_someone_else_first_is_refused(
+    conformance_store: StoreUnderTest,
+) -> None:
+    """A ``PutTurn`` applies only if the turn is still in the status it was planned
+    from: of two moves planned from ``running``, the second is refused whole."""
+    async with _opened(conformance_store) as store:
+        session = store.session("s1")
+        await _open_turn(session, "t1")
+        await session.commit([_move("t1", "completed", text="first")])
+        late: list[Write] = [
+            PutStep("model:9", "t1", {"text": "late"}),
+            AppendMessage(1, AssistantMessage(text="late", turn_id="t1")),
+            _move("t1", "failed", error="second"),
+        ]
+        with pytest.raises(TurnMoveError, match="from running to failed"):
+            await session.commit(late)
+        snap = await session.load("t1")
+        assert snap.turn is not None and (snap.turn.status, snap.turn.text) == (
+            "completed",
+            "first",
+        )
+        assert len(snap.messages) == 1 and snap.steps == {}
+        assert await session.status() == "idle"
 
 
 @pytest.mark.asyncio
@@ -421,7 +457,7 @@ async def test_conformance_sessions_are_isolated_and_listed(
         one, two = store.session("s1"), store.session("s2")
         await _open_turn(one, "t1")
         await _open_turn(two, "t1")  # the same turn id in another session is another turn
-        await one.commit([SetTurnStatus("t1", "completed", text="done")])
+        await one.commit([_move("t1", "completed", text="done")])
         assert await one.status() == "idle" and await two.status() == "running"
         assert len(await transcript(one)) == 1 and len(await transcript(two)) == 1
         listed = {(i.session_id, i.agent, i.status) for i in await all_sessions(store)}
@@ -436,7 +472,7 @@ async def test_conformance_session_pages_newest_first_by_key(
         for n in range(7):
             session = store.session(f"s{n}")
             await _open_turn(session, "t1", agent="a" if n % 3 else "b")
-        await store.session("s1").commit([SetTurnStatus("t1", "completed")])
+        await store.session("s1").commit([_move("t1", "completed")])
         every = await all_sessions(store)
         expected = sorted(
             (i for i in every if i.agent == "a"), key=lambda i: (-i.updated_at, i.session_id)
@@ -465,7 +501,7 @@ async def test_conformance_sessions_carry_a_preview_of_their_first_message(
     def opened(session_id: str, opening: UserMessage | TriggerMessage) -> list[Write]:
         return [
             AppendMessage(0, opening),
-            OpenTurn(_record(session_id, opening.turn_id)),
+            turn_rules.new_turn(_record(session_id, opening.turn_id)),
             AppendMessage(1, AssistantMessage(text="later text", turn_id=opening.turn_id)),
         ]
 
@@ -495,7 +531,7 @@ async def test_conformance_unfinished_turns_oldest_first(
         await _open_turn(store.session("early"), "t1", created_at=20.0)
         await _open_turn(store.session("late"), "t2", created_at=10.0)
         await _open_turn(store.session("done"), "t3", created_at=5.0)
-        await store.session("done").commit([SetTurnStatus("t3", "failed", error="x")])
+        await store.session("done").commit([_move("t3", "failed", error="x")])
         assert [t.turn_id for t in await store.unfinished_turns()] == ["t1", "t2"]
 
 
@@ -615,14 +651,14 @@ async def test_conformance_park_cancel_and_unfinished(conformance_store: StoreUn
         assert [t.turn_id for t in await session.unfinished()] == ["t1"]
         assert await parked_turn(session) is None
         checkpoint = {"request": {"id": "ok"}, "call_id": "c1"}
-        await session.commit([SetTurnStatus("t1", "suspended", pending=checkpoint)])
+        await session.commit([_move("t1", "suspended", pending=checkpoint)])
         parked = await parked_turn(session)
         assert parked is not None and parked.pending == checkpoint
         assert await session.status() == "suspended"
         assert [t.status for t in await session.unfinished()] == ["suspended"]
         await session.commit([RequestCancel("t1", "requested")])
         await session.commit([RequestCancel("t1", "reset")])  # first one wins
-        await session.commit([SetTurnStatus("t1", "cancelled")])
+        await session.commit([_move("t1", "cancelled", was="suspended")])
         record = await session.turn("t1")
         assert record is not None and record.status == "cancelled"
         assert record.cancel_reason == "requested" and record.pending is None
@@ -638,9 +674,9 @@ async def test_conformance_queued_turns_open_or_settle(conformance_store: StoreU
         session = store.session("q")
         # The store orders turns, never the record's clock: these claim ever earlier
         # times, yet sort in the order they were stored.
-        await session.commit([QueueTurn(_record("q", "t1", created_at=30.0))])
-        await session.commit([QueueTurn(_record("q", "t2", created_at=20.0))])
-        await session.commit([QueueTurn(_record("q", "t3", created_at=10.0))])
+        await session.commit([_queue(_record("q", "t1", created_at=30.0))])
+        await session.commit([_queue(_record("q", "t2", created_at=20.0))])
+        await session.commit([_queue(_record("q", "t3", created_at=10.0))])
         queued = await session.turn("t1")
         assert queued is not None and queued.status == "queued"
         assert queued.opening == UserMessage(text="open t1", turn_id="t1").to_dict()
@@ -650,29 +686,34 @@ async def test_conformance_queued_turns_open_or_settle(conformance_store: StoreU
         assert [t.turn_id for t in await session.unfinished()] == ["t1", "t2", "t3"]
         assert [t.turn_id for t in await store.unfinished_turns()] == ["t1", "t2", "t3"]
         with pytest.raises(StoreError):
-            await session.commit([QueueTurn(_record("q", "t1"))])
+            await session.commit([_queue(_record("q", "t1"))])
 
         first = await session.turn("t1")
         assert first is not None
-        await _open_turn(session, "t1", created_at=99.0)  # the queued row becomes running
+        opening = UserMessage(text="open t1", turn_id="t1")
+        await session.commit([AppendMessage(0, opening), _move("t1", "running", was="queued")])
         opened = await session.turn("t1")
         assert opened is not None and opened.status == "running"
         assert opened.created_at == first.created_at and await session.status() == "running"
-        with pytest.raises(StoreError, match="t1"):  # a running turn is not opened twice
-            await session.commit([OpenTurn(_record("q", "t1"))])
+        with pytest.raises(TurnMoveError, match="t1"):  # a running turn is not opened twice
+            await session.commit([turn_rules.new_turn(_record("q", "t1"))])
+        with pytest.raises(TurnMoveError, match="t1"):  # nor moved from queued again
+            await session.commit([_move("t1", "running", was="queued")])
 
         await session.commit([RequestCancel("t2", "replaced")])
-        await session.commit([SettleQueued("t2", "cancelled", reason="requested")])
-        await session.commit([SettleQueued("t3", "failed", error="parked")])
+        await session.commit(
+            [RequestCancel("t2", "requested"), _move("t2", "cancelled", was="queued")]
+        )
+        await session.commit([_move("t3", "failed", was="queued", error="parked")])
         t2, t3 = await session.turn("t2"), await session.turn("t3")
         assert t2 is not None and (t2.status, t2.cancel_reason) == ("cancelled", "replaced")
         assert t3 is not None and (t3.status, t3.error) == ("failed", "parked")
         assert t3.finished_at is not None
         assert await session.status() == "running"  # settling leaves the session alone
         assert [t.turn_id for t in await session.unfinished()] == ["t1"]
-        for turn_id in ("t1", "t2", "ghost"):  # only a queued turn settles
-            with pytest.raises(StoreError, match="queued"):
-                await session.commit([SettleQueued(turn_id, "cancelled", reason="x")])
+        for turn_id in ("t1", "t2", "ghost"):  # only a queued turn settles from queued
+            with pytest.raises(TurnMoveError, match=turn_id):
+                await session.commit([_move(turn_id, "cancelled", was="queued")])
 
 
 @pytest.mark.asyncio
@@ -723,25 +764,25 @@ async def test_conformance_a_reset_request_is_a_barrier_in_the_store(
         await session.commit([RequestReset()])  # no session yet: nothing
         assert not (await session.load()).reset_requested
         await _open_turn(session, "t1")
-        await session.commit([QueueTurn(_record("r", "t2", created_at=20.0))])
+        await session.commit([_queue(_record("r", "t2", created_at=20.0))])
         await session.commit([RequestCancel("t2", "replaced")])
-        await session.commit([QueueTurn(_record("r", "t3", created_at=30.0))])
+        await session.commit([_queue(_record("r", "t3", created_at=30.0))])
         assert not (await session.load()).reset_requested
         await session.commit([RequestReset()])
         await session.commit([RequestReset()])  # a second request: one mark
-        await session.commit([QueueTurn(_record("r", "t4", created_at=40.0))])
+        await session.commit([_queue(_record("r", "t4", created_at=40.0))])
         assert (await session.load()).reset_requested
         reasons = {t.turn_id: t.cancel_reason for t in await session.unfinished()}
         # The first cancellation recorded stays; the turn stored after is untouched.
         assert reasons == {"t1": "reset", "t2": "replaced", "t3": "reset", "t4": None}
         with pytest.raises(StoreError):  # a failed commit leaves the mark as it was
-            await session.commit([DropReset(), SettleQueued("t1", "cancelled")])
+            await session.commit([DropReset(), _move("t1", "cancelled", was="queued")])
         assert (await session.load()).reset_requested
         await session.commit(
             [
-                SetTurnStatus("t1", "cancelled"),
-                SettleQueued("t2", "cancelled", reason="reset"),
-                SettleQueued("t3", "cancelled", reason="reset"),
+                _move("t1", "cancelled"),
+                _move("t2", "cancelled", was="queued"),
+                _move("t3", "cancelled", was="queued"),
                 ArchiveGeneration(0, "a"),
             ]
         )
@@ -766,7 +807,7 @@ async def test_conformance_sessions_record_their_owner(conformance_store: StoreU
         await _open_turn(mine, "t1", owner="alice")
         await _open_turn(code, "t1")  # opened from code: nobody's
         await _open_turn(store.session("bobs"), "t1", owner="bob", agent="b")
-        await mine.commit([SetTurnStatus("t1", "completed")])
+        await mine.commit([_move("t1", "completed")])
         await _open_turn(mine, "t2", index=1, owner="bob")  # an existing session keeps its owner
         assert (await mine.load("t2")).owner == "alice"
         assert (await code.load()).owner is None

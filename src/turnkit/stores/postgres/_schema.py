@@ -18,6 +18,8 @@ from ..._errors import StoreError
 FENCE_SQLSTATE = "TK001"
 #: SQLSTATE raised by ``turnkit_expect_one`` when an update found no row.
 MISSING_SQLSTATE = "TK002"
+#: SQLSTATE raised by ``turnkit_expect_moved`` when a turn's put found no row.
+MOVE_SQLSTATE = "TK003"
 
 
 def claimable(alias: str = "") -> str:
@@ -231,6 +233,19 @@ MIGRATIONS: list[tuple[str, ...]] = [
         END
         $fn$""",
     ),
+    # v12: a turn's put (``PutTurn``) that finds no row (its id taken, or the turn no
+    # longer in the status the move was planned from) fails with its own SQLSTATE,
+    # so the store raises ``TurnMoveError`` without reading the message.
+    (
+        """CREATE FUNCTION turnkit_expect_moved(n bigint, what text) RETURNS void
+        LANGUAGE plpgsql AS $fn$
+        BEGIN
+            IF n <> 1 THEN
+                RAISE EXCEPTION USING ERRCODE = '{sqlstate_move}', MESSAGE = what;
+            END IF;
+        END
+        $fn$""",
+    ),
 ]
 
 
@@ -290,7 +305,10 @@ def migrate(conn: Any, schema: str, migrations: list[tuple[str, ...]] = MIGRATIO
             for statement in migrations[target - 1]:
                 conn.execute(
                     statement.format(
-                        schema=quoted, sqlstate=FENCE_SQLSTATE, sqlstate_missing=MISSING_SQLSTATE
+                        schema=quoted,
+                        sqlstate=FENCE_SQLSTATE,
+                        sqlstate_missing=MISSING_SQLSTATE,
+                        sqlstate_move=MOVE_SQLSTATE,
                     )
                 )
             conn.execute(

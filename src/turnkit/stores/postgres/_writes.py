@@ -15,19 +15,19 @@ from psycopg import errors as pg_errors
 from psycopg.pq import TransactionStatus
 from psycopg_pool import ConnectionPool
 
-from ..._errors import FatalToolError, FencedError, StoreError
+from ..._errors import FatalToolError, FencedError, StoreError, TurnMoveError
 from ..._seams.store import StoreHandle
 from ..._values.events import TurnEvent
-from ..._values.messages import JsonObject, Message
-from ..._values.records import TERMINAL_TURN_STATUSES, TurnRecord, TurnStatus, session_status_after
+from ..._values.messages import Message
+from ..._values.records import SessionStatus, TurnRecord, TurnStatus
 from .. import _archive_sql as archive_sql
 from .. import _sql as sql
 from .._sql_rows import dumps as _dumps
-from .._sql_rows import turn_values
+from .._sql_rows import move_values, new_turn_values, refused_move
 from . import _wire as wire
 from ._queue import CHANNEL as WAKE_CHANNEL
 from ._queue import WAKE_SQL
-from ._schema import FENCE_SQLSTATE, MISSING_SQLSTATE
+from ._schema import FENCE_SQLSTATE, MISSING_SQLSTATE, MOVE_SQLSTATE
 from ._statements import (
     ABORTED,
     ENDED,
@@ -100,48 +100,26 @@ class _Writes:
         self.writes.append((archive_sql.DROP_RESET, (self._sid,)))
         self._wake_workers()  # the queued turns behind it may run
 
-    def queue_turn(self, record: TurnRecord, *, owner: str | None = None) -> None:
-        now = time.time()
-        self.writes.append((sql.PG_QUEUE_TURN, turn_values(self._sid, record, None)))
-        self.writes.append((sql.QUEUE_SESSION, (self._sid, record.agent, now, now, owner)))
-        self._wake_workers()
-
-    def settle_queued(
+    def put_turn(
         self,
-        turn_id: str,
-        status: TurnStatus,
-        *,
-        reason: str | None = None,
-        error: str | None = None,
+        record: TurnRecord,
+        expect: TurnStatus | None,
+        session_status: SessionStatus | None,
+        owner: str | None,
     ) -> None:
-        missing = f"session {self._sid}: no queued turn {turn_id} to settle"
-        row = (status, error, reason, time.time(), self._sid, turn_id)
-        self.writes.append((_SETTLE_QUEUED_CHECKED, (*row, missing)))
-
-    def open_turn(self, record: TurnRecord, *, owner: str | None = None) -> None:
-        now = time.time()
-        missing = f"session {self._sid}: turn {record.turn_id} already exists"
-        self.writes.append((_OPEN_TURN_CHECKED, (*turn_values(self._sid, record, None), missing)))
-        self.writes.append((sql.UPSERT_SESSION, (self._sid, record.agent, now, now, owner)))
-
-    def set_turn_status(
-        self,
-        turn_id: str,
-        status: TurnStatus,
-        *,
-        text: str | None = None,
-        error: str | None = None,
-        pending: JsonObject | None = None,
-    ) -> None:
-        now = time.time()
-        finished = now if status in TERMINAL_TURN_STATUSES else None
-        kept = _dumps(pending) if status == "suspended" and pending is not None else None
-        missing = f"session {self._sid}: no turn {turn_id} to update"
-        turn = (status, text, error, finished, kept, self._sid, turn_id)
-        session = (session_status_after(status), now, self._sid)
-        self.writes.append((_SET_STATUS_CHECKED, (*turn, *session, missing)))
-        if status == "running":
-            self._wake_workers()  # resumed: a worker runs it on
+        sid, now = self._sid, time.time()
+        refusal = refused_move(sid, record, expect)
+        if expect is None:
+            self.writes.append((_NEW_TURN_CHECKED, (*new_turn_values(sid, record, None), refusal)))
+        else:
+            self.writes.append((_MOVE_TURN_CHECKED, (*move_values(sid, record, expect), refusal)))
+        if session_status is not None:
+            row = (sid, record.agent, session_status, now, now, owner)
+            self.writes.append((sql.PUT_SESSION, row))
+        elif expect is None:
+            self.writes.append((sql.SESSION_SEEN, (sid, record.agent, now, now, owner)))
+        if record.status == "queued" or expect == "suspended":
+            self._wake_workers()  # runnable by any worker: submitted, or answered
 
 
 #: PostgreSQL checks an update's row count on the server (``turnkit_expect_one``), so
@@ -150,18 +128,12 @@ _REQUEST_CANCEL_CHECKED = (
     f"WITH t AS ({archive_sql.REQUEST_CANCEL} RETURNING 1) "
     "SELECT turnkit_expect_one(count(*), ?) FROM t"
 )
-_OPEN_TURN_CHECKED = (
-    f"WITH t AS ({sql.PG_OPEN_TURN} RETURNING 1) SELECT turnkit_expect_one(count(*), ?) FROM t"
+#: A turn's put, its row count checked on the server (``turnkit_expect_moved``).
+_NEW_TURN_CHECKED = (
+    f"WITH t AS ({sql.PG_NEW_TURN} RETURNING 1) SELECT turnkit_expect_moved(count(*), ?) FROM t"
 )
-_SETTLE_QUEUED_CHECKED = (
-    f"WITH t AS ({sql.SETTLE_QUEUED} RETURNING 1) SELECT turnkit_expect_one(count(*), ?) FROM t"
-)
-#: The turn's move and the session's, in one statement (the session moves only if the
-#: turn did), and the turn's row count checked.
-_SET_STATUS_CHECKED = (
-    f"WITH t AS ({sql.SET_TURN_STATUS} RETURNING 1), "
-    f"s AS ({sql.SET_SESSION_STATUS} AND EXISTS (SELECT 1 FROM t)) "
-    "SELECT turnkit_expect_one(count(*), ?) FROM t"
+_MOVE_TURN_CHECKED = (
+    f"WITH t AS ({sql.MOVE_TURN} RETURNING 1) SELECT turnkit_expect_moved(count(*), ?) FROM t"
 )
 
 
@@ -373,6 +345,8 @@ def commit_error(sid: str, lost: bool, exc: BaseException) -> BaseException:
             )
         if state == MISSING_SQLSTATE:
             return StoreError(str(exc.diag.message_primary or exc))
+        if state == MOVE_SQLSTATE:
+            return TurnMoveError(str(exc.diag.message_primary or exc))
         if isinstance(exc, pg_errors.UniqueViolation) and "turnkit_generations" in str(
             exc.diag.table_name or ""
         ):
