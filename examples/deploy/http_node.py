@@ -15,11 +15,12 @@ PostgreSQL (default 10).
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
 import psycopg
-from psycopg import sql
+from psycopg import errors, sql
 from starlette.requests import Request
 
 import turnkit
@@ -36,14 +37,24 @@ DSN = os.environ["DATABASE_URL"]
 SCHEMA = os.environ.get("TURNKIT_SCHEMA", "public")
 POOL_SIZE = int(os.environ.get("TURNKIT_POOL_SIZE", "10"))
 
+
+def create_once(conn: psycopg.Connection, statement: sql.Composed) -> None:
+    """Run a CREATE ... IF NOT EXISTS that another process (a worker migrating the
+    same schema, another HTTP node) may be running at the same moment: PostgreSQL's
+    IF NOT EXISTS is not atomic, and the loser's unique violation means it exists."""
+    with contextlib.suppress(errors.UniqueViolation, errors.DuplicateSchema, errors.DuplicateTable):
+        conn.execute(statement)
+
+
 with psycopg.connect(DSN, autocommit=True) as conn:
     schema = sql.Identifier(SCHEMA)
-    conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(schema))
-    conn.execute(
+    create_once(conn, sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(schema))
+    create_once(
+        conn,
         sql.SQL(
             "CREATE TABLE IF NOT EXISTS {}.order_lookups "
             "(session_id text, turn_id text, order_id text, pid integer)"
-        ).format(schema)
+        ).format(schema),
     )
 
 agent = turnkit.load_agent(Path(__file__).with_name("agent"))

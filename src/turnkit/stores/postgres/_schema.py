@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from psycopg import errors as pg_errors
 from psycopg import sql
 
 from ..._errors import StoreError
@@ -284,7 +285,11 @@ def migrate(conn: Any, schema: str, migrations: list[tuple[str, ...]] = MIGRATIO
         # needs no CREATE at all.
         exists = "SELECT 1 FROM pg_namespace WHERE nspname = %s"
         if conn.execute(exists, (schema,)).fetchone() is None:
-            conn.execute(f"CREATE SCHEMA {quoted}")
+            try:
+                with conn.transaction():  # a savepoint: losing the race below is fine
+                    conn.execute(f"CREATE SCHEMA {quoted}")
+            except (pg_errors.UniqueViolation, pg_errors.DuplicateSchema):
+                pass  # created this moment by someone outside our lock (an app's setup)
         if (
             conn.execute("SELECT to_regclass(%s)", (f"{quoted}.turnkit_schema",)).fetchone()[0]
             is None
