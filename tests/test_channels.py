@@ -332,7 +332,7 @@ async def test_the_terminal_channel_renders_and_asks_at_the_prompt(open_runtime:
         prompts.append(prompt)
         return next(answers)
 
-    terminal = TerminalChannel(out=out, ask=ask, user="alice")
+    terminal = TerminalChannel(out=out, ask=ask, user="local:alice")
     result = await terminal.converse(ctx, "deploy api", session="cli")
     assert result.status == "completed" and asked == [True]
     # Asked at the prompt only (not printed first as well); "maybe" was asked again.
@@ -346,7 +346,9 @@ async def test_the_terminal_channel_renders_and_asks_at_the_prompt(open_runtime:
     opening = (await ctx.session("cli").messages())[0]
     assert isinstance(opening, UserMessage)
     event = terminal.to_event("hi")
-    assert (event.source, event.user) == ("cli", User(id="cli:alice", attested=True))
+    assert (event.source, event.user) == ("cli", User(id="local:alice", attested=True))
+    # The session the terminal opened is its user's.
+    assert (await ctx.runtime.store.session("cli").load()).owner == "local:alice"
 
 
 async def test_the_terminal_answers_a_question_left_by_an_earlier_run(open_runtime: Any) -> None:

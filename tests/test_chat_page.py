@@ -36,8 +36,8 @@ EXAMPLE = ROOT / "examples" / "ops"
 SLOW_AGENT = ROOT / "tests" / "fixtures" / "slow_agent"
 FORM_AGENT = ROOT / "tests" / "fixtures" / "form_agent"
 ECHO_AGENT = ROOT / "tests" / "fixtures" / "echo_agent"
-#: Who ``turnkit dev`` says answered: its loopback principal, ``dev:<login>``.
-BY_ME = r"dev:\S+"
+#: Who ``turnkit dev`` says answered: its loopback principal, the local user ``local:<login>``.
+BY_ME = r"local:\S+"
 CHROMIUM_ARGS = [
     "--headless=new",
     "--no-sandbox",
@@ -49,11 +49,14 @@ CHROMIUM_ARGS = [
     "--disable-sync",
 ]
 #: Without the model settings, so a developer's API key never sends these tests online.
-OFFLINE_ENV = {
-    k: v
-    for k, v in os.environ.items()
-    if k not in {"TURNKIT_MODEL", "ANTHROPIC_API_KEY", "OPENAI_API_KEY", "OPENAI_BASE_URL"}
+LEFT_OUT = {
+    "TURNKIT_MODEL",
+    "ANTHROPIC_API_KEY",
+    "OPENAI_API_KEY",
+    "OPENAI_BASE_URL",
+    "TURNKIT_USER",
 }
+OFFLINE_ENV = {k: v for k, v in os.environ.items() if k not in LEFT_OUT}
 URL = re.compile(r"http://127\.0\.0\.1:(\d+)/")
 TIMEOUT_MS = 20_000
 DEV_COMMAND = [sys.executable, "-m", "turnkit.cli", "dev"]

@@ -19,12 +19,16 @@ from turnkit.cli._logging import log_to_stderr
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "ops"
-#: Without the model settings, so a developer's API key never sends these tests online.
-OFFLINE_ENV = {
-    k: v
-    for k, v in os.environ.items()
-    if k not in {"TURNKIT_MODEL", "ANTHROPIC_API_KEY", "OPENAI_API_KEY", "OPENAI_BASE_URL"}
+#: Without the model settings, so a developer's API key never sends these tests online,
+#: nor a TURNKIT_USER of theirs (the tests expect the default local user).
+LEFT_OUT = {
+    "TURNKIT_MODEL",
+    "ANTHROPIC_API_KEY",
+    "OPENAI_API_KEY",
+    "OPENAI_BASE_URL",
+    "TURNKIT_USER",
 }
+OFFLINE_ENV = {k: v for k, v in os.environ.items() if k not in LEFT_OUT}
 
 
 def turnkit(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:

@@ -199,9 +199,10 @@ def test_show_a_parked_session_says_what_it_waits_for_and_how_to_answer(shop: Pa
     parked = out[out.index("parked input") :]
     assert re.search(r"asks +Deploy api\?", parked)
     assert re.search(r"schema +\{\"type\": \"boolean\"\}", parked)
-    assert re.search(r"answerers +user cli:\S+", parked)
+    assert re.search(r"answerers +user local:\S+", parked)  # whoever ran turnkit run
     assert re.search(r"input id +approve", parked) and "deploy (call call_1)" in parked
-    assert '"<next message>" --session p --store shop.db  (asks this first)' in parked
+    hint = "turnkit answer <deployer agent folder> --session p --store shop.db"
+    assert f"{hint}  (or on the turnkit dev page)" in parked
     assert ".resume(" in parked
     data = json.loads(as_json.stdout)
     assert data["status"] == "suspended"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
+import getpass
 import hashlib
 import json
 import logging
@@ -300,10 +301,16 @@ def _request(host: str) -> Request:
     return Request({"type": "http", "client": (host, 5000), "headers": [], "method": "GET"})
 
 
-def test_loopback_only_admits_this_machine_and_nobody_else() -> None:
+def test_loopback_only_admits_this_machine_and_nobody_else(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("TURNKIT_USER", raising=False)
+    login = getpass.getuser()
     for host in ("127.0.0.1", "127.8.9.10", "::1"):
         principal = loopback_only(_request(host))
-        assert principal is not None and principal.id.startswith("dev:") and principal.attested
+        assert principal is not None and principal.attested
+        # The local user, as turnkit run has it, also going by the names both had before.
+        assert principal.names == (f"local:{login}", f"cli:{login}", f"dev:{login}")
     for host in ("10.0.0.5", "192.168.1.2", "8.8.8.8", "not-an-address"):
         assert loopback_only(_request(host)) is None
     assert loopback_only(Request({"type": "http", "headers": [], "method": "GET"})) is None

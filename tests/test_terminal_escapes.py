@@ -224,7 +224,7 @@ async def test_the_terminal_channel_shows_replies_tools_and_questions_escaped(
         prompts.append(prompt)
         raise EOFError  # leave the question unanswered
 
-    terminal = turnkit.TerminalChannel(out=out, ask=ask, user="ana")
+    terminal = turnkit.TerminalChannel(out=out, ask=ask, user="cli:ana")
     done = await terminal.converse(ctx, "look", session="t1")
     assert done.status == "completed"
     with pytest.raises(EOFError):

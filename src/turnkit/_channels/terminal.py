@@ -2,8 +2,9 @@
 
 It renders a turn as it happens (reply text inline, each tool call and its result
 as a timeline line) and, when the turn parks, asks the question at the prompt and
-resumes the turn with the answer. The person at the terminal is the operating
-system's logged-in user, so their identity counts as attested. Everything it writes
+resumes the turn with the answer. The person at the terminal is the local user
+(``local_user``: the one the ``turnkit dev`` page also serves), authenticated by the
+operating system, so their identity counts as attested. Everything it writes
 passes through ``printable``: a reply, a tool result or a question never gets to
 send the terminal a control sequence.
 """
@@ -12,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import getpass
 import json
 import sys
 import threading
@@ -20,11 +20,13 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any, TextIO
 
 from .._errors import InvalidAnswerError, ResumeAuthorizationError
+from .._seams.store import NO_MESSAGES
 from .._values.events import SubagentEvent, TurnEvent
 from .._values.inbound import InboundEvent, User
 from .._values.inputs import InputRequest
 from .._values.turns import TurnResult
 from .channel import ChannelContext
+from .local_user import local_user, named_answerer
 from .printable import printable
 
 SOURCE = "cli"
@@ -146,7 +148,9 @@ class TerminalChannel:
         self._ask = ask if ask is not None else input
         #: ``input()`` from a pipe or a file: no Enter is echoed to end the prompt's line.
         self._unechoed = ask is None and not _is_terminal(sys.stdin)
-        self.user_id = f"cli:{user or getpass.getuser()}"
+        #: Who is at the terminal: ``user`` (a user id) or the local identity.
+        self.user = local_user(user)
+        self.user_id = self.user.id
 
     def to_event(self, payload: Any) -> InboundEvent:
         """A line typed at the terminal, spoken by the logged-in user."""
@@ -207,7 +211,15 @@ class TerminalChannel:
             earlier = await self._settle(ctx, session, pending.turn_id)
             if earlier.status == "suspended":
                 return earlier
-        stream = await ctx.submit_stream(text, session=session, event=self.to_event(text))
+        # A session the terminal opens is its user's; one that exists keeps its owner
+        # (the terminal, like code, may use any session of the store it was given).
+        new = (await ctx.runtime.store.session(session).load(from_index=NO_MESSAGES)).agent is None
+        stream = await ctx.submit_stream(
+            text,
+            session=session,
+            event=self.to_event(text),
+            owner=self.user_id if new else None,
+        )
         await self._show(stream, asks=True)
         return await self._settle(ctx, session, stream.turn_id)
 
@@ -230,10 +242,16 @@ class TerminalChannel:
                     turn_id=pending.turn_id,
                     input_id=request.id,
                     value=parse_answer(request, given),
-                    by=self.user_id,
+                    by=self._answering_as(request),
                 )
                 await self._show(resumed, asks=True)
         return await self._settle(ctx, session, pending.turn_id)
+
+    def _answering_as(self, request: InputRequest) -> str:
+        """The name to answer ``request`` by: the one of this user's names it asks
+        for (``cli:<login>`` for a question an older ``turnkit run`` parked), else
+        the user's id."""
+        return named_answerer(self.user.names, request.answerers) or self.user_id
 
     async def _ask_for(self, request: InputRequest) -> str:
         """The typed answer to ``request``. At the end of input the prompt's line is
@@ -273,7 +291,7 @@ class TerminalChannel:
                     turn_id=turn_id,
                     input_id=request.id,
                     value=value,
-                    by=self.user_id,
+                    by=self._answering_as(request),
                 )
                 await self._show(resumed, asks=True)
             except (ValueError, InvalidAnswerError) as exc:

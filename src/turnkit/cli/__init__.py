@@ -23,6 +23,7 @@ from typing import Any
 
 from .._assembly.loader import AgentFolder
 from .._channels.channel import mount_agent
+from .._channels.local_user import local_user
 from .._channels.printable import printable, printable_json
 from .._channels.terminal import TerminalChannel
 from .._engine.agent import Agent
@@ -217,8 +218,8 @@ async def _terminal_agent(args: argparse.Namespace, folder_path: Path) -> tuple[
 
 async def _run_turn(args: argparse.Namespace, tracer: Tracer | None) -> int:
     target = run_target(args.words)
+    terminal = TerminalChannel()  # a bad TURNKIT_USER stops here, before the store opens
     agent, session, store = await _terminal_agent(args, target.folder)
-    terminal = TerminalChannel()
     async with Runtime([agent], store=store, tracer=tracer) as runtime:
         await runtime.recover()
         ctx = mount_agent(agent, runtime, channels=[terminal])
@@ -229,8 +230,8 @@ async def _run_turn(args: argparse.Namespace, tracer: Tracer | None) -> int:
 async def _answer(args: argparse.Namespace, progress: Progress) -> int:
     del progress
     target = answer_target(args.words)
-    agent, session, store = await _terminal_agent(args, target.folder)
     terminal = TerminalChannel()
+    agent, session, store = await _terminal_agent(args, target.folder)
     async with Runtime([agent], store=store) as runtime:
         ctx = mount_agent(agent, runtime, channels=[terminal])
         try:
@@ -334,6 +335,7 @@ async def _dev(args: argparse.Namespace, progress: Progress) -> int:
             f"turnkit dev needs the server extra: pip install 'turnkit[server]' ({exc})"
         ) from None
     slack = _slack_options(args) if args.slack else None
+    user = local_user()  # a bad TURNKIT_USER stops here, before anything opens
     folder = AgentFolder.read(args.agent_dir or bundled_example())
     chosen = choose_model(folder)
     agent = folder.agent(chosen.model)
@@ -346,6 +348,7 @@ async def _dev(args: argparse.Namespace, progress: Progress) -> int:
             quiet=args.quiet,
             slack=slack,
             tracer=tracer,
+            user=user,
         )
         note = chosen.note and chosen.note[0].upper() + chosen.note[1:] + "."
         return await serve_dev(agent, store, options, notice=note)
@@ -533,7 +536,7 @@ async def _show(args: argparse.Namespace, progress: Progress) -> int:
             output = (
                 _json(session_json(view, where))
                 if args.json
-                else render_session(view, store=where, store_flag=flag)
+                else render_session(view, store=where, store_flag=flag, you=local_user().names)
             )
         else:
             archive = await read_archive(store, session_id, generation, progress, where=where)

@@ -13,6 +13,7 @@ import shlex
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from .._channels.local_user import named_answerer
 from .._channels.printable import printable
 from .._errors import MessageDecodeError
 from .._values.checkpoints import InputAnswer, ToolStepResult
@@ -74,15 +75,19 @@ def render_sessions(sessions: Sequence[SessionInfo]) -> str:
     return printable(table(("SESSION", "AGENT", "STATUS", "UPDATED"), rows))
 
 
-def render_session(view: SessionView, *, store: str, store_flag: str) -> str:
-    """``turnkit show SESSION``: header, transcript, turns and steps, park, archive."""
+def render_session(
+    view: SessionView, *, store: str, store_flag: str, you: Sequence[str] = ()
+) -> str:
+    """``turnkit show SESSION``: header, transcript, turns and steps, park, archive.
+    ``you`` are the names of the person at this terminal (see ``local_user``): a
+    question they may answer says how to answer it here."""
     parts = [
         _header(view, store),
         _transcript(view.messages, view.turns),
         _turns(view.turns),
     ]
     for n, request in enumerate(view.requests, start=1):
-        parts.append(_parked(request, view, store_flag, n, len(view.requests)))
+        parts.append(_parked(request, view, store_flag, you, n, len(view.requests)))
     if view.generations:
         parts.append(_archived(view, store_flag))
     return printable("\n\n".join(parts))
@@ -267,7 +272,12 @@ def _summary_of(kind: str, value: Any) -> str:
 
 
 def _parked(
-    request: InputRequest, view: SessionView, store_flag: str, n: int = 1, of: int = 1
+    request: InputRequest,
+    view: SessionView,
+    store_flag: str,
+    you: Sequence[str],
+    n: int = 1,
+    of: int = 1,
 ) -> str:
     """A pending request and the ways to answer it (one of ``of`` open at once)."""
     rows = [
@@ -278,7 +288,7 @@ def _parked(
         ("schema", compact(request.schema) if request.schema else "any JSON value"),
         ("answerers", _answerers(request.answerers)),
     ]
-    hints = _how_to_answer(request, view.session_id, view.agent or "AGENT", store_flag)
+    hints = _how_to_answer(request, view.session_id, view.agent or "AGENT", store_flag, you)
     rows += [("to answer" if n == 0 else "", hint) for n, hint in enumerate(hints)]
     body = table(("", ""), [(f"  {k}", v) for k, v in rows]).split("\n", 1)[1]
     if of > 1:
@@ -294,21 +304,21 @@ def _answerers(answerers: Sequence[Answerer]) -> str:
     return " or ".join(a.describe() for a in answerers)
 
 
-def _how_to_answer(request: InputRequest, session: str, agent: str, store_flag: str) -> list[str]:
-    """How this request can be answered: at the terminal when its user may answer,
-    and always through the Python API (or the HTTP server's /resume)."""
+def _how_to_answer(
+    request: InputRequest, session: str, agent: str, store_flag: str, you: Sequence[str]
+) -> list[str]:
+    """How this request can be answered: at this terminal (and on the ``turnkit dev``
+    page) when it names nobody or one of ``you``, and always through the Python API
+    (or the HTTP server's /resume)."""
     python = (
         f"await runtime.session({agent!r}, {session!r}).resume("
         f"{request.turn_id!r}, {request.id!r}, <value>, by=<verified user id>)"
     )
-    at_terminal = not request.answerers or any(
-        a.kind == "user" and (a.user_id or "").startswith("cli:") for a in request.answerers
-    )
-    if not at_terminal:
+    if request.answerers and named_answerer(you, request.answerers) is None:
         return [f"in Python: {python}"]
     where = f"--session {shlex.quote(session)}{store_flag}"
-    run = f'turnkit run <{agent} agent folder> "<next message>" {where}'
-    return [f"{run}  (asks this first)", f"or in Python: {python}"]
+    answer = f"turnkit answer <{agent} agent folder> {where}"
+    return [f"{answer}  (or on the turnkit dev page)", f"or in Python: {python}"]
 
 
 def _archived(view: SessionView, store_flag: str) -> str:

@@ -44,12 +44,23 @@ class SessionAccess:
 
 
 def owner_only(principal: Principal, access: SessionAccess) -> bool:
-    """The default: a session is its owner's alone; anyone may start a new one (it
-    becomes theirs). Sessions opened from code (no owner) are nobody's to use over
-    HTTP. Compose it to open more up, e.g. ``admin(p) or owner_only(p, access)``."""
+    """The default: a session is its owner's alone (under the owner's id or any of
+    their ``aliases``); anyone may start a new one (it becomes theirs). Sessions
+    opened from code (no owner) are nobody's to use over HTTP. Compose it to open
+    more up, e.g. ``admin(p) or owner_only(p, access)``."""
     if not access.exists:
         return access.action == "turn"
-    return access.owner is not None and access.owner == principal.id
+    return access.owner is not None and access.owner in principal.names
+
+
+def one_person(principal: Principal, access: SessionAccess) -> bool:
+    """``turnkit dev``'s rule, for one person's machine: ``owner_only``, and a session
+    nobody owns is theirs too (one an older ``turnkit run`` opened, which recorded
+    no owner, or one their own code opened). Another principal's session stays
+    hidden."""
+    if access.exists and access.owner is None:
+        return True
+    return owner_only(principal, access)
 
 
 async def allowed(authorize: Authorize, principal: Principal, access: SessionAccess) -> bool:

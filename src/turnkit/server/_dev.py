@@ -24,6 +24,8 @@ from starlette.applications import Starlette
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .._channels.channel import mount_agent
+from .._channels.local_user import LocalUser, local_user
+from .._channels.printable import printable
 from .._channels.terminal import SOURCE as TERMINAL_SOURCE
 from .._engine.agent import Agent
 from .._errors import ConfigurationError
@@ -31,9 +33,10 @@ from .._runtime.runtime import Runtime
 from .._seams.store import Store
 from .._seams.tracer import Tracer
 from ._app import create_app, recover_quietly
+from ._authorize import one_person
 from ._dev_log import TurnLog, configure, log, logged_requests
 from ._hosts import LOOPBACK_NAMES
-from ._principal import loopback_only
+from ._principal import loopback_as
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,6 +62,8 @@ class DevOptions:
     slack: SlackOptions | None = None
     #: Traces the runtime's turns (``--otel``); ``None``: nothing is traced.
     tracer: Tracer | None = None
+    #: Who the page's loopback clients are: the local user ``turnkit run`` is too.
+    user: LocalUser = field(default_factory=local_user)
 
 
 async def serve_dev(agent: Agent, store: Store, options: DevOptions, *, notice: str | None) -> int:
@@ -159,7 +164,9 @@ async def _serve(
         # still sends its own name as the Host, and is refused.
         app = create_app(
             runtime,
-            authenticate=loopback_only,
+            authenticate=loopback_as(options.user),
+            # One person's machine: what `turnkit run` opened without an owner is theirs.
+            authorize=one_person,
             allowed_hosts=[*LOOPBACK_NAMES, options.host],
             chat_page=True,
             notice=notice,
@@ -190,7 +197,7 @@ async def _serve(
             shown = f"[{host}]" if ":" in host else host
             print(
                 f"turnkit dev: http://{shown}:{port}/ (agent {agent.name}, "
-                f"store {options.store_label})",
+                f"store {options.store_label}, you are {printable(options.user.id)})",
                 flush=True,
             )
             if slack_listener is not None:

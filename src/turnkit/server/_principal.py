@@ -6,7 +6,6 @@ turn's speaker and the resumer's ``by``, and is handed whole to ``authorize_answ
 
 from __future__ import annotations
 
-import getpass
 import inspect
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -14,6 +13,8 @@ from ipaddress import ip_address
 from typing import Any
 
 from starlette.requests import Request
+
+from .._channels.local_user import LocalUser, local_user
 
 Authenticate = Callable[[Request], "Principal | Awaitable[Principal | None] | None"]
 
@@ -28,10 +29,24 @@ class Principal:
     id: str
     attested: bool = True
     claims: Mapping[str, Any] = field(default_factory=dict)
+    #: Other ids the same caller goes by: a session owned by one, or a question that
+    #: names one as its answerer, is the caller's too (answered under that name).
+    aliases: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.id, str) or not self.id:
             raise ValueError(f"Principal.id must be a non-empty str, got {self.id!r}")
+        if not isinstance(self.aliases, tuple) or not all(
+            isinstance(a, str) and a for a in self.aliases
+        ):
+            raise ValueError(
+                f"Principal.aliases must be a tuple of non-empty str, got {self.aliases!r}"
+            )
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """``id`` first, then the aliases."""
+        return (self.id, *self.aliases)
 
 
 async def authenticated(authenticate: Authenticate, request: Request) -> Principal | None:
@@ -50,9 +65,24 @@ async def authenticated(authenticate: Authenticate, request: Request) -> Princip
 def loopback_only(request: Request) -> Principal | None:
     """The development default: any client on this machine is you, nobody else is.
 
-    The principal is ``dev:<login>``, counted as attested, so a turn you start may
-    park for your own approval.
+    The principal is the local user, the one ``turnkit run`` speaks as:
+    ``$TURNKIT_USER``, else ``local:<login>`` (also going by ``cli:<login>`` and
+    ``dev:<login>``), counted as attested, so a turn you start may park for your
+    own approval.
     """
+    return _on_this_machine(request, local_user())
+
+
+def loopback_as(user: LocalUser) -> Authenticate:
+    """``loopback_only`` with the local user chosen once, up front."""
+
+    def authenticate(request: Request) -> Principal | None:
+        return _on_this_machine(request, user)
+
+    return authenticate
+
+
+def _on_this_machine(request: Request, user: LocalUser) -> Principal | None:
     client = request.client
     if client is None:
         return None
@@ -60,11 +90,4 @@ def loopback_only(request: Request) -> Principal | None:
         loopback = ip_address(client.host).is_loopback
     except ValueError:
         return None
-    return Principal(id=f"dev:{_login()}") if loopback else None
-
-
-def _login() -> str:
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):
-        return "local"
+    return Principal(id=user.id, aliases=user.aliases) if loopback else None
