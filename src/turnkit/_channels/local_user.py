@@ -43,13 +43,14 @@ def local_user(user: str | None = None, env: Mapping[str, str] | None = None) ->
     default = f"local:{login}"
     if chosen is None:
         chosen = default
-    elif not isinstance(chosen, str) or not chosen.strip() or chosen != chosen.strip():
+    elif not isinstance(chosen, str) or not chosen.strip() or not chosen.isprintable():
         where = "the user" if user is not None else USER_ENV
         raise ConfigurationError(
-            f"{where} must be a non-empty user id without surrounding spaces, got {chosen!r}"
+            f"{where} must be a user id: not empty, without control characters, got {chosen!r}"
         )
-    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in chosen):
-        raise ConfigurationError(f"a user id must not hold control characters, got {chosen!r}")
+    elif chosen != chosen.strip():
+        where = "the user" if user is not None else USER_ENV
+        raise ConfigurationError(f"{where} must not start or end with a space, got {chosen!r}")
     aliases = (f"cli:{login}", f"dev:{login}") if chosen == default else ()
     return LocalUser(id=chosen, aliases=aliases)
 

@@ -73,7 +73,7 @@ def loopback_only(request: Request) -> Principal | None:
     return _on_this_machine(request, local_user())
 
 
-def loopback_as(user: LocalUser) -> Authenticate:
+def loopback_as(user: LocalUser) -> Callable[[Request], Principal | None]:
     """``loopback_only`` with the local user chosen once, up front."""
 
     def authenticate(request: Request) -> Principal | None:
