@@ -843,6 +843,62 @@ def test_a_refused_message_stays_in_the_box(
     expect(page.get_by_test_id("assistant-message").last).to_contain_text("5 x cups")
 
 
+def test_a_question_turnkit_run_parked_is_listed_shown_and_approved_on_the_page(
+    servers: list[DevServer], tmp_path: Path, page: Page
+) -> None:
+    """One person on one machine: the page's user is the one ``turnkit run`` spoke as."""
+    parked = subprocess.run(
+        [
+            *DEV_COMMAND[:-1],
+            "run",
+            str(EXAMPLE),
+            "refund order 1",
+            *("--session", "from-cli", "--store", str(tmp_path / "s.db")),
+        ],
+        cwd=tmp_path,
+        input="",
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**OFFLINE_ENV, "PYTHONUNBUFFERED": "1"},
+    )
+    assert parked.returncode == 3, parked.stderr
+    _, url = serve(servers, tmp_path)
+    page.goto(url)
+    item = page.locator('[data-testid="session-item"][data-session-id="from-cli"]')
+    expect(item.get_by_test_id("session-preview")).to_have_text("refund order 1")
+    item.click()
+    expect(page.get_by_test_id("user-message")).to_have_text("refund order 1")
+    card = page.get_by_test_id("approval")
+    expect(card.get_by_test_id("approval-prompt")).to_have_text("Refund order #1 in full?")
+    card.get_by_test_id("approve").click()
+    wait_for_turns(page, "completed", 1)
+    approved = re.compile(rf"^Approved by {BY_ME}$")
+    expect(card.get_by_test_id("approval-outcome")).to_have_text(approved)
+    expect(page.get_by_test_id("assistant-message").last).to_have_text("Refunded order #1.")
+
+
+def test_a_message_the_server_refuses_leaves_no_session_in_the_list(
+    servers: list[DevServer], tmp_path: Path, page: Page
+) -> None:
+    """A session someone else (here ``TURNKIT_USER=bob``) opened is not yours: sending
+    to it is refused as if it did not exist, and the list gains no entry for it."""
+    bobs, bobs_url = serve(servers, tmp_path, env={"TURNKIT_USER": "bob"})
+    page.goto(f"{bobs_url}#ops/theirs")
+    say(page, "order 1 lamp")
+    wait_for_turns(page, "completed", 1)
+    bobs.stop()
+    _, url = serve(servers, tmp_path)
+    page.goto(f"{url}#ops/theirs")
+    expect(page.get_by_test_id("empty")).to_be_visible()
+    say(page, "order 2 lamps")
+    expect(page.get_by_test_id("error")).to_contain_text("has no session 'theirs' for you")
+    expect(page.get_by_test_id("turn")).to_have_attribute("data-status", "refused")
+    # Until then it was listed as the new session you were on; now it is not listed.
+    expect(page.locator('[data-session-id="theirs"]')).to_have_count(0)
+    expect(page.get_by_test_id("session-item")).to_have_count(0)
+
+
 def test_the_page_follows_its_address_when_it_is_edited(
     servers: list[DevServer], tmp_path: Path, page: Page
 ) -> None:
