@@ -5,6 +5,7 @@ on SQLite files and, when a server is configured, on PostgreSQL."""
 from __future__ import annotations
 
 import asyncio
+import getpass
 import io
 import json
 import os
@@ -226,11 +227,14 @@ def test_show_a_reset_session_and_its_archived_generation(shop: Path) -> None:
     assert data["generation"] == 0 and data["archived"] is True
     assert [m["text"] for m in data["messages"]] == ["hello", "1 seen"]
     assert json.loads(live_json.stdout)["generations"] == [0]
+    assert json.loads(live_json.stdout)["owner"] is None  # opened from code
+    assert re.search(r"^owner +none$", live.stdout, re.M)
 
 
 def test_show_json_holds_every_message_turn_and_step(shop: Path) -> None:
     data = json.loads(show(shop, "shop", "--json").stdout)
     assert data["session_id"] == "shop" and data["agent"] == "ops" and data["parked"] is None
+    assert data["owner"] == f"local:{getpass.getuser()}"  # turnkit run opened it
     assert [m["role"] for m in data["messages"]] == [
         "user",
         "assistant",

@@ -5,6 +5,7 @@ their former names (``cli:<login>``, ``dev:<login>``) stays that person's."""
 from __future__ import annotations
 
 import getpass
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -95,6 +96,7 @@ def test_what_turnkit_run_parks_is_read_answered_and_continued_on_the_dev_page(
     shown = turnkit("show", "cli:deployer", cwd=tmp_path)
     assert shown.returncode == 0, shown.stderr
     assert shown.stdout.count(f"answered approve by {ME} at ") == 2
+    assert re.search(rf"^owner +{re.escape(ME)}$", shown.stdout, re.M)
 
 
 async def _store_as_before(db: Path, agent_dir: Path) -> None:

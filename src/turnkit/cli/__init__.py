@@ -23,7 +23,7 @@ from typing import Any
 
 from .._assembly.loader import AgentFolder
 from .._channels.channel import mount_agent
-from .._channels.local_user import local_user
+from .._channels.local_user import USER_ENV, local_user
 from .._channels.printable import printable, printable_json
 from .._channels.terminal import TerminalChannel
 from .._engine.agent import Agent
@@ -114,7 +114,8 @@ def _add_run(commands: Any) -> None:
         "run",
         help="run one turn of an agent, streamed to the terminal",
         description="Run one turn of an agent, streamed to the terminal. If the turn "
-        "parks on a question, it is asked at the prompt.",
+        "parks on a question, it is asked at the prompt. You speak as the local user "
+        f"(local:LOGIN, or ${USER_ENV}), whom the turnkit dev page serves too.",
     )
     run.add_argument(
         "words",
@@ -297,7 +298,8 @@ def _add_dev(commands: Any) -> None:
         description="Serve an agent's chat page and HTTP API on 127.0.0.1, answering "
         "only clients on this machine. With no folder, the bundled example agent. "
         "With no model configured, the agent's offline demo model (the page says so). "
-        "Turns a previous run left open are finished at start-up.",
+        "Turns a previous run left open are finished at start-up. Its clients are "
+        f"you: the local user turnkit run speaks as too (local:LOGIN, or ${USER_ENV}).",
     )
     dev.add_argument("agent_dir", nargs="?", help="the agent folder (default: the bundled example)")
     _add_store_option(dev)

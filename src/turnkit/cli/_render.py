@@ -105,6 +105,7 @@ def render_archive(view: ArchiveView, *, store: str) -> str:
 def _header(view: SessionView, store: str) -> str:
     rows = [
         ("agent", view.agent or "-"),
+        ("owner", view.owner or "none"),
         ("status", view.status),
         ("generation", str(view.generation)),
         ("store", store),

@@ -59,6 +59,8 @@ class SessionView:
     #: On PostgreSQL: the process that last took the session's writer lock (after a
     #: takeover, the worker that took it over) and since when.
     writer: tuple[str, float] | None = None
+    #: Whose the session is (the principal its first turn was opened for), if anyone's.
+    owner: str | None = None
 
     @property
     def request(self) -> InputRequest | None:
@@ -140,6 +142,7 @@ async def read_session(
         parked=await parked_turn(session),
         generations=generations,
         writer=await _writer_of(store, session_id),
+        owner=snapshot.owner,
     )
 
 
@@ -222,6 +225,7 @@ def session_json(view: SessionView, store: str) -> JsonObject:
         "session_id": view.session_id,
         "store": store,
         "agent": view.agent,
+        "owner": view.owner,
         "status": view.status,
         "generation": view.generation,
         "messages": [{"index": i, **m.to_dict()} for i, m in enumerate(view.messages)],
