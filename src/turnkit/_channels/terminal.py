@@ -153,7 +153,7 @@ class TerminalChannel:
         self.user_id = self.user.id
 
     def to_event(self, payload: Any) -> InboundEvent:
-        """A line typed at the terminal, spoken by the logged-in user."""
+        """A line typed at the terminal, spoken by its user (attested)."""
         if not isinstance(payload, str):
             raise TypeError(f"the terminal channel takes text, got {type(payload).__name__}")
         return InboundEvent(
