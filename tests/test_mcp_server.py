@@ -17,10 +17,11 @@ import uvicorn
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from server_support import by_header, serve_app
+from starlette.requests import Request
 
 import turnkit
 from turnkit.mcp import server
-from turnkit.server import create_app
+from turnkit.server import Authenticate, Principal, create_app
 from turnkit.stores import SqliteStore
 from turnkit.testing import ScriptedModel, ScriptedReply, tool_call
 
@@ -71,12 +72,12 @@ def make_agent() -> turnkit.Agent:
 
 
 @asynccontextmanager
-async def serving(tmp_path: Path) -> AsyncIterator[str]:
+async def serving(tmp_path: Path, authenticate: Authenticate = by_header) -> AsyncIterator[str]:
     """turnkit's app with the MCP endpoint on a free loopback port; yields its base URL."""
     agent = make_agent()
     async with turnkit.Runtime([agent], store=SqliteStore(tmp_path / "t.db")) as runtime:
         app = create_app(
-            runtime, authenticate=by_header, mcp=server(runtime, agent, agent_tool=True)
+            runtime, authenticate=authenticate, mcp=server(runtime, agent, agent_tool=True)
         )
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
@@ -152,6 +153,36 @@ async def test_a_parked_turn_answers_with_its_question_and_how_to_resume(tmp_pat
         done = await alice.call_tool("helper_resume", arguments)
         assert not done.is_error
         assert done.content[0].text == "Result: shipped"  # type: ignore[union-attr]
+
+
+def with_former_name(request: Request) -> Principal | None:
+    """``x-user: ann`` is ``local:ann``, who went by ``cli:ann`` before."""
+    user = request.headers.get("x-user")
+    return Principal(id=f"local:{user}", aliases=(f"cli:{user}",)) if user else None
+
+
+async def test_a_question_parked_for_an_alias_is_answered_under_it(tmp_path: Path) -> None:
+    """A principal's alias names them as an answerer over MCP as over HTTP, and the
+    answer is recorded under the name the question asked for."""
+    async with turnkit.Runtime([make_agent()], store=SqliteStore(tmp_path / "t.db")) as runtime:
+        session = runtime.session("helper", "old")
+        event = turnkit.InboundEvent(
+            source="cli", text="ship", user=turnkit.User(id="cli:ann", attested=True)
+        )
+        turn_id = await session.submit("ship", event=event, owner="cli:ann")
+        assert (await session.result(turn_id)).status == "suspended"
+    arguments = {"session": "old", "turn_id": turn_id, "input_id": "ok", "value": True}
+    async with serving(tmp_path, with_former_name) as url, client_as(url, "ann") as ann:
+        done = await ann.call_tool("helper_resume", arguments)
+        assert not done.is_error, done.content
+        assert done.content[0].text == "Result: shipped"  # type: ignore[union-attr]
+    store = SqliteStore(tmp_path / "t.db")
+    await store.open()
+    try:
+        events = await store.session("old").events()
+    finally:
+        await store.close()
+    assert [e.by for e in events if isinstance(e, turnkit.InputAnsweredEvent)] == ["cli:ann"]
 
 
 async def test_the_endpoint_refuses_a_caller_without_credentials(tmp_path: Path) -> None:

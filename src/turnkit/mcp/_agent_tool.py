@@ -33,6 +33,7 @@ from .._seams.store import NO_MESSAGES
 from .._values.inbound import InboundEvent, User
 from .._values.inputs import InputRequest
 from .._values.turns import TurnResult
+from ..server._answerer import answering_as
 from ..server._authorize import Action, Authorize, SessionAccess, allowed
 from ..server._bodies import HttpError, identifier
 from ..server._principal import Principal
@@ -149,13 +150,14 @@ class AgentTool:
             raise _Refused("invalid input: value is required")
         await self._allowed(session_id, principal, "resume")
         self._session(session_id)
+        store = self.runtime.store.session(session_id)
         try:
             stream = await self._context().resume_stream(
                 session=session_id,
                 turn_id=turn_id,
                 input_id=input_id,
                 value=arguments["value"],
-                by=principal.id,
+                by=await answering_as(store, principal, turn_id, input_id),
                 principal=principal,
             )
         except (ResumeAuthorizationError, ResumeConflictError, InvalidAnswerError) as exc:

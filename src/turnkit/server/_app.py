@@ -42,8 +42,8 @@ from .._runtime.session import AgentSession
 from .._seams.store import SessionStore, parked_turn
 from .._values.checkpoints import checkpoint_of
 from .._values.inbound import InboundEvent, User
-from .._values.inputs import InputRequest
 from .._values.records import SessionInfo
+from ._answerer import answering_as, parked_request
 from ._authorize import Action, Authorize, SessionAccess, allowed, checked_authorize, owner_only
 from ._bodies import (
     HttpError,
@@ -457,7 +457,7 @@ class _Api:
                 turn_id=body.turn_id,
                 input_id=body.input_id,
                 value=body.value,
-                by=await _answering_as(target.store, body, principal),
+                by=await answering_as(target.store, principal, body.turn_id, body.input_id),
                 principal=principal,
             )
         except (ResumeAuthorizationError, ResumeConflictError, InvalidAnswerError) as exc:
@@ -623,33 +623,12 @@ async def _names(store: SessionStore, body: ResumeBody, principal: Principal) ->
     answer it in a way that can admit ``principal``: as the named user, or through a
     policy (which ``authorize_answer`` decides). A request naming nobody admits only
     principals that ``authorize`` lets ``resume``."""
-    pending = await _parked_request(store, body)
+    pending = await parked_request(store, body.turn_id, body.input_id)
     if pending is None:
         return False
     return named_answerer(principal.names, pending.answerers) is not None or any(
         a.kind == "policy" for a in pending.answerers
     )
-
-
-async def _answering_as(store: SessionStore, body: ResumeBody, principal: Principal) -> str:
-    """The name ``principal`` answers under: their id, or the alias the parked
-    request names as its answerer (a question an older ``turnkit run`` parked for
-    ``cli:<login>`` is answered from the dev page as ``cli:<login>``)."""
-    if not principal.aliases:
-        return principal.id
-    pending = await _parked_request(store, body)
-    if pending is None:
-        return principal.id  # resume() says what is wrong
-    return named_answerer(principal.names, pending.answerers) or principal.id
-
-
-async def _parked_request(store: SessionStore, body: ResumeBody) -> InputRequest | None:
-    """The parked request ``body`` answers, if the session is parked on it."""
-    record = await parked_turn(store)
-    checkpoint = checkpoint_of(record) if record is not None else None
-    if record is None or checkpoint is None or record.turn_id != body.turn_id:
-        return None
-    return checkpoint.find(body.input_id)
 
 
 def _resume_refusal(exc: Exception) -> HttpError:
