@@ -49,7 +49,7 @@ from .._values.step_ids import policy_step_id, tool_step_id
 from .._values.text import unstorable
 from .._values.turn_rules import new_turn
 from .._values.turns import ResetResult, TurnRequest, TurnResult
-from .._values.writes import PutStep, RequestCancel, RequestReset
+from .._values.writes import EraseSession, PutStep, RequestCancel, RequestReset
 from .approvals import Grant, GrantSealer
 from .children import RuntimeChildren, child_session_id
 from .resuming import record_answer
@@ -747,6 +747,31 @@ class AgentSession(SessionView):
         lock carries the archive out, so it happens even if this one dies first.
         ``resume`` refuses here until it is done.
         """
+        return await self._reset(erase=None)
+
+    async def erase(self, *, by: str | None = None) -> None:
+        """Delete everything the store keeps of this session, for good.
+
+        First a reset, as ``reset()`` does it (every unfinished turn cancelled,
+        running ones stopped at their next boundary in whatever process runs them,
+        parked ones closed); then, under the session's writer lock and in one
+        transaction, its messages, steps, events and turns, live and in every
+        archived generation, are deleted. What stays is a tombstone: the session id,
+        agent and owner (so the id never passes to another owner), ``by`` (who
+        asked; ``None`` for code) and when, and the last event number (numbering
+        carries on). The session can take turns again, from an empty history.
+
+        Rows a local tool wrote to the app's own tables through ``ctx.store`` are
+        the app's to delete, as are child sessions (``subagent``), which are
+        sessions of their own.
+        """
+        if by is not None and (not isinstance(by, str) or not by):
+            raise ConfigurationError(f"erase(by=...) must be a non-empty str or None, got {by!r}")
+        if by is not None and (bad := unstorable(by)) is not None:
+            raise ConfigurationError(f"erase(by={by!r}) contains {bad}")
+        await self._reset(erase=_Erase(by))
+
+    async def _reset(self, *, erase: _Erase | None) -> ResetResult:
         self._resets_pending += 1
         # Turns started from now on queue behind this reset, even those started
         # while its cancellation is still being recorded.
@@ -758,7 +783,7 @@ class AgentSession(SessionView):
                 self._parked = None  # a stale park is archived with everything else
                 since = await self._request_reset()
                 future: asyncio.Future[ResetResult] = self.runtime._require_loop().create_future()
-                job = _ResetJob(since, future)
+                job = _ResetJob(since, future, erase)
                 if first:
                     self._queue.append((None, job))
                 else:
@@ -813,6 +838,8 @@ class AgentSession(SessionView):
         try:
             async with self._store.writer():
                 result = await self._archive(since)
+                if job.erase is not None:  # what the reset archived goes too
+                    await self._store.commit([EraseSession(job.erase.by)])
         except Exception as exc:
             _settle(future, exc)
             return
@@ -843,11 +870,20 @@ class AgentSession(SessionView):
 
 
 @dataclass(frozen=True)
+class _Erase:
+    """A reset that goes on to erase the session, asked by ``by``."""
+
+    by: str | None
+
+
+@dataclass(frozen=True)
 class _ResetJob:
-    """A reset in a session's queue: the generation it found live, and its result."""
+    """A reset in a session's queue: the generation it found live, its result, and
+    whether it erases the session once archived."""
 
     since: int | None
     future: asyncio.Future[ResetResult]
+    erase: _Erase | None = None
 
 
 _Job = tuple[TurnRequest | None, "asyncio.Future[Any] | _ResetJob"]

@@ -100,6 +100,15 @@ def newest_first(
     return rows[:limit]
 
 
+@dataclass(frozen=True)
+class Erasure:
+    """What is left of an erased session's contents: who erased it (``None``: code
+    with no principal) and when (the store's clock, seconds since the epoch)."""
+
+    by: str | None
+    at: float
+
+
 @dataclass(frozen=True, kw_only=True)
 class SessionSnapshot:
     """What a turn needs to start or resume, read in one go.
@@ -125,3 +134,5 @@ class SessionSnapshot:
     #: Whether a reset was requested and not carried out yet (``request_reset``): the
     #: process holding the writer lock archives before it runs a turn stored after it.
     reset_requested: bool = False
+    #: The session's tombstone, once it was erased (``EraseSession``): who and when.
+    erased: Erasure | None = None

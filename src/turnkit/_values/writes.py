@@ -97,6 +97,19 @@ class ArchiveGeneration:
     agent: str
 
 
+@dataclass(frozen=True, slots=True)
+class EraseSession:
+    """Delete everything the store keeps of the session: its messages, steps, events
+    and turns, live and in every archived generation, queued turns included. What
+    is left is a tombstone: the session's id, agent and owner (so the id cannot
+    pass to another owner), ``by`` and when (``SessionSnapshot.erased``), and the
+    last event number it used (numbering carries on after it). The status becomes
+    ``new``, the generation goes up by one, a pending reset is cleared. A session
+    never seen is left alone."""
+
+    by: str | None = None
+
+
 Write: TypeAlias = (
     AppendMessage
     | PutStep
@@ -106,4 +119,5 @@ Write: TypeAlias = (
     | RequestReset
     | DropReset
     | ArchiveGeneration
+    | EraseSession
 )

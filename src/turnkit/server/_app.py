@@ -194,6 +194,7 @@ def create_app(
         Route(f"{session}/chat", guard(api.chat), methods=["POST"]),
         Route(f"{session}/resume", guard(api.resume), methods=["POST"]),
         Route(f"{session}/reset", guard(api.reset), methods=["POST"]),
+        Route(session, guard(api.erase), methods=["DELETE"]),
         Route(f"{session}/cancel", guard(api.cancel), methods=["POST"]),
         Route(f"{session}/pending", guard(api.pending), methods=["GET"]),
         Route(f"{session}/transcript", guard(api.transcript), methods=["GET"]),
@@ -496,6 +497,14 @@ class _Api:
                 "generation": done.generation,
             }
         )
+
+    async def erase(self, request: Request, principal: Principal) -> Response:
+        empty_body(await self._body(request, optional=True), "erase")
+        target = await self._target(request, principal, "erase")
+        ctx = self._writable(target)
+        # Cancels what runs (in any process), then deletes, leaving a tombstone.
+        await ctx.session(target.session_id).erase(by=principal.id)
+        return Response(status_code=204)
 
     async def cancel(self, request: Request, principal: Principal) -> Response:
         empty_body(await self._body(request, optional=True), "cancel")

@@ -20,9 +20,9 @@ from ._principal import Principal
 #: What a request does to a session: ``read`` (transcript, pending request, event
 #: feed), ``turn`` (start or replay a turn, which creates a new session), ``resume``
 #: (answer its parked turn), ``reset`` (archive its history), ``list`` (see it in
-#: the agent's session list).
-Action: TypeAlias = Literal["read", "turn", "resume", "reset", "list"]
-ACTIONS: frozenset[str] = frozenset({"read", "turn", "resume", "reset", "list"})
+#: the agent's session list), ``erase`` (delete its contents for good).
+Action: TypeAlias = Literal["read", "turn", "resume", "reset", "list", "erase"]
+ACTIONS: frozenset[str] = frozenset({"read", "turn", "resume", "reset", "list", "erase"})
 
 Authorize: TypeAlias = Callable[[Principal, "SessionAccess"], "bool | Awaitable[bool]"]
 

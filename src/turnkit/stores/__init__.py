@@ -21,6 +21,7 @@ from .._seams.store import (
 )
 from .._values import turn_rules
 from .._values.records import (
+    Erasure,
     SessionInfo,
     SessionSnapshot,
     SessionStatus,
@@ -32,6 +33,7 @@ from .._values.writes import (
     AppendMessage,
     ArchiveGeneration,
     DropReset,
+    EraseSession,
     LogEvent,
     PutStep,
     PutTurn,
@@ -59,6 +61,8 @@ __all__ = [
     "AppendMessage",
     "ArchiveGeneration",
     "DropReset",
+    "EraseSession",
+    "Erasure",
     "LogEvent",
     "MemoryStore",
     "PendingReset",

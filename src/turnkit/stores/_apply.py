@@ -17,6 +17,7 @@ from .._values.writes import (
     AppendMessage,
     ArchiveGeneration,
     DropReset,
+    EraseSession,
     LogEvent,
     PutStep,
     PutTurn,
@@ -51,6 +52,8 @@ class WriteTarget(Protocol):
 
     def archive_generation(self, generation: int, agent: str) -> None: ...
 
+    def erase_session(self, by: str | None) -> None: ...
+
 
 def _append(tx: WriteTarget, w: AppendMessage) -> None:
     tx.append_message(w.index, w.message)
@@ -84,6 +87,10 @@ def _archive(tx: WriteTarget, w: ArchiveGeneration) -> None:
     tx.archive_generation(w.generation, w.agent)
 
 
+def _erase(tx: WriteTarget, w: EraseSession) -> None:
+    tx.erase_session(w.by)
+
+
 #: Each kind of write, and how a transaction makes it (looked up by exact type: one
 #: dict lookup a write, on the path of every step).
 _MAKE: dict[type[Any], Callable[[WriteTarget, Any], None]] = {
@@ -95,6 +102,7 @@ _MAKE: dict[type[Any], Callable[[WriteTarget, Any], None]] = {
     RequestReset: _reset,
     DropReset: _drop,
     ArchiveGeneration: _archive,
+    EraseSession: _erase,
 }
 
 

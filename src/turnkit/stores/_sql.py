@@ -77,11 +77,14 @@ PUT_SESSION = (
 # -- reads ------------------------------------------------------------------------------
 
 #: The last event number a session used (the next one is this plus one): its last
-#: live event's, or with none, its archive's last, so numbers carry on across resets.
+#: live event's, or with none, its archive's last, or with none (erased), the one its
+#: tombstone kept, so numbers carry on across resets and erasure. Three parameters,
+#: each the session id.
 LAST_SEQ = (
     "coalesce((SELECT max(seq) FROM turnkit_events WHERE session_id = ?), "
     "(SELECT seq FROM turnkit_archived_events WHERE session_id = ? "
-    "ORDER BY generation DESC, seq DESC LIMIT 1))"
+    "ORDER BY generation DESC, seq DESC LIMIT 1), "
+    "(SELECT erased_seq FROM turnkit_sessions WHERE session_id = ?))"
 )
 
 EVENTS = "SELECT body FROM turnkit_events WHERE session_id = ? AND seq > ? ORDER BY seq"

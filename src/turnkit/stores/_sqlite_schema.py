@@ -137,6 +137,13 @@ MIGRATIONS: list[tuple[str, ...]] = [
     # v7: a reset is a barrier kept in the store: when it was requested, until the
     # process holding the session's writer lock archives the generation.
     ("ALTER TABLE turnkit_sessions ADD COLUMN reset_requested REAL",),
+    # v8: an erased session's tombstone: who erased it, when, and the last event
+    # number it had used (numbering carries on after it).
+    (
+        "ALTER TABLE turnkit_sessions ADD COLUMN erased_by TEXT",
+        "ALTER TABLE turnkit_sessions ADD COLUMN erased_at REAL",
+        "ALTER TABLE turnkit_sessions ADD COLUMN erased_seq INTEGER",
+    ),
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

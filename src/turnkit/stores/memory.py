@@ -23,6 +23,7 @@ from .._seams.store import NoHandle, ToolStep
 from .._values.events import TurnEvent, event_from_dict
 from .._values.messages import JsonObject, Message, message_from_dict
 from .._values.records import (
+    Erasure,
     SessionInfo,
     SessionKey,
     SessionSnapshot,
@@ -64,6 +65,8 @@ class _SessionData:
     archive: dict[int, list[bytes]] = field(default_factory=dict)
     #: The last event number of the retired generations: numbering carries on after it.
     archived_seq: int = 0
+    #: The tombstone an erasure leaves (``None``: never erased).
+    erased: Erasure | None = None
 
 
 def _encode(value: Any, what: str) -> bytes:
@@ -169,6 +172,19 @@ class _MemoryTransaction:
         d.generation = generation + 1
         d.agent = agent
         d.reset_requested = None
+        self._touch("new")
+
+    def erase_session(self, by: str | None) -> None:
+        d = self._data
+        if d.agent is None:
+            return  # never seen: nothing to erase
+        self._keep_fields()  # every container below is replaced, never changed in place
+        d.archived_seq = d.events[-1][0] if d.events else d.archived_seq
+        d.messages, d.events, d.turns, d.archive = [], [], {}, {}
+        d.steps, d.turn_steps = {}, {}
+        d.generation += 1
+        d.reset_requested = None
+        d.erased = Erasure(by, time.time())
         self._touch("new")
 
     def request_reset(self) -> None:
@@ -280,6 +296,7 @@ class _MemorySession:
             from_index=from_index,
             owner=d.owner,
             reset_requested=d.reset_requested is not None,
+            erased=d.erased,
         )
 
     async def commit(self, writes: Sequence[Write]) -> None:

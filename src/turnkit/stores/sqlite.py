@@ -28,6 +28,7 @@ from .._seams.store import ToolStep
 from .._values.events import TurnEvent, event_from_dict
 from .._values.messages import Message, message_from_dict
 from .._values.records import (
+    Erasure,
     SessionInfo,
     SessionKey,
     SessionSnapshot,
@@ -37,6 +38,7 @@ from .._values.records import (
 )
 from .._values.writes import Write
 from . import _archive_sql as archive_sql
+from . import _erase_sql as erase_sql
 from . import _sql as sql
 from ._apply import apply_writes
 from ._host_locks import HostSessionLocks
@@ -253,6 +255,11 @@ class _SqliteTransaction:
                     "(another reset came first)"
                 ) from exc
 
+    def erase_session(self, by: str | None) -> None:
+        _check_open(self._conn)
+        for statement, params in erase_sql.erase_statements(self._sid, by, time.time()):
+            self._conn.execute(statement, params)
+
     def request_reset(self) -> None:
         _check_open(self._conn)
         for statement, params in archive_sql.request_reset_statements(self._sid, time.time()):
@@ -330,11 +337,12 @@ class _SqliteSession:
             turn = self._read_turn(conn, turn_id)
         # Numbering carries on across resets, so an event id a client kept from an
         # earlier generation never names a newer event.
-        seq_row = conn.execute(f"SELECT {sql.LAST_SEQ}", (self._sid, self._sid)).fetchone()
+        sid = self._sid
+        seq_row = conn.execute(f"SELECT {sql.LAST_SEQ}", (sid, sid, sid)).fetchone()
         agent_row = conn.execute(
-            "SELECT agent, generation, owner, reset_requested FROM turnkit_sessions "
-            "WHERE session_id = ?",
-            (self._sid,),
+            "SELECT agent, generation, owner, reset_requested, erased_by, erased_at "
+            "FROM turnkit_sessions WHERE session_id = ?",
+            (sid,),
         ).fetchone()
         return SessionSnapshot(
             messages=messages,
@@ -347,6 +355,9 @@ class _SqliteSession:
             from_index=from_index,
             owner=agent_row[2] if agent_row else None,
             reset_requested=bool(agent_row and agent_row[3] is not None),
+            erased=Erasure(agent_row[4], agent_row[5])
+            if agent_row and agent_row[5] is not None
+            else None,
         )
 
     async def commit(self, writes: Sequence[Write]) -> None:

@@ -58,6 +58,7 @@ from .._values.writes import (
     AppendMessage,
     ArchiveGeneration,
     DropReset,
+    EraseSession,
     LogEvent,
     PutStep,
     PutTurn,
@@ -81,6 +82,7 @@ __all__ = [
     "test_conformance_an_empty_commit_changes_nothing",
     "test_conformance_commit_writes_read_back",
     "test_conformance_data_survives_reopening",
+    "test_conformance_erasure_leaves_only_a_tombstone",
     "test_conformance_events_filter_by_turn_and_sequence",
     "test_conformance_load_from_an_index_reads_only_the_rest",
     "test_conformance_local_tool_rows_commit_or_roll_back_with_the_step",
@@ -254,6 +256,7 @@ async def test_conformance_a_failed_commit_undoes_every_kind_of_write(
         ]
         reset: list[Write] = [
             ArchiveGeneration(0, "a"),
+            EraseSession("someone"),
             AppendMessage(0, UserMessage(text="open t3", turn_id="t3")),
             AppendMessage(0, UserMessage(text="again", turn_id="t3")),
         ]
@@ -750,6 +753,55 @@ async def test_conformance_reset_archives_a_generation(conformance_store: StoreU
         assert [e.seq for e in await session.events()] == [2]
         await session.commit([ArchiveGeneration(2, "a")])
         assert (await session.load()).next_seq == 3
+
+
+@pytest.mark.asyncio
+async def test_conformance_erasure_leaves_only_a_tombstone(
+    conformance_store: StoreUnderTest,
+) -> None:
+    """``EraseSession`` deletes the session's live and archived contents, queued turns
+    included, and keeps its id, agent, owner, who and when, and its event numbering;
+    other sessions are untouched, and the session takes turns again afterwards."""
+    async with _opened(conformance_store) as store:
+        session, other = store.session("s1"), store.session("s2")
+        await session.commit([EraseSession("nobody")])  # never seen: nothing
+        assert (await session.load()).erased is None and await all_sessions(store) == []
+
+        await _open_turn(session, "t1", owner="alice")
+        started = TurnStartedEvent(turn_id="t1", session_id="s1", text="open t1", seq=1)
+        await session.commit([PutStep("model:1", "t1", {"text": "x"}), LogEvent(started)])
+        await session.commit([ArchiveGeneration(0, "a")])  # generation 0, archived
+        await _open_turn(session, "t2", owner="alice")
+        done = TurnCompletedEvent(turn_id="t2", session_id="s1", text="y", seq=2)
+        await session.commit(
+            [
+                PutStep("model:2", "t2", {"text": "y"}),
+                LogEvent(done),
+                _move("t2", "suspended", pending={"request": {"id": "ok"}}),
+            ]
+        )
+        await session.commit([_queue(_record("s1", "t3"))])
+        await _open_turn(other, "t1")
+
+        await session.commit([EraseSession("alice")])
+        snap = await session.load("t2")
+        assert (snap.messages, snap.steps, snap.turn) == ([], {}, None)
+        assert snap.erased is not None and snap.erased.by == "alice" and snap.erased.at > 0
+        assert (snap.owner, snap.agent, snap.generation) == ("alice", "a", 2)
+        assert snap.next_seq == 3  # numbering carries on after the erased events
+        assert not snap.reset_requested and await session.status() == "new"
+        assert await session.events() == [] and await session.generations() == []
+        assert await session.archived_messages(0) == []
+        assert await session.unfinished() == [] and await session.turn("t3") is None
+        assert [t.session_id for t in await store.unfinished_turns()] == ["s2"]
+        assert len(await transcript(other)) == 1  # other sessions are untouched
+
+        await _open_turn(session, "t4", owner="alice")  # the address lives on
+        assert [m.turn_id for m in await transcript(session)] == ["t4"]
+        assert (await session.load()).erased is not None  # the tombstone stays
+    async with _opened(conformance_store) as store:  # reopened: the tombstone lasts
+        erased = (await store.session("s1").load()).erased
+        assert erased is not None and erased.by == "alice"
 
 
 @pytest.mark.asyncio

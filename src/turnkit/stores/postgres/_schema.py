@@ -247,6 +247,13 @@ MIGRATIONS: list[tuple[str, ...]] = [
         END
         $fn$""",
     ),
+    # v13: an erased session's tombstone: who erased it, when, and the last event
+    # number it had used (numbering carries on after it).
+    (
+        "ALTER TABLE turnkit_sessions ADD COLUMN erased_by text",
+        "ALTER TABLE turnkit_sessions ADD COLUMN erased_at double precision",
+        "ALTER TABLE turnkit_sessions ADD COLUMN erased_seq bigint",
+    ),
 ]
 
 

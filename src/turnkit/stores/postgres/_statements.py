@@ -221,14 +221,15 @@ TURN_COLUMNS_T = ", ".join(f"t.{c.strip()}" for c in _TURN_COLUMNS.split(","))
 # A delivery's whole read in one statement, so in one snapshot: the session, the
 # next event number, the transcript from an index (as one JSON array's items), the
 # turn's memoized steps (as one JSON object's members), the turn's record and, last,
-# the session's owner.
+# the session's owner, pending reset and tombstone.
 LOAD_SQL = (
     f"SELECT s.agent, s.generation, {sql.LAST_SEQ}, "
     "(SELECT string_agg(body, ',' ORDER BY idx) FROM turnkit_messages "
     "WHERE session_id = ? AND idx >= ?), "
     "(SELECT string_agg(to_json(step_id)::text || ':' || result, ',') FROM turnkit_steps "
     "WHERE session_id = ? AND turn_id = ?), "
-    f"{TURN_COLUMNS_T}, s.owner, s.reset_requested FROM (SELECT) AS one "
+    f"{TURN_COLUMNS_T}, s.owner, s.reset_requested, s.erased_by, s.erased_at "
+    "FROM (SELECT) AS one "
     "LEFT JOIN turnkit_sessions s ON s.session_id = ? "
     "LEFT JOIN turnkit_turns t ON t.session_id = ? AND t.turn_id = ?"
 )

@@ -47,7 +47,14 @@ from ..._seams.queue import PendingReset
 from ..._seams.store import ToolStep
 from ..._values.events import TurnEvent, event_from_dict
 from ..._values.messages import Message, message_from_dict
-from ..._values.records import SessionInfo, SessionKey, SessionSnapshot, SessionStatus, TurnRecord
+from ..._values.records import (
+    Erasure,
+    SessionInfo,
+    SessionKey,
+    SessionSnapshot,
+    SessionStatus,
+    TurnRecord,
+)
 from ..._values.writes import Write
 from .. import _archive_sql as archive_sql
 from .. import _sql as sql
@@ -134,7 +141,7 @@ class _PgSession:
         # A delivery's first load: the writer lock and the load in one round trip.
         await store._committer.settled(self._sid)
         sid = self._sid
-        params = (sid, sid, sid, from_index, sid, turn_id, sid, sid, turn_id)
+        params = (sid, sid, sid, sid, from_index, sid, turn_id, sid, sid, turn_id)
         res = await store._writers.acquire(self._sid, wire.execute(b"turnkit_load", params))
         assert res is not None
         try:
@@ -148,7 +155,7 @@ class _PgSession:
         self, conn: psycopg.AsyncConnection[Any], turn_id: str | None, from_index: int
     ) -> SessionSnapshot:
         sid = self._sid
-        params = (sid, sid, sid, from_index, sid, turn_id, sid, sid, turn_id)
+        params = (sid, sid, sid, sid, from_index, sid, turn_id, sid, sid, turn_id)
         statement = pg_wire(LOAD_SQL, self._store.schema)
         res = await run_prepared(conn, b"turnkit_load", statement, params)
         return self._snapshot(res, from_index)
@@ -168,6 +175,7 @@ class _PgSession:
             from_index=from_index,
             owner=as_text(res.get_value(0, 17)),
             reset_requested=res.get_value(0, 18) is not None,
+            erased=_erasure(res),
         )
 
     async def commit(self, writes: Sequence[Write]) -> None:
@@ -714,3 +722,9 @@ class PostgresStore:
     async def wait_for_turns(self, timeout: float) -> None:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._listener.work.wait(), timeout)
+
+
+def _erasure(res: PGresult) -> Erasure | None:
+    """The tombstone columns of a load's row (see ``LOAD_SQL``)."""
+    at = res.get_value(0, 20)
+    return None if at is None else Erasure(as_text(res.get_value(0, 19)), float(at))

@@ -21,6 +21,7 @@ from ..._values.events import TurnEvent
 from ..._values.messages import Message
 from ..._values.records import SessionStatus, TurnRecord, TurnStatus
 from .. import _archive_sql as archive_sql
+from .. import _erase_sql as erase_sql
 from .. import _sql as sql
 from .._sql_rows import dumps as _dumps
 from .._sql_rows import move_values, new_turn_values, refused_move
@@ -91,6 +92,9 @@ class _Writes:
     def archive_generation(self, generation: int, agent: str) -> None:
         self.writes += archive_sql.reset_statements(self._sid, agent, generation, time.time())
         self._wake_workers()  # queued turns stay, to run in the new generation
+
+    def erase_session(self, by: str | None) -> None:
+        self.writes += erase_sql.erase_statements(self._sid, by, time.time())
 
     def request_reset(self) -> None:
         self.writes += archive_sql.request_reset_statements(self._sid, time.time())
