@@ -50,6 +50,7 @@ from ._errors import (
 from ._runtime.approvals import Grant, ResumeRequest
 from ._runtime.granting import grant_answer
 from ._runtime.observe import TurnStream
+from ._runtime.retention import PruneReport, Retention
 from ._runtime.runtime import Runtime
 from ._runtime.session import AgentSession
 from ._runtime.worker import Worker
@@ -147,12 +148,14 @@ __all__ = [
     "OutputModel",
     "OutputSpec",
     "Proactive",
+    "PruneReport",
     "ReasoningDelta",
     "ReasoningDeltaEvent",
     "ResetResult",
     "ResumeAuthorizationError",
     "ResumeConflictError",
     "ResumeRequest",
+    "Retention",
     "Runtime",
     "ScheduledTurn",
     "SessionBusyError",

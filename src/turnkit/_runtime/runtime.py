@@ -23,6 +23,7 @@ from .._values.text import unstorable
 from .._values.turns import TurnResult
 from .approvals import GrantSealer
 from .children import RuntimeChildren
+from .retention import PruneReport, Retention, prune
 from .session import AgentSession
 
 log = logging.getLogger("turnkit.runtime")
@@ -52,6 +53,7 @@ class Runtime:
         tracer: Tracer | None = None,
         run_turns: bool = True,
         remote_poll: float = 0.5,
+        retention: Retention | None = None,
     ) -> None:
         listed = [agents] if isinstance(agents, Agent) else list(agents)
         #: Deliveries stopped because another process took their turn over (their
@@ -104,6 +106,13 @@ class Runtime:
         self.run_turns = run_turns
         #: The longest wait, in seconds, between two reads of a turn run elsewhere.
         self.remote_poll = float(remote_poll)
+        if retention is not None and not isinstance(retention, Retention):
+            raise ConfigurationError(
+                f"retention must be a turnkit.Retention, got {type(retention).__name__}"
+            )
+        #: How long the store keeps what is done with; a ``Worker`` prunes by it (see
+        #: ``prune``). ``None``: everything is kept.
+        self.retention = retention
         self._sessions: OrderedDict[str, AgentSession] = OrderedDict()
         #: Sessions with a worker running here, cached or not (see AgentSession.idle).
         self._busy: dict[str, AgentSession] = {}
@@ -252,6 +261,15 @@ class Runtime:
     async def sessions(self) -> list[SessionInfo]:
         """Every session the store holds, with its agent and status."""
         return await all_sessions(self.store)
+
+    async def prune(self, *, apply: bool = True, now: float | None = None) -> PruneReport:
+        """Delete what the runtime's ``retention`` has aged out of its store (see
+        ``turnkit.Retention``); with ``apply=False`` only count it. Safe to run
+        beside turns in any number of processes: a session with anything unfinished
+        is never deleted."""
+        if self.retention is None:
+            raise ConfigurationError("this runtime has no retention: Runtime(retention=...)")
+        return await prune(self.store, self.retention, apply=apply, now=now)
 
     async def recover(self) -> list[TurnResult]:
         """Replay every turn left unfinished in the store and wait for them to end.

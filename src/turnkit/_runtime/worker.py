@@ -16,10 +16,13 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable
+from datetime import timedelta
 
 from .._errors import ConfigurationError, StoreError
+from .._seams.election import ElectingStore
 from .._seams.queue import PendingReset, TurnQueue
 from .._values.records import TurnRecord
+from .retention import Retention
 from .runtime import Runtime
 from .session import AgentSession
 
@@ -103,6 +106,12 @@ class Worker:
         """Claim and deliver turns until ``stop()``; then let the deliveries finish
         (for ``grace`` seconds at most, then interrupt them) and return."""
         self.runtime._require_loop()
+        retention = self.runtime.retention
+        retaining = (
+            asyncio.create_task(self._retain(retention), name="turnkit:retention")
+            if retention is not None
+            else None
+        )
         try:
             while not self._stopping:
                 # Cleared before the claim, not after: a stop() or a delivery's end
@@ -113,7 +122,35 @@ class Worker:
                     continue  # there may be more
                 await self._wait()
         finally:
+            if retaining is not None:
+                retaining.cancel()
+                await asyncio.gather(retaining, return_exceptions=True)
             await self._drain()
+
+    async def _retain(self, retention: Retention) -> None:
+        """Prune by the runtime's retention every ``retention.every``; on a store that
+        holds elections (PostgreSQL) only while this worker leads, so one worker per
+        store prunes and another takes over if it dies. Two at once would do no harm
+        (each deletion is its own checked commit), only double work."""
+        store = self.runtime.store
+        election = store.election("turnkit:retention") if isinstance(store, ElectingStore) else None
+        every = retention.every.total_seconds() if isinstance(retention.every, timedelta) else 0.0
+        loop = asyncio.get_running_loop()
+        while True:
+            if election is not None:
+                await election.lead()
+            lost = asyncio.ensure_future(election.lost()) if election else loop.create_future()
+            try:
+                while not lost.done():
+                    try:
+                        await self.runtime.prune()
+                    except Exception:
+                        log.exception("retention: pruning failed; trying again in %ss", every)
+                    await asyncio.wait({lost}, timeout=every)
+            finally:
+                lost.cancel()
+                if election is not None:
+                    await election.resign()
 
     async def _claim_once(self) -> int:
         free = self.concurrency - self.running

@@ -110,6 +110,26 @@ class EraseSession:
     by: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class DropGeneration:
+    """Delete archived generation ``generation`` of the session: its messages, steps,
+    events and turns, and its entry in ``generations()``. A generation that is not
+    archived (the live one, or one already dropped) is left alone."""
+
+    generation: int
+
+
+@dataclass(frozen=True, slots=True)
+class PruneSession:
+    """Delete the session whole, its row and everything keyed by it, live and
+    archived, if it was last updated before ``idle_before`` (seconds since the epoch)
+    and has no turn queued, running or parked; otherwise change nothing. The check
+    and the deletion are one step of the transaction, so a turn stored meanwhile by
+    another process keeps the session (or, stored after, starts a new one)."""
+
+    idle_before: float
+
+
 Write: TypeAlias = (
     AppendMessage
     | PutStep
@@ -120,4 +140,6 @@ Write: TypeAlias = (
     | DropReset
     | ArchiveGeneration
     | EraseSession
+    | DropGeneration
+    | PruneSession
 )

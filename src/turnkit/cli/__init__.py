@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import shlex
@@ -28,6 +29,7 @@ from .._channels.printable import printable, printable_json
 from .._channels.terminal import TerminalChannel
 from .._engine.agent import Agent
 from .._errors import InvalidAnswerError, TurnkitError
+from .._runtime.retention import Retention, prune
 from .._runtime.runtime import Runtime
 from .._seams.model import Model
 from .._seams.store import Store
@@ -77,6 +79,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_answer(commands)
     _add_sessions(commands)
     _add_show(commands)
+    _add_prune(commands)
     _add_dev(commands)
     _add_worker(commands)
     return parser
@@ -180,6 +183,40 @@ def _add_show(commands: Any) -> None:
     _add_store_option(show)
     show.add_argument("--json", action="store_true", help="print one JSON object instead")
     show.set_defaults(handler=_show)
+
+
+def _add_prune(commands: Any) -> None:
+    prune = commands.add_parser(
+        "prune",
+        help="delete archived generations and idle sessions older than you keep them",
+        description="Delete what a store has kept longer than you want: archived "
+        "generations (what resets retired) older than --archives-for, and sessions "
+        "unused for --sessions-idle-for with nothing queued, running or parked. "
+        "Without --apply it only counts. Durations: 90d, 12h, 30m, 45s, or seconds.",
+    )
+    _add_store_option(prune)
+    prune.add_argument("--archives-for", type=_duration, metavar="DURATION")
+    prune.add_argument("--sessions-idle-for", type=_duration, metavar="DURATION")
+    prune.add_argument("--apply", action="store_true", help="delete (default: only count)")
+    prune.add_argument("--json", action="store_true", help="print one JSON object instead")
+    prune.set_defaults(handler=_prune)
+
+
+_UNITS = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0}
+
+
+def _duration(text: str) -> float:
+    """Seconds from ``90d``, ``12h``, ``30m``, ``45s`` or a plain number."""
+    number, unit = (text[:-1], _UNITS[text[-1]]) if text[-1:] in _UNITS else (text, 1.0)
+    try:
+        seconds = float(number) * unit
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a duration such as 90d, 12h, 30m, 45s or seconds, got {text!r}"
+        ) from None
+    if not seconds > 0:
+        raise argparse.ArgumentTypeError(f"expected a duration above zero, got {text!r}")
+    return seconds
 
 
 def _positive_int(text: str) -> int:
@@ -525,6 +562,25 @@ async def _sessions(args: argparse.Namespace, progress: Progress) -> int:
         found = await list_sessions(store, agent=args.agent, limit=args.limit, progress=progress)
     progress.done()
     print(_json(sessions_json(found)) if args.json else render_sessions(found))
+    return 0
+
+
+async def _prune(args: argparse.Namespace, progress: Progress) -> int:
+    if args.archives_for is None and args.sessions_idle_for is None:
+        raise CliError("say what to prune: --archives-for and/or --sessions-idle-for")
+    keep = Retention(archives_for=args.archives_for, sessions_idle_for=args.sessions_idle_for)
+    async with reading_store(args.store) as store:
+        report = await prune(store, keep, apply=args.apply)
+    progress.done()
+    if args.json:
+        print(_json(dataclasses.asdict(report)))
+        return 0
+    did = "deleted" if report.applied else "would delete (run again with --apply)"
+    print(
+        f"{describe_store(args.store)}: {did}: {report.generations} archived "
+        f"generation(s), {report.sessions} idle session(s); {report.kept} kept (used "
+        f"again); {report.seconds:.2f}s, longest lock {report.longest_hold * 1000:.1f} ms"
+    )
     return 0
 
 

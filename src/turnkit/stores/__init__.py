@@ -10,6 +10,7 @@ turn's status move, so code that writes to a store by hand keeps the engine's ru
 from typing import TYPE_CHECKING, Any
 
 from .._seams.queue import PendingReset, TurnQueue
+from .._seams.retention import PrunableStore
 from .._seams.store import (
     SessionStore,
     Store,
@@ -32,9 +33,11 @@ from .._values.records import (
 from .._values.writes import (
     AppendMessage,
     ArchiveGeneration,
+    DropGeneration,
     DropReset,
     EraseSession,
     LogEvent,
+    PruneSession,
     PutStep,
     PutTurn,
     RequestCancel,
@@ -60,6 +63,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "AppendMessage",
     "ArchiveGeneration",
+    "DropGeneration",
     "DropReset",
     "EraseSession",
     "Erasure",
@@ -67,6 +71,8 @@ __all__ = [
     "MemoryStore",
     "PendingReset",
     "PostgresStore",
+    "PrunableStore",
+    "PruneSession",
     "PutStep",
     "PutTurn",
     "RequestCancel",

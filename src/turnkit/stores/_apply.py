@@ -16,9 +16,11 @@ from .._values.records import SessionStatus, TurnRecord, TurnStatus
 from .._values.writes import (
     AppendMessage,
     ArchiveGeneration,
+    DropGeneration,
     DropReset,
     EraseSession,
     LogEvent,
+    PruneSession,
     PutStep,
     PutTurn,
     RequestCancel,
@@ -53,6 +55,10 @@ class WriteTarget(Protocol):
     def archive_generation(self, generation: int, agent: str) -> None: ...
 
     def erase_session(self, by: str | None) -> None: ...
+
+    def drop_generation(self, generation: int) -> None: ...
+
+    def prune_session(self, idle_before: float) -> None: ...
 
 
 def _append(tx: WriteTarget, w: AppendMessage) -> None:
@@ -91,6 +97,14 @@ def _erase(tx: WriteTarget, w: EraseSession) -> None:
     tx.erase_session(w.by)
 
 
+def _drop_generation(tx: WriteTarget, w: DropGeneration) -> None:
+    tx.drop_generation(w.generation)
+
+
+def _prune(tx: WriteTarget, w: PruneSession) -> None:
+    tx.prune_session(w.idle_before)
+
+
 #: Each kind of write, and how a transaction makes it (looked up by exact type: one
 #: dict lookup a write, on the path of every step).
 _MAKE: dict[type[Any], Callable[[WriteTarget, Any], None]] = {
@@ -103,6 +117,8 @@ _MAKE: dict[type[Any], Callable[[WriteTarget, Any], None]] = {
     DropReset: _drop,
     ArchiveGeneration: _archive,
     EraseSession: _erase,
+    DropGeneration: _drop_generation,
+    PruneSession: _prune,
 }
 
 

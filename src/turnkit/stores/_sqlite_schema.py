@@ -144,6 +144,12 @@ MIGRATIONS: list[tuple[str, ...]] = [
         "ALTER TABLE turnkit_sessions ADD COLUMN erased_at REAL",
         "ALTER TABLE turnkit_sessions ADD COLUMN erased_seq INTEGER",
     ),
+    # v9: retention finds what aged out from indexes, oldest first.
+    (
+        "CREATE INDEX turnkit_sessions_idle ON turnkit_sessions (updated_at, session_id)",
+        "CREATE INDEX turnkit_generations_age ON turnkit_generations "
+        "(archived_at, session_id, generation)",
+    ),
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -67,6 +67,8 @@ class _SessionData:
     archived_seq: int = 0
     #: The tombstone an erasure leaves (``None``: never erased).
     erased: Erasure | None = None
+    #: When each archived generation was retired (what retention ages them by).
+    archived_at: dict[int, float] = field(default_factory=dict)
 
 
 def _encode(value: Any, what: str) -> bytes:
@@ -162,6 +164,7 @@ class _MemoryTransaction:
                 f"({d.generation}); another reset came first"
             )
         d.archive[generation] = d.messages
+        d.archived_at = {**d.archived_at, generation: time.time()}  # replaced: see rollback
         self._undo.append(partial(d.archive.pop, generation))
         d.archived_seq = d.events[-1][0] if d.events else d.archived_seq
         # Queued turns (and their steps) stay: they run in the new generation.
@@ -181,11 +184,27 @@ class _MemoryTransaction:
         self._keep_fields()  # every container below is replaced, never changed in place
         d.archived_seq = d.events[-1][0] if d.events else d.archived_seq
         d.messages, d.events, d.turns, d.archive = [], [], {}, {}
-        d.steps, d.turn_steps = {}, {}
+        d.steps, d.turn_steps, d.archived_at = {}, {}, {}
         d.generation += 1
         d.reset_requested = None
         d.erased = Erasure(by, time.time())
         self._touch("new")
+
+    def drop_generation(self, generation: int) -> None:
+        d = self._data
+        if generation not in d.archive:
+            return
+        self._keep_fields()  # both dicts are replaced, never changed in place
+        d.archive = {g: m for g, m in d.archive.items() if g != generation}
+        d.archived_at = {g: t for g, t in d.archived_at.items() if g != generation}
+
+    def prune_session(self, idle_before: float) -> None:
+        d = self._data
+        busy = any(t.status in UNFINISHED for t in d.turns.values())
+        if d.agent is None or d.updated_at >= idle_before or d.reset_requested is not None or busy:
+            return
+        self._keep_fields()
+        vars(d).update(vars(_SessionData()))  # as if never seen
 
     def request_reset(self) -> None:
         d = self._data
@@ -395,6 +414,35 @@ class MemoryStore:
             if t.status in ("queued", "running")
         ]
         return sorted(found, key=lambda t: t.created_at)
+
+    async def idle_sessions(
+        self, before: float, *, limit: int, after: tuple[float, str] | None = None
+    ) -> list[tuple[float, str]]:
+        """See ``turnkit.stores.PrunableStore``."""
+        start = after or (float("-inf"), "")
+        found = sorted(
+            (d.updated_at, sid)
+            for sid, d in self._sessions.items()
+            if d.agent is not None
+            and d.updated_at < before
+            and (d.updated_at, sid) > start
+            and d.reset_requested is None
+            and not any(t.status in UNFINISHED for t in d.turns.values())
+        )
+        return found[:limit]
+
+    async def old_generations(
+        self, before: float, *, limit: int, after: tuple[float, str, int] | None = None
+    ) -> list[tuple[float, str, int]]:
+        """See ``turnkit.stores.PrunableStore``."""
+        start = after or (float("-inf"), "", -1)
+        found = sorted(
+            (at, sid, generation)
+            for sid, d in self._sessions.items()
+            for generation, at in d.archived_at.items()
+            if at < before and (at, sid, generation) > start
+        )
+        return found[:limit]
 
     async def turn_counts(self) -> dict[str, int]:
         """How many turns are ``queued``, ``running`` and ``suspended`` (for monitoring)."""

@@ -39,6 +39,7 @@ from .._values.records import (
 from .._values.writes import Write
 from . import _archive_sql as archive_sql
 from . import _erase_sql as erase_sql
+from . import _retention_sql as retention_sql
 from . import _sql as sql
 from ._apply import apply_writes
 from ._host_locks import HostSessionLocks
@@ -258,6 +259,16 @@ class _SqliteTransaction:
     def erase_session(self, by: str | None) -> None:
         _check_open(self._conn)
         for statement, params in erase_sql.erase_statements(self._sid, by, time.time()):
+            self._conn.execute(statement, params)
+
+    def drop_generation(self, generation: int) -> None:
+        _check_open(self._conn)
+        for statement, params in retention_sql.drop_generation_statements(self._sid, generation):
+            self._conn.execute(statement, params)
+
+    def prune_session(self, idle_before: float) -> None:
+        _check_open(self._conn)
+        for statement, params in retention_sql.prune_session_statements(self._sid, idle_before):
             self._conn.execute(statement, params)
 
     def request_reset(self) -> None:
@@ -744,6 +755,28 @@ class SqliteStore:
         with _reading("unfinished turns"):
             rows = self.connection.execute(sql.UNFINISHED_TURNS).fetchall()
             return [_turn_from_row(r) for r in rows]
+
+    async def idle_sessions(
+        self, before: float, *, limit: int, after: tuple[float, str] | None = None
+    ) -> list[tuple[float, str]]:
+        """See ``turnkit.stores.PrunableStore``."""
+        start = after or (float("-inf"), "")
+        with _reading("idle sessions"):
+            rows = self.connection.execute(
+                retention_sql.IDLE_SESSIONS, (before, *start, limit)
+            ).fetchall()
+        return [(float(at), str(sid)) for at, sid in rows]
+
+    async def old_generations(
+        self, before: float, *, limit: int, after: tuple[float, str, int] | None = None
+    ) -> list[tuple[float, str, int]]:
+        """See ``turnkit.stores.PrunableStore``."""
+        start = after or (float("-inf"), "", -1)
+        with _reading("old generations"):
+            rows = self.connection.execute(
+                retention_sql.OLD_GENERATIONS, (before, *start, limit)
+            ).fetchall()
+        return [(float(at), str(sid), int(g)) for at, sid, g in rows]
 
     async def turn_counts(self) -> dict[str, int]:
         """How many turns are ``queued``, ``running`` and ``suspended`` (for monitoring)."""

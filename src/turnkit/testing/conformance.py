@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
@@ -36,6 +37,7 @@ from .._engine.context import ToolContext
 from .._engine.tools import tool
 from .._errors import FatalToolError, SessionOwnerError, StoreError, TurnMoveError
 from .._runtime.runtime import Runtime
+from .._seams.retention import PrunableStore
 from .._seams.store import (
     SessionStore,
     Store,
@@ -57,9 +59,11 @@ from .._values.records import PREVIEW_CHARS, TurnRecord, TurnStatus
 from .._values.writes import (
     AppendMessage,
     ArchiveGeneration,
+    DropGeneration,
     DropReset,
     EraseSession,
     LogEvent,
+    PruneSession,
     PutStep,
     PutTurn,
     RequestCancel,
@@ -89,6 +93,7 @@ __all__ = [
     "test_conformance_park_cancel_and_unfinished",
     "test_conformance_queued_turns_open_or_settle",
     "test_conformance_reset_archives_a_generation",
+    "test_conformance_retention_drops_only_what_aged_out",
     "test_conformance_run_tool_calls_its_step_once_and_commits_its_writes",
     "test_conformance_run_tool_writes_land_with_the_tools_sql",
     "test_conformance_session_pages_newest_first_by_key",
@@ -802,6 +807,62 @@ async def test_conformance_erasure_leaves_only_a_tombstone(
     async with _opened(conformance_store) as store:  # reopened: the tombstone lasts
         erased = (await store.session("s1").load()).erased
         assert erased is not None and erased.by == "alice"
+
+
+@pytest.mark.asyncio
+async def test_conformance_retention_drops_only_what_aged_out(
+    conformance_store: StoreUnderTest,
+) -> None:
+    """``DropGeneration`` deletes one archived generation; ``PruneSession`` deletes an
+    idle session whole and leaves alone one used since the cutoff, one with a turn
+    queued, running or parked, and one with a reset pending. A ``PrunableStore``
+    lists them oldest first, page by page."""
+    async with _opened(conformance_store) as store:
+        gone, parked, queued, fresh = (store.session(s) for s in ("gone", "parked", "q", "new"))
+        for session in (gone, parked, fresh):
+            await _open_turn(session, "t1")
+            await session.commit([_move("t1", "completed", text="x")])
+        await gone.commit([ArchiveGeneration(0, "a")])
+        await _open_turn(gone, "t2")
+        await gone.commit([_move("t2", "completed"), ArchiveGeneration(1, "a")])
+        await _open_turn(parked, "t2", index=1)
+        await parked.commit([_move("t2", "suspended", pending={"request": {"id": "ok"}})])
+        await queued.commit([_queue(_record("q", "t1"))])
+        cutoff = time.time() + 3600  # everything so far is older than this
+        if isinstance(store, PrunableStore):
+            idle = await store.idle_sessions(cutoff, limit=10)
+            assert sorted(sid for _, sid in idle) == ["gone", "new"]
+            first = await store.idle_sessions(cutoff, limit=1)
+            rest = await store.idle_sessions(cutoff, limit=10, after=first[-1])
+            assert first + rest == idle  # pages by key, oldest first
+            old = await store.old_generations(cutoff, limit=10)
+            assert [(sid, g) for _, sid, g in old] == [("gone", 0), ("gone", 1)]
+            assert await store.old_generations(0.0, limit=10) == []
+            assert await store.idle_sessions(0.0, limit=10) == []
+
+        await gone.commit([DropGeneration(0), DropGeneration(7)])  # 7: never archived
+        assert await gone.generations() == [1] and await gone.archived_messages(0) == []
+        assert len(await gone.archived_messages(1)) == 1
+
+        await gone.commit([PruneSession(0.0)])  # not idle for that long: kept
+        assert (await gone.load()).agent == "a"
+        await store.session("resetting").commit([PruneSession(cutoff)])  # never seen
+        for session in (gone, parked, queued, fresh):
+            await session.commit([PruneSession(cutoff)])
+        assert (await gone.load()).agent is None and await gone.generations() == []
+        assert await transcript(gone) == [] and await gone.turn("t2") is None
+        assert (await fresh.load()).agent is None
+        assert (await parked.load("t2")).turn is not None  # parked: kept
+        assert (await queued.load("t1")).turn is not None  # queued: kept
+        assert sorted(i.session_id for i in await all_sessions(store)) == ["parked", "q"]
+
+        await _open_turn(fresh, "t9")  # a pruned id is free again: a new session
+        snap = await fresh.load("t9")
+        assert snap.generation == 0 and [m.turn_id for m in snap.messages] == ["t9"]
+        await _open_turn(store.session("r"), "t1")
+        await store.session("r").commit([_move("t1", "completed"), RequestReset()])
+        await store.session("r").commit([PruneSession(cutoff)])  # a reset pending: kept
+        assert (await store.session("r").load()).agent == "a"
 
 
 @pytest.mark.asyncio

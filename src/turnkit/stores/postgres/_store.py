@@ -57,6 +57,7 @@ from ..._values.records import (
 )
 from ..._values.writes import Write
 from .. import _archive_sql as archive_sql
+from .. import _retention_sql as retention_sql
 from .. import _sql as sql
 from .._apply import apply_writes
 from .._sql_rows import session_info
@@ -675,6 +676,24 @@ class PostgresStore:
 
     async def unfinished_turns(self) -> list[TurnRecord]:
         return await self._select("unfinished turns", sql.UNFINISHED_TURNS, (), _turn_from_row)
+
+    async def idle_sessions(
+        self, before: float, *, limit: int, after: tuple[float, str] | None = None
+    ) -> list[tuple[float, str]]:
+        """See ``turnkit.stores.PrunableStore``."""
+        start = after or (float("-inf"), "")
+        params = (before, *start, limit)
+        rows = await self._select("idle sessions", retention_sql.IDLE_SESSIONS, params, tuple)
+        return [(float(at), str(sid)) for at, sid in rows]
+
+    async def old_generations(
+        self, before: float, *, limit: int, after: tuple[float, str, int] | None = None
+    ) -> list[tuple[float, str, int]]:
+        """See ``turnkit.stores.PrunableStore``."""
+        start = after or (float("-inf"), "", -1)
+        params = (before, *start, limit)
+        rows = await self._select("old generations", retention_sql.OLD_GENERATIONS, params, tuple)
+        return [(float(at), str(sid), int(g)) for at, sid, g in rows]
 
     async def turn_counts(self) -> dict[str, int]:
         """How many turns are ``queued``, ``running`` and ``suspended`` (for monitoring)."""

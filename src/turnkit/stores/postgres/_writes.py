@@ -22,6 +22,7 @@ from ..._values.messages import Message
 from ..._values.records import SessionStatus, TurnRecord, TurnStatus
 from .. import _archive_sql as archive_sql
 from .. import _erase_sql as erase_sql
+from .. import _retention_sql as retention_sql
 from .. import _sql as sql
 from .._sql_rows import dumps as _dumps
 from .._sql_rows import move_values, new_turn_values, refused_move
@@ -95,6 +96,12 @@ class _Writes:
 
     def erase_session(self, by: str | None) -> None:
         self.writes += erase_sql.erase_statements(self._sid, by, time.time())
+
+    def drop_generation(self, generation: int) -> None:
+        self.writes += retention_sql.drop_generation_statements(self._sid, generation)
+
+    def prune_session(self, idle_before: float) -> None:
+        self.writes += retention_sql.prune_session_statements(self._sid, idle_before)
 
     def request_reset(self) -> None:
         self.writes += archive_sql.request_reset_statements(self._sid, time.time())

@@ -1,0 +1,158 @@
+"""Retention: deleting what a store has kept longer than the app wants.
+
+``Retention`` says how long to keep archived generations and idle sessions;
+``prune`` finds what aged out (``PrunableStore``: from indexes, oldest first, a page
+at a time) and deletes it one session at a time, each in its own short commit under
+the session's writer lock, so no delivery is between its read and its write and no
+lock is held for long. A session with a turn queued, running or parked is never
+deleted, whatever its age: the check is part of the deleting statement.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+
+from .._errors import ConfigurationError, SessionBusyError
+from .._seams.retention import PrunableStore
+from .._seams.store import NO_MESSAGES, Store
+from .._values.writes import DropGeneration, PruneSession
+
+log = logging.getLogger("turnkit.retention")
+
+
+def _duration(name: str, value: timedelta | float | None) -> timedelta | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, timedelta | int | float):
+        raise ConfigurationError(
+            f"Retention({name}=...) must be a timedelta or seconds, got {value!r}"
+        )
+    span = value if isinstance(value, timedelta) else timedelta(seconds=value)
+    if span <= timedelta(0):
+        raise ConfigurationError(f"Retention({name}=...) must be more than zero, got {value!r}")
+    return span
+
+
+@dataclass(frozen=True)
+class Retention:
+    """How long a store keeps what is done with.
+
+    ``archives_for``: an archived generation (what a reset retired) is deleted
+    this long after the reset. ``sessions_idle_for``: a session nobody has used for
+    this long, with nothing queued, running or parked, is deleted whole (its row
+    too: the id is free again). ``None`` keeps that kind forever. Durations are
+    ``timedelta``s or seconds. ``every`` is how often a ``Worker`` prunes (one
+    worker per store, elected), and ``batch`` how many candidates one read lists.
+    """
+
+    archives_for: timedelta | float | None = None
+    sessions_idle_for: timedelta | float | None = None
+    every: timedelta | float = timedelta(hours=1)
+    batch: int = 200
+
+    def __post_init__(self) -> None:
+        for name in ("archives_for", "sessions_idle_for", "every"):
+            object.__setattr__(self, name, _duration(name, getattr(self, name)))
+        if self.every is None:
+            raise ConfigurationError("Retention(every=...) must be a duration, not None")
+        if isinstance(self.batch, bool) or not isinstance(self.batch, int) or self.batch < 1:
+            raise ConfigurationError(
+                f"Retention(batch=...) must be an int >= 1, got {self.batch!r}"
+            )
+
+    def cutoffs(self, now: float) -> tuple[float | None, float | None]:
+        """The archive and idle-session cutoffs at ``now`` (``None``: kept forever)."""
+        archives, idle = self.archives_for, self.sessions_idle_for
+        assert not isinstance(archives, float | int) and not isinstance(idle, float | int)
+        return (
+            now - archives.total_seconds() if archives is not None else None,
+            now - idle.total_seconds() if idle is not None else None,
+        )
+
+
+@dataclass(frozen=True)
+class PruneReport:
+    """What one ``prune`` deleted (or, with ``applied`` false, would delete)."""
+
+    applied: bool
+    #: Archived generations deleted.
+    generations: int
+    #: Idle sessions deleted whole.
+    sessions: int
+    #: Sessions listed as idle that were not deleted: used again before their turn.
+    kept: int
+    #: How long the prune took, and the longest one session's writer lock was held.
+    seconds: float
+    longest_hold: float
+
+
+async def prune(
+    store: Store, retention: Retention, *, apply: bool = True, now: float | None = None
+) -> PruneReport:
+    """Delete (``apply``) or count what ``retention`` has aged out of ``store`` at
+    ``now`` (default: the current time)."""
+    if not isinstance(retention, Retention):
+        raise ConfigurationError(f"prune needs a turnkit.Retention, got {retention!r}")
+    if not isinstance(store, PrunableStore):
+        raise ConfigurationError(
+            f"{type(store).__name__} cannot list what aged out (it is no PrunableStore)"
+        )
+    started = time.monotonic()
+    archived_before, idle_before = retention.cutoffs(time.time() if now is None else now)
+    generations = sessions = kept = 0
+    longest = 0.0
+    if archived_before is not None:
+        old_key: tuple[float, str, int] | None = None
+        while page := await store.old_generations(
+            archived_before, limit=retention.batch, after=old_key
+        ):
+            for _, session_id, generation in page:
+                if apply:
+                    began = time.monotonic()
+                    await store.session(session_id).commit([DropGeneration(generation)])
+                    longest = max(longest, time.monotonic() - began)
+                generations += 1
+            old_key = page[-1]
+    if idle_before is not None:
+        idle_key: tuple[float, str] | None = None
+        while page2 := await store.idle_sessions(
+            idle_before, limit=retention.batch, after=idle_key
+        ):
+            for _, session_id in page2:
+                if not apply:
+                    sessions += 1
+                    continue
+                session = store.session(session_id)
+                try:
+                    async with session.writer():  # no delivery of it between check and delete
+                        began = time.monotonic()
+                        await session.commit([PruneSession(idle_before)])
+                        longest = max(longest, time.monotonic() - began)
+                except SessionBusyError:
+                    kept += 1  # a turn holds it: not idle after all
+                    continue
+                if (await session.load(from_index=NO_MESSAGES)).agent is None:
+                    sessions += 1
+                else:
+                    kept += 1  # used again since it was listed
+            idle_key = page2[-1]
+    report = PruneReport(
+        applied=apply,
+        generations=generations,
+        sessions=sessions,
+        kept=kept,
+        seconds=time.monotonic() - started,
+        longest_hold=longest,
+    )
+    log.info(
+        "retention %s %d archived generation(s) and %d idle session(s) in %.2fs (%d kept)",
+        "deleted" if apply else "would delete",
+        generations,
+        sessions,
+        report.seconds,
+        kept,
+    )
+    return report
