@@ -34,6 +34,7 @@ CORE_EXTERNAL = {
     "collections",
     "contextlib",
     "dataclasses",
+    "datetime",
     "hashlib",
     "hmac",
     "inspect",

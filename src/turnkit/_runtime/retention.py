@@ -10,6 +10,7 @@ deleted, whatever its age: the check is part of the deleting statement.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass
@@ -21,6 +22,9 @@ from .._seams.store import NO_MESSAGES, Store
 from .._values.writes import DropGeneration, PruneSession
 
 log = logging.getLogger("turnkit.retention")
+
+#: How many idle sessions one prune deletes at a time (each under its own lock).
+_AT_ONCE = 8
 
 
 def _duration(name: str, value: timedelta | float | None) -> timedelta | None:
@@ -121,23 +125,18 @@ async def prune(
         while page2 := await store.idle_sessions(
             idle_before, limit=retention.batch, after=idle_key
         ):
-            for _, session_id in page2:
-                if not apply:
-                    sessions += 1
-                    continue
-                session = store.session(session_id)
-                try:
-                    async with session.writer():  # no delivery of it between check and delete
-                        began = time.monotonic()
-                        await session.commit([PruneSession(idle_before)])
-                        longest = max(longest, time.monotonic() - began)
-                except SessionBusyError:
-                    kept += 1  # a turn holds it: not idle after all
-                    continue
-                if (await session.load(from_index=NO_MESSAGES)).agent is None:
-                    sessions += 1
-                else:
-                    kept += 1  # used again since it was listed
+            if apply:
+                # Each session is its own lock and commit: a few at once, never many.
+                gate = asyncio.Semaphore(_AT_ONCE)
+                outcomes = await asyncio.gather(
+                    *(_prune_one(store, sid, idle_before, gate) for _, sid in page2)
+                )
+                for deleted, held in outcomes:
+                    sessions += deleted
+                    kept += not deleted
+                    longest = max(longest, held)
+            else:
+                sessions += len(page2)
             idle_key = page2[-1]
     report = PruneReport(
         applied=apply,
@@ -156,3 +155,21 @@ async def prune(
         kept,
     )
     return report
+
+
+async def _prune_one(
+    store: Store, session_id: str, idle_before: float, gate: asyncio.Semaphore
+) -> tuple[bool, float]:
+    """Delete one idle session if it still is; whether it went, and how long its
+    writer lock was held."""
+    session = store.session(session_id)
+    async with gate:
+        try:
+            async with session.writer():  # no delivery of it between check and delete
+                began = time.monotonic()
+                await session.commit([PruneSession(idle_before)])
+                held = time.monotonic() - began
+        except SessionBusyError:
+            return False, 0.0  # a turn holds it: not idle after all
+        gone = (await session.load(from_index=NO_MESSAGES)).agent is None
+    return gone, held
