@@ -30,6 +30,7 @@ if not CHROMIUM.exists() and not os.environ.get("CI"):
     )
 
 from playwright.sync_api import Browser, Page, Route, expect, sync_playwright  # noqa: E402
+from test_cli import OFFLINE_ENV  # noqa: E402  (the model settings and TURNKIT_USER left out)
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "ops"
@@ -48,15 +49,6 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
-#: Without the model settings, so a developer's API key never sends these tests online.
-LEFT_OUT = {
-    "TURNKIT_MODEL",
-    "ANTHROPIC_API_KEY",
-    "OPENAI_API_KEY",
-    "OPENAI_BASE_URL",
-    "TURNKIT_USER",
-}
-OFFLINE_ENV = {k: v for k, v in os.environ.items() if k not in LEFT_OUT}
 URL = re.compile(r"http://127\.0\.0\.1:(\d+)/")
 TIMEOUT_MS = 20_000
 DEV_COMMAND = [sys.executable, "-m", "turnkit.cli", "dev"]
