@@ -90,8 +90,9 @@ class ContextWindows:
         self._traced = traced or _untraced
         #: The window chosen for the step being prepared, until it commits.
         self.chosen: tuple[int, WindowRecord, str | None] | None = None
-        #: What this delivery's summary calls used, not yet taken by the runner.
-        self._usage = Usage()
+        #: What this delivery's summary calls used, not yet taken by the runner
+        #: (``None``: nothing, the usual case, so a model step adds no usage).
+        self._usage: Usage | None = None
 
     async def prepare(self, transcript: list[Message], index: int, system: str | None) -> Sent:
         """What model step ``index`` is sent under the policy."""
@@ -121,9 +122,10 @@ class ContextWindows:
             system=with_summary(system, text),
         )
 
-    def take_usage(self) -> Usage:
-        """What the summary calls made since the last call used (then nothing)."""
-        used, self._usage = self._usage, Usage()
+    def take_usage(self) -> Usage | None:
+        """What the summary calls made since the last call used (then nothing);
+        ``None`` when they used nothing (or none was made)."""
+        used, self._usage = self._usage, None
         return used
 
     def writes(self) -> list[Write]:
@@ -248,7 +250,7 @@ class ContextWindows:
             await self.store.commit([PutStep(step_id, self.turn_id, record.to_dict())])
         self.steps[step_id] = record.to_dict()
         if reply.usage is not None:
-            self._usage = self._usage + reply.usage
+            self._usage = reply.usage if self._usage is None else self._usage + reply.usage
         return ref, record.text
 
 

@@ -41,7 +41,9 @@ class ModelSteps:
         # their own, made before this step's request (and its span) begins.
         windows = self._context_windows()
         sent = await windows.prepare(d.transcript, index, d.policy.system)
-        d.usage = d.usage + windows.take_usage()  # summaries it made
+        summaries = windows.take_usage()  # what the summaries it made used
+        if summaries is not None:
+            d.usage = d.usage + summaries
         with Traced(d.span.step(d.step_trace(step_id, model=d.agent.model))) as span:
             await self._ask_and_commit(index, step_id, span, windows, sent)
 

@@ -34,10 +34,12 @@ class Usage:
     reasoning_tokens: int = 0
 
     def __post_init__(self) -> None:
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"Usage.{f.name} must be a non-negative int, got {value!r}")
+        values = self.__dict__
+        for name in _COUNTS:
+            value = values[name]
+            exact = type(value) is int  # (the usual case: one check, not three)
+            if not exact and (isinstance(value, bool) or not isinstance(value, int)) or value < 0:
+                raise ValueError(f"Usage.{name} must be a non-negative int, got {value!r}")
 
     @property
     def total_tokens(self) -> int:
@@ -56,20 +58,25 @@ class Usage:
         )
 
     def __bool__(self) -> bool:
-        return any(getattr(self, f.name) for f in fields(self))
+        values = self.__dict__
+        return any(values[name] for name in _COUNTS)
 
     def to_dict(self) -> dict[str, int]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        values = self.__dict__
+        return {name: values[name] for name in _COUNTS}
 
     @classmethod
     def from_dict(cls, data: object) -> Usage:
         if not isinstance(data, Mapping):
             raise MessageDecodeError(f"usage: expected a JSON object, got {type(data).__name__}")
         try:
-            return cls(**{f.name: data.get(f.name, 0) for f in fields(cls)})
+            return cls(**{name: data.get(name, 0) for name in _COUNTS})
         except ValueError as exc:
             raise MessageDecodeError(f"usage: {exc}") from None
 
+
+#: The counts, in field order (read once: ``fields()`` costs on every call).
+_COUNTS: tuple[str, ...] = tuple(f.name for f in fields(Usage))
 
 #: No tokens: what a turn whose model reported nothing used.
 NO_USAGE = Usage()
