@@ -7,14 +7,15 @@ state changes take it through this protocol, so none of them imports the runner.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 from .._errors import StoreError
 from .._seams.store import SessionStore
-from .._seams.tracer import StepTrace, TurnSpan
+from .._seams.tracer import StepSpan, TurnSpan
 from .._values.events import TurnEvent
 from .._values.inbound import InboundEvent
-from .._values.messages import Message
+from .._values.messages import Message, ToolCall
 from .._values.policy import TurnPolicy
 from .._values.records import TurnRecord
 from .._values.usage import Usage
@@ -49,7 +50,9 @@ class Delivery(Protocol):
     span: TurnSpan
     usage: Usage
 
-    def step_trace(self, step_id: str, **what: Any) -> StepTrace: ...
+    def step_span(
+        self, step_id: str, *, call: ToolCall | None = None, model: Any = None
+    ) -> AbstractContextManager[StepSpan]: ...
 
     async def commit(
         self,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from typing import Any, Literal, TypeAlias
 
 from .._errors import ConfigurationError, SessionOwnerError, StoreError
@@ -21,6 +22,7 @@ from .._seams.store import SessionStore
 from .._seams.tracer import (
     NO_SPAN,
     NO_TRACER,
+    StepSpan,
     StepTrace,
     TraceContext,
     Tracer,
@@ -35,7 +37,13 @@ from .._values.events import (
 )
 from .._values.inbound import InboundEvent
 from .._values.inputs import InputRequest
-from .._values.messages import Message, TriggerMessage, UserMessage, message_from_dict
+from .._values.messages import (
+    Message,
+    ToolCall,
+    TriggerMessage,
+    UserMessage,
+    message_from_dict,
+)
 from .._values.policy import TurnPolicy
 from .._values.records import TurnRecord, TurnStatus
 from .._values.step_ids import (
@@ -64,7 +72,7 @@ from .position import (
 from .reset import carry_out_reset, runs_after_reset
 from .tool_results import error_text
 from .tool_steps import Park, ToolSteps
-from .tracing import error_type
+from .tracing import UNTRACED, Traced, error_type
 from .transitions import (
     Planned,
     Refused,
@@ -431,10 +439,16 @@ class TurnRunner:
 
     # -- steps -------------------------------------------------------------------
 
-    def step_trace(self, step_id: str, **what: Any) -> StepTrace:
-        """A step's trace; only the first step a redelivery runs is marked replayed."""
+    def step_span(
+        self, step_id: str, *, call: ToolCall | None = None, model: Any = None
+    ) -> AbstractContextManager[StepSpan]:
+        """A step's span, told how the step ended (see ``Traced``); only the first step
+        a redelivery runs is marked replayed. Untraced, nothing is built for it."""
         resuming, self._resuming = self._resuming, False
-        return StepTrace(step_id=step_id, replayed=resuming, **what)
+        if self.span is NO_SPAN:
+            return UNTRACED
+        trace = StepTrace(step_id=step_id, replayed=resuming, call=call, model=model)
+        return Traced(self.span.step(trace))
 
 
 def _trace_context(stored: object) -> TraceContext | None:

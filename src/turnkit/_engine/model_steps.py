@@ -6,6 +6,7 @@ the turn's completion), so a replay either finds the whole step or asks again.
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from typing import Any
 
 from .._seams.tracer import StepSpan
@@ -21,7 +22,6 @@ from .known_transcript import KnownTranscript
 from .model_call import Sent, ask_model
 from .output import answer_tail
 from .replies import assistant_message, error_of, reply_events
-from .tracing import Traced
 
 
 class ModelSteps:
@@ -44,13 +44,12 @@ class ModelSteps:
         summaries = windows.take_usage()  # what the summaries it made used
         if summaries is not None:
             d.usage = d.usage + summaries
-        with Traced(d.span.step(d.step_trace(step_id, model=d.agent.model))) as span:
+        with d.step_span(step_id, model=d.agent.model) as span:
             await self._ask_and_commit(index, step_id, span, windows, sent)
 
-    def _traced_summary(self, step_id: str, model: Any) -> Traced:
+    def _traced_summary(self, step_id: str, model: Any) -> AbstractContextManager[StepSpan]:
         """The span of a summary call the history policy makes (step ``step_id``)."""
-        d = self._d
-        return Traced(d.span.step(d.step_trace(step_id, model=model)))
+        return self._d.step_span(step_id, model=model)
 
     async def _ask_and_commit(
         self, index: int, step_id: str, span: StepSpan, windows: ContextWindows, sent: Sent

@@ -39,7 +39,7 @@ from .tool_call import (
 )
 from .tool_results import error_result, error_text
 from .tools import Tool
-from .tracing import Traced, outcome_of
+from .tracing import outcome_of
 from .turn_tools import TurnTools, list_tool_sources
 
 #: Calls that are no tool call for ``Limits.tool_calls``: a typed answer's own.
@@ -162,7 +162,7 @@ class ToolSteps:
         """One call's step, from its run to its commit, under its own span."""
         step_id = tool_step_id(assistant_index, call.id)
         d = self._d
-        with Traced(d.span.step(d.step_trace(step_id, call=call))) as span:
+        with d.step_span(step_id, call=call) as span:
             await self._run_tool(step_id, call, span)
 
     async def _run_tool(self, step_id: str, call: ToolCall, span: StepSpan) -> None:
@@ -304,7 +304,7 @@ class _BatchSteps:
         step_id = tool_step_id(self._index, call.id)
         d = steps._d
         # The span covers the tool's run; its result commits from the batch's driver.
-        with Traced(d.span.step(d.step_trace(step_id, call=call))) as span:
+        with d.step_span(step_id, call=call) as span:
             return await steps.run_remote(tool, step_id, call, span)
 
     async def commit_remote(self, call: ToolCall, ran: Ran) -> None:

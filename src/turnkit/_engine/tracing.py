@@ -7,10 +7,10 @@ that raises ends as the exception says: cancelled, or failed with its class.
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from types import TracebackType
 
-from .._seams.tracer import StepOutcome, StepSpan
+from .._seams.tracer import NO_SPAN, StepOutcome, StepSpan
 from .._values.turns import TurnCancelled, TurnFailure
 from .tool_results import error_text
 
@@ -41,6 +41,11 @@ def outcome_of(exc: BaseException) -> StepOutcome:
     if isinstance(exc, TurnCancelled):
         return StepOutcome(status="cancelled", message=exc.reason)
     return StepOutcome(status="failed", error_type=error_type(exc), message=error_text(exc))
+
+
+#: An untraced step's span (the default tracer's): records nothing, so the engine
+#: builds no trace for it and reports nothing to it.
+UNTRACED: AbstractContextManager[StepSpan] = nullcontext(NO_SPAN)
 
 
 class Traced(AbstractContextManager[StepSpan]):

@@ -37,8 +37,10 @@ class Usage:
         values = self.__dict__
         for name in _COUNTS:
             value = values[name]
-            exact = type(value) is int  # (the usual case: one check, not three)
-            if not exact and (isinstance(value, bool) or not isinstance(value, int)) or value < 0:
+            # (An exact int, the usual case, is one check, not three.)
+            kind = type(value)
+            wrong = kind is not int and (kind is bool or not isinstance(value, int))
+            if wrong or value < 0:
                 raise ValueError(f"Usage.{name} must be a non-negative int, got {value!r}")
 
     @property
