@@ -16,6 +16,7 @@ from .._values.events import (
     TurnEvent,
 )
 from .._values.messages import AssistantMessage, Message, ModelReply, ToolCall, ToolMessage
+from .._values.text import clean_copy
 from .tool_call import copy_input
 
 
@@ -48,7 +49,7 @@ def reply_events(
     tid, sid, seq = turn_id, session_id, count(first_seq)
     # Observers may mutate what they get; the transcript must not change with it.
     calls = reply.tool_calls
-    shown = assistant_message(reply, tid, _detached(calls)) if calls else message
+    shown = clean_copy(message, tool_calls=_detached(calls)) if calls else message
     events: list[TurnEvent] = [
         MessageCompletedEvent(turn_id=tid, session_id=sid, message=shown, seq=next(seq))
     ]
@@ -90,11 +91,6 @@ def _tail_event(message: Message, tid: str, sid: str, seq: int) -> TurnEvent | N
 def _detached(calls: tuple[ToolCall, ...]) -> tuple[ToolCall, ...]:
     """Copies of ``calls`` whose inputs are not shared with the transcript."""
     return tuple(
-        ToolCall(
-            id=c.id,
-            name=c.name,
-            input=copy_input(c.input),
-            provider_state=copy_input(c.provider_state),
-        )
+        clean_copy(c, input=copy_input(c.input), provider_state=copy_input(c.provider_state))
         for c in calls
     )

@@ -40,6 +40,10 @@ def to_json_result(value: Any) -> Any:
     ``_values.text``); a value that still cannot be encoded (an unknown type) becomes
     an error result the model reads, not a stuck turn.
     """
-    jsonable = storable_json(to_jsonable_python(value))
-    to_json(jsonable)
-    return jsonable
+    jsonable = to_jsonable_python(value)
+    stored = storable_json(jsonable)
+    if stored is not jsonable:
+        # Cleaned: check that what will be stored encodes. (Unchanged, it encoded
+        # when storable_json checked it; a JSON scalar always does.)
+        to_json(stored)
+    return stored

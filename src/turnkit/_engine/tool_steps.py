@@ -20,6 +20,7 @@ from .._values.inputs import InputRequest
 from .._values.listed_tools import ListedTools
 from .._values.messages import AssistantMessage, ToolCall, ToolMessage
 from .._values.step_ids import tool_step_id, tools_step_id
+from .._values.text import clean_copy
 from .._values.writes import AppendMessage, LogEvent, PutStep, Write
 from .batch import committed_results, in_order
 from .context import ToolContext, TurnParked
@@ -253,16 +254,19 @@ class ToolSteps:
             turn_id=d.turn_id,
             is_error=row.error is not None,
         )
+        value = message.result  # storable now, so its copies need no check
         event = ActionCompletedEvent(
             turn_id=d.turn_id,
             session_id=d.session_id,
             call_id=call.id,
             name=call.name,
-            result=copy_input(row.value),  # observers get their own copy to mutate
+            result=value,
             error=row.error,
             seq=row.seq,
         )
-        stored = ToolStepResult(result=row.value, error=row.error).to_dict()
+        # Observers get their own copy of the result to mutate.
+        event = clean_copy(event, result=copy_input(value))
+        stored = ToolStepResult(result=value, error=row.error).to_dict()
         ready = self._ready_after(call, message)
         writes: list[Write] = [PutStep(row.step_id, d.turn_id, stored)]
         writes.extend(AppendMessage(row.index + offset, m) for offset, m in enumerate(ready))
@@ -272,6 +276,9 @@ class ToolSteps:
     def _ready_after(self, call: ToolCall, message: ToolMessage) -> list[ToolMessage]:
         """The messages that join the transcript once ``call``'s result commits."""
         d = self._d
+        last = d.transcript[-1]
+        if isinstance(last, AssistantMessage) and len(last.tool_calls) == 1:
+            return [message]  # the usual batch: one call, answered by this message
         step = next_step(d.transcript, d.turn_id)
         if not isinstance(step, RunTools):
             return [message]

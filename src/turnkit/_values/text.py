@@ -12,7 +12,7 @@ instead, with a 400 naming the field, since its client can send the text again.
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic_core import to_json
 
@@ -21,6 +21,8 @@ from pydantic_core import to_json
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 REPLACEMENT = "\ufffd"
+
+_V = TypeVar("_V")
 
 
 def _bad(text: str) -> bool:
@@ -51,8 +53,12 @@ def unstorable(text: str) -> str | None:
 
 def storable_json(value: Any) -> Any:
     """A JSON-like value (dicts, lists, tuples, strings, numbers) with every string
-    in it, keys included, made ``storable``; the same object when nothing changes."""
+    in it, keys included, made ``storable``; the same object when nothing changes
+    (and then it is known clean: see ``clean_fields``)."""
+    global _clean_a, _clean_b
     if not _needs(value):
+        if type(value) not in _SCALARS and type(value) is not str:
+            _clean_a, _clean_b = value, _clean_a
         return value
     return _cleaned(value)
 
@@ -120,3 +126,12 @@ def clean_fields(value: object, names: tuple[str, ...]) -> None:
             _clean_a, _clean_b = current, _clean_a
             continue
         object.__setattr__(value, name, _cleaned(current))
+
+
+def clean_copy(value: _V, **changes: Any) -> _V:
+    """A copy of the frozen dataclass ``value`` with ``changes``, made without its
+    ``__init__``: for a copy whose every field is storable already (the original's
+    own, or a copy of one), which its ``__post_init__`` would only check again."""
+    copy: _V = object.__new__(type(value))
+    vars(copy).update(vars(value), **changes)
+    return copy
