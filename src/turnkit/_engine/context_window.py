@@ -268,7 +268,7 @@ async def _call(
     )
     if reply is None or not reply.text:
         raise TurnFailure("model error: a history summary call gave no text")
-    return stored_form(reply)
+    return stored_form(reply)[0]
 
 
 def _summary_failure(exc: Exception) -> TurnFailure:

@@ -13,7 +13,7 @@ from pydantic_core import from_json, to_json
 
 from .._errors import ContextWindowError, ModelError
 from .._seams.model import ModelDelta, ModelDone, ReasoningDelta, TextDelta, ToolSpec
-from .._values.messages import Message, ModelReply, StopReason, ToolCall
+from .._values.messages import JsonObject, Message, ModelReply, StopReason, ToolCall
 from .._values.turns import TurnCancelled, TurnFailure
 from .._values.usage import Usage
 from .agent import Agent
@@ -54,9 +54,10 @@ async def ask_model(
     cancelled: Callable[[], str | None] = lambda: None,
     *,
     tools: Sequence[ToolSpec],
-) -> ModelReply:
+) -> tuple[ModelReply, JsonObject]:
     """Stream one reply from ``agent.model``, offering it ``tools`` (the turn's, as its
-    policy allows); deltas go to the callbacks as they arrive.
+    policy allows); deltas go to the callbacks as they arrive. Returns the reply in
+    its stored form and the record its step stores (see ``stored_form``).
 
     ``cancelled`` is asked after every delta: a reason stops the stream there (the
     adapter's iterator is closed) and raises ``TurnCancelled``; nothing is kept.
@@ -156,9 +157,10 @@ def check_reply(reply: object) -> None:
         _check_call(call, seen)
 
 
-def stored_form(reply: ModelReply) -> ModelReply:
-    """The reply exactly as a replay will read it back, or ``TurnFailure`` if it cannot
-    be stored: what is committed must decode again, or the session would be unreadable.
+def stored_form(reply: ModelReply) -> tuple[ModelReply, JsonObject]:
+    """The reply exactly as a replay will read it back, and its ``to_dict()`` (the
+    record its step stores); or ``TurnFailure`` if it cannot be stored: what is
+    committed must decode again, or the session would be unreadable.
 
     A reply whose fields have the types a replay decodes and whose JSON reads back
     equal (the usual case: adapters build replies from JSON) already is that form and
@@ -168,8 +170,9 @@ def stored_form(reply: ModelReply) -> ModelReply:
         data = reply.to_dict()
         stored = from_json(to_json(data))
         if stored == data and _decoded_types(reply):
-            return reply
-        return ModelReply.from_dict(stored)
+            return reply, data
+        rebuilt = ModelReply.from_dict(stored)
+        return rebuilt, rebuilt.to_dict()
     except Exception as exc:
         raise TurnFailure(f"model error: the reply cannot be stored: {error_text(exc)}") from exc
 

@@ -55,7 +55,7 @@ class ModelSteps:
         self, index: int, step_id: str, span: StepSpan, windows: ContextWindows, sent: Sent
     ) -> None:
         d = self._d
-        reply = await ask_model(
+        reply, record = await ask_model(
             d.agent,
             sent,
             self._text_delta,
@@ -86,7 +86,7 @@ class ModelSteps:
         )
 
         writes: list[Write] = [
-            PutStep(step_id, tid, reply.to_dict()),
+            PutStep(step_id, tid, record),
             *windows.writes(),
             AppendMessage(index, message),
         ]

@@ -8,8 +8,7 @@ collaborator for every ``RunTools`` step.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from .._errors import FatalToolError, StoreError
 from .._seams.store import NoHandle, StoreHandle
@@ -103,19 +102,22 @@ class ToolSteps:
         finished ahead of an earlier one, then the process stopped) is not run again."""
         d = self._d
         index, owed = step.assistant_index, step.owed
-        if tool_step_id(index, owed[0].id) in d.steps:
+        ids = [tool_step_id(index, c.id) for c in owed]
+        if ids[0] in d.steps:
             await self._take_committed(step)  # its message was never appended
             return
-        todo = [c for c in owed if tool_step_id(index, c.id) not in d.steps]
+        todo = [
+            (step_id, c) for step_id, c in zip(ids, owed, strict=True) if step_id not in d.steps
+        ]
         limit = d.agent.max_parallel_tools
         if limit > 1 and len(todo) > 1:
-            asked = await run_batch(_BatchSteps(self, index), todo, limit)
+            asked = await run_batch(_BatchSteps(self, index), [c for _, c in todo], limit)
             if asked:
                 raise Park(tuple(request for _, request in asked))
             return
-        for call in todo:
+        for step_id, call in todo:
             await d.step_boundary()
-            await self.step(index, call)
+            await self.step(step_id, call)
 
     async def _take_committed(self, step: RunTools) -> None:
         """Append the committed results at the head of the batch to the transcript."""
@@ -159,9 +161,8 @@ class ToolSteps:
             return None
         return tool
 
-    async def step(self, assistant_index: int, call: ToolCall) -> None:
-        """One call's step, from its run to its commit, under its own span."""
-        step_id = tool_step_id(assistant_index, call.id)
+    async def step(self, step_id: str, call: ToolCall) -> None:
+        """One call's step (``step_id``), from its run to its commit, under its own span."""
         d = self._d
         with d.step_span(step_id, call=call) as span:
             await self._run_tool(step_id, call, span)
@@ -269,7 +270,7 @@ class ToolSteps:
         stored = ToolStepResult(result=value, error=row.error).to_dict()
         ready = self._ready_after(call, message)
         writes: list[Write] = [PutStep(row.step_id, d.turn_id, stored)]
-        writes.extend(AppendMessage(row.index + offset, m) for offset, m in enumerate(ready))
+        writes.extend(AppendMessage(row.position + offset, m) for offset, m in enumerate(ready))
         writes.append(LogEvent(event))
         return _Written(row.step_id, stored, ready, event), writes
 
@@ -319,14 +320,13 @@ class _BatchSteps:
         await self._steps.commit_result(step_id, call, ran.value, ran.error)
 
     async def run_here(self, call: ToolCall) -> None:
-        await self._steps.step(self._index, call)
+        await self._steps.step(tool_step_id(self._index, call.id), call)
 
     async def cancel_reason(self) -> str | None:
         return await self._steps._d.poll_cancel()
 
 
-@dataclass(frozen=True)
-class _Written:
+class _Written(NamedTuple):
     """What one tool step committed: its memo, the messages that joined the
     transcript with it (its own, maybe with later calls' or none yet), its event."""
 
@@ -336,11 +336,10 @@ class _Written:
     event: ActionCompletedEvent
 
 
-@dataclass(frozen=True)
-class _ToolRow:
+class _ToolRow(NamedTuple):
     """Everything one tool step commits, positioned in the transcript and the event log."""
 
-    index: int
+    position: int  # the transcript position its message takes
     seq: int
     step_id: str
     call: ToolCall
