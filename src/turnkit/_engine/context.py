@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from .._errors import FatalToolError
 from .._values.checkpoints import InputAnswer
+from .._values.frozen import quick_init
 from .._values.inbound import InboundEvent
 from .._values.inputs import Answerer, Answerers, InputRequest, as_answerers, check_schema
 from .._values.step_ids import call_input_id, input_step_id
@@ -57,6 +58,7 @@ def make_idempotency_key(
     return f"tk-{hashlib.sha256(where.encode()).hexdigest()[:40]}"
 
 
+@quick_init
 @dataclass(frozen=True, kw_only=True)
 class ToolContext:
     """What the engine hands a tool's ``run`` besides the model's input.

@@ -11,9 +11,11 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol, TypeAlias, runtime_checkable
 
+from .._values.frozen import quick_init
 from .._values.messages import JsonObject, Message, ModelReply
 
 
+@quick_init
 @dataclass(frozen=True, kw_only=True)
 class TextDelta:
     """A piece of the reply's visible text."""
@@ -22,6 +24,7 @@ class TextDelta:
     type: Literal["text"] = "text"
 
 
+@quick_init
 @dataclass(frozen=True, kw_only=True)
 class ReasoningDelta:
     """A piece of the model's reasoning (thinking) text."""
@@ -30,6 +33,7 @@ class ReasoningDelta:
     type: Literal["reasoning"] = "reasoning"
 
 
+@quick_init
 @dataclass(frozen=True, kw_only=True)
 class ModelDone:
     """The end of a model step: the complete reply."""

@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from .._errors import MessageDecodeError
+from .frozen import quick_init
 from .inbound import InboundEvent
 from .inputs import InputRequest
 from .messages import JsonObject
@@ -95,6 +96,7 @@ def checkpoint_of(record: TurnRecord) -> SuspendCheckpoint | None:
     return SuspendCheckpoint.from_dict(record.pending) if record.pending is not None else None
 
 
+@quick_init
 @dataclass(frozen=True, kw_only=True)
 class ToolStepResult:
     """A tool step's memoized result: the JSON the model reads, and the error text

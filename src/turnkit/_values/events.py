@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Literal, TypeAlias, cast
 
 from .._errors import MessageDecodeError
+from .frozen import quick_init
 from .inputs import InputRequest
 from .messages import AssistantMessage, JsonObject, ToolCall, message_from_dict
 from .text import clean_fields
@@ -66,6 +67,7 @@ class _TurnEventBase(_Event):
         clean_fields(self, names)
 
 
+@quick_init
 @dataclass(frozen=True, kw_only=True)
 class TurnStartedEvent(_TurnEventBase):
     """The turn's opening message committed; ``text`` is what opened it."""
@@ -74,6 +76,7 @@ class TurnStartedEvent(_TurnEventBase):
     type: Literal["turn.started"] = "turn.started"
 
 
+@quick_init
 @dataclass(frozen=True, kw_only=True)
 class MessageDeltaEvent(_TurnEventBase):
     """A live piece of the reply's text (never logged, never replayed).
@@ -97,6 +100,7 @@ class MessageDeltaEvent(_TurnEventBase):
     type: Literal["message.delta"] = "message.delta"
 
 
+@quick_init
 @dataclass(frozen=True, kw_only=True)
 class ReasoningDeltaEvent(_TurnEventBase):
     """A live piece of the model's reasoning (never logged, never replayed);
@@ -108,6 +112,7 @@ class ReasoningDeltaEvent(_TurnEventBase):
     type: Literal["reasoning.delta"] = "reasoning.delta"
 
 
+@quick_init
 @dataclass(frozen=True, kw_only=True)
 class MessageCompletedEvent(_TurnEventBase):
     """A model step committed this assistant message."""
@@ -116,6 +121,7 @@ class MessageCompletedEvent(_TurnEventBase):
     type: Literal["message.completed"] = "message.completed"
 
 
+@quick_init
 @dataclass(frozen=True, kw_only=True)
 class ActionRequestedEvent(_TurnEventBase):
     """The model asked for this tool call (logged with the model step that asked)."""
@@ -124,6 +130,7 @@ class ActionRequestedEvent(_TurnEventBase):
     type: Literal["action.requested"] = "action.requested"
 
 
+@quick_init
 @dataclass(frozen=True, kw_only=True)
 class ActionCompletedEvent(_TurnEventBase):
     """A tool call's result committed; ``error`` is set when the result is an error."""
@@ -135,6 +142,7 @@ class ActionCompletedEvent(_TurnEventBase):
     type: Literal["action.completed"] = "action.completed"
 
 
+@quick_init
 @dataclass(frozen=True, kw_only=True)
 class TurnCompletedEvent(_TurnEventBase):
     """The model answered without calling a tool; ``text`` is the answer."""
@@ -143,6 +151,7 @@ class TurnCompletedEvent(_TurnEventBase):
     type: Literal["turn.completed"] = "turn.completed"
 
 
+@quick_init
 @dataclass(frozen=True, kw_only=True)
 class TurnFailedEvent(_TurnEventBase):
     """The turn ended in failure; ``error`` says why."""
@@ -151,6 +160,7 @@ class TurnFailedEvent(_TurnEventBase):
     type: Literal["turn.failed"] = "turn.failed"
 
 
+@quick_init
 @dataclass(frozen=True, kw_only=True)
 class InputRequestedEvent(_TurnEventBase):
     """The turn parked: tools asked for input. ``requests`` lists every question it
@@ -172,6 +182,7 @@ class InputRequestedEvent(_TurnEventBase):
             object.__setattr__(self, "requests", (self.request,))
 
 
+@quick_init
 @dataclass(frozen=True, kw_only=True)
 class InputAnsweredEvent(_TurnEventBase):
     """The parked turn's request ``input_id`` (asked by tool call ``call_id``) was
@@ -189,6 +200,7 @@ class InputAnsweredEvent(_TurnEventBase):
     type: Literal["input.answered"] = "input.answered"
 
 
+@quick_init
 @dataclass(frozen=True, kw_only=True)
 class TurnCancelledEvent(_TurnEventBase):
     """The turn was cancelled at a checkpoint boundary; ``reason`` says why
@@ -198,6 +210,7 @@ class TurnCancelledEvent(_TurnEventBase):
     type: Literal["turn.cancelled"] = "turn.cancelled"
 
 
+@quick_init
 @dataclass(frozen=True, kw_only=True)
 class SubagentEvent(_TurnEventBase):
     """An event of a child turn, shown to the parent turn's observers (live only).
@@ -212,6 +225,7 @@ class SubagentEvent(_TurnEventBase):
     type: Literal["subagent.event"] = "subagent.event"
 
 
+@quick_init
 @dataclass(frozen=True, kw_only=True)
 class DeliveryFailedEvent(_TurnEventBase):
     """A channel could not show the turn where it was going (live only).
@@ -230,6 +244,7 @@ class DeliveryFailedEvent(_TurnEventBase):
     type: Literal["delivery.failed"] = "delivery.failed"
 
 
+@quick_init
 @dataclass(frozen=True, kw_only=True)
 class UnknownEvent(_TurnEventBase):
     """An event of a type this version of turnkit does not know, as a newer version

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, TypeAlias, TypeVar, cast, get_args
 
 from .._errors import MessageDecodeError
+from .frozen import quick_init
 from .text import clean_fields
 from .usage import Usage
 
@@ -60,6 +61,7 @@ def _require_mapping(data: object, what: str) -> Mapping[str, Any]:
     return data
 
 
+@quick_init
 @dataclass(frozen=True, kw_only=True)
 class StopReason:
     """Why the model stopped: a normalized ``kind`` plus the provider's own word."""
@@ -92,6 +94,7 @@ class StopReason:
         return cls(kind=cast(StopKind, kind), raw=_get_optional(d, "raw", str, "stop reason"))
 
 
+@quick_init
 @dataclass(frozen=True, kw_only=True)
 class ToolCall:
     """One tool invocation the model asked for. ``provider_state`` is opaque to the engine."""
@@ -127,6 +130,7 @@ def _calls_from(d: Mapping[str, Any], what: str) -> tuple[ToolCall, ...]:
     return tuple(ToolCall.from_dict(c) for c in _get(d, "tool_calls", list, what))
 
 
+@quick_init
 @dataclass(frozen=True, kw_only=True)
 class ModelReply:
     """A finished model step: its text, the tools it wants run, and why it stopped."""
@@ -179,6 +183,7 @@ def _usage(d: Mapping[str, Any]) -> Usage | None:
     return Usage.from_dict(data) if data is not None else None
 
 
+@quick_init
 @dataclass(frozen=True, kw_only=True)
 class UserMessage:
     """What a person sent to open a turn."""
@@ -194,6 +199,7 @@ class UserMessage:
         return {"role": self.role, "turn_id": self.turn_id, "text": self.text}
 
 
+@quick_init
 @dataclass(frozen=True, kw_only=True)
 class TriggerMessage:
     """A turn's opening that no person sent (a schedule, a webhook), attributed to ``by``."""
@@ -210,6 +216,7 @@ class TriggerMessage:
         return {"role": self.role, "turn_id": self.turn_id, "text": self.text, "by": self.by}
 
 
+@quick_init
 @dataclass(frozen=True, kw_only=True)
 class AssistantMessage:
     """The model's reply as committed to the transcript by a model step."""
@@ -238,6 +245,7 @@ class AssistantMessage:
         }
 
 
+@quick_init
 @dataclass(frozen=True, kw_only=True)
 class ToolMessage:
     """The result of one tool call; ``is_error`` marks a result that reports a failure."""

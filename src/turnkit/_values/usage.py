@@ -12,12 +12,14 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from .._errors import MessageDecodeError
+from .frozen import quick_init
 from .step_ids import HISTORY, MODEL, step_kind
 
 #: The kinds of step whose stored record is a model call's, with its usage.
 _MODEL_CALLS = frozenset({MODEL, HISTORY})
 
 
+@quick_init
 @dataclass(frozen=True, kw_only=True)
 class Usage:
     """Tokens one model step (or a sum of steps) used.

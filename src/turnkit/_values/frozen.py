@@ -1,0 +1,59 @@
+"""A faster ``__init__`` for the frozen value types the engine makes on every step.
+
+A frozen dataclass's generated ``__init__`` stores each field with
+``object.__setattr__`` (its own ``__setattr__`` refuses), a call per field on every
+message, event and call of every step. ``quick_init`` gives such a class an
+``__init__`` with the same keyword-only parameters, defaults, default factories and
+``__post_init__`` that stores every field in one update of the new instance's
+``__dict__``, in field order. Everything else (equality, hashing, ``repr``,
+``replace``, the refusal to change a field) stays the dataclass's own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import MISSING, fields, is_dataclass
+from typing import Any, TypeVar
+
+_C = TypeVar("_C", bound=type)
+
+#: An argument not given, for a field whose default comes from a factory.
+_NOT_GIVEN: Any = type("_NotGiven", (), {"__repr__": lambda self: "<factory>"})()
+
+
+def quick_init(cls: _C) -> _C:
+    """Give the frozen, keyword-only dataclass ``cls`` the faster ``__init__``
+    (see the module docstring); for use as a decorator above ``@dataclass``."""
+    if not is_dataclass(cls) or not cls.__dataclass_params__.frozen:  # type: ignore[attr-defined]
+        raise TypeError(f"{cls.__qualname__} is not a frozen dataclass")
+    own = fields(cls)
+    if len(own) != len(cls.__dataclass_fields__) or "__slots__" in vars(cls):
+        raise TypeError(f"{cls.__qualname__} has pseudo-fields or slots; keep its own __init__")
+    scope: dict[str, Any] = {"__name__": cls.__module__, "_NOT_GIVEN": _NOT_GIVEN}
+    params: list[str] = []
+    values: list[str] = []
+    for f in own:
+        if not (f.init and f.kw_only):
+            raise TypeError(f"{cls.__qualname__}.{f.name} is not a keyword-only init field")
+        value = f.name
+        if f.default is not MISSING:
+            scope[f"_default_{f.name}"] = f.default
+            params.append(f"{f.name}=_default_{f.name}")
+        elif f.default_factory is not MISSING:
+            scope[f"_factory_{f.name}"] = f.default_factory
+            params.append(f"{f.name}=_NOT_GIVEN")
+            value = f"_factory_{f.name}() if {f.name} is _NOT_GIVEN else {f.name}"
+        else:
+            params.append(f.name)
+        values.append(f"{f.name!r}: {value}")
+    post = "\n    self.__post_init__()" if hasattr(cls, "__post_init__") else ""
+    source = (
+        f"def __init__(self, *, {', '.join(params)}):\n"
+        f"    self.__dict__.update({{{', '.join(values)}}}){post}\n"
+    )
+    exec(source, scope)
+    init = scope["__init__"]
+    init.__qualname__ = f"{cls.__qualname__}.__init__"
+    init.__annotations__ = dict(cls.__init__.__annotations__)
+    init.__doc__ = cls.__init__.__doc__
+    cls.__init__ = init  # type: ignore[method-assign]
+    return cls

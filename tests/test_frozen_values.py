@@ -1,0 +1,125 @@
+"""``quick_init`` keeps a frozen dataclass's construction exactly as the dataclass made
+it: parameters, defaults, factories, ``__post_init__``, field order and immutability."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+import turnkit
+from turnkit._engine.context import ToolContext
+from turnkit._seams.model import ModelDone, ReasoningDelta, TextDelta
+from turnkit._values.checkpoints import ToolStepResult
+from turnkit._values.events import _EVENT_TYPES, UnknownEvent
+from turnkit._values.frozen import quick_init
+
+made: list[int] = []
+
+
+def _counted() -> list[int]:
+    made.append(1)
+    return []
+
+
+def _check(value: _Plain | _Quick) -> None:
+    if value.a < 0:
+        raise ValueError("a must not be negative")
+    object.__setattr__(value, "d", value.a * 2)
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Plain:
+    a: int
+    b: str = "b"
+    c: list[int] = field(default_factory=_counted, compare=False)
+    d: int = 0
+
+    def __post_init__(self) -> None:
+        _check(self)
+
+
+@quick_init
+@dataclass(frozen=True, kw_only=True)
+class _Quick:
+    a: int
+    b: str = "b"
+    c: list[int] = field(default_factory=_counted, compare=False)
+    d: int = 0
+
+    def __post_init__(self) -> None:
+        _check(self)
+
+
+def test_a_quick_class_is_made_as_its_dataclass_would_make_it() -> None:
+    assert str(inspect.signature(_Quick)) == str(inspect.signature(_Plain))
+    for kwargs in ({"a": 1}, {"a": 2, "b": "x"}, {"a": 3, "c": [9]}, {"a": 4, "d": 7}):
+        plain, quick = _Plain(**kwargs), _Quick(**kwargs)
+        assert vars(quick) == vars(plain)
+        assert list(vars(quick)) == [f.name for f in dataclasses.fields(_Quick)]
+    before = len(made)
+    first, second = _Quick(a=1), _Quick(a=1)
+    assert len(made) == before + 2 and first.c is not second.c  # a factory per instance
+    assert _Quick(a=1, c=[5]).c == [5] and len(made) == before + 2  # given: not called
+    with pytest.raises(ValueError, match="negative"):
+        _Quick(a=-1)
+    with pytest.raises(TypeError, match="missing 1 required keyword-only argument: 'a'"):
+        _Quick()  # type: ignore[call-arg]
+    with pytest.raises(TypeError):
+        _Quick(1)  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        _Quick(a=1, e=2)  # type: ignore[call-arg]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        first.a = 2  # type: ignore[misc]
+    assert dataclasses.replace(first, b="y") == _Quick(a=1, b="y")
+    assert first == _Quick(a=1) and hash(first) == hash(_Quick(a=1))
+
+
+def test_only_frozen_keyword_only_dataclasses_take_it() -> None:
+    @dataclass
+    class Loose:
+        a: int
+
+    @dataclass(frozen=True)
+    class Positional:
+        a: int
+
+    @dataclass(frozen=True, kw_only=True, slots=True)
+    class Slotted:
+        a: int
+
+    for cls in (Loose, Positional, Slotted, int):
+        with pytest.raises(TypeError):
+            quick_init(cls)
+
+
+QUICK: list[type[Any]] = [
+    *_EVENT_TYPES.values(),
+    UnknownEvent,
+    turnkit.StopReason,
+    turnkit.ToolCall,
+    turnkit.ModelReply,
+    turnkit.UserMessage,
+    turnkit.TriggerMessage,
+    turnkit.AssistantMessage,
+    turnkit.ToolMessage,
+    turnkit.Usage,
+    TextDelta,
+    ReasoningDelta,
+    ModelDone,
+    ToolStepResult,
+    ToolContext,
+]
+
+
+@pytest.mark.parametrize("cls", QUICK, ids=lambda c: c.__name__)
+def test_the_values_made_every_step_are_quick_and_keep_their_signatures(cls: type[Any]) -> None:
+    init = cls.__init__
+    assert init.__qualname__ == f"{cls.__qualname__}.__init__"
+    assert "update" in init.__code__.co_names  # quick_init's, not the dataclass's
+    params = inspect.signature(cls).parameters.values()
+    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in params)
+    assert [p.name for p in params] == [f.name for f in dataclasses.fields(cls)]
