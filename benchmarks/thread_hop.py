@@ -10,6 +10,9 @@ times exactly that, with nothing else: ``await loop.run_in_executor(pool, f)`` f
 a function that returns at once, on a one-thread pool (as a store's tool thread)
 and on the loop's default executor, and the same call made directly, so a ``def``
 tool's cost over an ``async`` one in ``step_overhead.py`` can be read against it.
+``on_thread`` is the hop turnkit's stores make (``stores/_off_loop.py``): the same
+one-thread pool, the caller's context carried, and the outcome handed straight
+back to the loop instead of through ``run_in_executor``'s chain of futures.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ import statistics
 import time
 from collections.abc import Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
+
+from turnkit.stores._off_loop import on_thread
 
 
 def _noop() -> int:
@@ -43,6 +48,16 @@ async def _hops(executor: Executor | None, n: int, with_context: bool) -> float:
     return (time.perf_counter() - start) / n * 1e6
 
 
+async def _on_thread(pool: Executor, n: int) -> float:
+    for _ in range(100):
+        await on_thread(pool, _noop)
+    gc.collect()
+    start = time.perf_counter()
+    for _ in range(n):
+        await on_thread(pool, _noop)
+    return (time.perf_counter() - start) / n * 1e6
+
+
 async def _direct(n: int) -> float:
     start = time.perf_counter()
     for _ in range(n):
@@ -53,12 +68,14 @@ async def _direct(n: int) -> float:
 async def measure(n: int, runs: int) -> dict[str, float]:
     samples: dict[str, list[float]] = {"direct": [], "own pool": [], "own pool + ctx": []}
     samples["default executor"] = []
+    samples["on_thread"] = []
     with ThreadPoolExecutor(1) as pool:
         for _ in range(runs):
             samples["direct"].append(await _direct(n))
             samples["own pool"].append(await _hops(pool, n, False))
             samples["own pool + ctx"].append(await _hops(pool, n, True))
             samples["default executor"].append(await _hops(None, n, False))
+            samples["on_thread"].append(await _on_thread(pool, n))
     return {name: statistics.median(values) for name, values in samples.items()}
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import secrets
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -42,6 +43,17 @@ from ._off_loop import on_thread
 T = TypeVar("T")
 
 _NO_HANDLE = NoHandle("the in-memory store has no transactional handle; use SqliteStore")
+
+#: The threads ``def`` tools run on, shared by every in-memory store of the process
+#: (made on first use; as many as the event loop's default executor has).
+_TOOL_THREADS: ThreadPoolExecutor | None = None
+
+
+def _tool_threads() -> ThreadPoolExecutor:
+    global _TOOL_THREADS
+    if _TOOL_THREADS is None:
+        _TOOL_THREADS = ThreadPoolExecutor(thread_name_prefix="turnkit-memory-tool")
+    return _TOOL_THREADS
 
 
 @dataclass
@@ -329,7 +341,7 @@ class _MemorySession:
     async def run_tool(self, step: ToolStep[T]) -> T:
         # The tool runs on a worker thread, so blocking in it stalls no other
         # session; its step's writes are made here, on the event loop, afterwards.
-        result, writes = await on_thread(None, step, _NO_HANDLE)
+        result, writes = await on_thread(_tool_threads(), step, _NO_HANDLE)
         await self.commit(writes)
         return result
 
