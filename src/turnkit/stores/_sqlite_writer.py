@@ -59,6 +59,10 @@ class WriteTurns:
             return waiter
 
     async def take(self) -> None:
+        with self._mutex:
+            if not self._held and not self._queue:  # free: the usual case, taken at once
+                self._held = True
+                return
         loop = asyncio.get_running_loop()
         granted: asyncio.Future[None] = loop.create_future()
 

@@ -443,10 +443,12 @@ class _SqliteSession:
         """``BEGIN IMMEDIATE`` on the write connection this task holds. Within the
         process nobody else writes, so a lock held here is another process's: wait
         for it up to ``busy_timeout`` without blocking the event loop."""
+        if _try_begin(conn, self._sid):
+            return  # no other process holds it: the usual case
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._store.busy_timeout
         delay = 0.001
-        while not _try_begin(conn, self._sid):
+        while True:
             if loop.time() >= deadline:
                 raise StoreError(
                     f"session {self._sid}: the database stayed locked by another "
@@ -454,6 +456,8 @@ class _SqliteSession:
                 )
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.05)
+            if _try_begin(conn, self._sid):
+                return
 
     async def turn(self, turn_id: str) -> TurnRecord | None:
         with _reading(f"turn {turn_id}"):
