@@ -82,6 +82,10 @@ def next_step(transcript: Sequence[Message], turn_id: str) -> NextStep:
     last = transcript[-1]
     if isinstance(last, _OPENINGS):
         return CallModel(len(transcript)) if last.turn_id == turn_id else AppendOpening()
+    if type(last) is AssistantMessage and last.turn_id == turn_id:
+        # Just asked (the usual case after a model step): every call it made is owed.
+        calls = last.tool_calls
+        return RunTools(len(transcript) - 1, calls) if calls else Finished(last.text)
     found = _latest_assistant(transcript)
     if found is None or found[1].turn_id != turn_id:
         # A tool or assistant tail that belongs to an earlier turn: ours has not opened.
