@@ -28,8 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
-import functools
 import json
 import logging
 import os
@@ -60,6 +58,7 @@ from .. import _archive_sql as archive_sql
 from .. import _retention_sql as retention_sql
 from .. import _sql as sql
 from .._apply import apply_writes
+from .._off_loop import on_thread
 from .._sql_rows import session_info
 from .._sql_rows import turn_from_row as _turn_from_row
 from .._takeover import Takeover
@@ -567,9 +566,7 @@ class PostgresStore:
         """Run blocking ``fn`` on the store's threads, with the caller's context."""
         if self._executor is None:
             raise StoreError("PostgresStore is not open: await store.open() first")
-        context = contextvars.copy_context()
-        call = functools.partial(context.run, fn, *args)
-        return await asyncio.get_running_loop().run_in_executor(self._executor, call)
+        return await on_thread(self._executor, fn, *args)
 
     async def _read(
         self,
