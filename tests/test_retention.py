@@ -159,14 +159,22 @@ async def test_turnkit_prune_counts_then_applies(tmp_path: Path) -> None:
     with sqlite3.connect(db) as conn:  # as if all of it happened 100 days ago
         conn.execute("UPDATE turnkit_sessions SET updated_at = updated_at - ?", (100 * DAY,))
         conn.execute("UPDATE turnkit_generations SET archived_at = archived_at - ?", (100 * DAY,))
+        conn.execute("UPDATE turnkit_turns SET finished_at = finished_at - ?", (100 * DAY,))
 
     dry = run_cli(
-        "prune", "--store", str(db), "--archives-for", "30d", "--sessions-idle-for", "90d"
+        "prune",
+        "--store",
+        str(db),
+        "--archives-for",
+        "30d",
+        "--sessions-idle-for",
+        "90d",
+        "--keep-events-for",
+        "30d",
     )
     assert dry.returncode == 0, dry.stderr
-    assert (
-        "would delete" in dry.stdout and "1 archived generation(s), 2 idle session(s)" in dry.stdout
-    )
+    assert "would delete" in dry.stdout, dry.stdout
+    assert "1 archived generation(s), 2 idle session(s), the early events of 2" in dry.stdout
 
     applied = run_cli(
         "prune", "--store", str(db), "--sessions-idle-for", "90d", "--apply", "--json"
@@ -196,7 +204,7 @@ SESSIONS = 100_000
 
 @pytest.mark.slow
 def test_sqlite_finds_what_aged_out_from_an_index(tmp_path: Path) -> None:
-    from turnkit.stores._retention_sql import IDLE_SESSIONS, OLD_GENERATIONS
+    from turnkit.stores._retention_sql import ENDED_TURNS, IDLE_SESSIONS, OLD_GENERATIONS
 
     db = tmp_path / "big.db"
 
@@ -217,10 +225,16 @@ def test_sqlite_finds_what_aged_out_from_an_index(tmp_path: Path) -> None:
             "VALUES (?, 0, ?)",
             ((f"s{i}", float(i)) for i in range(SESSIONS)),
         )
+        conn.executemany(
+            "INSERT INTO turnkit_turns (session_id, turn_id, agent, status, opening, "
+            "created_at, finished_at) VALUES (?, 't', 'a', 'completed', '{}', ?, ?)",
+            ((f"s{i}", float(i), float(i)) for i in range(SESSIONS)),
+        )
         conn.execute("ANALYZE")
         for query, params, index in (
             (IDLE_SESSIONS, (50_000.0, -1.0, "", 200), "turnkit_sessions_idle"),
             (OLD_GENERATIONS, (50_000.0, -1.0, "", -1, 200), "turnkit_generations_age"),
+            (ENDED_TURNS, (50_000.0, -1.0, "", "", 200), "turnkit_turns_untrimmed"),
         ):
             plan = " | ".join(r[-1] for r in conn.execute(f"EXPLAIN QUERY PLAN {query}", params))
             assert f"USING INDEX {index}" in plan or f"USING COVERING INDEX {index}" in plan, plan
@@ -231,7 +245,7 @@ def test_sqlite_finds_what_aged_out_from_an_index(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_postgres_finds_what_aged_out_from_an_index(pg_dsn: str, pg_schema: str) -> None:
     psycopg = pytest.importorskip("psycopg")
-    from turnkit.stores._retention_sql import IDLE_SESSIONS, OLD_GENERATIONS
+    from turnkit.stores._retention_sql import ENDED_TURNS, IDLE_SESSIONS, OLD_GENERATIONS
     from turnkit.stores.postgres import qmark_to_pyformat
     from turnkit.stores.postgres._schema import migrate
 
@@ -248,13 +262,48 @@ def test_postgres_finds_what_aged_out_from_an_index(pg_dsn: str, pg_schema: str)
             "SELECT 's' || i, 0, i FROM generate_series(1, %s) AS i",
             (SESSIONS,),
         )
+        conn.execute(
+            "INSERT INTO turnkit_turns (session_id, turn_id, agent, status, opening, "
+            "created_at, finished_at) "
+            "SELECT 's' || i, 't', 'a', 'completed', '{}', i, i FROM generate_series(1, %s) AS i",
+            (SESSIONS,),
+        )
         conn.execute("ANALYZE")
         for query, params, index in (
             (IDLE_SESSIONS, (50_000.0, -1.0, "", 200), "turnkit_sessions_idle"),
             (OLD_GENERATIONS, (50_000.0, -1.0, "", -1, 200), "turnkit_generations_age"),
+            (ENDED_TURNS, (50_000.0, -1.0, "", "", 200), "turnkit_turns_untrimmed"),
         ):
             sql = qmark_to_pyformat(query)
             plan = json.dumps(conn.execute(f"EXPLAIN (FORMAT JSON) {sql}", params).fetchone()[0])
             assert index in plan, plan
             assert '"Seq Scan"' not in plan or '"Relation Name": "turnkit_turns"' in plan, plan
             assert len(conn.execute(sql, params).fetchall()) == 200
+
+
+async def test_an_ended_turns_events_are_cut_to_its_ending(open_runtime: Any) -> None:
+    rt = await open_runtime(approving_agent())
+    rt.retention = turnkit.Retention(keep_events_for=timedelta(days=7))
+    session = rt.session("a", "s1")
+    first = await session.result(session.start("ask once"))
+    done = await session.result(await session.resume(first.turn_id, "ok", "fine"))
+    assert done.status == "completed"
+    store = rt.store.session("s1")
+    before = await store.events(turn_id=done.turn_id)
+    assert len(before) > 2 and before[-1].type == "turn.completed"
+    next_seq = (await store.load()).next_seq
+
+    assert (await rt.prune(now=time.time() + DAY)).trimmed == 0  # not a week old yet
+    report = await rt.prune(now=time.time() + 8 * DAY)
+    assert report.trimmed == 1
+    assert await store.events(turn_id=done.turn_id) == [before[-1]]
+    assert (await store.load()).next_seq == next_seq  # numbering goes on where it was
+    assert len(await turnkit.stores.transcript(store)) == 4  # the transcript stays
+    assert (await rt.prune(now=time.time() + 8 * DAY)).trimmed == 0  # once
+
+    # Asked again for the same turn, the session still says how it ended.
+    again = await session.result(session.start("ask once", turn_id=done.turn_id))
+    assert again.status == "completed" and again.text == done.text
+    later = await session.result(session.start("hi"))
+    assert later.status == "completed"
+    assert next(e.seq for e in await store.events(turn_id=later.turn_id)) == next_seq

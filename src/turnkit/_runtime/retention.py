@@ -19,7 +19,7 @@ from datetime import timedelta
 from .._errors import ConfigurationError, SessionBusyError
 from .._seams.retention import PrunableStore
 from .._seams.store import NO_MESSAGES, Store
-from .._values.writes import DropGeneration, PruneSession
+from .._values.writes import DropGeneration, PruneSession, TrimEvents
 
 log = logging.getLogger("turnkit.retention")
 
@@ -45,20 +45,24 @@ class Retention:
     """How long a store keeps what is done with.
 
     ``archives_for``: an archived generation (what a reset retired) is deleted
-    this long after the reset. ``sessions_idle_for``: a session nobody has used for
-    this long, with nothing queued, running or parked, is deleted whole (its row
-    too: the id is free again). ``None`` keeps that kind forever. Durations are
+    this long after the reset. ``keep_events_for``: the event log of a turn that
+    ended this long ago is cut to its last event (the one that says how it ended,
+    which a redelivery re-announces); the transcript and steps stay.
+    ``sessions_idle_for``: a session nobody has used for this long, with nothing
+    queued, running or parked, is deleted whole (its row too: the id is free
+    again). ``None`` keeps that kind forever. Durations are
     ``timedelta``s or seconds. ``every`` is how often a ``Worker`` prunes (one
     worker per store, elected), and ``batch`` how many candidates one read lists.
     """
 
     archives_for: timedelta | float | None = None
     sessions_idle_for: timedelta | float | None = None
+    keep_events_for: timedelta | float | None = None
     every: timedelta | float = timedelta(hours=1)
     batch: int = 200
 
     def __post_init__(self) -> None:
-        for name in ("archives_for", "sessions_idle_for", "every"):
+        for name in ("archives_for", "sessions_idle_for", "keep_events_for", "every"):
             object.__setattr__(self, name, _duration(name, getattr(self, name)))
         if self.every is None:
             raise ConfigurationError("Retention(every=...) must be a duration, not None")
@@ -86,6 +90,8 @@ class PruneReport:
     generations: int
     #: Idle sessions deleted whole.
     sessions: int
+    #: Ended turns whose event log was cut to its last event.
+    trimmed: int
     #: Sessions listed as idle that were not deleted: used again before their turn.
     kept: int
     #: How long the prune took, and the longest one session's writer lock was held.
@@ -105,8 +111,9 @@ async def prune(
             f"{type(store).__name__} cannot list what aged out (it is no PrunableStore)"
         )
     started = time.monotonic()
-    archived_before, idle_before = retention.cutoffs(time.time() if now is None else now)
-    generations = sessions = kept = 0
+    moment = time.time() if now is None else now
+    archived_before, idle_before = retention.cutoffs(moment)
+    generations = sessions = kept = trimmed = 0
     longest = 0.0
     if archived_before is not None:
         old_key: tuple[float, str, int] | None = None
@@ -120,6 +127,20 @@ async def prune(
                     longest = max(longest, time.monotonic() - began)
                 generations += 1
             old_key = page[-1]
+    if retention.keep_events_for is not None:
+        assert isinstance(retention.keep_events_for, timedelta)
+        ended_before = moment - retention.keep_events_for.total_seconds()
+        ended_key: tuple[float, str, str] | None = None
+        while page3 := await store.ended_turns(
+            ended_before, limit=retention.batch, after=ended_key
+        ):
+            for _, session_id, turn_id in page3:
+                if apply:
+                    began = time.monotonic()
+                    await store.session(session_id).commit([TrimEvents(turn_id)])
+                    longest = max(longest, time.monotonic() - began)
+                trimmed += 1
+            ended_key = page3[-1]
     if idle_before is not None:
         idle_key: tuple[float, str] | None = None
         while page2 := await store.idle_sessions(
@@ -142,15 +163,18 @@ async def prune(
         applied=apply,
         generations=generations,
         sessions=sessions,
+        trimmed=trimmed,
         kept=kept,
         seconds=time.monotonic() - started,
         longest_hold=longest,
     )
     log.info(
-        "retention %s %d archived generation(s) and %d idle session(s) in %.2fs (%d kept)",
+        "retention %s %d archived generation(s), %d idle session(s) and the early "
+        "events of %d ended turn(s) in %.2fs (%d kept)",
         "deleted" if apply else "would delete",
         generations,
         sessions,
+        trimmed,
         report.seconds,
         kept,
     )

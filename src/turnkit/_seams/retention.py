@@ -30,3 +30,11 @@ class PrunableStore(Protocol):
         generation)``, oldest first and after the key ``after``: those archived
         before ``before``."""
         ...
+
+    async def ended_turns(
+        self, before: float, *, limit: int, after: tuple[float, str, str] | None = None
+    ) -> list[tuple[float, str, str]]:
+        """Up to ``limit`` turns of live generations as ``(finished_at, session_id,
+        turn_id)``, oldest first and after the key ``after``: those that ended before
+        ``before`` and whose events were not trimmed yet (``TrimEvents``)."""
+        ...

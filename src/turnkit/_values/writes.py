@@ -130,6 +130,17 @@ class PruneSession:
     idle_before: float
 
 
+@dataclass(frozen=True, slots=True)
+class TrimEvents:
+    """Cut the live event log of turn ``turn_id``, which has ended, to its last event
+    (the one that says how it ended: what a redelivery re-announces, and the
+    session's last event number stays where it was), and mark the turn trimmed so
+    retention does not list it again. A turn not ended, or not stored, is left
+    alone."""
+
+    turn_id: str
+
+
 Write: TypeAlias = (
     AppendMessage
     | PutStep
@@ -142,4 +153,5 @@ Write: TypeAlias = (
     | EraseSession
     | DropGeneration
     | PruneSession
+    | TrimEvents
 )

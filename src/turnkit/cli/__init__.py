@@ -197,6 +197,12 @@ def _add_prune(commands: Any) -> None:
     _add_store_option(prune)
     prune.add_argument("--archives-for", type=_duration, metavar="DURATION")
     prune.add_argument("--sessions-idle-for", type=_duration, metavar="DURATION")
+    prune.add_argument(
+        "--keep-events-for",
+        type=_duration,
+        metavar="DURATION",
+        help="cut the event log of turns that ended longer ago to their last event",
+    )
     prune.add_argument("--apply", action="store_true", help="delete (default: only count)")
     prune.add_argument("--json", action="store_true", help="print one JSON object instead")
     prune.set_defaults(handler=_prune)
@@ -566,9 +572,19 @@ async def _sessions(args: argparse.Namespace, progress: Progress) -> int:
 
 
 async def _prune(args: argparse.Namespace, progress: Progress) -> int:
-    if args.archives_for is None and args.sessions_idle_for is None:
-        raise CliError("say what to prune: --archives-for and/or --sessions-idle-for")
-    keep = Retention(archives_for=args.archives_for, sessions_idle_for=args.sessions_idle_for)
+    if (
+        args.archives_for is None
+        and args.sessions_idle_for is None
+        and args.keep_events_for is None
+    ):
+        raise CliError(
+            "say what to prune: --archives-for, --sessions-idle-for and/or --keep-events-for"
+        )
+    keep = Retention(
+        archives_for=args.archives_for,
+        sessions_idle_for=args.sessions_idle_for,
+        keep_events_for=args.keep_events_for,
+    )
     async with reading_store(args.store) as store:
         report = await prune(store, keep, apply=args.apply)
     progress.done()
@@ -578,7 +594,8 @@ async def _prune(args: argparse.Namespace, progress: Progress) -> int:
     did = "deleted" if report.applied else "would delete (run again with --apply)"
     print(
         f"{describe_store(args.store)}: {did}: {report.generations} archived "
-        f"generation(s), {report.sessions} idle session(s); {report.kept} kept (used "
+        f"generation(s), {report.sessions} idle session(s), the early events of "
+        f"{report.trimmed} ended turn(s); {report.kept} kept (used "
         f"again); {report.seconds:.2f}s, longest lock {report.longest_hold * 1000:.1f} ms"
     )
     return 0

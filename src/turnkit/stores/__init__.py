@@ -42,6 +42,7 @@ from .._values.writes import (
     PutTurn,
     RequestCancel,
     RequestReset,
+    TrimEvents,
     Write,
 )
 from ._takeover import Takeover
@@ -86,6 +87,7 @@ __all__ = [
     "StoreHandle",
     "Takeover",
     "ToolStep",
+    "TrimEvents",
     "TurnQueue",
     "TurnRecord",
     "TurnStatus",

@@ -25,6 +25,7 @@ from .._values.writes import (
     PutTurn,
     RequestCancel,
     RequestReset,
+    TrimEvents,
     Write,
 )
 
@@ -59,6 +60,8 @@ class WriteTarget(Protocol):
     def drop_generation(self, generation: int) -> None: ...
 
     def prune_session(self, idle_before: float) -> None: ...
+
+    def trim_events(self, turn_id: str) -> None: ...
 
 
 def _append(tx: WriteTarget, w: AppendMessage) -> None:
@@ -105,6 +108,10 @@ def _prune(tx: WriteTarget, w: PruneSession) -> None:
     tx.prune_session(w.idle_before)
 
 
+def _trim(tx: WriteTarget, w: TrimEvents) -> None:
+    tx.trim_events(w.turn_id)
+
+
 #: Each kind of write, and how a transaction makes it (looked up by exact type: one
 #: dict lookup a write, on the path of every step).
 _MAKE: dict[type[Any], Callable[[WriteTarget, Any], None]] = {
@@ -119,6 +126,7 @@ _MAKE: dict[type[Any], Callable[[WriteTarget, Any], None]] = {
     EraseSession: _erase,
     DropGeneration: _drop_generation,
     PruneSession: _prune,
+    TrimEvents: _trim,
 }
 
 

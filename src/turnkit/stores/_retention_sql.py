@@ -75,3 +75,35 @@ def prune_session_statements(
         for table in CONTENT_TABLES
     ]
     return out
+
+
+#: Ended turns whose events are not trimmed yet, oldest first, after a key (the
+#: ``turnkit_turns_untrimmed`` index: only such turns are in it).
+ENDED_TURNS = (
+    "SELECT t.finished_at, t.session_id, t.turn_id FROM turnkit_turns t "
+    "WHERE t.finished_at IS NOT NULL AND t.events_trimmed IS NULL AND t.finished_at < ? "
+    "AND (t.finished_at, t.session_id, t.turn_id) > (?, ?, ?) "
+    "ORDER BY t.finished_at, t.session_id, t.turn_id LIMIT ?"
+)
+
+
+def trim_events_statements(session_id: str, turn_id: str) -> list[tuple[str, tuple[object, ...]]]:
+    """Cut an ended turn's events to its last one, and mark it trimmed."""
+    sid, tid = session_id, turn_id
+    ended = (
+        "EXISTS (SELECT 1 FROM turnkit_turns t WHERE t.session_id = ? AND t.turn_id = ? "
+        "AND t.finished_at IS NOT NULL)"
+    )
+    last = "(SELECT max(l.seq) FROM turnkit_events l WHERE l.session_id = ? AND l.turn_id = ?)"
+    return [
+        (
+            f"DELETE FROM turnkit_events WHERE session_id = ? AND turn_id = ? AND {ended} "
+            f"AND seq < {last}",
+            (sid, tid, sid, tid, sid, tid),
+        ),
+        (
+            "UPDATE turnkit_turns SET events_trimmed = 1 WHERE session_id = ? AND turn_id = ? "
+            "AND finished_at IS NOT NULL",
+            (sid, tid),
+        ),
+    ]

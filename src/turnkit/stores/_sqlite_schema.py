@@ -150,6 +150,14 @@ MIGRATIONS: list[tuple[str, ...]] = [
         "CREATE INDEX turnkit_generations_age ON turnkit_generations "
         "(archived_at, session_id, generation)",
     ),
+    # v10: retention cuts an ended turn's events to its last one, once: the turns
+    # not cut yet, by when they ended.
+    (
+        "ALTER TABLE turnkit_turns ADD COLUMN events_trimmed INTEGER",
+        "CREATE INDEX turnkit_turns_untrimmed ON turnkit_turns "
+        "(finished_at, session_id, turn_id) "
+        "WHERE finished_at IS NOT NULL AND events_trimmed IS NULL",
+    ),
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -81,6 +81,8 @@ class _SessionData:
     erased: Erasure | None = None
     #: When each archived generation was retired (what retention ages them by).
     archived_at: dict[int, float] = field(default_factory=dict)
+    #: Ended turns whose events retention has cut to their last one.
+    trimmed: frozenset[str] = frozenset()
 
 
 def _encode(value: Any, what: str) -> bytes:
@@ -183,7 +185,7 @@ class _MemoryTransaction:
         queued = {t: r for t, r in d.turns.items() if r.status == "queued"}
         d.steps = {s: v for s, v in d.steps.items() if v[0] in queued}
         d.turn_steps = {t: v for t, v in d.turn_steps.items() if t in queued}
-        d.messages, d.events, d.turns = [], [], queued
+        d.messages, d.events, d.turns, d.trimmed = [], [], queued, frozenset()
         d.generation = generation + 1
         d.agent = agent
         d.reset_requested = None
@@ -196,6 +198,7 @@ class _MemoryTransaction:
         self._keep_fields()  # every container below is replaced, never changed in place
         d.archived_seq = d.events[-1][0] if d.events else d.archived_seq
         d.messages, d.events, d.turns, d.archive = [], [], {}, {}
+        d.trimmed = frozenset()
         d.steps, d.turn_steps, d.archived_at = {}, {}, {}
         d.generation += 1
         d.reset_requested = None
@@ -209,6 +212,16 @@ class _MemoryTransaction:
         self._keep_fields()  # both dicts are replaced, never changed in place
         d.archive = {g: m for g, m in d.archive.items() if g != generation}
         d.archived_at = {g: t for g, t in d.archived_at.items() if g != generation}
+
+    def trim_events(self, turn_id: str) -> None:
+        d = self._data
+        record = d.turns.get(turn_id)
+        if record is None or record.finished_at is None:
+            return
+        self._keep_fields()  # both are replaced, never changed in place
+        last = max((seq for seq, tid, _ in d.events if tid == turn_id), default=None)
+        d.events = [e for e in d.events if e[1] != turn_id or e[0] == last]
+        d.trimmed = d.trimmed | {turn_id}
 
     def prune_session(self, idle_before: float) -> None:
         d = self._data
@@ -453,6 +466,22 @@ class MemoryStore:
             for sid, d in self._sessions.items()
             for generation, at in d.archived_at.items()
             if at < before and (at, sid, generation) > start
+        )
+        return found[:limit]
+
+    async def ended_turns(
+        self, before: float, *, limit: int, after: tuple[float, str, str] | None = None
+    ) -> list[tuple[float, str, str]]:
+        """See ``turnkit.stores.PrunableStore``."""
+        start = after or (float("-inf"), "", "")
+        found = sorted(
+            (t.finished_at, sid, tid)
+            for sid, d in self._sessions.items()
+            for tid, t in d.turns.items()
+            if t.finished_at is not None
+            and tid not in d.trimmed
+            and t.finished_at < before
+            and (t.finished_at, sid, tid) > start
         )
         return found[:limit]
 

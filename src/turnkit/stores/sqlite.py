@@ -266,6 +266,11 @@ class _SqliteTransaction:
         for statement, params in retention_sql.drop_generation_statements(self._sid, generation):
             self._conn.execute(statement, params)
 
+    def trim_events(self, turn_id: str) -> None:
+        _check_open(self._conn)
+        for statement, params in retention_sql.trim_events_statements(self._sid, turn_id):
+            self._conn.execute(statement, params)
+
     def prune_session(self, idle_before: float) -> None:
         _check_open(self._conn)
         for statement, params in retention_sql.prune_session_statements(self._sid, idle_before):
@@ -781,6 +786,17 @@ class SqliteStore:
                 retention_sql.OLD_GENERATIONS, (before, *start, limit)
             ).fetchall()
         return [(float(at), str(sid), int(g)) for at, sid, g in rows]
+
+    async def ended_turns(
+        self, before: float, *, limit: int, after: tuple[float, str, str] | None = None
+    ) -> list[tuple[float, str, str]]:
+        """See ``turnkit.stores.PrunableStore``."""
+        start = after or (float("-inf"), "", "")
+        with _reading("ended turns"):
+            rows = self.connection.execute(
+                retention_sql.ENDED_TURNS, (before, *start, limit)
+            ).fetchall()
+        return [(float(at), str(sid), str(tid)) for at, sid, tid in rows]
 
     async def turn_counts(self) -> dict[str, int]:
         """How many turns are ``queued``, ``running`` and ``suspended`` (for monitoring)."""

@@ -68,6 +68,7 @@ from .._values.writes import (
     PutTurn,
     RequestCancel,
     RequestReset,
+    TrimEvents,
     Write,
 )
 from ..models._scripted import ScriptedModel, ScriptedReply, tool_call
@@ -102,6 +103,7 @@ __all__ = [
     "test_conformance_sessions_record_their_owner",
     "test_conformance_sql_handle_or_its_honest_absence",
     "test_conformance_the_store_keeps_one_identity",
+    "test_conformance_trimming_keeps_an_ended_turns_last_event",
     "test_conformance_turn_with_tools_checkpoints_and_replays",
     "test_conformance_unfinished_turns_oldest_first",
     "test_conformance_updating_a_missing_turn_is_refused",
@@ -863,6 +865,34 @@ async def test_conformance_retention_drops_only_what_aged_out(
         await store.session("r").commit([_move("t1", "completed"), RequestReset()])
         await store.session("r").commit([PruneSession(cutoff)])  # a reset pending: kept
         assert (await store.session("r").load()).agent == "a"
+
+
+@pytest.mark.asyncio
+async def test_conformance_trimming_keeps_an_ended_turns_last_event(
+    conformance_store: StoreUnderTest,
+) -> None:
+    """``TrimEvents`` cuts an ended turn's events to its last one, once (a
+    ``PrunableStore`` lists it no more), and leaves a turn still running alone."""
+    async with _opened(conformance_store) as store:
+        session = store.session("s1")
+        await _open_turn(session, "t1")
+        started = TurnStartedEvent(turn_id="t1", session_id="s1", text="open t1", seq=1)
+        done = TurnCompletedEvent(turn_id="t1", session_id="s1", text="x", seq=3)
+        other = TurnStartedEvent(turn_id="t2", session_id="s1", text="open t2", seq=2)
+        await session.commit([LogEvent(started), LogEvent(other), LogEvent(done)])
+        await session.commit([_move("t1", "completed", text="x")])
+        await _open_turn(session, "t2", index=1)
+        later = TurnStartedEvent(turn_id="t2", session_id="s1", text="again", seq=4)
+        await session.commit([LogEvent(later)])
+        cutoff = time.time() + 3600
+        if isinstance(store, PrunableStore):
+            assert [tid for _, _, tid in await store.ended_turns(cutoff, limit=10)] == ["t1"]
+            assert await store.ended_turns(0.0, limit=10) == []
+        await session.commit([TrimEvents("t1"), TrimEvents("t2"), TrimEvents("ghost")])
+        assert await session.events() == [other, done, later]  # t2 runs: all of it kept
+        assert (await session.load()).next_seq == 5
+        if isinstance(store, PrunableStore):
+            assert await store.ended_turns(cutoff, limit=10) == []  # trimmed once
 
 
 @pytest.mark.asyncio

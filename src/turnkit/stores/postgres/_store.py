@@ -692,6 +692,15 @@ class PostgresStore:
         rows = await self._select("old generations", retention_sql.OLD_GENERATIONS, params, tuple)
         return [(float(at), str(sid), int(g)) for at, sid, g in rows]
 
+    async def ended_turns(
+        self, before: float, *, limit: int, after: tuple[float, str, str] | None = None
+    ) -> list[tuple[float, str, str]]:
+        """See ``turnkit.stores.PrunableStore``."""
+        start = after or (float("-inf"), "", "")
+        params = (before, *start, limit)
+        rows = await self._select("ended turns", retention_sql.ENDED_TURNS, params, tuple)
+        return [(float(at), str(sid), str(tid)) for at, sid, tid in rows]
+
     async def turn_counts(self) -> dict[str, int]:
         """How many turns are ``queued``, ``running`` and ``suspended`` (for monitoring)."""
         rows = await self._select("turn counts", sql.TURN_COUNTS, (), tuple)

@@ -100,6 +100,9 @@ class _Writes:
     def drop_generation(self, generation: int) -> None:
         self.writes += retention_sql.drop_generation_statements(self._sid, generation)
 
+    def trim_events(self, turn_id: str) -> None:
+        self.writes += retention_sql.trim_events_statements(self._sid, turn_id)
+
     def prune_session(self, idle_before: float) -> None:
         self.writes += retention_sql.prune_session_statements(self._sid, idle_before)
 
