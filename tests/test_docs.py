@@ -22,8 +22,9 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 #: Fence languages that are Python: every such block is run.
 PYTHON = {"python", "py", "python3"}
-#: Fence languages that are not Python (shell sessions, output, file trees, data, SQL).
-NOT_PYTHON = {"", "sh", "text", "json", "sql"}
+#: Fence languages that are not Python (shell sessions, output, file trees, data, SQL,
+#: the React examples of docs/frontends.md).
+NOT_PYTHON = {"", "sh", "text", "json", "sql", "tsx"}
 FENCE = re.compile(r"^\s*```(?P<info>[^`]*)$")
 
 

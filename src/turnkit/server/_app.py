@@ -37,17 +37,20 @@ from .._errors import (
     StoreError,
     TurnError,
 )
+from .._runtime.observe import TurnStream
 from .._runtime.runtime import Runtime
 from .._runtime.session import AgentSession
 from .._seams.store import SessionStore, parked_turn
 from .._values.checkpoints import checkpoint_of
 from .._values.inbound import InboundEvent, User
+from .._values.inputs import InputRequest
 from .._values.records import SessionInfo
 from ._answerer import answering_as, parked_request
 from ._authorize import Action, Authorize, SessionAccess, allowed, checked_authorize, owner_only
 from ._bodies import (
     HttpError,
     ResumeBody,
+    TurnBody,
     empty_body,
     identifier,
     non_negative_int,
@@ -57,6 +60,7 @@ from ._bodies import (
 )
 from ._body_limit import BodyLimit
 from ._feed import EventFeed
+from ._frontend import Frontend, Handler, Target
 from ._hosts import HostGuard, checked_names
 from ._mounts import Authenticated, Mountable
 from ._ops import healthz, readiness
@@ -67,8 +71,6 @@ from ._streams import event_stream, feed_stream
 from ._transcript import transcript_body
 
 log = logging.getLogger("turnkit.server")
-
-Handler = Callable[[Request, Principal], Awaitable[Response]]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -136,6 +138,7 @@ def create_app(
     own_runtime: bool = False,
     mcp: Mountable | None = None,
     run_turns: bool | None = None,
+    frontends: Sequence[Frontend] = (),
 ) -> Starlette:
     """The HTTP surface of ``runtime`` (see docs/server.md).
 
@@ -164,6 +167,10 @@ def create_app(
     (``turnkit worker``): it sets the runtime's ``run_turns``, so turns, resumes,
     cancellations and resets are stored for the workers, and streams and answers
     follow the turns through the store. ``None`` leaves the runtime as it is.
+
+    ``frontends`` adds the routes of front-end protocols,
+    ``turnkit.server.aisdk.ai_sdk()`` and ``turnkit.server.agui.ag_ui()`` (see
+    docs/frontends.md), behind the same ``authenticate`` and ``authorize``.
     """
     if not isinstance(runtime, Runtime):
         raise ConfigurationError(
@@ -200,6 +207,14 @@ def create_app(
         Route(f"{session}/transcript", guard(api.transcript), methods=["GET"]),
         Route(f"{session}/events", guard(api.events), methods=["GET"]),
     ]
+    host = _Host(api, guard)
+    for frontend in frontends:
+        if not isinstance(frontend, Frontend):
+            raise ConfigurationError(
+                "create_app: frontends= takes turnkit.server.aisdk.ai_sdk() or "
+                f"turnkit.server.agui.ag_ui(), got {type(frontend).__name__}"
+            )
+        routes.extend(frontend.routes(host))
     if mcp is not None:
         if not isinstance(mcp, Mountable):
             raise ConfigurationError(
@@ -294,6 +309,68 @@ class _Guard:
                 return error_response(503, "runtime_unavailable", str(exc))
 
         return endpoint
+
+
+class _Host:
+    """What a ``Frontend`` reaches the app through (``FrontendHost``)."""
+
+    def __init__(self, api: _Api, guard: _Guard) -> None:
+        self._api = api
+        self._guard = guard
+
+    @property
+    def keepalive_seconds(self) -> float:
+        return self._api.limits.keepalive_seconds
+
+    @property
+    def feed_poll_seconds(self) -> float | None:
+        return self._api.limits.feed_poll_seconds
+
+    def endpoint(self, handler: Handler) -> Callable[[Request], Awaitable[Response]]:
+        return self._guard(handler)
+
+    def agent_name(self, name: str) -> str:
+        return self._api.agent_name(name)
+
+    async def body(self, request: Request) -> dict[str, Any]:
+        return await self._api.body(request)
+
+    async def target(
+        self, principal: Principal, agent: str, session_id: str, action: Action, *, refuse: bool
+    ) -> Target:
+        session_id = identifier(session_id, "session")
+        return await self._api.target_of(agent, session_id, principal, action, refuse=refuse)
+
+    async def start_turn(
+        self, principal: Principal, target: Target, text: str, *, turn_id: str | None
+    ) -> tuple[AgentSession, str]:
+        if turn_id is not None:
+            turn_id = identifier(turn_id, "turn_id")
+        return await self._api.start_turn(principal, target, TurnBody(text=text, turn_id=turn_id))
+
+    async def answer(
+        self, principal: Principal, target: Target, turn_id: str, input_id: str, value: Any
+    ) -> TurnStream | None:
+        body = ResumeBody(
+            turn_id=identifier(turn_id, "turn_id"),
+            input_id=identifier(input_id, "input_id"),
+            value=value,
+        )
+        return await self._api.answer(principal, target, body)
+
+    async def pending(self, target: Target) -> list[InputRequest]:
+        record = await parked_turn(target.store)
+        checkpoint = checkpoint_of(record) if record is not None else None
+        return [] if checkpoint is None else list(checkpoint.requests)
+
+    async def cancel(self, target: Target) -> list[str]:
+        return await self._api.cancel_turns(target)
+
+    def feed(self, target: Target, *, turn_id: str, after: int = 0) -> EventFeed:
+        runtime = self._api.runtime
+        return EventFeed(
+            target.store, runtime.sink, after=after, turn_id=turn_id, relay=runtime.relay
+        )
 
 
 class _Api:
@@ -422,8 +499,15 @@ class _Api:
 
     async def _start_turn(self, request: Request, principal: Principal) -> tuple[AgentSession, str]:
         """Check the body of ``/turns`` or ``/chat`` and queue the turn it asks for."""
-        body = turn_body(await self._body(request))
+        body = turn_body(await self.body(request))
         target = await self._target(request, principal, "turn")
+        return await self.start_turn(principal, target, body)
+
+    async def start_turn(
+        self, principal: Principal, target: Target, body: TurnBody
+    ) -> tuple[AgentSession, str]:
+        """Queue the turn ``body`` asks for on ``target`` (which ``authorize`` allowed
+        to ``turn``); acknowledged once the store holds it."""
         ctx = self._writable(target)
         session = ctx.session(target.session_id)
         try:
@@ -447,8 +531,25 @@ class _Api:
         return session, turn_id
 
     async def resume(self, request: Request, principal: Principal) -> Response:
-        body = resume_body(await self._body(request))
+        body = resume_body(await self.body(request))
         target = await self._target(request, principal, "resume", refuse=False)
+        stream = await self.answer(principal, target, body)
+        if stream is None:
+            # Let in only as a named answerer: they learn that their answer was
+            # taken, not what the session goes on to say (its owner's to read).
+            return JSONResponse(
+                {"status": "accepted", "turn_id": body.turn_id, "input_id": body.input_id}
+            )
+        return event_stream(stream, self.limits.keepalive_seconds)
+
+    async def answer(
+        self, principal: Principal, target: Target, body: ResumeBody
+    ) -> TurnStream | None:
+        """Answer the parked question ``body`` names, as ``/resume`` does: ``target``
+        comes from ``_target(..., "resume", refuse=False)``. Returns the resumed
+        turn's events, or ``None`` to a named answerer ``authorize`` does not let
+        resume the session (their answer was taken; the rest is not theirs to read).
+        Every refusal is an ``HttpError``, and nothing was applied."""
         if not target.allowed and not await _names(target.store, body, principal):
             raise _unknown_session(target.agent, target.session_id)
         ctx = self._writable(target)
@@ -478,15 +579,12 @@ class _Api:
                 f"the answer was not applied ({type(exc).__name__}); send it again",
             ) from None
         if not target.allowed:
-            # Let in only as a named answerer: they learn that their answer was
-            # taken, not what the session goes on to say (its owner's to read).
-            return JSONResponse(
-                {"status": "accepted", "turn_id": body.turn_id, "input_id": body.input_id}
-            )
-        return event_stream(stream, self.limits.keepalive_seconds)
+            await stream.aclose()
+            return None
+        return stream
 
     async def reset(self, request: Request, principal: Principal) -> Response:
-        empty_body(await self._body(request, optional=True), "reset")
+        empty_body(await self.body(request, optional=True), "reset")
         target = await self._target(request, principal, "reset")
         ctx = self._writable(target)
         done = await ctx.reset_session(session=target.session_id)
@@ -507,21 +605,28 @@ class _Api:
         return Response(status_code=204)
 
     async def cancel(self, request: Request, principal: Principal) -> Response:
-        empty_body(await self._body(request, optional=True), "cancel")
+        empty_body(await self.body(request, optional=True), "cancel")
         target = await self._target(request, principal, "turn")
+        return JSONResponse({"cancelled": await self.cancel_turns(target)})
+
+    async def cancel_turns(self, target: Target) -> list[str]:
+        """Cancel every unfinished turn of ``target`` (which ``authorize`` allowed to
+        ``turn``), as ``/cancel`` does; the turn ids cancelled."""
         if not target.exists:
             # "turn" admits a new session, but there is nothing to cancel in one: the
             # same 404 as another's session, so cancel probes nothing.
             raise _unknown_session(target.agent, target.session_id)
         ctx = self._writable(target)
         # Recorded in the store: a worker running one stops at its next boundary.
-        cancelled = await ctx.session(target.session_id).cancel("requested")
-        return JSONResponse({"cancelled": cancelled})
+        return await ctx.session(target.session_id).cancel("requested")
 
     # -- helpers ---------------------------------------------------------------
 
     def _agent_name(self, request: Request) -> str:
-        name = request.path_params["agent"]
+        return self.agent_name(request.path_params["agent"])
+
+    def agent_name(self, name: str) -> str:
+        """``name`` if this server has that agent, else the 404 ``unknown_agent``."""
         if name not in self.runtime.agents:
             raise HttpError(
                 404,
@@ -530,7 +635,7 @@ class _Api:
             )
         return str(name)
 
-    async def _body(self, request: Request, *, optional: bool = False) -> dict[str, Any]:
+    async def body(self, request: Request, *, optional: bool = False) -> dict[str, Any]:
         return await read_object(
             request,
             self.limits.max_body_bytes,
@@ -540,13 +645,19 @@ class _Api:
 
     async def _target(
         self, request: Request, principal: Principal, action: Action, *, refuse: bool = True
-    ) -> _Target:
+    ) -> Target:
         """The addressed session, once ``authorize`` allows ``action`` on it (with
         ``refuse=False`` the verdict is returned instead) and it is known to be this
         agent's, or no agent's yet. A refusal is the 404 of a missing session.
         Reading creates nothing, not even in memory."""
-        name = self._agent_name(request)
-        session_id = self._session_id(request)
+        return await self.target_of(
+            self._agent_name(request), self._session_id(request), principal, action, refuse=refuse
+        )
+
+    async def target_of(
+        self, name: str, session_id: str, principal: Principal, action: Action, *, refuse: bool
+    ) -> Target:
+        """``_target`` for an agent and session named some other way than the path."""
         store = self.runtime.store.session(session_id)
         # Only the session's agent and owner are wanted, not the transcript.
         snap = await store.load(from_index=_NO_MESSAGES)
@@ -559,7 +670,7 @@ class _Api:
             raise _unknown_session(name, session_id)
         if verdict and snap.agent is not None and snap.agent != name:
             raise _another_agents(session_id, snap.agent, name)
-        return _Target(
+        return Target(
             agent=name,
             session_id=session_id,
             store=store,
@@ -568,7 +679,7 @@ class _Api:
             allowed=verdict,
         )
 
-    def _writable(self, target: _Target) -> ChannelContext:
+    def _writable(self, target: Target) -> ChannelContext:
         """The agent's channel context, once this process also holds the session as
         the agent's (not another's)."""
         ctx = self._contexts.get(target.agent)
@@ -604,19 +715,6 @@ class _Api:
 
 #: A transcript position past any session's end: ``load`` then reads no messages.
 _NO_MESSAGES = 2**31 - 1  # the largest index every store takes (PostgreSQL: integer)
-
-
-@dataclass(frozen=True, kw_only=True)
-class _Target:
-    """The session a request addresses, as ``_Api._target`` found it."""
-
-    agent: str
-    session_id: str
-    store: SessionStore
-    owner: str | None
-    exists: bool
-    #: Whether ``authorize`` allowed the action (always, unless asked not to refuse).
-    allowed: bool
 
 
 def _unknown_session(agent: str, session_id: str) -> HttpError:

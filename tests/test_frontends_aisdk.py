@@ -1,0 +1,145 @@
+"""The AI SDK's own chat client (``ai``: ``AbstractChat`` over ``DefaultChatTransport``)
+against turnkit's AI SDK endpoints on a real uvicorn server: two tools, an approval
+answered through the SDK's tool-approval response, a refused one, a connection
+dropped mid-reply and resumed from the durable log, and a durable stop."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from frontend_support import NodeClient, StoryModel, node_or_skip, noted, shop_agent
+from server_support import Served, serving
+
+import turnkit
+from turnkit.server.aisdk import ai_sdk
+from turnkit.stores import SqliteStore
+
+
+@pytest.fixture
+async def shop(tmp_path: Path) -> AsyncIterator[tuple[Served, StoryModel]]:
+    node_or_skip()
+    model = StoryModel()
+    runtime = turnkit.Runtime(shop_agent(model), store=SqliteStore(tmp_path / "shop.db"))
+    async with runtime, serving(runtime, frontends=[ai_sdk()]) as served:
+        try:
+            yield served, model
+        finally:
+            model.gate.set()  # a test that failed while the model waited lets it end
+            for client in NodeClient.started:
+                await client.close()
+
+
+async def run(served: Served, scenario: str, chat: str, user: str = "ann") -> NodeClient:
+    return await NodeClient.start("aisdk_client.mjs", scenario, served.url, "shop", user, chat)
+
+
+def assistant_texts(result: dict[str, Any]) -> list[str]:
+    last = result["messages"][-1]
+    assert last["role"] == "assistant"
+    return [p["text"] for p in last["parts"] if p["type"] == "text"]
+
+
+def tools_of(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    last = result["messages"][-1]
+    return {p["toolCallId"]: p for p in last["parts"] if p.get("toolCallId")}
+
+
+async def status_of(served: Served, chat: str) -> str:
+    return await served.runtime.store.session(chat).status()
+
+
+async def test_a_turn_with_two_tools(shop: tuple[Served, StoryModel]) -> None:
+    served, _ = shop
+    client = await run(served, "two-tools", "c-tools")
+    result = await client.result()
+    assert result["status"] == "ready" and result["error"] is None
+    assert assistant_texts(result) == ["Let me look. ", "A widget weighs 2 kg and costs 3 EUR. "]
+    tools = tools_of(result)
+    assert {k: (v["toolName"], v["state"], v["output"]) for k, v in tools.items()} == {
+        "call_weigh": ("weigh", "output-available", "widget: 2 kg"),
+        "call_price": ("price", "output-available", "widget: 3 EUR"),
+    }
+    assert tools["call_weigh"]["input"] == {"item": "widget"}
+    # The assistant message is the turn: its id is the turn id the store keeps.
+    turn_id = result["messages"][-1]["id"]
+    record = await served.runtime.store.session("c-tools").turn(turn_id)
+    assert record is not None and record.status == "completed"
+
+
+async def test_a_park_is_answered_through_the_sdks_tool_approval(
+    shop: tuple[Served, StoryModel],
+) -> None:
+    served, _ = shop
+    client = await run(served, "approve", "c-approve")
+    asked = await client.until("asked")
+    assert asked["approvals"] == ["approve-refund"]
+    result = await client.result()
+    assert result["error"] is None
+    assert assistant_texts(result) == ["Asking first. ", "Done: A-1 refunded. "]
+    part = tools_of(result)["call_refund"]
+    assert (part["state"], part["output"]) == ("output-available", "A-1 refunded")
+    assert part["approval"]["approved"] is True
+    events = await served.runtime.store.session("c-approve").events()
+    answered = [e for e in events if isinstance(e, turnkit.InputAnsweredEvent)]
+    assert [(e.by, e.value) for e in answered] == [("ann", True)]
+
+
+async def test_an_answer_from_someone_not_named_is_refused(
+    shop: tuple[Served, StoryModel],
+) -> None:
+    served, _ = shop
+    client = await run(served, "refuse", "c-refuse")
+    await client.until("asked")
+    result = await client.result()
+    assert result["status"] == "error"
+    assert "not_an_answerer" in result["error"]
+    # Nothing was applied: the turn still waits for the lead.
+    assert await status_of(served, "c-refuse") == "suspended"
+    events = await served.runtime.store.session("c-refuse").events()
+    assert not [e for e in events if isinstance(e, turnkit.InputAnsweredEvent)]
+
+
+async def test_a_dropped_stream_resumes_from_the_log_with_every_word_once(
+    shop: tuple[Served, StoryModel],
+) -> None:
+    served, model = shop
+    client = await run(served, "drop", "c-drop")
+    seen = await client.until("seen")
+    assert seen["text"] == "Once upon a time, "
+    dropped = await client.until("dropped")
+    assert dropped["status"] == "error"  # the SDK saw a network error
+    reconnected = await client.until("response")  # the reconnect's GET
+    assert (reconnected["method"], reconnected["status"]) == ("GET", 200)
+    model.gate.set()  # only now does the reply go on
+    result = await client.result()
+    assert result["status"] == "ready" and result["error"] is None
+    assert assistant_texts(result) == ["Once upon a time, there was a durable turn.", "The end. "]
+    assert tools_of(result)["call_note"]["output"] == "noted"
+    assert await status_of(served, "c-drop") == "idle"
+
+
+async def test_stop_cancels_the_turn_durably(shop: tuple[Served, StoryModel]) -> None:
+    served, model = shop
+    before = len(noted)
+    client = await run(served, "stop", "c-stop")
+    stopped = await client.until("stopped")
+    assert stopped["status"] == 200 and len(stopped["body"]["cancelled"]) == 1
+    model.gate.set()  # the model step ends; the turn stops at that boundary
+    result = await client.result()
+    assert result["error"] is None
+    turn_id = stopped["body"]["cancelled"][0]
+    record = await served.runtime.store.session("c-stop").turn(turn_id)
+    assert record is not None and record.status == "cancelled"
+    assert len(noted) == before  # the tool the model asked for never ran
+
+
+async def test_reconnecting_to_a_chat_with_nothing_running_is_204(
+    shop: tuple[Served, StoryModel],
+) -> None:
+    served, _ = shop
+    url = "/agents/shop/ai-sdk/chat/nothing-here/stream"
+    assert (await served.client.get(url, headers={"X-User": "ann"})).status_code == 204
+    assert (await served.client.get(url)).status_code == 401
