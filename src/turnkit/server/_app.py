@@ -26,6 +26,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .._channels.channel import ChannelContext, mount_agent
 from .._channels.local_user import named_answerer
+from .._engine.tools import Tool
 from .._errors import (
     ConfigurationError,
     InvalidAnswerError,
@@ -331,6 +332,9 @@ class _Host:
 
     def agent_name(self, name: str) -> str:
         return self._api.agent_name(name)
+
+    def agent_tools(self, name: str) -> list[Tool]:
+        return [t for t in self._api.runtime.agents[name].tools if isinstance(t, Tool)]
 
     async def body(self, request: Request) -> dict[str, Any]:
         return await self._api.body(request)

@@ -18,6 +18,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute
 
+from .._engine.tools import Tool
 from .._errors import TurnError
 from .._runtime.observe import TurnStream
 from .._runtime.session import AgentSession
@@ -64,6 +65,11 @@ class FrontendHost(Protocol):
 
     def agent_name(self, name: str) -> str:
         """``name`` if the app serves that agent, else the 404 ``unknown_agent``."""
+        ...
+
+    def agent_tools(self, name: str) -> list[Tool]:
+        """The tools agent ``name`` declares itself (tool sources, listed per turn,
+        are not among them)."""
         ...
 
     async def body(self, request: Request) -> dict[str, Any]:
