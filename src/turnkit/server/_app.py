@@ -61,7 +61,7 @@ from ._bodies import (
 )
 from ._body_limit import BodyLimit
 from ._feed import EventFeed
-from ._frontend import Frontend, Handler, Target
+from ._frontend import Frontend, Handler, Target, unknown_session
 from ._hosts import HostGuard, checked_names
 from ._mounts import Authenticated, Mountable
 from ._ops import healthz, readiness
@@ -486,7 +486,7 @@ class _Api:
             raise HttpError(409, "session_of_another_agent", str(exc)) from None
         except SessionOwnerError:
             # Another owner's first turn opened the session since it was checked.
-            raise _unknown_session(session.agent.name, session.session_id) from None
+            raise unknown_session(session.agent.name, session.session_id) from None
         answer: dict[str, Any] = {"status": result.status, "turn_id": turn_id}
         if result.status == "completed":
             answer["text"] = result.text
@@ -531,7 +531,7 @@ class _Api:
             raise HttpError(409, "session_of_another_agent", str(exc)) from None
         except SessionOwnerError:
             # Another owner's first turn opened the session since it was checked.
-            raise _unknown_session(target.agent, target.session_id) from None
+            raise unknown_session(target.agent, target.session_id) from None
         return session, turn_id
 
     async def resume(self, request: Request, principal: Principal) -> Response:
@@ -555,7 +555,7 @@ class _Api:
         resume the session (their answer was taken; the rest is not theirs to read).
         Every refusal is an ``HttpError``, and nothing was applied."""
         if not target.allowed and not await _names(target.store, body, principal):
-            raise _unknown_session(target.agent, target.session_id)
+            raise unknown_session(target.agent, target.session_id)
         ctx = self._writable(target)
         try:
             stream = await ctx.resume_stream(
@@ -569,7 +569,7 @@ class _Api:
         except (ResumeAuthorizationError, ResumeConflictError, InvalidAnswerError) as exc:
             if not target.allowed:
                 # Let in only as a named answerer: whatever else is wrong stays hidden.
-                raise _unknown_session(target.agent, target.session_id) from None
+                raise unknown_session(target.agent, target.session_id) from None
             raise _resume_refusal(exc) from None
         except StoreError:
             raise  # the store failed (or is busy): a 503, nothing was applied
@@ -619,7 +619,7 @@ class _Api:
         if not target.exists:
             # "turn" admits a new session, but there is nothing to cancel in one: the
             # same 404 as another's session, so cancel probes nothing.
-            raise _unknown_session(target.agent, target.session_id)
+            raise unknown_session(target.agent, target.session_id)
         ctx = self._writable(target)
         # Recorded in the store: a worker running one stops at its next boundary.
         return await ctx.session(target.session_id).cancel("requested")
@@ -671,7 +671,7 @@ class _Api:
         )
         verdict = await allowed(self.authorize, principal, access)
         if not verdict and refuse:
-            raise _unknown_session(name, session_id)
+            raise unknown_session(name, session_id)
         if verdict and snap.agent is not None and snap.agent != name:
             raise _another_agents(session_id, snap.agent, name)
         return Target(
@@ -719,14 +719,6 @@ class _Api:
 
 #: A transcript position past any session's end: ``load`` then reads no messages.
 _NO_MESSAGES = 2**31 - 1  # the largest index every store takes (PostgreSQL: integer)
-
-
-def _unknown_session(agent: str, session_id: str) -> HttpError:
-    """The one answer for a session that does not exist and for one the caller may
-    not use: the same status, code and text, so neither tells the other apart."""
-    return HttpError(
-        404, "unknown_session", f"agent {agent!r} has no session {session_id!r} for you"
-    )
 
 
 async def _names(store: SessionStore, body: ResumeBody, principal: Principal) -> bool:

@@ -26,6 +26,7 @@ from .._seams.store import SessionStore
 from .._values.events import TurnEvent
 from .._values.inputs import InputRequest
 from ._authorize import Action
+from ._bodies import HttpError
 from ._feed import EventFeed
 from ._principal import Principal
 
@@ -43,6 +44,14 @@ class Target:
     exists: bool
     #: Whether ``authorize`` allowed the action (always, unless asked not to refuse).
     allowed: bool
+
+
+def unknown_session(agent: str, session_id: str) -> HttpError:
+    """The one answer for a session that does not exist and for one the caller may
+    not use: the same status, code and text, so neither tells the other apart."""
+    return HttpError(
+        404, "unknown_session", f"agent {agent!r} has no session {session_id!r} for you"
+    )
 
 
 class FrontendHost(Protocol):

@@ -23,7 +23,7 @@ from ..._runtime.observe import TurnStream
 from ..._values.inputs import InputRequest
 from .._bodies import HttpError, identifier
 from .._feed import EventFeed
-from .._frontend import FrontendHost, followed
+from .._frontend import FrontendHost, followed, unknown_session
 from .._principal import Principal
 from .._sse import KEEPALIVE
 from .._story import Story
@@ -89,6 +89,8 @@ class _Chat:
         pending = {r.id: r for r in await self.host.pending(target)} if target.exists else {}
         answered = [(pending[i], ok, why) for i, ok, why in responses if i in pending]
         if not answered:
+            if not target.allowed:
+                raise unknown_session(agent, chat_id)  # as /resume: nothing to tell
             raise HttpError(
                 409,
                 "resume_conflict",
