@@ -5,6 +5,7 @@ dropped mid-reply and resumed from the durable log, and a durable stop."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from server_support import Served, serving
 
 import turnkit
 from turnkit.server.aisdk import ai_sdk
-from turnkit.stores import SqliteStore
+from turnkit.stores import PostgresStore, SqliteStore
 
 
 @pytest.fixture
@@ -143,3 +144,45 @@ async def test_reconnecting_to_a_chat_with_nothing_running_is_204(
     url = "/agents/shop/ai-sdk/chat/nothing-here/stream"
     assert (await served.client.get(url, headers={"X-User": "ann"})).status_code == 204
     assert (await served.client.get(url)).status_code == 401
+
+
+async def test_a_dropped_stream_resumes_on_another_http_node_while_a_worker_runs_the_turn(
+    tmp_path: Path, pg_dsn: str, pg_schema: str
+) -> None:
+    """Two HTTP nodes (``run_turns=False``) and a worker on one PostgreSQL: the chat
+    posts to one node, drops mid-reply and reconnects to the other, which serves the
+    turn from the log and the rest of the reply through the store's relay."""
+    node_or_skip()
+    model = StoryModel()
+
+    def runtime(run_turns: bool) -> turnkit.Runtime:
+        store = PostgresStore(pg_dsn, schema=pg_schema, busy_timeout=10.0)
+        return turnkit.Runtime(shop_agent(model), store=store, run_turns=run_turns)
+
+    worker_runtime, node_a, node_b = runtime(True), runtime(False), runtime(False)
+    async with worker_runtime, node_a, node_b:
+        worker = turnkit.Worker(worker_runtime, concurrency=4)
+        working = asyncio.create_task(worker.run())
+        try:
+            async with (
+                serving(node_a, frontends=[ai_sdk()]) as a,
+                serving(node_b, frontends=[ai_sdk()]) as b,
+            ):
+                client = await NodeClient.start(
+                    "aisdk_client.mjs", "drop", a.url, "shop", "ann", "c-nodes", b.url
+                )
+                try:
+                    assert (await client.until("seen"))["text"] == "Once upon a time, "
+                    await client.until("dropped")
+                    reconnected = await client.until("response")
+                    assert (reconnected["method"], reconnected["status"]) == ("GET", 200)
+                    model.gate.set()
+                    result = await client.result()
+                finally:
+                    model.gate.set()
+                    await client.close()
+        finally:
+            worker.stop()
+            await asyncio.wait_for(working, 30)
+    assert result["status"] == "ready" and result["error"] is None
+    assert assistant_texts(result) == ["Once upon a time, there was a durable turn.", "The end. "]

@@ -9,7 +9,8 @@ import {
   lastAssistantMessageIsCompleteWithApprovalResponses,
 } from "ai";
 
-const [scenario, base, agent, user, chatId] = process.argv.slice(2);
+// An optional sixth argument is another HTTP node's base URL: the reconnect goes there.
+const [scenario, base, agent, user, chatId, reconnectBase] = process.argv.slice(2);
 const api = `${base}/agents/${agent}/ai-sdk/chat`;
 const say = (line) => process.stdout.write(JSON.stringify(line) + "\n");
 
@@ -108,7 +109,14 @@ const changed = () => {
 
 const chat = new Chat({
   id: chatId,
-  transport: new DefaultChatTransport({ api, headers: { "X-User": user }, fetch: droppableFetch }),
+  transport: new DefaultChatTransport({
+    api,
+    headers: { "X-User": user },
+    fetch: droppableFetch,
+    prepareReconnectToStreamRequest: reconnectBase
+      ? ({ id }) => ({ api: `${reconnectBase}/agents/${agent}/ai-sdk/chat/${encodeURIComponent(id)}/stream` })
+      : undefined,
+  }),
   sendAutomaticallyWhen: lastAssistantMessageIsCompleteWithApprovalResponses,
   onChange: changed,
   onError: (error) => say({ event: "error", message: String(error.message ?? error) }),
