@@ -52,7 +52,16 @@ async def test_a_run_with_two_tools(shop: tuple[Served, StoryModel]) -> None:
     result = await run(served, "two-tools", "t-tools")
     first = result["first"]
     assert first["error"] is None and first["outcome"] is None
-    assert first["types"][0] == "RUN_STARTED" and first["types"][-1] == "RUN_FINISHED"
+    text = ["TEXT_MESSAGE_START", *["TEXT_MESSAGE_CONTENT"] * 3, "TEXT_MESSAGE_END"]
+    call = ["TOOL_CALL_START", "TOOL_CALL_ARGS", "TOOL_CALL_END"]
+    answer = ["TEXT_MESSAGE_START", *["TEXT_MESSAGE_CONTENT"] * 9, "TEXT_MESSAGE_END"]
+    assert first["types"] == [
+        "RUN_STARTED",
+        *["STEP_STARTED", *text, *call, *call, "STEP_FINISHED"],
+        *["TOOL_CALL_RESULT", "TOOL_CALL_RESULT"],
+        *["STEP_STARTED", *answer, "STEP_FINISHED"],
+        "RUN_FINISHED",
+    ]
     assert first["result"] == "A widget weighs 2 kg and costs 3 EUR. "
     assert texts(result) == ["Let me look. ", "A widget weighs 2 kg and costs 3 EUR. "]
     assert tool_results(result) == {"call_weigh": "widget: 2 kg", "call_price": "widget: 3 EUR"}

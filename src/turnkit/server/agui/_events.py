@@ -1,7 +1,7 @@
 """AG-UI events for a turn's story, built with the official ``ag-ui-protocol`` types.
 
-``Run`` spells each ``Story`` item as AG-UI events (text messages, reasoning, tool
-calls and results) and the run's ending: ``RUN_FINISHED`` (its outcome an
+``Run`` spells each ``Story`` item as AG-UI events (a model step, its text messages
+and reasoning, tool calls and results) and the run's ending: ``RUN_FINISHED`` (its outcome an
 ``interrupt`` carrying every open question when the turn parked, ``cancelled``
 when it was cancelled) or ``RUN_ERROR``. See docs/frontends.md for the table.
 """
@@ -25,6 +25,8 @@ from ag_ui.core import (
     RunFinishedEvent,
     RunFinishedInterruptOutcome,
     RunStartedEvent,
+    StepFinishedEvent,
+    StepStartedEvent,
     TextMessageContentEvent,
     TextMessageEndEvent,
     TextMessageStartEvent,
@@ -40,6 +42,8 @@ from .._story import (
     Asked,
     Ended,
     Item,
+    StepClosed,
+    StepOpened,
     TextAdded,
     TextClosed,
     TextOpened,
@@ -75,6 +79,10 @@ class Run:
 
     def events(self, item: Item) -> list[BaseEvent]:
         match item:
+            case StepOpened(step=place):
+                return [StepStartedEvent(step_name=_step_name(place))]
+            case StepClosed(step=place):
+                return [StepFinishedEvent(step_name=_step_name(place))]
             case TextOpened(part=id, kind="text", message_id=message):
                 self._parent[message] = id
                 return [TextMessageStartEvent(message_id=id, role="assistant")]
@@ -152,6 +160,11 @@ def interrupt_of(request: InputRequest) -> Interrupt:
         tool_call_id=request.call_id,
         response_schema=request.schema,
     )
+
+
+def _step_name(place: int | None) -> str:
+    """A model step's name: ``model`` and where its message is logged."""
+    return f"model@{place}" if place is not None else "model"
 
 
 def _marked(superseded: bool) -> dict[str, Any] | None:
