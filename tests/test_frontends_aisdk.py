@@ -6,6 +6,8 @@ dropped mid-reply and resumed from the durable log, and a durable stop."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -186,3 +188,83 @@ async def test_a_dropped_stream_resumes_on_another_http_node_while_a_worker_runs
             await asyncio.wait_for(working, 30)
     assert result["status"] == "ready" and result["error"] is None
     assert assistant_texts(result) == ["Once upon a time, there was a durable turn.", "The end. "]
+
+
+@pytest.mark.slow
+async def test_a_worker_killed_mid_reply_leaves_the_sdk_every_word_once(
+    pg_dsn: str, pg_schema: str, tmp_path: Path
+) -> None:
+    """The AI SDK's client streams a reply from an HTTP node while a worker runs the
+    turn; the worker is SIGKILLed after two pieces, a second one takes the turn over
+    and streams the step again. The part the dead attempt drew is marked superseded,
+    and the parts left to show hold the reply once."""
+    node_or_skip()
+    from test_cli import OFFLINE_ENV
+    from test_event_relay import slow_pieces
+
+    folder = Path(__file__).parent / "fixtures" / "streaming_agent"
+    pieces = slow_pieces(folder)
+    env = {**OFFLINE_ENV, "PYTHONUNBUFFERED": "1", "TURNKIT_TEST_HOLD_DIR": str(tmp_path)}
+    dsn = f"{pg_dsn}?options=-csearch_path%3D{pg_schema}"
+
+    def start_worker() -> subprocess.Popen[str]:
+        command = [sys.executable, "-m", "turnkit.cli", "worker", str(folder)]
+        proc = subprocess.Popen(
+            [*command, "--store", dsn, "--poll", "0.2"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env=env,
+        )
+        assert proc.stdout is not None
+        assert proc.stdout.readline().startswith("turnkit worker: running streaming")
+        return proc
+
+    store = PostgresStore(pg_dsn, schema=pg_schema)
+    runtime = turnkit.Runtime(turnkit.load_agent(folder), store=store, run_turns=False)
+    workers: list[subprocess.Popen[str]] = []
+    async with runtime, serving(runtime, frontends=[ai_sdk()]) as served:
+        client = await NodeClient.start(
+            "aisdk_client.mjs", "watch", served.url, "streaming", "alice", "c-takeover"
+        )
+        try:
+            workers.append(await asyncio.to_thread(start_worker))
+            seen = 0  # pieces shown so far, over both attempts
+            state = (0, 0)
+            while seen < len(pieces) + 2:
+                parts = (await client.until("text"))["parts"]
+                live = [p["text"] for p in parts if not p["superseded"]]
+                count = pieces_in(live[-1] if live else "", pieces)
+                if count == 0 or (len(parts), count) == state:
+                    continue
+                state = (len(parts), count)
+                seen += 1
+                if seen == 2:  # two pieces shown: the first worker dies
+                    workers[0].kill()
+                    await asyncio.to_thread(workers[0].wait, 30)
+                    workers.append(await asyncio.to_thread(start_worker))
+                else:
+                    (tmp_path / f"seen-{count - 1}").touch()  # the next piece may go
+            result = await client.result()
+        finally:
+            await client.close()
+            for proc in workers:
+                if proc.poll() is None:
+                    proc.terminate()
+                    await asyncio.to_thread(proc.wait, 30)
+    last = result["messages"][-1]
+    texts = [p for p in last["parts"] if p["type"] == "text"]
+    shown = [p["text"] for p in texts if not (p.get("providerMetadata") or {}).get("turnkit")]
+    assert shown == ["".join(pieces)]
+    superseded = [p["text"] for p in texts if (p.get("providerMetadata") or {}).get("turnkit")]
+    assert superseded == ["".join(pieces[:2])]
+
+
+def pieces_in(text: str, pieces: list[str]) -> int:
+    """How many of the reply's pieces ``text`` holds (it must be a run of them)."""
+    for k in range(len(pieces), -1, -1):
+        if text == "".join(pieces[:k]):
+            return k
+    raise AssertionError(
+        f"the client shows text that is no run of the reply's pieces: {text[:80]!r}"
+    )

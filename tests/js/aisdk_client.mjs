@@ -162,6 +162,24 @@ async function main() {
     });
     say({ event: "stopped", status: stopped.status, body: await stopped.json() });
     await sent;
+  } else if (scenario === "watch") {
+    // Says the reply's text parts each time they change (superseded ones marked), so
+    // the test can pace the model and kill the worker running it mid-reply.
+    let said = "";
+    watchers.push(() => {
+      const last = chat.messages.at(-1);
+      if (last?.role !== "assistant") return false;
+      const parts = last.parts
+        .filter((p) => p.type === "text")
+        .map((p) => ({ text: p.text, superseded: p.providerMetadata?.turnkit?.superseded === true }));
+      const line = JSON.stringify(parts);
+      if (line !== said) {
+        said = line;
+        say({ event: "text", parts });
+      }
+      return false; // keep watching
+    });
+    await chat.sendMessage({ text: "hi" });
   } else {
     throw new Error(`unknown scenario ${scenario}`);
   }
