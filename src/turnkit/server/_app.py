@@ -601,7 +601,7 @@ class _Api:
         )
 
     async def erase(self, request: Request, principal: Principal) -> Response:
-        empty_body(await self._body(request, optional=True), "erase")
+        empty_body(await self.body(request, optional=True), "erase")
         target = await self._target(request, principal, "erase")
         ctx = self._writable(target)
         # Cancels what runs (in any process), then deletes, leaving a tombstone.
