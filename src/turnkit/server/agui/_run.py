@@ -35,7 +35,7 @@ from ..._engine.tools import Tool as TurnkitTool
 from ..._errors import TurnError
 from ..._runtime.observe import TurnStream
 from .._bodies import HttpError, identifier
-from .._frontend import FrontendHost, followed
+from .._frontend import FrontendHost, followed, unknown_session
 from .._principal import Principal
 from .._sse import KEEPALIVE
 from .._story import Story
@@ -102,22 +102,21 @@ class _Runs:
         target = await self.host.target(principal, agent, run.thread_id, "resume", refuse=False)
         pending = {r.id: r for r in await self.host.pending(target)} if target.exists else {}
         unknown = [e.interrupt_id for e in entries if e.interrupt_id not in pending]
-        if unknown and target.allowed:
+        if unknown:
+            if not target.allowed:
+                raise unknown_session(agent, run.thread_id)  # as /resume: nothing to tell
             raise HttpError(
                 409, "resume_conflict", f"the thread waits on no interrupt(s) {unknown}"
             )
         stream: TurnStream | None = None
-        turn_id = ""
         for entry in entries:
-            question = pending.get(entry.interrupt_id)
-            turn_id = question.turn_id if question is not None else ""
+            question = pending[entry.interrupt_id]
             if stream is not None:
                 await stream.aclose()
-            # Unknown ids reach here only for a caller who may not resume the session:
-            # answer() refuses them with the 404 of a missing session.
             stream = await self.host.answer(
-                principal, target, turn_id or "unknown", entry.interrupt_id, entry.payload
+                principal, target, question.turn_id, question.id, entry.payload
             )
+        turn_id = pending[entries[-1].interrupt_id].turn_id
         if stream is None:
             # A named answerer who may not read the thread: the answer was taken.
             return _events_response([run.started(), run.finished()])
