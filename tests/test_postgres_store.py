@@ -481,14 +481,19 @@ async def test_a_commit_larger_than_the_socket_buffer_is_sent_whole(store: Postg
     assert [len(m.text) for m in await transcript(session)] == [len(big) + 1] * 2
 
 
-@pytest.mark.parametrize("local", [False, True], ids=["async-tool", "def-tool"])
+@pytest.mark.parametrize(
+    ("tool_kind", "per_pair"),
+    [("async", 2), ("def", 2), ("def-writing", 3)],
+    ids=["async-tool", "def-tool", "def-tool-writing"],
+)
 async def test_each_step_commit_is_one_round_trip(
-    pg_dsn: str, pg_schema: str, local: bool, monkeypatch: pytest.MonkeyPatch
+    pg_dsn: str, pg_schema: str, tool_kind: str, per_pair: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A step's writes, its writer fence included, reach the server as one request:
     through a proxy that counts round trips, every model+tool pair a turn adds costs
     exactly two (one per step commit), for an async tool and for a local ``def``
-    tool that leaves ``ctx.store`` alone."""
+    tool that leaves ``ctx.store`` alone; a ``def`` tool that writes a row through
+    ``ctx.store.execute`` adds one (its statement, sent with the step's BEGIN)."""
     # A delivery also re-reads its turn's cancellation once a second (for a lost
     # announcement): on a loaded machine a turn may last long enough for one, which
     # is a read, not a commit. Counted here are commits only (and the relay is off).
@@ -508,7 +513,12 @@ async def test_each_step_commit_is_one_round_trip(
         """Do nothing."""
         return "ok"
 
-    t = tool(noop if local else noop_async)
+    def write(ctx: ToolContext) -> str:
+        """Write a row in the step's transaction."""
+        ctx.store.execute("INSERT INTO app_rows (v) VALUES (?)", ["x"])
+        return "ok"
+
+    t = tool({"async": noop_async, "def": noop, "def-writing": write}[tool_kind])
 
     def respond(messages: Any) -> Any:
         done = sum(isinstance(m, turnkit.ToolMessage) for m in messages)
@@ -523,6 +533,8 @@ async def test_each_step_commit_is_one_round_trip(
         # differently each run: its own traffic, on its own connection, not commits.
         store = PostgresStore(proxied, schema=pg_schema, relay_events=False)
         async with turnkit.Runtime(agent, store=store) as runtime:
+            with connect(pg_dsn) as conn:  # the schema exists once the store opened
+                conn.execute(f'CREATE TABLE "{pg_schema}".app_rows (v text)')
             for pairs in (1, 2, 6):  # the first turn also opens the pool's connections
                 session = runtime.session("a", f"s{pairs}")
                 before = proxy.count
@@ -531,7 +543,7 @@ async def test_each_step_commit_is_one_round_trip(
                 trips[pairs] = proxy.count - before
     finally:
         await proxy.close()
-    assert trips[6] - trips[2] == 2 * (6 - 2)
+    assert trips[6] - trips[2] == per_pair * (6 - 2)
 
 
 async def test_text_the_server_cannot_hold_fails_the_commit_cleanly(store: PostgresStore) -> None:

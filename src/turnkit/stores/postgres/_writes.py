@@ -230,11 +230,13 @@ class _PgHandle:
         """
         if TRANSACTION_CONTROL.match(sql):
             raise FatalToolError(f"{ENDED}: refused {sql.split()[0].upper()}")
-        self._tx.begin()
         conn = self._tx.conn
+        opening = self._tx.begin_with_next()
         query = qmark_to_pyformat(sql) if params else sql
         try:
-            with conn.pipeline():
+            with conn.pipeline():  # one round trip, the step's BEGIN included
+                if opening:
+                    conn.execute("BEGIN")
                 conn.execute("SAVEPOINT turnkit_statement")
                 cur = conn.execute(query, tuple(params) if params else None)
                 conn.execute("RELEASE SAVEPOINT turnkit_statement")
@@ -312,6 +314,16 @@ class PgTransaction(_Writes):
         conn, self._conn = self._conn, None
         if conn is not None:
             self._pool.putconn(conn)
+
+    def begin_with_next(self) -> bool:
+        """Whether the step's ``BEGIN`` is still to be sent: then the caller sends it
+        ahead of its first statement, in the same round trip, and from here on the
+        transaction counts as begun; else the transaction is checked to be open."""
+        if self._begun:
+            self.check_open()
+            return False
+        self._begun = True
+        return True
 
     def begin(self) -> None:
         if not self._begun:
