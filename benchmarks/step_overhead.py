@@ -8,6 +8,7 @@ Run from the repo root::
     .venv/bin/python benchmarks/step_overhead.py --json results.json
     .venv/bin/python benchmarks/step_overhead.py --tracer sdk   # with OpenTelemetry spans
     .venv/bin/python benchmarks/step_overhead.py --history      # history policies' cost
+    .venv/bin/python benchmarks/step_overhead.py --codec aes    # encryption's cost
 
 Each case is ONE turn on a fresh session and store: a zero-latency model calls a
 no-op tool once per model step for N steps and then answers with text, so the turn
@@ -18,6 +19,11 @@ first pairs (from ``turn.started`` to the W-th ``action.completed``) and the las
 pairs. ``growth`` is last-window cost / first-window cost (median of the per-run
 ratios); it shows whether a step costs more as the transcript grows. Every figure is
 the median of ``--runs`` runs.
+
+``--codec aes`` times every case twice, run by run in turn: on the plain store and on
+the same store sealing every payload with ``turnkit.crypto.EnvelopeCodec`` (AES-GCM
+envelopes, a ``KeyRing`` holding one key), and reports encryption's cost per pair as
+the median of the runs' differences. The bar: at most 30 µs a pair on SQLite.
 
 ``--history`` times the history policy instead: sessions of ``--history-turns``
 turns under each policy (see ``_history_bench.py``), per model step, first and last
@@ -85,6 +91,7 @@ ToolKind = Literal["def", "async"]
 PAIR_BAR_US = 250.0  # SQLite: engine cost per model+tool pair
 PG_PAIR_FACTOR = 1.3  # PostgreSQL: pair ≤ this times two bare commits
 GROWTH_BAR = 1.2  # last-window cost / first-window cost, any store
+CODEC_BAR_US = 30.0  # SQLite: what sealing every payload adds per model+tool pair
 
 _TOOL_NAME = {"def": "noop", "async": "noop_async"}
 _SESSION = "bench"
@@ -144,6 +151,7 @@ async def noop_async(k: int = 0) -> dict[str, Any]:
 class RunSample:
     turn_s: float  # whole turn: start() to its result
     stamps: list[float]  # perf_counter at turn.started, then at each action.completed
+    cpu_s: float = 0.0  # the process's CPU time over the turn (every thread's)
 
 
 @dataclass
@@ -169,6 +177,18 @@ class Where:
     dsn: str
     #: ``--tracer``: none (the default no-op), api (OtelTracer, no SDK) or sdk.
     tracer: str = "none"
+    #: ``--codec``: none, or aes (an EnvelopeCodec over one key).
+    codec: str = "none"
+
+
+def _codec(kind: str) -> turnkit.Codec | None:
+    if kind == "none":
+        return None
+    from turnkit.crypto import EnvelopeCodec, KeyRing
+
+    keys = KeyRing()
+    keys.add("default", "bench-1", os.urandom(32))
+    return EnvelopeCodec(keys)
 
 
 _db_numbers = itertools.count()
@@ -177,16 +197,17 @@ _db_numbers = itertools.count()
 @asynccontextmanager
 async def _fresh_store(kind: StoreKind, where: Where) -> AsyncIterator[Store]:
     """A fresh, empty store for every run: one turn on one new session."""
+    codec = _codec(where.codec)
     if kind == "memory":
-        yield MemoryStore()
+        yield MemoryStore(codec=codec)
     elif kind == "sqlite":
-        yield SqliteStore(where.tmp / f"bench-{next(_db_numbers)}.db")
+        yield SqliteStore(where.tmp / f"bench-{next(_db_numbers)}.db", codec=codec)
     else:
         from turnkit.stores import PostgresStore
 
         schema = _floor.fresh_schema()
         try:
-            yield PostgresStore(where.dsn, schema=schema)
+            yield PostgresStore(where.dsn, schema=schema, codec=codec)
         finally:
             await asyncio.to_thread(_floor.drop_schema, where.dsn, schema)
 
@@ -226,14 +247,16 @@ async def _run_turn(
         session = runtime.session("bench", _SESSION)
         unsubscribe = session.subscribe(on_event)
         gc.collect()
+        c0 = time.process_time()
         t0 = clock()
         tid = session.start("go")
         result = await session.result(tid)
         t1 = clock()
+        c1 = time.process_time()
         unsubscribe()
     if result.status != "completed" or len(stamps) != steps + 1:
         raise RuntimeError(f"benchmark turn did not run as scripted: {result}, {len(stamps)}")
-    return RunSample(turn_s=t1 - t0, stamps=stamps)
+    return RunSample(turn_s=t1 - t0, stamps=stamps, cpu_s=c1 - c0)
 
 
 def _median(values: Sequence[float]) -> float:
@@ -244,6 +267,12 @@ async def _measure_case(
     store_kind: StoreKind, tool_kind: ToolKind, steps: int, runs: int, window: int, where: Where
 ) -> CaseResult:
     samples = [await _run_turn(store_kind, tool_kind, steps, where) for _ in range(runs)]
+    return _summarize(store_kind, tool_kind, steps, window, samples)
+
+
+def _summarize(
+    store_kind: StoreKind, tool_kind: ToolKind, steps: int, window: int, samples: list[RunSample]
+) -> CaseResult:
     head_n = min(window, steps)
     has_tail = steps >= 2 * window
     per_run: list[dict[str, Any]] = []
@@ -277,6 +306,129 @@ async def _measure_case(
         growth=med("growth") if has_tail else None,
         runs=per_run,
     )
+
+
+# -- encryption's cost (--codec aes) --------------------------------------------------
+
+
+@dataclass
+class CodecCase:
+    store: StoreKind
+    tool: ToolKind
+    steps: int
+    plain_us_per_pair: float
+    sealed_us_per_pair: float
+    #: Median of the runs' differences (each run times both, one after the other).
+    cost_us_per_pair: float
+    #: The same in the process's CPU time, which other processes' load does not inflate.
+    plain_cpu_us_per_pair: float
+    sealed_cpu_us_per_pair: float
+    cpu_cost_us_per_pair: float
+
+
+async def run_codec_cases(
+    args: argparse.Namespace, stores: Sequence[StoreKind], where: Where
+) -> list[CodecCase]:
+    """Each case on the plain store and on the sealed one, run by run in turn."""
+    sealed = Where(tmp=where.tmp, dsn=where.dsn, tracer=where.tracer, codec="aes")
+    out: list[CodecCase] = []
+    for store in stores:
+        for tool in args.tools:
+            for _ in range(args.warmup):
+                await _run_turn(store, tool, min(100, max(args.steps)), where)
+                await _run_turn(store, tool, min(100, max(args.steps)), sealed)
+            for steps in args.steps:
+                plain: list[RunSample] = []
+                aes: list[RunSample] = []
+                for _ in range(args.runs):
+                    plain.append(await _run_turn(store, tool, steps, where))
+                    aes.append(await _run_turn(store, tool, steps, sealed))
+                out.append(_codec_case(store, tool, steps, plain, aes))
+    return out
+
+
+def _codec_case(
+    store: StoreKind, tool: ToolKind, steps: int, plain: list[RunSample], aes: list[RunSample]
+) -> CodecCase:
+    def per_pair(samples: list[RunSample], cpu: bool) -> list[float]:
+        return [(s.cpu_s if cpu else s.turn_s) / steps * 1e6 for s in samples]
+
+    def cost(cpu: bool) -> float:
+        pairs = zip(per_pair(aes, cpu), per_pair(plain, cpu), strict=True)
+        return _median([a - p for a, p in pairs])
+
+    return CodecCase(
+        store=store,
+        tool=tool,
+        steps=steps,
+        plain_us_per_pair=_median(per_pair(plain, False)),
+        sealed_us_per_pair=_median(per_pair(aes, False)),
+        cost_us_per_pair=cost(False),
+        plain_cpu_us_per_pair=_median(per_pair(plain, True)),
+        sealed_cpu_us_per_pair=_median(per_pair(aes, True)),
+        cpu_cost_us_per_pair=cost(True),
+    )
+
+
+def print_codec_table(cases: list[CodecCase]) -> bool:
+    """The table of encryption's cost, and whether SQLite's stays within the bar."""
+    print("encryption's cost (EnvelopeCodec: AES-GCM, a data key per session), µs per pair:")
+    print("wall = turn time / steps; cpu = the process's CPU time / steps (the bar's figure)")
+    print(
+        f"{'store':<9}{'tool':<7}{'steps':>6}{'wall plain':>12}{'sealed':>9}{'cost':>8}"
+        f"{'cpu plain':>11}{'sealed':>9}{'cost':>8}"
+    )
+    for c in cases:
+        print(
+            f"{c.store:<9}{c.tool:<7}{c.steps:>6}{c.plain_us_per_pair:>12.1f}"
+            f"{c.sealed_us_per_pair:>9.1f}{c.cost_us_per_pair:>8.1f}"
+            f"{c.plain_cpu_us_per_pair:>11.1f}{c.sealed_cpu_us_per_pair:>9.1f}"
+            f"{c.cpu_cost_us_per_pair:>8.1f}"
+        )
+    sqlite = [c.cpu_cost_us_per_pair for c in cases if c.store == "sqlite"]
+    ok = all(cost <= CODEC_BAR_US for cost in sqlite) if sqlite else None
+    worst = f"{max(sqlite):.1f} µs" if sqlite else "-"
+    print(
+        f"\nVERDICT codec: SQLite CPU cost per pair at most {worst} "
+        f"vs ≤ {CODEC_BAR_US:g} µs: {_word(ok)}"
+    )
+    return ok is not False
+
+
+def codec_main(args: argparse.Namespace, stores: Sequence[StoreKind]) -> int:
+    """``--codec aes``: every case plain and sealed, and the SQLite floor beside them."""
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="turnkit-bench-") as d:
+        tmp = Path(d)
+        cases = asyncio.run(run_codec_cases(args, stores, Where(tmp=tmp, dsn=args.dsn)))
+        floor = None
+        if "sqlite" in stores and not args.no_floor:
+            floor = measure_floor(
+                "sqlite", max(args.steps), args.runs, args.window, _sqlite_timer(tmp)
+            )
+    print(
+        f"turnkit encryption cost: python {platform.python_version()}, sqlite "
+        f"{sqlite3.sqlite_version}, {platform.machine()}, {os.cpu_count()} CPUs, "
+        f"median of {args.runs} runs"
+    )
+    print()
+    ok = print_codec_table(cases)
+    if floor is not None:
+        print(
+            f"SQLite floor (WAL, synchronous=NORMAL): one bare commit {floor.commit_3rows_us:.1f} "
+            f"µs; a model+tool pair's exact rows {floor.pair_exact_us:.1f} µs"
+        )
+    print(f"(total {time.perf_counter() - started:.1f} s)")
+    if args.json is not None:
+        payload = {
+            "config": _config(args),
+            "codec": [asdict(c) for c in cases],
+            "floor": asdict(floor) if floor is not None else None,
+            "bar_us_sqlite": CODEC_BAR_US,
+        }
+        args.json.write_text(json.dumps(payload, indent=2, ensure_ascii=False) + "\n")
+        print(f"wrote {args.json}")
+    return 0 if ok else 1
 
 
 # -- the SQLite floor --------------------------------------------------------------
@@ -640,6 +792,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=list(hb.POLICIES),
         help="history policies for --history (none: the whole transcript is sent)",
     )
+    p.add_argument(
+        "--codec",
+        choices=["none", "aes"],
+        default="none",
+        help="aes: time every case plain and with every payload sealed (EnvelopeCodec)",
+    )
     p.add_argument("--warmup", type=int, default=1, help="untimed turns per store/tool first")
     p.add_argument("--no-gc", action="store_true", help="disable the cyclic GC while timing")
     p.add_argument("--no-floor", action="store_true", help="skip the SQLite and PostgreSQL floors")
@@ -772,6 +930,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     stores, pg_info = _resolve_stores(args)
     if args.history:
         return history_main(args, stores)
+    if args.codec == "aes":
+        return codec_main(args, stores)
     started = time.perf_counter()
     if args.no_gc:
         gc.disable()

@@ -26,6 +26,7 @@ from turnkit.stores import (
     transcript,
     turn_rules,
 )
+from turnkit import Codec
 from turnkit.testing import RecordingSink
 
 StoreFactory = Callable[[], Store]
@@ -60,9 +61,18 @@ def pg_schema(pg_dsn: str) -> Iterator[str]:
 
 
 @pytest.fixture
-def make_store(store_kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> StoreFactory:
+def store_codec() -> Codec | None:
+    """The codec the stores ``make_store`` makes seal their payloads with: none here;
+    a module that tests encrypted stores overrides it."""
+    return None
+
+
+@pytest.fixture
+def make_store(
+    store_kind: str, tmp_path: Path, request: pytest.FixtureRequest, store_codec: Codec | None
+) -> StoreFactory:
     """A factory so a test can reopen the same durable store as a "new process" would."""
-    memory = MemoryStore()
+    memory = MemoryStore(codec=store_codec)
     db = tmp_path / "turnkit.db"
     if store_kind == "postgres":
         dsn = request.getfixturevalue("pg_dsn")
@@ -72,10 +82,10 @@ def make_store(store_kind: str, tmp_path: Path, request: pytest.FixtureRequest) 
         if store_kind == "memory":
             return memory
         if store_kind == "sqlite":
-            return SqliteStore(db)
+            return SqliteStore(db, codec=store_codec)
         from turnkit.stores import PostgresStore
 
-        return PostgresStore(dsn, schema=schema, busy_timeout=10.0)
+        return PostgresStore(dsn, schema=schema, busy_timeout=10.0, codec=store_codec)
 
     return factory
 

@@ -31,6 +31,7 @@ INTEGRATIONS = {
     "otel",
     "mcp",
     "metrics",
+    "crypto",
 }
 
 

@@ -54,6 +54,7 @@ from ._runtime.retention import PruneReport, Retention
 from ._runtime.runtime import Runtime
 from ._runtime.session import AgentSession
 from ._runtime.worker import Worker
+from ._seams.codec import Codec, PayloadKind
 from ._seams.model import (
     Model,
     ModelDelta,
@@ -115,6 +116,7 @@ __all__ = [
     "AssistantMessage",
     "Channel",
     "ChannelContext",
+    "Codec",
     "ConfigurationError",
     "ContextWindowError",
     "DeliveringChannel",
@@ -147,6 +149,7 @@ __all__ = [
     "ModelReply",
     "OutputModel",
     "OutputSpec",
+    "PayloadKind",
     "Proactive",
     "PruneReport",
     "ReasoningDelta",

@@ -118,15 +118,16 @@ SESSION_COLUMNS = "session_id, agent, status, updated_at, owner"
 SESSIONS = f"SELECT {SESSION_COLUMNS} FROM turnkit_sessions"
 
 
-def with_previews(sessions_sql: str, text_of: str) -> str:
+def with_previews(sessions_sql: str, text_of: str | None) -> str:
     """``sessions_sql`` (selecting ``SESSION_COLUMNS``, ordered and limited as it
     likes) with one more column: the start of each session's first
     message's text, read by primary key for the rows it returns and no others.
     ``text_of`` is the dialect's expression for the ``text`` field of the JSON body
-    ``m.body``."""
+    ``m.body``; ``None`` (an encrypted store, whose bodies only the process can read)
+    selects the whole body instead."""
+    start = "m.body" if text_of is None else f"substr({text_of}, 1, {PREVIEW_READ_CHARS})"
     first = (
-        f"SELECT substr({text_of}, 1, {PREVIEW_READ_CHARS}) FROM turnkit_messages m "
-        "WHERE m.session_id = p.session_id AND m.idx = 0"
+        f"SELECT {start} FROM turnkit_messages m WHERE m.session_id = p.session_id AND m.idx = 0"
     )
     return (
         f"SELECT p.session_id, p.agent, p.status, p.updated_at, p.owner, ({first}) "
@@ -139,7 +140,7 @@ def session_page_sql(
     limit: int,
     after: tuple[float, str] | None,
     *,
-    text_of: str,
+    text_of: str | None,
     owner: str | None = None,
 ) -> tuple[str, tuple[Any, ...]]:
     """The ``session_page`` query, the same on both SQL stores but for the JSON

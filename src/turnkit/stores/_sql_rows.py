@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
 
-from pydantic_core import to_json
-
-from .._errors import StoreError
 from .._values.records import SessionInfo, TurnRecord, preview_of
+from ._payloads import Payloads
 
 TURN_COLUMNS = (
     "session_id, turn_id, agent, status, opening, event, text, error, created_at, finished_at, "
@@ -17,40 +14,37 @@ TURN_COLUMNS = (
 )
 
 
-def dumps(value: Any) -> str:
-    """A value as the JSON text a SQL store keeps; ``StoreError`` if it is not JSON."""
-    try:
-        return to_json(value).decode()
-    except Exception as exc:
-        raise StoreError(f"cannot store a value as JSON: {exc}") from exc
-
-
-def new_turn_values(session_id: str, record: TurnRecord, now: float | None) -> tuple[Any, ...]:
+def new_turn_values(
+    session_id: str, record: TurnRecord, now: float | None, payloads: Payloads
+) -> tuple[Any, ...]:
     """The values of ``_sql.new_turn`` for ``record``: with the writer's time ``now``
     on SQLite, without it (``None``) on PostgreSQL, whose own clock orders the turn.
     ``record.created_at`` is not used: a node's clock never orders turns."""
     clock = () if now is None else (now,)
+    event = record.event
     return (
         session_id,
         record.turn_id,
         record.agent,
         record.status,
-        dumps(record.opening),
-        dumps(record.event) if record.event is not None else None,
+        payloads.dump(session_id, "opening", record.opening),
+        payloads.dump(session_id, "inbound", event) if event is not None else None,
         *clock,
         session_id,
     )
 
 
-def move_values(session_id: str, record: TurnRecord, expect: str) -> tuple[Any, ...]:
+def move_values(
+    session_id: str, record: TurnRecord, expect: str, payloads: Payloads
+) -> tuple[Any, ...]:
     """The values of ``_sql.MOVE_TURN``: ``record``'s moving fields, then the turn's
     key and the status it must still be in."""
-    pending = dumps(record.pending) if record.pending is not None else None
+    pending = record.pending
     return (
         record.status,
-        record.text,
-        record.error,
-        pending,
+        payloads.dump_text(session_id, "text", record.text),
+        payloads.dump_text(session_id, "error", record.error),
+        payloads.dump(session_id, "pending", pending) if pending is not None else None,
         record.finished_at,
         session_id,
         record.turn_id,
@@ -68,28 +62,13 @@ def refused_move(session_id: str, record: TurnRecord, expect: str | None) -> str
     )
 
 
-def turn_from_row(row: Sequence[Any]) -> TurnRecord:
-    """A ``TurnRecord`` from a row selected with ``TURN_COLUMNS``."""
-    sid, tid, agent, status, opening, event, text, error, created, finished, pending, why = row
-    return TurnRecord(
-        session_id=sid,
-        turn_id=tid,
-        agent=agent,
-        status=status,
-        opening=json.loads(opening),
-        event=json.loads(event) if event else None,
-        text=text,
-        error=error,
-        created_at=created,
-        finished_at=finished,
-        pending=json.loads(pending) if pending else None,
-        cancel_reason=why,
-    )
-
-
-def session_info(row: Sequence[Any]) -> SessionInfo:
-    """A ``SessionInfo`` from a row of a session list (``_sql.with_previews``)."""
+def session_info(row: Sequence[Any], payloads: Payloads | None = None) -> SessionInfo:
+    """A ``SessionInfo`` from a row of a session list (``_sql.with_previews``); with a
+    codec (``payloads``), its last column is the first message's whole stored body."""
     sid, agent, status, updated_at, owner, first_text = row
+    if payloads is not None and first_text is not None:
+        first = payloads.load(sid, "message", first_text)
+        first_text = first.get("text") if isinstance(first, dict) else None
     return SessionInfo(
         session_id=sid,
         agent=agent,

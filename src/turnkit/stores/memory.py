@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 from pydantic_core import from_json, to_json
 
 from .._errors import StoreError, TurnMoveError
+from .._seams.codec import Codec, PayloadKind
 from .._seams.store import NoHandle, ToolStep
 from .._values.events import TurnEvent, event_from_dict
 from .._values.messages import JsonObject, Message, message_from_dict
@@ -39,6 +40,7 @@ from .._values.writes import Write
 from ._apply import apply_writes
 from ._locks import SessionLocks
 from ._off_loop import on_thread
+from ._payloads import Payloads
 
 T = TypeVar("T")
 
@@ -105,9 +107,10 @@ class _MemoryTransaction:
     """Applies each write at once and keeps how to undo it, so that a commit whose work
     raises leaves the session as it found it (``rollback``), as a SQL store would."""
 
-    def __init__(self, data: _SessionData, session_id: str) -> None:
+    def __init__(self, data: _SessionData, session_id: str, payloads: Payloads) -> None:
         self._data = data
         self._session_id = session_id
+        self._payloads = payloads
         #: The session's fields as the commit found them (its scalars, and which
         #: containers are live: a reset swaps them), kept before the first write to one.
         self._fields: dict[str, Any] | None = None
@@ -123,6 +126,9 @@ class _MemoryTransaction:
     def _keep_fields(self) -> None:
         if self._fields is None:
             self._fields = dict(vars(self._data))
+
+    def _encode(self, kind: PayloadKind, value: Any, what: str) -> bytes:
+        return self._payloads.seal(self._session_id, kind, _encode(value, what))
 
     def _put_turn(self, record: TurnRecord) -> None:
         turns, turn_id = self._data.turns, record.turn_id
@@ -140,14 +146,14 @@ class _MemoryTransaction:
                 f"position {len(self._data.messages)}"
             )
         messages = self._data.messages
-        messages.append(_encode(message.to_dict(), "a message"))
+        messages.append(self._encode("message", message.to_dict(), "a message"))
         self._undo.append(messages.pop)
 
     def put_step(self, step_id: str, turn_id: str, result: Any) -> None:
         steps = self._data.steps
         if step_id in steps:
             raise StoreError(f"session {self._session_id}: step {step_id} is already stored")
-        encoded = _encode(result, f"step {step_id}")
+        encoded = self._encode("step", result, f"step {step_id}")
         steps[step_id] = (turn_id, encoded)
         self._undo.append(partial(steps.pop, step_id))
         mine = self._data.turn_steps.setdefault(turn_id, {})
@@ -158,7 +164,8 @@ class _MemoryTransaction:
         events = self._data.events
         if event.seq is None or (events and event.seq <= events[-1][0]):
             raise StoreError(f"session {self._session_id}: event seq {event.seq} is not increasing")
-        events.append((event.seq, event.turn_id, _encode(event.to_dict(), "an event")))
+        body = self._encode("event", event.to_dict(), "an event")
+        events.append((event.seq, event.turn_id, body))
         self._undo.append(events.pop)
 
     def request_cancel(self, turn_id: str, reason: str) -> None:
@@ -278,14 +285,14 @@ class _MemoryTransaction:
                     f"to {record.status}, but {found}"
                 )
             kept = replace(
-                stored,
+                self._payloads.turn(stored),
                 status=record.status,
                 text=record.text,
                 error=record.error,
                 pending=_kept_pending(record.pending),
                 finished_at=record.finished_at,
             )
-        self._put_turn(kept)
+        self._put_turn(self._payloads.seal_turn(kept))
         if session_status is not None:
             self._keep_fields()
             self._data.agent = record.agent
@@ -307,12 +314,23 @@ class _MemoryTransaction:
 
 class _MemorySession:
     def __init__(
-        self, session_id: str, data: _SessionData, locks: SessionLocks, store_id: str
+        self,
+        session_id: str,
+        data: _SessionData,
+        locks: SessionLocks,
+        store_id: str,
+        payloads: Payloads,
     ) -> None:
         self._session_id = session_id
         self._data = data
         self._locks = locks
         self._store_id = store_id
+        self._payloads = payloads
+
+    def _load(self, kind: PayloadKind, kept: bytes) -> Any:
+        if self._payloads.codec is None:
+            return from_json(kept)
+        return self._payloads.load(self._session_id, kind, kept)
 
     def writer(self) -> AbstractAsyncContextManager[None]:
         return self._locks.hold(self._session_id)
@@ -324,16 +342,19 @@ class _MemorySession:
     async def load(self, turn_id: str | None = None, *, from_index: int = 0) -> SessionSnapshot:
         d = self._data
         steps = (
-            {k: from_json(r) for k, r in d.turn_steps.get(turn_id, {}).items()}
+            {k: self._load("step", r) for k, r in d.turn_steps.get(turn_id, {}).items()}
             if turn_id is not None
             else {}
         )
         last_seq = d.events[-1][0] if d.events else d.archived_seq
         return SessionSnapshot(
-            messages=[message_from_dict(from_json(m)) for m in d.messages[max(0, from_index) :]],
+            messages=[
+                message_from_dict(self._load("message", m))
+                for m in d.messages[max(0, from_index) :]
+            ],
             store_id=self._store_id,
             steps=steps,
-            turn=d.turns.get(turn_id) if turn_id is not None else None,
+            turn=await self.turn(turn_id) if turn_id is not None else None,
             agent=d.agent,
             next_seq=last_seq + 1,
             generation=d.generation,
@@ -344,7 +365,7 @@ class _MemorySession:
         )
 
     async def commit(self, writes: Sequence[Write]) -> None:
-        tx = _MemoryTransaction(self._data, self._session_id)
+        tx = _MemoryTransaction(self._data, self._session_id, self._payloads)
         try:
             apply_writes(tx, writes)
         except BaseException:
@@ -359,7 +380,8 @@ class _MemorySession:
         return result
 
     async def turn(self, turn_id: str) -> TurnRecord | None:
-        return self._data.turns.get(turn_id)
+        record = self._data.turns.get(turn_id)
+        return self._payloads.turn(record) if record is not None else None
 
     async def cancel_reason(self, turn_id: str) -> str | None:
         record = self._data.turns.get(turn_id)
@@ -367,7 +389,7 @@ class _MemorySession:
 
     async def events(self, *, turn_id: str | None = None, after: int = 0) -> list[TurnEvent]:
         return [
-            event_from_dict(from_json(body))
+            event_from_dict(self._load("event", body))
             for seq, tid, body in self._data.events
             if seq > after and (turn_id is None or tid == turn_id)
         ]
@@ -379,19 +401,22 @@ class _MemorySession:
         return sorted(self._data.archive)
 
     async def archived_messages(self, generation: int) -> list[Message]:
-        return [message_from_dict(from_json(m)) for m in self._data.archive.get(generation, [])]
+        archived = self._data.archive.get(generation, [])
+        return [message_from_dict(self._load("message", m)) for m in archived]
 
     async def unfinished(self) -> list[TurnRecord]:
         found = [
             t for t in self._data.turns.values() if t.status in ("queued", "running", "suspended")
         ]
-        return sorted(found, key=lambda t: t.created_at)
+        return [self._payloads.turn(t) for t in sorted(found, key=lambda t: t.created_at)]
 
 
 class MemoryStore:
-    """Every session in a dict. Fast, and gone when the process exits."""
+    """Every session in a dict. Fast, and gone when the process exits. ``codec`` seals
+    each payload as a durable store would (for testing a ``turnkit.Codec``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, codec: Codec | None = None) -> None:
+        self._payloads = Payloads(codec, binary=True)
         self._sessions: dict[str, _SessionData] = {}
         self._locks = SessionLocks()
         #: This store's identity: random, for as long as the object (its data) lives.
@@ -405,7 +430,7 @@ class MemoryStore:
 
     def session(self, session_id: str) -> _MemorySession:
         data = self._sessions.setdefault(session_id, _SessionData())
-        return _MemorySession(session_id, data, self._locks, self.store_id)
+        return _MemorySession(session_id, data, self._locks, self.store_id, self._payloads)
 
     async def _infos(self) -> list[SessionInfo]:
         return [
@@ -414,7 +439,7 @@ class MemoryStore:
                 agent=d.agent,
                 status=d.status,
                 updated_at=d.updated_at,
-                preview=_preview(d.messages),
+                preview=_preview(sid, d.messages, self._payloads),
                 owner=d.owner,
             )
             for sid, d in sorted(self._sessions.items())
@@ -438,7 +463,7 @@ class MemoryStore:
             for t in d.turns.values()
             if t.status in ("queued", "running")
         ]
-        return sorted(found, key=lambda t: t.created_at)
+        return [self._payloads.turn(t) for t in sorted(found, key=lambda t: t.created_at)]
 
     async def idle_sessions(
         self, before: float, *, limit: int, after: tuple[float, str] | None = None
@@ -495,9 +520,9 @@ class MemoryStore:
         return counts
 
 
-def _preview(messages: list[bytes]) -> str | None:
+def _preview(session_id: str, messages: list[bytes], payloads: Payloads) -> str | None:
     """The preview of a session whose encoded transcript is ``messages``."""
     if not messages:
         return None
-    first = from_json(messages[0])
+    first = payloads.load(session_id, "message", messages[0])
     return preview_of(first.get("text") if isinstance(first, dict) else None)

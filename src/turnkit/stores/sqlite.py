@@ -12,7 +12,6 @@ transaction, and the step's rows commit in it.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import re
@@ -24,6 +23,7 @@ from contextlib import AbstractAsyncContextManager, contextmanager
 from typing import Any, TypeVar, cast
 
 from .._errors import ConfigurationError, FatalToolError, StoreError, TurnMoveError
+from .._seams.codec import Codec
 from .._seams.store import ToolStep
 from .._values.events import TurnEvent, event_from_dict
 from .._values.messages import Message, message_from_dict
@@ -44,9 +44,8 @@ from . import _sql as sql
 from ._apply import apply_writes
 from ._host_locks import HostSessionLocks
 from ._off_loop import on_thread
-from ._sql_rows import dumps as _dumps
+from ._payloads import Payloads
 from ._sql_rows import move_values, new_turn_values, refused_move, session_info
-from ._sql_rows import turn_from_row as _turn_from_row
 from ._sqlite_schema import migrate, read_store_id
 from ._sqlite_writer import SqliteWriter
 
@@ -213,27 +212,28 @@ def _commit_failed(session_id: str, exc: BaseException) -> BaseException:
 
 
 class _SqliteTransaction:
-    def __init__(self, conn: sqlite3.Connection, session_id: str) -> None:
+    def __init__(self, conn: sqlite3.Connection, session_id: str, payloads: Payloads) -> None:
         self._conn = conn
         self._sid = session_id
+        self._payloads = payloads
+        self._dump = payloads.dump
         #: Whether this transaction records a cancellation (others are then told).
         self.cancels = False
 
     def append_message(self, index: int, message: Message) -> None:
         _check_open(self._conn)
-        self._conn.execute(
-            sql.INSERT_MESSAGE, (self._sid, index, message.turn_id, _dumps(message.to_dict()))
-        )
+        body = self._dump(self._sid, "message", message.to_dict())
+        self._conn.execute(sql.INSERT_MESSAGE, (self._sid, index, message.turn_id, body))
 
     def put_step(self, step_id: str, turn_id: str, result: Any) -> None:
         _check_open(self._conn)
-        self._conn.execute(sql.INSERT_STEP, (self._sid, turn_id, step_id, _dumps(result)))
+        stored = self._dump(self._sid, "step", result)
+        self._conn.execute(sql.INSERT_STEP, (self._sid, turn_id, step_id, stored))
 
     def log_event(self, event: TurnEvent) -> None:
         _check_open(self._conn)
-        self._conn.execute(
-            sql.INSERT_EVENT, (self._sid, event.seq, event.turn_id, _dumps(event.to_dict()))
-        )
+        body = self._dump(self._sid, "event", event.to_dict())
+        self._conn.execute(sql.INSERT_EVENT, (self._sid, event.seq, event.turn_id, body))
 
     def request_cancel(self, turn_id: str, reason: str) -> None:
         _check_open(self._conn)
@@ -297,9 +297,11 @@ class _SqliteTransaction:
         now = time.time()
         sid = self._sid
         if expect is None:
-            cur = self._conn.execute(sql.NEW_TURN, new_turn_values(sid, record, now))
+            values = new_turn_values(sid, record, now, self._payloads)
+            cur = self._conn.execute(sql.NEW_TURN, values)
         else:
-            cur = self._conn.execute(sql.MOVE_TURN, move_values(sid, record, expect))
+            values = move_values(sid, record, expect, self._payloads)
+            cur = self._conn.execute(sql.MOVE_TURN, values)
         if cur.rowcount != 1:
             raise TurnMoveError(refused_move(sid, record, expect))
         if session_status is not None:
@@ -341,19 +343,20 @@ class _SqliteSession:
             "SELECT body FROM turnkit_messages WHERE session_id = ? AND idx >= ? ORDER BY idx",
             (self._sid, from_index),
         ).fetchall()
-        messages = [message_from_dict(json.loads(r[0])) for r in rows]
+        load = self._store._payloads.load
+        sid = self._sid
+        messages = [message_from_dict(load(sid, "message", r[0])) for r in rows]
         steps: dict[str, Any] = {}
         turn = None
         if turn_id is not None:
             for step_id, result in conn.execute(
                 "SELECT step_id, result FROM turnkit_steps WHERE session_id = ? AND turn_id = ?",
-                (self._sid, turn_id),
+                (sid, turn_id),
             ):
-                steps[step_id] = json.loads(result)
+                steps[step_id] = load(sid, "step", result)
             turn = self._read_turn(conn, turn_id)
         # Numbering carries on across resets, so an event id a client kept from an
         # earlier generation never names a newer event.
-        sid = self._sid
         seq_row = conn.execute(f"SELECT {sql.LAST_SEQ}", (sid, sid, sid)).fetchone()
         agent_row = conn.execute(
             "SELECT agent, generation, owner, reset_requested, erased_by, erased_at "
@@ -382,7 +385,7 @@ class _SqliteSession:
         try:
             conn = writer.conn
             await self._begin(conn)
-            tx = _SqliteTransaction(conn, self._sid)
+            tx = _SqliteTransaction(conn, self._sid, self._store._payloads)
             try:
                 apply_writes(tx, writes)
                 conn.execute("COMMIT")
@@ -430,7 +433,9 @@ class _SqliteSession:
             if handle.failed is not None:  # the tool caught it; the step cannot land
                 raise handle.failed
             if handle.conn is not None:
-                apply_writes(_SqliteTransaction(handle.conn, self._sid), writes)
+                apply_writes(
+                    _SqliteTransaction(handle.conn, self._sid, self._store._payloads), writes
+                )
                 handle.conn.execute("COMMIT")
             return result, writes
         except BaseException as exc:
@@ -483,7 +488,7 @@ class _SqliteSession:
 
     def _read_turn(self, conn: sqlite3.Connection, turn_id: str) -> TurnRecord | None:
         row = conn.execute(sql.TURN, (self._sid, turn_id)).fetchone()
-        return _turn_from_row(row) if row else None
+        return self._store._payloads.turn_from_row(row) if row else None
 
     async def events(self, *, turn_id: str | None = None, after: int = 0) -> list[TurnEvent]:
         with _reading(f"events of session {self._sid}"):
@@ -495,7 +500,8 @@ class _SqliteSession:
             rows = conn.execute(sql.EVENTS, (self._sid, after)).fetchall()
         else:
             rows = conn.execute(sql.TURN_EVENTS, (self._sid, turn_id, after)).fetchall()
-        return [event_from_dict(json.loads(r[0])) for r in rows]
+        load, sid = self._store._payloads.load, self._sid
+        return [event_from_dict(load(sid, "event", r[0])) for r in rows]
 
     async def generations(self) -> list[int]:
         with _reading(f"generations of session {self._sid}"):
@@ -507,12 +513,13 @@ class _SqliteSession:
             rows = self._store.connection.execute(
                 archive_sql.ARCHIVED_MESSAGES, (self._sid, generation)
             ).fetchall()
-            return [message_from_dict(json.loads(r[0])) for r in rows]
+            load, sid = self._store._payloads.load, self._sid
+            return [message_from_dict(load(sid, "message", r[0])) for r in rows]
 
     async def unfinished(self) -> list[TurnRecord]:
         with _reading(f"session {self._sid}"):
             rows = self._store.connection.execute(sql.UNFINISHED, (self._sid,)).fetchall()
-            return [_turn_from_row(r) for r in rows]
+            return [self._store._payloads.turn_from_row(r) for r in rows]
 
     async def status(self) -> SessionStatus:
         with _reading(f"session {self._sid}"):
@@ -544,6 +551,10 @@ class SqliteStore:
     when its process dies. A delivery waits up to ``writer_timeout`` seconds for a
     session another process is running, then raises ``SessionBusyError``.
 
+    ``codec`` (a ``turnkit.Codec``, such as ``turnkit.crypto.EnvelopeCodec``) seals
+    every payload the file keeps: messages, step results, events, and each turn's
+    opening, inbound event, suspend checkpoint, answer and error (see docs/security.md).
+
     WAL checkpoints (copying committed pages back into the database file, with an
     fsync) run on a worker thread every ``CHECKPOINT_EVERY`` commits instead of
     inside whichever commit crosses SQLite's threshold, so they never stall the
@@ -560,6 +571,7 @@ class SqliteStore:
         busy_timeout: float = 5.0,
         tool_threads: int = 8,
         writer_timeout: float = 30.0,
+        codec: Codec | None = None,
     ) -> None:
         if isinstance(tool_threads, bool) or not isinstance(tool_threads, int) or tool_threads < 1:
             raise ConfigurationError(
@@ -570,6 +582,8 @@ class SqliteStore:
         self.busy_timeout = busy_timeout
         self.tool_threads = tool_threads
         self.writer_timeout = writer_timeout
+        #: What every payload goes through on its way in and out (see ``Codec``).
+        self._payloads = Payloads(codec, binary=True)
         #: Reads, on the event loop's thread (``connection``).
         self._conn: sqlite3.Connection | None = None
         #: Every write, taken in turn by the loop's commits and the tool threads.
@@ -755,15 +769,17 @@ class SqliteStore:
         after: SessionKey | None = None,
         owner: str | None = None,
     ) -> list[SessionInfo]:
-        query, params = sql.session_page_sql(agent, limit, after, text_of=_TEXT_OF, owner=owner)
+        sealed = self._payloads.codec is not None
+        text_of = None if sealed else _TEXT_OF
+        query, params = sql.session_page_sql(agent, limit, after, text_of=text_of, owner=owner)
         with _reading("the session list"):
             rows = self.connection.execute(query, params).fetchall()
-        return [session_info(r) for r in rows]
+            return [session_info(r, self._payloads if sealed else None) for r in rows]
 
     async def unfinished_turns(self) -> list[TurnRecord]:
         with _reading("unfinished turns"):
             rows = self.connection.execute(sql.UNFINISHED_TURNS).fetchall()
-            return [_turn_from_row(r) for r in rows]
+            return [self._payloads.turn_from_row(r) for r in rows]
 
     async def idle_sessions(
         self, before: float, *, limit: int, after: tuple[float, str] | None = None

@@ -22,8 +22,8 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from ..._values.records import TurnRecord
 from .. import _sql as sql
+from .._payloads import Payloads
 from .._sql_rows import TURN_COLUMNS as _TURN_COLUMNS
-from .._sql_rows import turn_from_row as _turn_from_row
 from . import _wire as wire
 
 T = TypeVar("T")
@@ -208,10 +208,10 @@ def _float(value: bytes | None) -> float | None:
     return None if value is None else float(value)
 
 
-def turn_row(res: PGresult, row: int, first: int = 0) -> TurnRecord:
+def turn_row(res: PGresult, row: int, first: int, payloads: Payloads) -> TurnRecord:
     """A ``TurnRecord`` from ``_TURN_COLUMNS`` at column ``first`` on."""
     v = [res.get_value(row, first + c) for c in range(12)]
-    return _turn_from_row(
+    return payloads.turn_from_row(
         [*(as_text(x) for x in v[:8]), _float(v[8]), _float(v[9]), as_text(v[10]), as_text(v[11])]
     )
 

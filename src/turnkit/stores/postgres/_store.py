@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 from ..._errors import ConfigurationError, StoreError
+from ..._seams.codec import Codec
 from ..._seams.queue import PendingReset
 from ..._seams.store import ToolStep
 from ..._values.events import TurnEvent, event_from_dict
@@ -59,8 +60,8 @@ from .. import _retention_sql as retention_sql
 from .. import _sql as sql
 from .._apply import apply_writes
 from .._off_loop import on_thread
+from .._payloads import Payloads
 from .._sql_rows import session_info
-from .._sql_rows import turn_from_row as _turn_from_row
 from .._takeover import Takeover
 from ._election import PgElection
 from ._faults import PgFaults
@@ -162,13 +163,19 @@ class _PgSession:
 
     def _snapshot(self, res: PGresult, from_index: int) -> SessionSnapshot:
         agent, generation, seq, messages, steps = (res.get_value(0, c) for c in range(5))
+        payloads, sid = self._store._payloads, self._sid
+        value = payloads.value
+        memo: dict[str, Any] = json.loads(b"{" + steps + b"}") if steps else {}
         return SessionSnapshot(
-            messages=[message_from_dict(m) for m in json.loads(b"[" + messages + b"]")]
+            messages=[
+                message_from_dict(value(sid, "message", m))
+                for m in json.loads(b"[" + messages + b"]")
+            ]
             if messages
             else [],
             store_id=self._store.store_id,
-            steps=json.loads(b"{" + steps + b"}") if steps else {},
-            turn=turn_row(res, 0, 5) if res.get_value(0, 6) is not None else None,
+            steps={k: value(sid, "step", v) for k, v in memo.items()},
+            turn=turn_row(res, 0, 5, payloads) if res.get_value(0, 6) is not None else None,
             agent=as_text(agent),
             next_seq=(int(seq) if seq is not None else 0) + 1,
             generation=int(generation) if generation is not None else 0,
@@ -191,7 +198,7 @@ class _PgSession:
 
     async def _send(self, writes: Sequence[Write], token: str | None) -> None:
         """``writes`` from the event loop, in one pipelined request."""
-        tx = LoopTransaction(self._sid, self._store.schema)
+        tx = LoopTransaction(self._sid, self._store.schema, self._store._payloads)
         apply_writes(tx, writes)
         try:
             statements = tx.statements()
@@ -220,7 +227,9 @@ class _PgSession:
         self, step: ToolStep[T], token: str | None
     ) -> tuple[T, Sequence[Write], PgTransaction]:
         store = self._store
-        tx = PgTransaction(self._sid, store.schema, store.sync_pool, store.connect_timeout)
+        tx = PgTransaction(
+            self._sid, store.schema, store._payloads, store.sync_pool, store.connect_timeout
+        )
         try:
             try:
                 result, writes = step(tx.handle)
@@ -259,7 +268,7 @@ class _PgSession:
 
         async def read(conn: psycopg.AsyncConnection[Any]) -> TurnRecord | None:
             res = await run_prepared(conn, b"turnkit_turn", statement, (self._sid, turn_id))
-            return turn_row(res, 0) if res.ntuples else None
+            return turn_row(res, 0, 0, self._store._payloads) if res.ntuples else None
 
         return await self._store._read(f"turn {turn_id}", read, of=self._sid)
 
@@ -280,9 +289,14 @@ class _PgSession:
 
     async def events(self, *, turn_id: str | None = None, after: int = 0) -> list[TurnEvent]:
         what = f"events of session {self._sid}"
+        load, sid = self._store._payloads.load, self._sid
+
+        def event(row: Any) -> TurnEvent:
+            return event_from_dict(load(sid, "event", row[0]))
+
         if turn_id is None:
-            return await self._select(what, sql.EVENTS, (after,), _event)
-        return await self._select(what, sql.TURN_EVENTS, (turn_id, after), _event)
+            return await self._select(what, sql.EVENTS, (after,), event)
+        return await self._select(what, sql.TURN_EVENTS, (turn_id, after), event)
 
     async def generations(self) -> list[int]:
         what = f"generations of session {self._sid}"
@@ -290,10 +304,15 @@ class _PgSession:
 
     async def archived_messages(self, generation: int) -> list[Message]:
         what = f"session {self._sid} generation {generation}"
-        return await self._select(what, archive_sql.ARCHIVED_MESSAGES, (generation,), _message)
+        load, sid = self._store._payloads.load, self._sid
+
+        def message(row: Any) -> Message:
+            return message_from_dict(load(sid, "message", row[0]))
+
+        return await self._select(what, archive_sql.ARCHIVED_MESSAGES, (generation,), message)
 
     async def unfinished(self) -> list[TurnRecord]:
-        return await self._select(f"session {self._sid}", sql.UNFINISHED, (), _turn_from_row)
+        return await self._select(f"session {self._sid}", sql.UNFINISHED, (), self._store._turn)
 
     async def status(self) -> SessionStatus:
         statement = pg_wire(sql.STATUS, self._store.schema)
@@ -309,14 +328,6 @@ class _PgSession:
     ) -> list[T]:
         """The rows of a shared ``statement`` whose first value is this session's id."""
         return await self._store._select(what, statement, (self._sid, *params), row, of=self._sid)
-
-
-def _message(row: Any) -> Message:
-    return message_from_dict(json.loads(row[0]))
-
-
-def _event(row: Any) -> TurnEvent:
-    return event_from_dict(json.loads(row[0]))
 
 
 #: Who holds (or last held) a session's writer lock.
@@ -349,7 +360,9 @@ class PostgresStore:
     may want more. ``relay_events`` carries live events to the other processes
     (see ``relay``).
     ``takeover`` sets how soon PostgreSQL frees the sessions of a
-    process that went silent (see ``Takeover``).
+    process that went silent (see ``Takeover``). ``codec`` (a ``turnkit.Codec``, such
+    as ``turnkit.crypto.EnvelopeCodec``) seals every payload the tables keep (see
+    docs/security.md); the relay's live events are not sealed.
 
     It is also a ``TurnQueue``: workers (``turnkit.Worker``) claim the turns it holds.
     """
@@ -366,6 +379,7 @@ class PostgresStore:
         commit_senders: int = 2,
         relay_events: bool = True,
         takeover: Takeover | None = None,
+        codec: Codec | None = None,
     ) -> None:
         if not SCHEMA_NAME.match(schema):
             raise ConfigurationError(
@@ -382,6 +396,8 @@ class PostgresStore:
             )
         self.dsn = dsn
         self.schema = schema
+        #: What every payload goes through on its way in and out (see ``Codec``).
+        self._payloads = Payloads(codec)
         self.min_size = min_size
         self.max_size = max_size
         self.connect_timeout = connect_timeout
@@ -668,11 +684,19 @@ class PostgresStore:
         after: SessionKey | None = None,
         owner: str | None = None,
     ) -> list[SessionInfo]:
-        query, params = sql.session_page_sql(agent, limit, after, text_of=_TEXT_OF, owner=owner)
-        return await self._select("the session list", query, params, session_info)
+        payloads = self._payloads if self._payloads.codec is not None else None
+        text_of = _TEXT_OF if payloads is None else None
+        query, params = sql.session_page_sql(agent, limit, after, text_of=text_of, owner=owner)
+        return await self._select(
+            "the session list", query, params, functools.partial(session_info, payloads=payloads)
+        )
 
     async def unfinished_turns(self) -> list[TurnRecord]:
-        return await self._select("unfinished turns", sql.UNFINISHED_TURNS, (), _turn_from_row)
+        return await self._select("unfinished turns", sql.UNFINISHED_TURNS, (), self._turn)
+
+    def _turn(self, row: Any) -> TurnRecord:
+        """A turn from a row of ``TURN_COLUMNS``, its payloads opened."""
+        return self._payloads.turn_from_row(row)
 
     async def idle_sessions(
         self, before: float, *, limit: int, after: tuple[float, str] | None = None
@@ -732,7 +756,7 @@ class PostgresStore:
         except StoreError as exc:
             raise StoreError(f"claiming turns failed: {exc}") from exc
         return [
-            turn_row(res, row, 2)
+            turn_row(res, row, 2, self._payloads)
             if res.get_value(row, 3) is not None
             else PendingReset(
                 session_id=as_text(res.get_value(row, 0)) or "",

@@ -24,7 +24,7 @@ from .. import _archive_sql as archive_sql
 from .. import _erase_sql as erase_sql
 from .. import _retention_sql as retention_sql
 from .. import _sql as sql
-from .._sql_rows import dumps as _dumps
+from .._payloads import Payloads
 from .._sql_rows import move_values, new_turn_values, refused_move
 from . import _wire as wire
 from ._queue import CHANNEL as WAKE_CHANNEL
@@ -54,9 +54,11 @@ class _Writes:
     """The engine's writes of one commit, buffered as the shared ``?``-style
     statements (``_sql``) and their values, to send in one request."""
 
-    def __init__(self, session_id: str, schema: str) -> None:
+    def __init__(self, session_id: str, schema: str, payloads: Payloads) -> None:
         self._sid = session_id
         self.schema = schema
+        self._payloads = payloads
+        self._dump = payloads.dump
         self.writes: list[_Write] = []
         #: The turns whose cancellation this commit records (announced once it lands).
         self.cancels: list[str] = []
@@ -74,15 +76,16 @@ class _Writes:
         return [wire.Query(pg_wire(q, schema), wire.values(p)) for q, p in self.writes]
 
     def append_message(self, index: int, message: Message) -> None:
-        row = (self._sid, index, message.turn_id, _dumps(message.to_dict()))
-        self.writes.append((sql.INSERT_MESSAGE, row))
+        body = self._dump(self._sid, "message", message.to_dict())
+        self.writes.append((sql.INSERT_MESSAGE, (self._sid, index, message.turn_id, body)))
 
     def put_step(self, step_id: str, turn_id: str, result: Any) -> None:
-        self.writes.append((sql.INSERT_STEP, (self._sid, turn_id, step_id, _dumps(result))))
+        stored = self._dump(self._sid, "step", result)
+        self.writes.append((sql.INSERT_STEP, (self._sid, turn_id, step_id, stored)))
 
     def log_event(self, event: TurnEvent) -> None:
-        row = (self._sid, event.seq, event.turn_id, _dumps(event.to_dict()))
-        self.writes.append((sql.INSERT_EVENT, row))
+        body = self._dump(self._sid, "event", event.to_dict())
+        self.writes.append((sql.INSERT_EVENT, (self._sid, event.seq, event.turn_id, body)))
 
     def request_cancel(self, turn_id: str, reason: str) -> None:
         self.cancels.append(turn_id)
@@ -124,9 +127,11 @@ class _Writes:
         sid, now = self._sid, time.time()
         refusal = refused_move(sid, record, expect)
         if expect is None:
-            self.writes.append((_NEW_TURN_CHECKED, (*new_turn_values(sid, record, None), refusal)))
+            values = new_turn_values(sid, record, None, self._payloads)
+            self.writes.append((_NEW_TURN_CHECKED, (*values, refusal)))
         else:
-            self.writes.append((_MOVE_TURN_CHECKED, (*move_values(sid, record, expect), refusal)))
+            values = move_values(sid, record, expect, self._payloads)
+            self.writes.append((_MOVE_TURN_CHECKED, (*values, refusal)))
         if session_status is not None:
             row = (sid, record.agent, session_status, now, now, owner)
             self.writes.append((sql.PUT_SESSION, row))
@@ -155,21 +160,23 @@ class LoopTransaction(_Writes):
     """A commit made from the event loop, its writes buffered until they go out in
     one pipelined request."""
 
-    def __init__(self, session_id: str, schema: str) -> None:
-        super().__init__(session_id, schema)
+    def __init__(self, session_id: str, schema: str, payloads: Payloads) -> None:
+        super().__init__(session_id, schema, payloads)
         self.rows = Rows()
 
     # The rows of every step: the hot path. Each table's rows go in as one
     # multi-row INSERT (see ``statements``).
 
     def append_message(self, index: int, message: Message) -> None:
-        self.rows.messages += (self._sid, index, message.turn_id, _dumps(message.to_dict()))
+        body = self._dump(self._sid, "message", message.to_dict())
+        self.rows.messages += (self._sid, index, message.turn_id, body)
 
     def put_step(self, step_id: str, turn_id: str, result: Any) -> None:
-        self.rows.steps += (self._sid, turn_id, step_id, _dumps(result))
+        self.rows.steps += (self._sid, turn_id, step_id, self._dump(self._sid, "step", result))
 
     def log_event(self, event: TurnEvent) -> None:
-        self.rows.events += (self._sid, event.seq, event.turn_id, _dumps(event.to_dict()))
+        body = self._dump(self._sid, "event", event.to_dict())
+        self.rows.events += (self._sid, event.seq, event.turn_id, body)
 
     def statements(self) -> list[wire.Statement]:
         return [*self.rows.statements(self.schema), *super().statements()]
@@ -277,9 +284,14 @@ class PgTransaction(_Writes):
     buffered, to be sent from the event loop like any engine-only commit."""
 
     def __init__(
-        self, session_id: str, schema: str, pool: ConnectionPool[Any], timeout: float
+        self,
+        session_id: str,
+        schema: str,
+        payloads: Payloads,
+        pool: ConnectionPool[Any],
+        timeout: float,
     ) -> None:
-        super().__init__(session_id, schema)
+        super().__init__(session_id, schema, payloads)
         self._pool = pool
         self._timeout = timeout
         self._conn: psycopg.Connection[Any] | None = None

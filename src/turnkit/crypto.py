@@ -1,0 +1,230 @@
+"""Encryption at rest for the built-in stores (the ``turnkit[crypto]`` extra).
+
+``EnvelopeCodec`` is a ``turnkit.Codec``: each payload is sealed with AES-GCM under
+its session's data key, which is derived from a key of the session's tenant that a
+``KeyProvider`` the app supplies names and holds; the envelope names that key.
+``KeyRing`` is a provider that keeps keys in memory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import struct
+from collections.abc import Callable
+from typing import Protocol, TypeVar, runtime_checkable
+
+from ._errors import ConfigurationError, StoreError
+from ._seams.codec import PayloadKind
+
+try:
+    from cryptography.exceptions import InvalidTag
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        "turnkit.crypto needs the cryptography package: pip install 'turnkit[crypto]'"
+    ) from exc
+
+#: The envelope's format version (its first byte).
+VERSION = 1
+_NONCE = 12
+_DATA_KEY = 32
+_KEY_SIZES = (16, 24, 32)
+_K = TypeVar("_K")
+_V = TypeVar("_V")
+
+
+@runtime_checkable
+class KeyProvider(Protocol):
+    """The app's keys: which one wraps a session's new data keys, and each key's bytes.
+
+    ``current(session_id)`` names the key new writes of the session use (its tenant's
+    newest); ``key(key_id)`` is that key's bytes (16, 24 or 32 of them, AES), or
+    ``None`` once the key is gone, which makes everything sealed under it unreadable
+    (crypto-shredding). Both are called on every payload a store writes or reads, on
+    the store's path: answer from memory, never from the network.
+    """
+
+    def current(self, session_id: str) -> str: ...
+
+    def key(self, key_id: str) -> bytes | None: ...
+
+
+class KeyRing:
+    """Keys held in memory, per tenant. ``tenant_of(session_id)`` says whose a session
+    is (everyone's the tenant ``"default"`` without it); ``add`` gives a tenant a new
+    key, which its sessions' writes use from then on while the older ones still read;
+    ``forget`` drops a key, and ``forget_tenant`` all of a tenant's keys."""
+
+    def __init__(self, tenant_of: Callable[[str], str] | None = None) -> None:
+        self._tenant_of = tenant_of if tenant_of is not None else _default_tenant
+        self._keys: dict[str, bytes] = {}
+        self._owner: dict[str, str] = {}
+        self._current: dict[str, str] = {}
+
+    def add(self, tenant: str, key_id: str, key: bytes) -> None:
+        """Make ``key`` (16, 24 or 32 random bytes) ``tenant``'s current key."""
+        if not key_id or len(key_id.encode()) > 255:
+            raise ConfigurationError(f"a key id must be 1 to 255 bytes, got {key_id!r}")
+        if len(key) not in _KEY_SIZES:
+            raise ConfigurationError(f"key {key_id!r}: an AES key is 16, 24 or 32 bytes")
+        if self._owner.get(key_id, tenant) != tenant:
+            raise ConfigurationError(f"key id {key_id!r} is already another tenant's")
+        self._keys[key_id] = bytes(key)
+        self._owner[key_id] = tenant
+        self._current[tenant] = key_id
+
+    def forget(self, key_id: str) -> None:
+        """Drop one key: what it wrapped can no longer be read."""
+        self._keys.pop(key_id, None)
+        tenant = self._owner.pop(key_id, None)
+        if tenant is not None and self._current.get(tenant) == key_id:
+            del self._current[tenant]
+
+    def forget_tenant(self, tenant: str) -> None:
+        """Drop every key of ``tenant`` (crypto-shredding its sessions)."""
+        for key_id in [k for k, t in self._owner.items() if t == tenant]:
+            self.forget(key_id)
+
+    def current(self, session_id: str) -> str:
+        tenant = self._tenant_of(session_id)
+        try:
+            return self._current[tenant]
+        except KeyError:
+            raise StoreError(
+                f"session {session_id}: tenant {tenant!r} has no key to encrypt with"
+            ) from None
+
+    def key(self, key_id: str) -> bytes | None:
+        return self._keys.get(key_id)
+
+
+def _default_tenant(session_id: str) -> str:
+    return "default"
+
+
+def _associated(session_id: str, kind: str) -> bytes:
+    return f"{kind}\x00{session_id}".encode()
+
+
+class EnvelopeCodec:
+    """AES-GCM envelopes: a ``turnkit.Codec`` for any built-in store.
+
+    Each session has its own 256-bit data key, derived (HKDF-SHA256) from its tenant's
+    key with the key id and the session id, so every process holding the tenant's key
+    makes the same one and nothing has to be stored for it. An envelope is
+    ``[version][key id length][key id][nonce][sealed payload and tag]``: a fresh random
+    96-bit nonce per payload, and the session id and the field (``kind``) as
+    associated data, so a payload copied to another session or field does not decrypt.
+
+    Rotation: a new current key (``keys.current``) seals new writes at once; older
+    envelopes read while their key exists, and ``reseal`` moves one under the current
+    key. Crypto-shredding: once ``keys.key(key_id)`` answers ``None``, every envelope
+    under that key fails to read, in every process, with a ``StoreError`` naming the
+    session and the key (a provider must then no longer name it current either).
+    ``cache_size`` bounds the data keys kept in memory.
+    """
+
+    def __init__(self, keys: KeyProvider, *, cache_size: int = 4096) -> None:
+        if not isinstance(keys, KeyProvider):
+            raise ConfigurationError(
+                f"EnvelopeCodec needs a KeyProvider (current and key), got {type(keys).__name__}"
+            )
+        self._keys = keys
+        self._cache_size = max(1, cache_size)
+        #: (session, key id) -> the session's data key under that tenant key, and the
+        #: envelope header naming the key.
+        self._data_keys: dict[tuple[str, str], tuple[AESGCM, bytes]] = {}
+
+    def encode(self, session_id: str, kind: PayloadKind, plaintext: bytes) -> bytes:
+        key_id = self._keys.current(session_id)
+        entry = self._data_keys.get((session_id, key_id))
+        if entry is None:
+            entry = self._data_key(session_id, key_id)
+        aead, header = entry
+        nonce = os.urandom(_NONCE)
+        return header + nonce + aead.encrypt(nonce, plaintext, _associated(session_id, kind))
+
+    def decode(self, session_id: str, kind: PayloadKind, stored: bytes) -> bytes:
+        key_id, body = _parse(session_id, kind, stored)
+        aead, _ = self._data_key(session_id, key_id)
+        try:
+            return aead.decrypt(body[:_NONCE], body[_NONCE:], _associated(session_id, kind))
+        except InvalidTag:
+            raise StoreError(
+                f"session {session_id}: a stored {kind} does not decrypt under its key "
+                f"{key_id!r}: it was altered, or copied from another session or field"
+            ) from None
+
+    def key_id(self, session_id: str, kind: PayloadKind, stored: bytes) -> str:
+        """The id of the key the envelope ``stored`` is sealed under."""
+        return _parse(session_id, kind, stored)[0]
+
+    def reseal(self, session_id: str, kind: PayloadKind, stored: bytes) -> bytes | None:
+        """``stored`` sealed again under the session's current key; ``None`` if it is
+        under that key already (rotation: what a background pass would write back)."""
+        if self.key_id(session_id, kind, stored) == self._keys.current(session_id):
+            return None
+        return self.encode(session_id, kind, self.decode(session_id, kind, stored))
+
+    def _data_key(self, session_id: str, key_id: str) -> tuple[AESGCM, bytes]:
+        # Reads ask the provider every time, so a key it dropped stops every read at
+        # once, cached or not (writes use the key it names current).
+        tenant_key = self._keys.key(key_id)
+        if tenant_key is None:
+            raise _shredded(session_id, key_id)
+        entry = self._data_keys.get((session_id, key_id))
+        if entry is None:
+            entry = (AESGCM(_derive(tenant_key, key_id, session_id)), _header(key_id))
+            _bounded_put(self._data_keys, (session_id, key_id), entry, self._cache_size)
+        return entry
+
+
+def _derive(tenant_key: bytes, key_id: str, session_id: str) -> bytes:
+    """The session's data key under ``tenant_key`` (HKDF-SHA256, no salt: the tenant key
+    is random; the key id and session id as the info)."""
+    info = b"turnkit data key\x00" + key_id.encode() + b"\x00" + session_id.encode()
+    return HKDF(algorithm=hashes.SHA256(), length=_DATA_KEY, salt=None, info=info).derive(
+        tenant_key
+    )
+
+
+def _shredded(session_id: str, key_id: str) -> StoreError:
+    return StoreError(
+        f"session {session_id}: its data is sealed under key {key_id!r}, which the key "
+        "provider no longer has (the key was forgotten: the data cannot be read)"
+    )
+
+
+def _header(key_id: str) -> bytes:
+    kid = key_id.encode()
+    if not kid or len(kid) > 255:
+        raise ConfigurationError(f"a key id must be 1 to 255 bytes, got {key_id!r}")
+    return struct.pack("BB", VERSION, len(kid)) + kid
+
+
+def _parse(session_id: str, kind: str, stored: bytes) -> tuple[str, bytes]:
+    """An envelope's key id, and its nonce with the sealed payload."""
+    if len(stored) < 2 or stored[0] != VERSION:
+        raise StoreError(
+            f"session {session_id}: a stored {kind} is not an envelope this turnkit reads "
+            f"(version {stored[0] if stored else 'missing'})"
+        )
+    end = 2 + stored[1]
+    if len(stored) < end + _NONCE + 16:
+        raise StoreError(f"session {session_id}: a stored {kind} is cut short")
+    return stored[2:end].decode("utf-8", "replace"), stored[end:]
+
+
+def _bounded_put(cache: dict[_K, _V], key: _K, value: _V, limit: int) -> None:
+    """Put ``value`` in ``cache``, dropping its oldest entry past ``limit`` (tool threads
+    may do this at once: losing a race costs only an entry made again later)."""
+    if len(cache) >= limit:
+        with contextlib.suppress(KeyError, RuntimeError, StopIteration):
+            del cache[next(iter(cache))]
+    cache[key] = value
+
+
+__all__ = ["EnvelopeCodec", "KeyProvider", "KeyRing"]

@@ -1,0 +1,204 @@
+"""How the built-in stores keep a payload: JSON text, sealed by the store's ``Codec``.
+
+Without a codec a payload is its JSON text, as ever. With one, the codec's bytes are
+kept in one of two forms, both recognised on read beside rows stored in the clear
+(no value turnkit stores holds NUL, so neither can be mistaken for one):
+
+- binary (SQLite, memory): a BLOB, NUL and then the codec's bytes;
+- text (PostgreSQL, whose columns are ``text``): the JSON text of a string that
+  starts with NUL and carries the codec's bytes in base64 (``"\\u0000…"``), still
+  valid JSON, so the one-statement load can aggregate it.
+"""
+
+from __future__ import annotations
+
+import binascii
+import json
+import re
+from base64 import b64decode, b64encode
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+from pydantic_core import to_json
+
+from .._errors import StoreError
+from .._seams.codec import Codec, PayloadKind
+from .._values.records import TurnRecord
+
+#: How a sealed payload's text form begins: a JSON string whose first character is NUL.
+SEALED_PREFIX = '"\\u0000'
+_SEALED = re.compile(r'"\\u0000[A-Za-z0-9+/]*={0,2}"')
+
+
+def dumps(value: Any) -> str:
+    """A value as the JSON text a store keeps; ``StoreError`` if it is not JSON."""
+    try:
+        return to_json(value).decode()
+    except Exception as exc:
+        raise StoreError(f"cannot store a value as JSON: {exc}") from exc
+
+
+def _is_sealed_text(stored: object) -> bool:
+    return (
+        isinstance(stored, str)
+        and stored.startswith(SEALED_PREFIX)
+        and _SEALED.fullmatch(stored) is not None
+    )
+
+
+class Payloads:
+    """A store's payload encoding: plain JSON (``codec=None``) or sealed by ``codec``,
+    in the binary form (``binary=True``) or the text form.
+
+    ``dump`` makes a column's value, ``load`` reads one back, ``value`` finishes a
+    value already parsed from JSON (a sealed text form parses to a NUL-led string);
+    ``*_text`` do the same for the columns that hold text rather than JSON (a turn's
+    answer and error). A sealed payload met without a codec is refused with a
+    ``StoreError``, never shown as its ciphertext.
+    """
+
+    __slots__ = ("binary", "codec")
+
+    def __init__(self, codec: Codec | None = None, *, binary: bool = False) -> None:
+        if codec is not None and not isinstance(codec, Codec):
+            raise TypeError(f"a store's codec needs encode and decode, got {type(codec).__name__}")
+        self.codec = codec
+        self.binary = binary
+
+    def _encode(self, session_id: str, kind: PayloadKind, plaintext: bytes) -> bytes:
+        codec = self.codec
+        if codec is None:  # only the sealing paths call this
+            raise StoreError("a payload can be sealed only by a store given a codec")
+        return codec.encode(session_id, kind, plaintext)
+
+    def _as_text(self, sealed: bytes) -> str:
+        return f'{SEALED_PREFIX}{b64encode(sealed).decode("ascii")}"'
+
+    def _decode(self, session_id: str, kind: PayloadKind, sealed: bytes) -> bytes:
+        if self.codec is None:
+            raise StoreError(
+                f"session {session_id}: its stored {kind} is encrypted, and this store "
+                "was opened without a codec (give it the codec it was written with)"
+            )
+        return self.codec.decode(session_id, kind, sealed)
+
+    def _open_text(self, session_id: str, kind: PayloadKind, parsed: str) -> bytes:
+        """The plaintext of ``parsed``, the NUL-led string a text form parses to."""
+        try:
+            data = b64decode(parsed[1:], validate=True)
+        except binascii.Error as exc:
+            raise StoreError(f"session {session_id}: a stored {kind} is damaged: {exc}") from exc
+        return self._decode(session_id, kind, data)
+
+    def dump(self, session_id: str, kind: PayloadKind, value: Any) -> str | bytes:
+        """``value`` as its column keeps it."""
+        if self.codec is None:
+            return dumps(value)
+        try:
+            encoded = to_json(value)
+        except Exception as exc:
+            raise StoreError(f"cannot store a value as JSON: {exc}") from exc
+        sealed = self._encode(session_id, kind, encoded)
+        return b"\x00" + sealed if self.binary else self._as_text(sealed)
+
+    def seal(self, session_id: str, kind: PayloadKind, encoded: bytes) -> bytes:
+        """A value already encoded as JSON (``encoded``), as a binary store keeps it."""
+        if self.codec is None:
+            return encoded
+        return b"\x00" + self._encode(session_id, kind, encoded)
+
+    def value(self, session_id: str, kind: PayloadKind, parsed: Any) -> Any:
+        """A payload parsed from its column's JSON, opened if it was sealed."""
+        if isinstance(parsed, str) and parsed[:1] == "\x00":
+            return json.loads(self._open_text(session_id, kind, parsed))
+        return parsed
+
+    def load(self, session_id: str, kind: PayloadKind, stored: str | bytes) -> Any:
+        """A payload from its column's value."""
+        if isinstance(stored, bytes) and stored[:1] == b"\x00":
+            return json.loads(self._decode(session_id, kind, stored[1:]))
+        return self.value(session_id, kind, json.loads(stored))
+
+    def dump_text(self, session_id: str, kind: PayloadKind, text: str | None) -> str | bytes | None:
+        if text is None or self.codec is None:
+            return text
+        sealed = self._encode(session_id, kind, text.encode())
+        return b"\x00" + sealed if self.binary else self._as_text(sealed)
+
+    def load_text(
+        self, session_id: str, kind: PayloadKind, stored: str | bytes | None
+    ) -> str | None:
+        if isinstance(stored, bytes):
+            if stored[:1] != b"\x00":
+                return stored.decode()
+            return self._decode(session_id, kind, stored[1:]).decode()
+        if not _is_sealed_text(stored):
+            return stored
+        assert stored is not None
+        return self._open_text(session_id, kind, json.loads(stored)).decode()
+
+    def turn_from_row(self, row: Sequence[Any]) -> TurnRecord:
+        """A ``TurnRecord`` from a row selected with ``_sql_rows.TURN_COLUMNS``."""
+        sid, tid, agent, status, opening, event, text, error, created, finished, pending, why = row
+        return TurnRecord(
+            session_id=sid,
+            turn_id=tid,
+            agent=agent,
+            status=status,
+            opening=self.load(sid, "opening", opening),
+            event=self.load(sid, "inbound", event) if event else None,
+            text=self.load_text(sid, "text", text),
+            error=self.load_text(sid, "error", error),
+            created_at=created,
+            finished_at=finished,
+            pending=self.load(sid, "pending", pending) if pending else None,
+            cancel_reason=why,
+        )
+
+    def seal_turn(self, record: TurnRecord) -> TurnRecord:
+        """``record`` with each payload sealed in the text form (its JSON fields as the
+        text of their JSON), for a store that keeps records rather than rows; ``turn``
+        opens it."""
+        if self.codec is None:
+            return record
+        sid = record.session_id
+
+        def sealed(kind: PayloadKind, value: Any) -> Any:
+            if value is None:
+                return None
+            return self._as_text(self._encode(sid, kind, to_json(value)))
+
+        def text(kind: PayloadKind, value: str | None) -> str | None:
+            return None if value is None else self._as_text(self._encode(sid, kind, value.encode()))
+
+        return replace(
+            record,
+            opening=sealed("opening", record.opening),
+            event=sealed("inbound", record.event),
+            pending=sealed("pending", record.pending),
+            text=text("text", record.text),
+            error=text("error", record.error),
+        )
+
+    def turn(self, record: TurnRecord) -> TurnRecord:
+        """A record ``seal_turn`` made, its payloads opened."""
+        if self.codec is None:
+            return record
+        sid = record.session_id
+
+        def opened(kind: PayloadKind, value: Any) -> Any:
+            return None if value is None else json.loads(self.load_text(sid, kind, value) or "")
+
+        return replace(
+            record,
+            opening=opened("opening", record.opening),
+            event=opened("inbound", record.event),
+            pending=opened("pending", record.pending),
+            text=self.load_text(sid, "text", record.text),
+            error=self.load_text(sid, "error", record.error),
+        )
+
+
+#: The encoding of a store without a codec.
+PLAIN = Payloads()
