@@ -17,6 +17,7 @@ import pytest
 from postgres_support import drop_schema, new_schema, postgres_dsn
 
 import turnkit
+from turnkit import Codec
 from turnkit.stores import (
     AppendMessage,
     MemoryStore,
@@ -26,7 +27,6 @@ from turnkit.stores import (
     transcript,
     turn_rules,
 )
-from turnkit import Codec
 from turnkit.testing import RecordingSink
 
 StoreFactory = Callable[[], Store]

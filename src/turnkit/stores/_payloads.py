@@ -22,7 +22,7 @@ from typing import Any
 
 from pydantic_core import to_json
 
-from .._errors import StoreError
+from .._errors import ConfigurationError, StoreError
 from .._seams.codec import Codec, PayloadKind
 from .._values.records import TurnRecord
 
@@ -62,7 +62,9 @@ class Payloads:
 
     def __init__(self, codec: Codec | None = None, *, binary: bool = False) -> None:
         if codec is not None and not isinstance(codec, Codec):
-            raise TypeError(f"a store's codec needs encode and decode, got {type(codec).__name__}")
+            raise ConfigurationError(
+                f"a store's codec needs encode and decode methods, got {type(codec).__name__}"
+            )
         self.codec = codec
         self.binary = binary
 

@@ -1,0 +1,266 @@
+"""Encryption at rest (``turnkit.crypto``): envelopes bound to their session and field,
+rotation, crypto-shredding, and stores that keep no plaintext at rest.
+
+The store tests run on every built-in store (``store_kind``); the at-rest checks read
+the SQLite file's bytes and PostgreSQL's ``pg_dump`` of the schema.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_erasure import MARK, leave_marks, marked_agent
+
+import turnkit
+from turnkit import Codec, StoreError
+from turnkit.crypto import EnvelopeCodec, KeyRing
+from turnkit.stores import SqliteStore, Store, transcript
+
+ACME, GLOBEX = "acme:s1", "globex:s1"
+
+
+def tenant_of(session_id: str) -> str:
+    return session_id.split(":", 1)[0]
+
+
+def ring(**keys: bytes) -> KeyRing:
+    """A key ring whose tenants are the session ids' prefixes, one key each:
+    ``ring(acme=...)`` gives tenant ``acme`` the key ``acme-1``."""
+    out = KeyRing(tenant_of)
+    for tenant, key in keys.items():
+        out.add(tenant, f"{tenant}-1", key)
+    return out
+
+
+@pytest.fixture
+def tenant_keys() -> dict[str, bytes]:
+    return {"acme": os.urandom(32), "globex": os.urandom(32)}
+
+
+@pytest.fixture
+def keys(tenant_keys: dict[str, bytes]) -> KeyRing:
+    return ring(**tenant_keys)
+
+
+@pytest.fixture
+def store_codec(keys: KeyRing) -> Codec:
+    """Every store ``make_store`` makes here seals its payloads."""
+    return EnvelopeCodec(keys)
+
+
+# -- the envelope ------------------------------------------------------------------------
+
+
+def test_an_envelope_reads_back_and_never_repeats(keys: KeyRing) -> None:
+    codec = EnvelopeCodec(keys)
+    one = codec.encode(ACME, "message", b'{"text": "hello"}')
+    two = codec.encode(ACME, "message", b'{"text": "hello"}')
+    assert one != two and b"hello" not in one  # a fresh nonce each time
+    assert codec.decode(ACME, "message", one) == b'{"text": "hello"}'
+    assert codec.key_id(ACME, "message", one) == "acme-1"
+    # Another process holding the same keys reads it: the data key is derived.
+    assert EnvelopeCodec(keys).decode(ACME, "message", two) == b'{"text": "hello"}'
+
+
+def test_an_envelope_is_bound_to_its_session_and_field(keys: KeyRing) -> None:
+    codec = EnvelopeCodec(keys)
+    sealed = codec.encode(ACME, "step", b"42")
+    with pytest.raises(StoreError, match="session acme:s2: a stored step does not decrypt"):
+        codec.decode("acme:s2", "step", sealed)
+    with pytest.raises(StoreError, match=f"session {ACME}: a stored message does not decrypt"):
+        codec.decode(ACME, "message", sealed)
+    flipped = bytearray(sealed)
+    flipped[-1] ^= 1
+    with pytest.raises(StoreError, match="altered"):
+        codec.decode(ACME, "step", bytes(flipped))
+    with pytest.raises(StoreError, match="cut short"):
+        codec.decode(ACME, "step", sealed[:20])
+    with pytest.raises(StoreError, match="not an envelope"):
+        codec.decode(ACME, "step", b"\x07" + sealed[1:])
+
+
+def test_rotation_seals_new_writes_under_the_new_key_and_old_ones_still_read(
+    keys: KeyRing,
+) -> None:
+    codec = EnvelopeCodec(keys)
+    old = codec.encode(ACME, "event", b"{}")
+    keys.add("acme", "acme-2", os.urandom(32))
+    new = codec.encode(ACME, "event", b"{}")
+    assert codec.key_id(ACME, "event", old) == "acme-1"
+    assert codec.key_id(ACME, "event", new) == "acme-2"
+    assert codec.decode(ACME, "event", old) == codec.decode(ACME, "event", new) == b"{}"
+    moved = codec.reseal(ACME, "event", old)
+    assert moved is not None and codec.reseal(ACME, "event", new) is None
+    keys.forget("acme-1")
+    assert codec.decode(ACME, "event", moved) == b"{}"
+    with pytest.raises(StoreError, match="key 'acme-1', which the key provider no longer has"):
+        codec.decode(ACME, "event", old)
+
+
+def test_forgetting_a_tenants_keys_makes_its_data_unreadable(keys: KeyRing) -> None:
+    codec = EnvelopeCodec(keys)
+    acme = codec.encode(ACME, "opening", b'{"text": "x"}')
+    globex = codec.encode(GLOBEX, "opening", b'{"text": "y"}')
+    assert codec.decode(ACME, "opening", acme)  # its data key is cached now
+    keys.forget_tenant("acme")
+    with pytest.raises(StoreError, match=f"session {ACME}: .*key 'acme-1'.*cannot be read"):
+        codec.decode(ACME, "opening", acme)
+    with pytest.raises(StoreError, match="tenant 'acme' has no key to encrypt with"):
+        codec.encode(ACME, "opening", b"{}")
+    assert codec.decode(GLOBEX, "opening", globex) == b'{"text": "y"}'
+
+
+def test_a_key_ring_refuses_what_is_not_a_key() -> None:
+    keys = KeyRing()
+    with pytest.raises(turnkit.ConfigurationError, match="16, 24 or 32 bytes"):
+        keys.add("t", "k", b"short")
+    with pytest.raises(turnkit.ConfigurationError, match="1 to 255 bytes"):
+        keys.add("t", "", os.urandom(32))
+    keys.add("t", "k", os.urandom(32))
+    with pytest.raises(turnkit.ConfigurationError, match="already another tenant's"):
+        keys.add("u", "k", os.urandom(32))
+    with pytest.raises(turnkit.ConfigurationError, match="needs a KeyProvider"):
+        EnvelopeCodec(object())  # type: ignore[arg-type]
+    with pytest.raises(turnkit.ConfigurationError, match="needs encode and decode"):
+        SqliteStore(":memory:", codec=object())  # type: ignore[arg-type]
+
+
+# -- sealed stores -----------------------------------------------------------------------
+
+
+async def marked_history(store: Store, session_id: str) -> None:
+    """Two generations of ``MARK``ed history on ``session_id`` (see ``leave_marks``)."""
+    async with turnkit.Runtime(marked_agent(), store=store) as rt:
+        await leave_marks(rt.session("a", session_id))
+
+
+async def test_a_sealed_store_reads_back_everything_it_keeps(
+    make_store: Any, keys: KeyRing, store_kind: str
+) -> None:
+    await marked_history(make_store(), ACME)
+    store = make_store()
+    async with turnkit.Runtime(marked_agent(), store=store) as rt:
+        session = rt.session("a", ACME)
+        texts = [getattr(m, "text", "") or "" for m in await transcript(store.session(ACME))]
+        assert any(MARK in t for t in texts)
+        archived = await store.session(ACME).archived_messages(0)
+        assert any(MARK in (getattr(m, "text", "") or "") for m in archived)
+        pending = await session.pending()
+        assert pending is not None and MARK in str(pending)
+        events = await store.session(ACME).events()
+        assert any(MARK in str(e.to_dict()) for e in events)
+        (info,) = await store.session_page(limit=10)
+        assert info.preview is not None and MARK in info.preview
+        unfinished = await store.session(ACME).unfinished()
+        assert unfinished and MARK in str(unfinished[-1].opening)
+        done = await session.result(await session.resume(pending.turn_id, "ok", "fine"))
+        assert done.status == "completed" and MARK in (done.text or "")
+        record = await store.session(ACME).turn(done.turn_id)
+        assert record is not None and record.text == done.text and MARK in str(record.opening)
+
+
+async def test_forgetting_a_tenants_key_leaves_its_sessions_unreadable_on_every_store(
+    make_store: Any, keys: KeyRing
+) -> None:
+    await marked_history(make_store(), ACME)
+    await marked_history(make_store(), GLOBEX)
+    keys.forget_tenant("acme")
+    store = make_store()
+    async with turnkit.Runtime(marked_agent(), store=store):
+        with pytest.raises(StoreError, match=f"session {ACME}: .*key 'acme-1'"):
+            await store.session(ACME).load()
+        with pytest.raises(StoreError, match=f"session {ACME}: .*key 'acme-1'"):
+            await store.session(ACME).events()
+        with pytest.raises(StoreError, match=f"session {ACME}: .*key 'acme-1'"):
+            await store.session(ACME).unfinished()
+        texts = [getattr(m, "text", "") or "" for m in await transcript(store.session(GLOBEX))]
+        assert any(MARK in t for t in texts)
+
+
+async def test_after_rotation_a_store_reads_both_keys_and_writes_the_new_one(
+    make_store: Any, keys: KeyRing
+) -> None:
+    store = make_store()
+    async with turnkit.Runtime(marked_agent(), store=store) as rt:
+        session = rt.session("a", ACME)
+        first = await session.result(session.start(f"first {MARK}"))
+        await session.result(await session.resume(first.turn_id, "ok", "yes"))
+        keys.add("acme", "acme-2", os.urandom(32))
+        second = await session.result(session.start(f"second {MARK}"))
+        assert second.status == "suspended"
+        assert len(await transcript(store.session(ACME))) > 4  # both keys read
+        keys.forget("acme-1")
+        # The new turn's rows were sealed under the new key alone.
+        assert [e.type for e in await store.session(ACME).events(turn_id=second.turn_id)]
+        with pytest.raises(StoreError, match="key 'acme-1'"):
+            await store.session(ACME).events(turn_id=first.turn_id)
+
+
+async def test_plain_rows_still_read_once_a_store_is_sealed_and_sealed_ones_need_the_codec(
+    tmp_path: Path, keys: KeyRing
+) -> None:
+    db = tmp_path / "t.db"
+    await marked_history(SqliteStore(db), ACME)
+    sealed = SqliteStore(db, codec=EnvelopeCodec(keys))
+    async with turnkit.Runtime(marked_agent(), store=sealed) as rt:
+        session = rt.session("a", ACME)
+        parked = (await session.pending()) or pytest.fail("the plain turn is parked")
+        done = await session.result(await session.resume(parked.turn_id, "ok", f"yes {MARK}"))
+        assert done.status == "completed"
+        texts = [getattr(m, "text", "") or "" for m in await transcript(sealed.session(ACME))]
+        assert sum(MARK in t for t in texts) >= 3  # the plain rows and the sealed ones
+    plain = SqliteStore(db)
+    async with turnkit.Runtime(marked_agent(), store=plain):
+        with pytest.raises(StoreError, match="encrypted, and this store was opened without a"):
+            await plain.session(ACME).load()
+
+
+# -- nothing in the clear at rest --------------------------------------------------------
+
+
+def sqlite_files_hold(db: Path, text: str) -> list[str]:
+    """The files of the SQLite store (the database, its WAL, its lock file) whose
+    bytes hold ``text``."""
+    return [p.name for p in db.parent.iterdir() if text.encode() in p.read_bytes()]
+
+
+async def test_a_sealed_sqlite_file_holds_no_plaintext(tmp_path: Path, keys: KeyRing) -> None:
+    db = tmp_path / "t.db"
+    for sid in (ACME, GLOBEX):
+        await marked_history(SqliteStore(db, codec=EnvelopeCodec(keys)), sid)
+    assert sqlite_files_hold(db, MARK) == []
+    for fragment in ("Refund", "refunded", "order", "yes "):  # the question, the answers
+        assert sqlite_files_hold(db, fragment) == [], fragment
+    assert "t.db" in sqlite_files_hold(db, ACME)  # ids stay clear, for the queries
+    # The same history without a codec is there in the clear (the test can see it).
+    plain = tmp_path / "plain" / "t.db"
+    plain.parent.mkdir()
+    await marked_history(SqliteStore(plain), ACME)
+    assert sqlite_files_hold(plain, MARK)
+
+
+async def test_a_sealed_postgres_schema_dumps_no_plaintext(
+    pg_dsn: str, pg_schema: str, keys: KeyRing
+) -> None:
+    from turnkit.stores import PostgresStore
+
+    pg_dump = shutil.which("pg_dump") or pytest.skip("pg_dump is not installed")
+    for sid in (ACME, GLOBEX):
+        store = PostgresStore(pg_dsn, schema=pg_schema, codec=EnvelopeCodec(keys))
+        await marked_history(store, sid)
+    dump = subprocess.run(
+        [pg_dump, "--dbname", pg_dsn, "--schema", pg_schema, "--data-only"],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
+    assert "turnkit_messages" in dump and ACME in dump  # the rows are there, ids clear
+    assert MARK not in dump
+    for fragment in ("Refund", "refunded", "order", "yes "):
+        assert fragment not in dump, fragment
