@@ -214,10 +214,21 @@ async def test_plain_rows_still_read_once_a_store_is_sealed_and_sealed_ones_need
         assert done.status == "completed"
         texts = [getattr(m, "text", "") or "" for m in await transcript(sealed.session(ACME))]
         assert sum(MARK in t for t in texts) >= 3  # the plain rows and the sealed ones
-    plain = SqliteStore(db)
+    # Its first message was stored in the clear, so the list shows its preview.
+    await refused_without_the_codec(SqliteStore(db), preview=MARK)
+
+
+async def refused_without_the_codec(plain: Store, preview: str | None = None) -> None:
+    """A store opened without the codec lists the sealed session (its ids and status are
+    clear), with no preview if its first message is sealed, and refuses to read it."""
     async with turnkit.Runtime(marked_agent(), store=plain):
+        infos = {i.session_id: i for i in await plain.session_page(limit=10)}
+        shown = infos[ACME].preview
+        assert shown is None if preview is None else preview in (shown or "")
         with pytest.raises(StoreError, match="encrypted, and this store was opened without a"):
             await plain.session(ACME).load()
+        with pytest.raises(StoreError, match="encrypted, and this store was opened without a"):
+            await plain.session(ACME).events()
 
 
 # -- nothing in the clear at rest --------------------------------------------------------
@@ -237,6 +248,7 @@ async def test_a_sealed_sqlite_file_holds_no_plaintext(tmp_path: Path, keys: Key
     for fragment in ("Refund", "refunded", "order", "yes "):  # the question, the answers
         assert sqlite_files_hold(db, fragment) == [], fragment
     assert "t.db" in sqlite_files_hold(db, ACME)  # ids stay clear, for the queries
+    await refused_without_the_codec(SqliteStore(db))
     # The same history without a codec is there in the clear (the test can see it).
     plain = tmp_path / "plain" / "t.db"
     plain.parent.mkdir()
@@ -264,3 +276,4 @@ async def test_a_sealed_postgres_schema_dumps_no_plaintext(
     assert MARK not in dump
     for fragment in ("Refund", "refunded", "order", "yes "):
         assert fragment not in dump, fragment
+    await refused_without_the_codec(PostgresStore(pg_dsn, schema=pg_schema))

@@ -32,6 +32,7 @@ VERSION = 1
 _NONCE = 12
 _DATA_KEY = 32
 _KEY_SIZES = (16, 24, 32)
+_random = os.urandom
 _K = TypeVar("_K")
 _V = TypeVar("_V")
 
@@ -106,7 +107,8 @@ def _default_tenant(session_id: str) -> str:
 
 
 def _associated(session_id: str, kind: str) -> bytes:
-    return f"{kind}\x00{session_id}".encode()
+    """What a payload is bound to: its field and its session (``encode`` inlines it)."""
+    return f"{kind}\0{session_id}".encode()
 
 
 class EnvelopeCodec:
@@ -143,9 +145,10 @@ class EnvelopeCodec:
         entry = self._data_keys.get((session_id, key_id))
         if entry is None:
             entry = self._data_key(session_id, key_id)
-        aead, header = entry
-        nonce = os.urandom(_NONCE)
-        return header + nonce + aead.encrypt(nonce, plaintext, _associated(session_id, kind))
+        nonce = _random(_NONCE)
+        return (
+            entry[1] + nonce + entry[0].encrypt(nonce, plaintext, f"{kind}\0{session_id}".encode())
+        )
 
     def decode(self, session_id: str, kind: PayloadKind, stored: bytes) -> bytes:
         key_id, body = _parse(session_id, kind, stored)

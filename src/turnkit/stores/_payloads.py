@@ -95,13 +95,14 @@ class Payloads:
 
     def dump(self, session_id: str, kind: PayloadKind, value: Any) -> str | bytes:
         """``value`` as its column keeps it."""
-        if self.codec is None:
+        codec = self.codec
+        if codec is None:
             return dumps(value)
         try:
             encoded = to_json(value)
         except Exception as exc:
             raise StoreError(f"cannot store a value as JSON: {exc}") from exc
-        sealed = self._encode(session_id, kind, encoded)
+        sealed = codec.encode(session_id, kind, encoded)
         return b"\x00" + sealed if self.binary else self._as_text(sealed)
 
     def seal(self, session_id: str, kind: PayloadKind, encoded: bytes) -> bytes:

@@ -52,8 +52,9 @@ from ._sqlite_writer import SqliteWriter
 T = TypeVar("T")
 log = logging.getLogger("turnkit.stores.sqlite")
 
-#: The ``text`` field of a message's JSON body, in SQLite.
-_TEXT_OF = "json_extract(m.body, '$.text')"
+#: The ``text`` field of a message's JSON body, in SQLite (a sealed body, a BLOB, has
+#: none a store without the codec can read: its session is listed with no preview).
+_TEXT_OF = "CASE WHEN typeof(m.body) = 'text' THEN json_extract(m.body, '$.text') END"
 
 #: Commits between two background WAL checkpoints (see ``SqliteStore``).
 CHECKPOINT_EVERY = 256
