@@ -16,7 +16,7 @@ import binascii
 import json
 import re
 from base64 import b64decode, b64encode
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -33,6 +33,14 @@ _SEALED = re.compile(r'"\\u0000[A-Za-z0-9+/]*={0,2}"')
 
 def dumps(value: Any) -> str:
     """A value as the JSON text a store keeps; ``StoreError`` if it is not JSON."""
+    try:
+        return to_json(value).decode()
+    except Exception as exc:
+        raise StoreError(f"cannot store a value as JSON: {exc}") from exc
+
+
+def _plain_dump(session_id: str, kind: PayloadKind, value: Any) -> str:
+    """``Payloads.dump`` without a codec: the value's JSON text."""
     try:
         return to_json(value).decode()
     except Exception as exc:
@@ -58,9 +66,14 @@ class Payloads:
     ``StoreError``, never shown as its ciphertext.
     """
 
-    __slots__ = ("binary", "codec")
+    __slots__ = ("binary", "codec", "dump")
+
+    #: ``value`` as its column keeps it (sealed when there is a codec); a plain
+    #: function without one, so the default path costs what it did before codecs.
+    dump: Callable[[str, PayloadKind, Any], str | bytes]
 
     def __init__(self, codec: Codec | None = None, *, binary: bool = False) -> None:
+        self.dump = _plain_dump if codec is None else self._sealed_dump
         if codec is not None and not isinstance(codec, Codec):
             raise ConfigurationError(
                 f"a store's codec needs encode and decode methods, got {type(codec).__name__}"
@@ -93,16 +106,12 @@ class Payloads:
             raise StoreError(f"session {session_id}: a stored {kind} is damaged: {exc}") from exc
         return self._decode(session_id, kind, data)
 
-    def dump(self, session_id: str, kind: PayloadKind, value: Any) -> str | bytes:
-        """``value`` as its column keeps it."""
-        codec = self.codec
-        if codec is None:
-            return dumps(value)
+    def _sealed_dump(self, session_id: str, kind: PayloadKind, value: Any) -> str | bytes:
         try:
             encoded = to_json(value)
         except Exception as exc:
             raise StoreError(f"cannot store a value as JSON: {exc}") from exc
-        sealed = codec.encode(session_id, kind, encoded)
+        sealed = self._encode(session_id, kind, encoded)
         return b"\x00" + sealed if self.binary else self._as_text(sealed)
 
     def seal(self, session_id: str, kind: PayloadKind, encoded: bytes) -> bytes:

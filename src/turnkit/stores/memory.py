@@ -128,7 +128,9 @@ class _MemoryTransaction:
             self._fields = dict(vars(self._data))
 
     def _encode(self, kind: PayloadKind, value: Any, what: str) -> bytes:
-        return self._payloads.seal(self._session_id, kind, _encode(value, what))
+        encoded = _encode(value, what)
+        payloads = self._payloads
+        return encoded if payloads.codec is None else payloads.seal(self._session_id, kind, encoded)
 
     def _put_turn(self, record: TurnRecord) -> None:
         turns, turn_id = self._data.turns, record.turn_id
