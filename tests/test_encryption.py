@@ -115,6 +115,24 @@ def test_forgetting_a_tenants_keys_makes_its_data_unreadable(keys: KeyRing) -> N
     assert codec.decode(GLOBEX, "opening", globex) == b'{"text": "y"}'
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_process_never_repeats_its_parents_nonces() -> None:
+    from turnkit.crypto import _nonces
+
+    _nonces.take()  # the batch is made before the fork
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child
+        os.write(write, _nonces.take())
+        os._exit(0)
+    os.close(write)
+    theirs = os.read(read, 12)
+    os.close(read)
+    os.waitpid(child, 0)
+    ours = [_nonces.take() for _ in range(600)]  # past the end of a batch
+    assert len(theirs) == 12 and theirs not in ours and len(set(ours)) == 600
+
+
 def test_a_key_ring_refuses_what_is_not_a_key() -> None:
     keys = KeyRing()
     with pytest.raises(turnkit.ConfigurationError, match="16, 24 or 32 bytes"):
@@ -124,6 +142,8 @@ def test_a_key_ring_refuses_what_is_not_a_key() -> None:
     keys.add("t", "k", os.urandom(32))
     with pytest.raises(turnkit.ConfigurationError, match="already another tenant's"):
         keys.add("u", "k", os.urandom(32))
+    with pytest.raises(turnkit.ConfigurationError, match="already names another key"):
+        keys.add("t", "k", os.urandom(32))
     with pytest.raises(turnkit.ConfigurationError, match="needs a KeyProvider"):
         EnvelopeCodec(object())  # type: ignore[arg-type]
     with pytest.raises(turnkit.ConfigurationError, match="needs encode and decode"):
@@ -277,3 +297,17 @@ async def test_a_sealed_postgres_schema_dumps_no_plaintext(
     for fragment in ("Refund", "refunded", "order", "yes "):
         assert fragment not in dump, fragment
     await refused_without_the_codec(PostgresStore(pg_dsn, schema=pg_schema))
+
+
+async def test_a_worker_claims_a_sealed_queued_turn_and_reads_its_opening(
+    pg_dsn: str, pg_schema: str, keys: KeyRing
+) -> None:
+    from turnkit.stores import PostgresStore, TurnRecord
+
+    store = PostgresStore(pg_dsn, schema=pg_schema, codec=EnvelopeCodec(keys))
+    async with turnkit.Runtime(marked_agent(), store=store, run_turns=False) as rt:
+        turn_id = await rt.session("a", ACME).submit(f"order {MARK}")
+        (claimed,) = await store.claim(["a"], limit=5)
+        assert isinstance(claimed, TurnRecord) and claimed.turn_id == turn_id
+        assert claimed.status == "queued" and MARK in str(claimed.opening)
+        store.unclaim(ACME)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import struct
+import threading
 from collections.abc import Callable
 from typing import Protocol, TypeVar, runtime_checkable
 
@@ -32,20 +33,20 @@ VERSION = 1
 _NONCE = 12
 _DATA_KEY = 32
 _KEY_SIZES = (16, 24, 32)
-_random = os.urandom
 _K = TypeVar("_K")
 _V = TypeVar("_V")
 
 
 @runtime_checkable
 class KeyProvider(Protocol):
-    """The app's keys: which one wraps a session's new data keys, and each key's bytes.
+    """The app's keys: which one a session's new writes use, and each key's bytes.
 
     ``current(session_id)`` names the key new writes of the session use (its tenant's
-    newest); ``key(key_id)`` is that key's bytes (16, 24 or 32 of them, AES), or
-    ``None`` once the key is gone, which makes everything sealed under it unreadable
-    (crypto-shredding). Both are called on every payload a store writes or reads, on
-    the store's path: answer from memory, never from the network.
+    newest); ``key(key_id)`` is that key's bytes (16, 24 or 32 of them), or ``None``
+    once the key is gone, which makes everything sealed under it unreadable
+    (crypto-shredding). A key id names one key for ever: a new key gets a new id.
+    Both are called on every payload a store writes or reads, on the store's path:
+    answer from memory, never from the network.
     """
 
     def current(self, session_id: str) -> str: ...
@@ -73,6 +74,8 @@ class KeyRing:
             raise ConfigurationError(f"key {key_id!r}: an AES key is 16, 24 or 32 bytes")
         if self._owner.get(key_id, tenant) != tenant:
             raise ConfigurationError(f"key id {key_id!r} is already another tenant's")
+        if self._keys.get(key_id, key) != key:
+            raise ConfigurationError(f"key id {key_id!r} already names another key")
         self._keys[key_id] = bytes(key)
         self._owner[key_id] = tenant
         self._current[tenant] = key_id
@@ -100,6 +103,34 @@ class KeyRing:
 
     def key(self, key_id: str) -> bytes | None:
         return self._keys.get(key_id)
+
+
+class _Nonces:
+    """Random 96-bit nonces, drawn from the OS's random source 512 at a time (one
+    system call rather than one per payload), each thread from its own batch, so each
+    is handed out once; a forked child starts fresh batches, never its parent's."""
+
+    _BATCH = _NONCE * 512
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+        os.register_at_fork(after_in_child=self._forget)
+
+    def _forget(self) -> None:
+        self._local = threading.local()
+
+    def take(self) -> bytes:
+        local = self._local
+        at: int = getattr(local, "at", self._BATCH)
+        if at >= self._BATCH:
+            local.batch = os.urandom(self._BATCH)
+            at = 0
+        local.at = at + _NONCE
+        batch: bytes = local.batch
+        return batch[at : at + _NONCE]
+
+
+_nonces = _Nonces()
 
 
 def _default_tenant(session_id: str) -> str:
@@ -145,7 +176,7 @@ class EnvelopeCodec:
         entry = self._data_keys.get((session_id, key_id))
         if entry is None:
             entry = self._data_key(session_id, key_id)
-        nonce = _random(_NONCE)
+        nonce = _nonces.take()
         return (
             entry[1] + nonce + entry[0].encrypt(nonce, plaintext, f"{kind}\0{session_id}".encode())
         )
