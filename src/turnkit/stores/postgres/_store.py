@@ -135,6 +135,15 @@ class _PgSession:
         return self._store._writers.hold(self._sid)
 
     async def load(self, turn_id: str | None = None, *, from_index: int = 0) -> SessionSnapshot:
+        snap = await self._load_once(turn_id, from_index)
+        if turn_id is not None:
+            # The turn's cancellation as of this read: the delivery's first step
+            # boundary need not read it again (see cancel_reason).
+            reason = snap.turn.cancel_reason if snap.turn is not None else None
+            self._cancel_poll = (turn_id, time.monotonic(), reason)
+        return snap
+
+    async def _load_once(self, turn_id: str | None, from_index: int) -> SessionSnapshot:
         store = self._store
         if not store._writers.must_claim(self._sid):
             return await store._read(
