@@ -13,13 +13,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any, TypeVar
 
 from .._errors import ConfigurationError, SessionBusyError
 from .._seams.retention import PrunableStore
 from .._seams.store import NO_MESSAGES, Store
-from .._values.writes import DropGeneration, PruneSession, TrimEvents
+from .._values.writes import DropGeneration, PruneSession, TrimEvents, Write
 
 log = logging.getLogger("turnkit.retention")
 
@@ -116,49 +118,31 @@ async def prune(
     generations = sessions = kept = trimmed = 0
     longest = 0.0
     if archived_before is not None:
-        old_key: tuple[float, str, int] | None = None
-        while page := await store.old_generations(
-            archived_before, limit=retention.batch, after=old_key
-        ):
-            for _, session_id, generation in page:
-                if apply:
-                    began = time.monotonic()
-                    await store.session(session_id).commit([DropGeneration(generation)])
-                    longest = max(longest, time.monotonic() - began)
-                generations += 1
-            old_key = page[-1]
+        async for old in _pages(store.old_generations, archived_before, retention.batch):
+            drops = [(sid, DropGeneration(generation)) for _, sid, generation in old]
+            longest = max(longest, await _commit_each(store, drops, apply))
+            generations += len(old)
     if retention.keep_events_for is not None:
         assert isinstance(retention.keep_events_for, timedelta)
         ended_before = moment - retention.keep_events_for.total_seconds()
-        ended_key: tuple[float, str, str] | None = None
-        while page3 := await store.ended_turns(
-            ended_before, limit=retention.batch, after=ended_key
-        ):
-            for _, session_id, turn_id in page3:
-                if apply:
-                    began = time.monotonic()
-                    await store.session(session_id).commit([TrimEvents(turn_id)])
-                    longest = max(longest, time.monotonic() - began)
-                trimmed += 1
-            ended_key = page3[-1]
+        async for ended in _pages(store.ended_turns, ended_before, retention.batch):
+            trims = [(sid, TrimEvents(turn_id)) for _, sid, turn_id in ended]
+            longest = max(longest, await _commit_each(store, trims, apply))
+            trimmed += len(ended)
     if idle_before is not None:
-        idle_key: tuple[float, str] | None = None
-        while page2 := await store.idle_sessions(
-            idle_before, limit=retention.batch, after=idle_key
-        ):
-            if apply:
-                # Each session is its own lock and commit: a few at once, never many.
-                gate = asyncio.Semaphore(_AT_ONCE)
-                outcomes = await asyncio.gather(
-                    *(_prune_one(store, sid, idle_before, gate) for _, sid in page2)
-                )
-                for deleted, held in outcomes:
-                    sessions += deleted
-                    kept += not deleted
-                    longest = max(longest, held)
-            else:
-                sessions += len(page2)
-            idle_key = page2[-1]
+        async for idle in _pages(store.idle_sessions, idle_before, retention.batch):
+            if not apply:
+                sessions += len(idle)
+                continue
+            # Each session is its own lock and commit: a few at once, never many.
+            gate = asyncio.Semaphore(_AT_ONCE)
+            outcomes = await asyncio.gather(
+                *(_prune_one(store, sid, idle_before, gate) for _, sid in idle)
+            )
+            for deleted, held in outcomes:
+                sessions += deleted
+                kept += not deleted
+                longest = max(longest, held)
     report = PruneReport(
         applied=apply,
         generations=generations,
@@ -197,3 +181,27 @@ async def _prune_one(
             return False, 0.0  # a turn holds it: not idle after all
         gone = (await session.load(from_index=NO_MESSAGES)).agent is None
     return gone, held
+
+
+Key = TypeVar("Key", bound=tuple[Any, ...])
+
+
+async def _pages(
+    read: Callable[..., Awaitable[list[Key]]], before: float, batch: int
+) -> AsyncIterator[list[Key]]:
+    """The pages ``read`` lists of what aged out before ``before``, each starting
+    after the previous one's last key."""
+    key: Key | None = None
+    while page := await read(before, limit=batch, after=key):
+        yield page
+        key = page[-1]
+
+
+async def _commit_each(store: Store, writes: Sequence[tuple[str, Write]], apply: bool) -> float:
+    """Commit each session's write on its own (with ``apply``); the longest commit."""
+    longest = 0.0
+    for session_id, write in writes if apply else ():
+        began = time.monotonic()
+        await store.session(session_id).commit([write])
+        longest = max(longest, time.monotonic() - began)
+    return longest
