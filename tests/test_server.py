@@ -630,9 +630,9 @@ async def test_quiet_streams_send_keep_alive_comments(open_runtime: Any) -> None
             assert reply.headers["cache-control"] == "no-cache"
             async for chunk in reply.aiter_bytes():
                 raw += chunk
-                if raw.count(b": keep-alive\n\n") >= 2:
+                if raw.count(b": keep-alive\n") >= 2:
                     break
-    assert raw.startswith(b": keep-alive\n\n")
+    assert raw.startswith(b": keep-alive\n")
 
 
 async def test_a_feed_follows_a_turn_running_in_another_process_through_the_log(
@@ -702,6 +702,18 @@ def test_frame_splits_data_on_every_sse_line_break() -> None:
     assert frame("a\rb\r\nc\nd", event="x") == b"event: x\ndata: a\ndata: b\ndata: c\ndata: d\n\n"
     with pytest.raises(ValueError, match="line break"):
         frame("x", event="a\rb")
+
+
+def test_a_keep_alive_after_a_numbered_event_is_no_event_to_a_python_client() -> None:
+    """httpx-sse (against the SSE spec) hands out an empty event at a blank line once an
+    event carried an ``id:``; the keep-alive sends none, so its clients see only events."""
+    from httpx_sse import EventSource
+
+    from turnkit.server._sse import KEEPALIVE, frame
+
+    stream = frame("{}", event="turn.started", id="1") + KEEPALIVE + frame("{}", event="x")
+    response = httpx.Response(200, headers={"content-type": "text/event-stream"}, content=stream)
+    assert [e.event for e in EventSource(response).iter_sse()] == ["turn.started", "x"]
 
 
 async def test_a_session_of_another_agent_is_a_409_and_stays_as_it_was(

@@ -13,7 +13,9 @@ from typing import Any
 from .._values.events import TurnEvent
 
 #: A comment line: keeps an idle connection open and lets the server notice a gone client.
-KEEPALIVE = b": keep-alive\n\n"
+#: No blank line follows it: a blank line ends an event, and some clients (httpx-sse,
+#: against the spec) then hand out an empty event once any event carried an ``id:``.
+KEEPALIVE = b": keep-alive\n"
 
 #: What ends a line in an SSE stream: CRLF, LF or CR.
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
