@@ -307,3 +307,42 @@ async def test_an_ended_turns_events_are_cut_to_its_ending(open_runtime: Any) ->
     later = await session.result(session.start("hi"))
     assert later.status == "completed"
     assert next(e.seq for e in await store.events(turn_id=later.turn_id)) == next_seq
+
+
+async def test_turnkit_worker_prunes_by_its_retention_flags(pg_dsn: str, pg_schema: str) -> None:
+    from test_cli import OFFLINE_ENV
+
+    from turnkit.stores import PostgresStore
+
+    store = PostgresStore(pg_dsn, schema=pg_schema)
+    async with turnkit.Runtime(approving_agent(), store=store) as rt:
+        session = rt.session("a", "old")
+        await session.result(session.start("hi"))
+        folder = Path(__file__).parent / "fixtures" / "streaming_agent"
+        worker = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "turnkit.cli",
+                "worker",
+                str(folder),
+                "--store",
+                f"{pg_dsn}?options=-csearch_path%3D{pg_schema}",
+                "--sessions-idle-for",
+                "0.001",
+                "--prune-every",
+                "0.05",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=OFFLINE_ENV,
+        )
+        try:
+            deadline = time.monotonic() + 60
+            while (await store.session("old").load()).agent is not None:
+                assert time.monotonic() < deadline, "the worker never pruned the idle session"
+                assert worker.poll() is None, "the worker exited"
+                await asyncio.sleep(0.05)
+        finally:
+            worker.terminate()
+            await asyncio.to_thread(worker.wait, 30)

@@ -509,6 +509,21 @@ def _add_worker(commands: Any) -> None:
         help="a DNS name the ops port answers to besides addresses and loopback names "
         "(repeatable; any other Host is refused with 421)",
     )
+    retention = worker.add_argument_group(
+        "retention",
+        "what the worker deletes as it ages (one worker per store does it, elected; "
+        "see turnkit prune)",
+    )
+    retention.add_argument("--archives-for", type=_duration, metavar="DURATION")
+    retention.add_argument("--sessions-idle-for", type=_duration, metavar="DURATION")
+    retention.add_argument("--keep-events-for", type=_duration, metavar="DURATION")
+    retention.add_argument(
+        "--prune-every",
+        type=_duration,
+        default=3600.0,
+        metavar="DURATION",
+        help="how often the elected worker prunes (default: 1h)",
+    )
     worker.set_defaults(handler=_worker)
 
 
@@ -538,6 +553,7 @@ async def _worker(args: argparse.Namespace, progress: Progress) -> int:
         poll=args.poll,
         grace=args.grace,
         store_label=describe_store(args.store),
+        retention=_retention(args),
     )
     hooks = []
     if args.ops_port is not None:
@@ -571,20 +587,25 @@ async def _sessions(args: argparse.Namespace, progress: Progress) -> int:
     return 0
 
 
-async def _prune(args: argparse.Namespace, progress: Progress) -> int:
-    if (
-        args.archives_for is None
-        and args.sessions_idle_for is None
-        and args.keep_events_for is None
-    ):
-        raise CliError(
-            "say what to prune: --archives-for, --sessions-idle-for and/or --keep-events-for"
-        )
-    keep = Retention(
+def _retention(args: argparse.Namespace) -> Retention | None:
+    """The retention the command's duration options ask for (``None``: none given)."""
+    wanted = (args.archives_for, args.sessions_idle_for, args.keep_events_for)
+    if all(duration is None for duration in wanted):
+        return None
+    return Retention(
         archives_for=args.archives_for,
         sessions_idle_for=args.sessions_idle_for,
         keep_events_for=args.keep_events_for,
+        every=getattr(args, "prune_every", 3600.0),
     )
+
+
+async def _prune(args: argparse.Namespace, progress: Progress) -> int:
+    keep = _retention(args)
+    if keep is None:
+        raise CliError(
+            "say what to prune: --archives-for, --sessions-idle-for and/or --keep-events-for"
+        )
     async with reading_store(args.store) as store:
         report = await prune(store, keep, apply=args.apply)
     progress.done()

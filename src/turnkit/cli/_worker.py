@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .._engine.agent import Agent
+from .._runtime.retention import Retention
 from .._runtime.runtime import Runtime
 from .._runtime.worker import Worker
 from .._seams.store import Store
@@ -30,6 +31,9 @@ class WorkerOptions:
     poll: float = 1.0
     grace: float = 30.0
     store_label: str = ""
+    #: What the worker prunes while it leads the store's retention election (``None``:
+    #: nothing).
+    retention: Retention | None = None
 
 
 #: Called with the running worker once it claims turns, returning what to undo when
@@ -41,7 +45,7 @@ async def serve_worker(
     agents: Sequence[Agent], store: Store, options: WorkerOptions, hooks: Sequence[WorkerHook] = ()
 ) -> int:
     """Run a worker until ``SIGTERM`` or ``SIGINT``; the exit status."""
-    async with Runtime(list(agents), store=store) as runtime:
+    async with Runtime(list(agents), store=store, retention=options.retention) as runtime:
         worker = Worker(
             runtime, concurrency=options.concurrency, poll=options.poll, grace=options.grace
         )
