@@ -752,9 +752,9 @@ class AgentSession(SessionView):
     async def erase(self, *, by: str | None = None) -> None:
         """Delete everything the store keeps of this session, for good.
 
-        First a reset, as ``reset()`` does it (every unfinished turn cancelled,
-        running ones stopped at their next boundary in whatever process runs them,
-        parked ones closed); then, under the session's writer lock and in one
+        First a reset's barrier, as ``reset()`` records it (every unfinished turn
+        cancelled, running ones stopped at their next boundary in whatever process
+        runs them, parked ones closed), but nothing is archived; then, under the session's writer lock and in one
         transaction, its messages, steps, events and turns, live and in every
         archived generation, are deleted. What stays is a tombstone: the session id,
         agent and owner (so the id never passes to another owner), ``by`` (who
@@ -837,9 +837,14 @@ class AgentSession(SessionView):
         self._known.forget()
         try:
             async with self._store.writer():
-                result = await self._archive(since)
-                if job.erase is not None:  # what the reset archived goes too
+                if job.erase is None:
+                    result = await self._archive(since)
+                else:  # nothing is archived: all of it goes, the pending reset's mark too
                     await self._store.commit([EraseSession(job.erase.by)])
+                    snap = await self._store.load(from_index=NO_MESSAGES)
+                    result = ResetResult(
+                        previous_session=None, archived_generation=None, generation=snap.generation
+                    )
         except Exception as exc:
             _settle(future, exc)
             return
@@ -879,7 +884,7 @@ class _Erase:
 @dataclass(frozen=True)
 class _ResetJob:
     """A reset in a session's queue: the generation it found live, its result, and
-    whether it erases the session once archived."""
+    whether it erases the session instead of archiving."""
 
     since: int | None
     future: asyncio.Future[ResetResult]
