@@ -753,12 +753,12 @@ class AgentSession(SessionView):
         """Delete everything the store keeps of this session, for good.
 
         First a reset's barrier, as ``reset()`` records it (every unfinished turn
-        cancelled, running ones stopped at their next boundary in whatever process
-        runs them, parked ones closed), but nothing is archived; then, under the session's writer lock and in one
-        transaction, its messages, steps, events and turns, live and in every
-        archived generation, are deleted. What stays is a tombstone: the session id,
-        agent and owner (so the id never passes to another owner), ``by`` (who
-        asked; ``None`` for code) and when, and the last event number (numbering
+        cancelled, running ones stopped at their next boundary in whatever process runs
+        them, parked ones closed), but nothing is archived; then, under the session's
+        writer lock and in one transaction, its messages, steps, events and turns, live
+        and in every archived generation, are deleted. What stays is a tombstone: the
+        session id, agent and owner (so the id never passes to another owner), ``by``
+        (who asked; ``None`` for code) and when, and the last event number (numbering
         carries on). The session can take turns again, from an empty history.
 
         Rows a local tool wrote to the app's own tables through ``ctx.store`` are
