@@ -52,6 +52,7 @@ from .._values.turns import ResetResult, TurnRequest, TurnResult
 from .._values.writes import EraseSession, PutStep, RequestCancel, RequestReset
 from .approvals import Grant, GrantSealer
 from .children import RuntimeChildren, child_session_id
+from .forking import fork_session
 from .resuming import record_answer
 from .session_view import SessionView, ViewHost
 
@@ -536,6 +537,63 @@ class AgentSession(SessionView):
         self._parked = None
         return self._enqueue(request)
 
+    # -- forking and delivering again ---------------------------------------------
+
+    async def fork(
+        self,
+        at: int | str | None = None,
+        *,
+        new_session: str | None = None,
+        generation: int | None = None,
+        agent: str | None = None,
+    ) -> AgentSession:
+        """A new session holding this one's history up to ``at``, and nothing after.
+
+        ``at`` is a transcript position (how many messages to keep), a step id
+        (``model:<n>``, ``tool:<n>:<call_id>``: keep what came before that step) or
+        ``None`` (everything, a parked turn staying parked). The turn cut at the
+        fork point is stored ``running`` for ``redeliver()`` to carry on; nothing
+        before it runs again. ``generation`` forks an archived generation
+        (``s1#g0``) instead of the live one; ``agent`` (of this runtime) runs the
+        fork instead of this session's agent: another model, other tools. The
+        original is only read. See ``docs/fork-and-replay.md``.
+        """
+        name = agent or self.agent.name
+        if name not in self.runtime.agents:
+            raise ConfigurationError(
+                f"unknown agent {name!r}; this runtime has {sorted(self.runtime.agents)}"
+            )
+        made = await fork_session(
+            self.runtime.store,
+            self.session_id,
+            at=at,
+            new_session=new_session,
+            generation=generation,
+            agent=name,
+        )
+        return self.runtime.session(name, made.session_id)
+
+    async def redeliver(self, turn_id: str | None = None) -> TurnResult:
+        """Deliver again, here, a turn the store holds ``running`` (a fork's cut turn,
+        a turn a dead process left) or ``failed`` (a retry from its last committed
+        step), and wait for how it ends. Without ``turn_id``: the session's newest
+        such turn. ``ConfigurationError`` if there is none, or the turn is in
+        another state (a parked turn is answered with ``resume``)."""
+        if turn_id is None:
+            record = await _newest_redeliverable(self._store)
+        else:
+            record = await self._store.turn(turn_id)
+        if record is None or record.status not in ("running", "failed"):
+            found = "no such turn" if record is None else f"it is {record.status}"
+            which = turn_id or "no running or failed turn"
+            raise ConfigurationError(
+                f"session {self.session_id}: cannot deliver {which} again ({found})"
+                if turn_id is not None
+                else f"session {self.session_id} has {which} to deliver again"
+            )
+        tid = self.run_stored(record)
+        return await self.result(tid)
+
     def _remember(self, turn_id: str, future: asyncio.Future[TurnResult]) -> None:
         self._futures[turn_id] = future
         self._futures.move_to_end(turn_id)
@@ -926,3 +984,15 @@ def _mark_exception_seen(future: asyncio.Future[Any]) -> None:
     that never awaits ``result()`` should not get an asyncio warning for it."""
     if not future.cancelled():
         future.exception()
+
+
+async def _newest_redeliverable(store: SessionStore) -> TurnRecord | None:
+    """The newest ``running`` turn, else the newest ``failed`` one of the transcript."""
+    running = [t for t in await store.unfinished() if t.status == "running"]
+    if running:
+        return running[-1]
+    messages = (await store.load(from_index=0)).messages
+    if not messages:
+        return None
+    last = await store.turn(messages[-1].turn_id)
+    return last if last is not None and last.status == "failed" else None

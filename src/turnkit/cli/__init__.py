@@ -40,6 +40,7 @@ from ._folder_model import choose_model
 from ._logging import log_to_stderr
 from ._otel import otel_tracing
 from ._progress import Progress
+from ._records import add_fork
 from ._render import render_archive, render_session, render_sessions
 from ._show import (
     archive_json,
@@ -82,6 +83,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_prune(commands)
     _add_dev(commands)
     _add_worker(commands)
+    add_fork(commands, _add_store_option)
     return parser
 
 
