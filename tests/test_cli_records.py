@@ -1,5 +1,5 @@
-"""``turnkit fork`` (issue 38), run as a user runs it: a subprocess on a SQLite file
-a runtime wrote."""
+"""``turnkit fork``, ``export`` and ``import`` (issue 38), run as a user runs them: a
+subprocess on a SQLite file a runtime wrote."""
 
 from __future__ import annotations
 
@@ -15,10 +15,11 @@ from turnkit.stores import SqliteStore
 from turnkit.testing import ScriptedModel, ScriptedReply, tool_call
 
 
-def turnkit_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+def turnkit_cli(*args: str, cwd: Path, stdin: str = "") -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "turnkit.cli", *args],
         cwd=cwd,
+        input=stdin,
         capture_output=True,
         text=True,
         timeout=120,
@@ -86,3 +87,41 @@ def _first_turn(db: Path) -> str:
     with sqlite3.connect(db) as conn:
         row = conn.execute("SELECT turn_id FROM turnkit_turns WHERE session_id = 's1'").fetchone()
     return str(row[0])
+
+
+async def test_export_to_a_file_and_import_it_into_another_store(tmp_path: Path) -> None:
+    db = tmp_path / "s.db"
+    ran: list[str] = []
+    async with turnkit.Runtime([agent(ran)], store=SqliteStore(db)) as rt:
+        await rt.session("shop", "s1").turn("where is 7?")
+        before = await rt.session("shop", "s1").messages()
+
+    out = turnkit_cli("export", "s1", "--store", str(db), cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    (tmp_path / "s1.json").write_text(out.stdout)
+    assert json.loads(out.stdout)["session_id"] == "s1"
+
+    other = tmp_path / "other.db"
+    done = turnkit_cli("import", "s1.json", "--store", str(other), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == (
+        f"imported s1 into {other}: 4 message(s), 1 turn(s), 4 step(s), 6 event(s)"
+    )
+    async with turnkit.Runtime([agent(ran)], store=SqliteStore(other)) as rt:
+        assert await rt.session("shop", "s1").messages() == before
+
+    again = turnkit_cli("import", "s1.json", "--store", str(other), cwd=tmp_path)
+    assert again.returncode == 2
+    assert "session 's1' already exists" in again.stderr
+    renamed = turnkit_cli(
+        "import", "-", "--as", "s9", "--store", str(other), cwd=tmp_path, stdin=out.stdout
+    )
+    assert renamed.returncode == 0 and "imported s9" in renamed.stdout
+
+    (tmp_path / "bad.json").write_text(out.stdout.replace('"role": "tool"', '"role": "robot"'))
+    bad = turnkit_cli("import", "bad.json", "--as", "s8", "--store", str(other), cwd=tmp_path)
+    assert bad.returncode == 2
+    assert bad.stderr.startswith("turnkit: error: messages[2]: ")
+    (tmp_path / "cut.json").write_text(out.stdout[:50])
+    cut = turnkit_cli("import", "cut.json", "--store", str(other), cwd=tmp_path)
+    assert cut.returncode == 2 and "'cut.json' is not JSON" in cut.stderr

@@ -36,6 +36,7 @@ from ._errors import (
     ResumeAuthorizationError,
     ResumeConflictError,
     SessionBusyError,
+    SessionFileError,
     SessionOwnerError,
     SessionSuspendedError,
     StoreError,
@@ -48,6 +49,8 @@ from ._errors import (
     TurnSuspendedError,
 )
 from ._runtime.approvals import Grant, ResumeRequest
+from ._runtime.exported import ImportResult, export_session, import_session
+from ._runtime.forking import ForkResult, fork_session
 from ._runtime.granting import grant_answer
 from ._runtime.observe import TurnStream
 from ._runtime.retention import PruneReport, Retention
@@ -125,10 +128,12 @@ __all__ = [
     "EventSink",
     "FatalToolError",
     "FencedError",
+    "ForkResult",
     "Grant",
     "HistoryPolicy",
     "HistoryView",
     "HistoryWindow",
+    "ImportResult",
     "InboundEvent",
     "InputAnsweredEvent",
     "InputRequest",
@@ -162,6 +167,7 @@ __all__ = [
     "Runtime",
     "ScheduledTurn",
     "SessionBusyError",
+    "SessionFileError",
     "SessionOwnerError",
     "SessionSuspendedError",
     "SlotRule",
@@ -210,7 +216,10 @@ __all__ = [
     "Worker",
     "define_action",
     "event_from_dict",
+    "export_session",
+    "fork_session",
     "grant_answer",
+    "import_session",
     "load_agent",
     "message_from_dict",
     "mount_agent",

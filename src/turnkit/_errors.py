@@ -20,6 +20,7 @@ TurnkitError
     │   └── SessionBusyError  another process holds the session's writer lock
     │       └── FencedError   a late commit of a delivery another process took over
     ├── MessageDecodeError    stored or wire JSON that is not a message
+    ├── SessionFileError      an exported session file that cannot be read
     └── DeliveryError         a channel failed to render a turn (the turn still ran)
 """
 
@@ -154,6 +155,11 @@ class FencedError(SessionBusyError):
 
 class MessageDecodeError(TurnError, ValueError):
     """A JSON object is not a valid turnkit message, event or reply."""
+
+
+class SessionFileError(TurnError, ValueError):
+    """An exported session (``turnkit export``'s JSON) that cannot be imported or
+    replayed; the message names the first field that is wrong."""
 
 
 class DeliveryError(TurnError):

@@ -108,8 +108,19 @@ def fork_point(messages: list[Message], at: int | str | None) -> _Cut:
 class _Planner:
     """The writes that make the fork, from the recorded source and the cut."""
 
-    def __init__(self, source: RecordedSession, cut: _Cut, session_id: str, agent: str) -> None:
+    def __init__(
+        self,
+        source: RecordedSession,
+        cut: _Cut,
+        session_id: str,
+        agent: str,
+        *,
+        first_seq: int = 1,
+        queued: bool = False,
+    ) -> None:
         self.source = source
+        self.first_seq = first_seq
+        self.queued = queued
         self.cut = cut
         self.session_id = session_id
         self.agent = agent
@@ -141,6 +152,7 @@ class _Planner:
         later = {m.turn_id for m in self.source.messages[self.cut.position :]}
         status: TurnStatus = "running"
         whole: set[str] = set()
+        by_kept = set(kept_ids)
         for turn_id in kept_ids:
             turn = by_id.get(turn_id, RecordedTurn(turn_id=turn_id, record=None))
             cut = turn_id == last and (
@@ -149,14 +161,27 @@ class _Planner:
             status = self._turn(turn, cut=cut, is_last=turn_id == last)
             if not cut:
                 whole.add(turn_id)
+        if self.queued:  # turns submitted and not opened yet: they stay queued
+            for turn in self.source.turns:
+                if turn.turn_id not in by_kept and _queued(turn.record):
+                    self._queued_turn(turn)
         self.writes += [AppendMessage(i, m) for i, m in enumerate(self.kept)]
-        seq = 0
+        seq = self.first_seq
         for event in self.source.events:
             if event.turn_id in whole:
+                moved = replace(event, session_id=self.session_id, seq=seq)
+                self.writes.append(LogEvent(moved))
                 seq += 1
-                self.writes.append(LogEvent(replace(event, session_id=self.session_id, seq=seq)))
-        self.events = seq
+        self.events = seq - self.first_seq
         return last, status
+
+    def _queued_turn(self, turn: RecordedTurn) -> None:
+        assert turn.record is not None
+        record = replace(turn.record, session_id=self.session_id, agent=self.agent)
+        self.writes.append(new_turn(record, owner=self.source.owner))
+        for step_id, result in turn.steps.items():
+            self.writes.append(PutStep(step_id, turn.turn_id, result))
+            self.steps += 1
 
     def _turn(self, turn: RecordedTurn, *, cut: bool, is_last: bool) -> TurnStatus:
         record = turn.record or self._rebuilt(turn.turn_id, is_last=is_last)
@@ -216,6 +241,38 @@ class _Planner:
         )
 
 
+def _queued(record: TurnRecord | None) -> bool:
+    return record is not None and record.status == "queued"
+
+
+def plan_copy(
+    source: RecordedSession,
+    cut: _Cut,
+    session_id: str,
+    agent: str,
+    *,
+    first_seq: int = 1,
+    queued: bool = False,
+) -> tuple[list[Write], ForkResult]:
+    """The writes that store ``source`` up to ``cut`` as session ``session_id`` (its
+    events numbered from ``first_seq``; ``queued``: turns not opened yet too), and
+    what they make."""
+    planner = _Planner(source, cut, session_id, agent, first_seq=first_seq, queued=queued)
+    turn_id, status = planner.plan()
+    made = ForkResult(
+        source=source.source,
+        session_id=session_id,
+        agent=agent,
+        at=cut.position,
+        turn_id=turn_id,
+        status=status,
+        turns=len({m.turn_id for m in planner.kept}),
+        steps=planner.steps,
+        events=planner.events,
+    )
+    return planner.writes, made
+
+
 def _answered(messages: list[Message]) -> set[tuple[int, str]]:
     """Each tool result's ``(position of the reply that asked, call id)``: call ids
     are unique within one reply only."""
@@ -253,20 +310,9 @@ async def fork_session(
         raise ConfigurationError(f"session {session_id!r} has no agent; name one with agent=")
     target = store.session(target_id)
     await _refuse_existing(target)
-    planner = _Planner(source, cut, target_id, name)
-    turn_id, status = planner.plan()
-    await target.commit(planner.writes)
-    return ForkResult(
-        source=source.source,
-        session_id=target_id,
-        agent=name,
-        at=cut.position,
-        turn_id=turn_id,
-        status=status,
-        turns=len({m.turn_id for m in planner.kept}),
-        steps=planner.steps,
-        events=planner.events,
-    )
+    writes, made = plan_copy(source, cut, target_id, name)
+    await target.commit(writes)
+    return made
 
 
 async def _refuse_existing(target: SessionStore) -> None:

@@ -1,21 +1,24 @@
-"""``turnkit fork``: copying a session's history up to a step into a new session.
+"""``turnkit fork``, ``export`` and ``import``: a session's history copied into a new
+session, written to a file, or read back from one.
 
-The work is ``turnkit._runtime.forking.fork_session``, through the store seam; this
-module only reads the arguments and says what was made.
+The work is ``turnkit._runtime.forking`` and ``turnkit._runtime.exported``, through
+the store seam; this module only reads the arguments and says what was made.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Callable
 from typing import Any
 
 from .._channels.printable import printable, printable_json
+from .._runtime.exported import export_session, import_session
 from .._runtime.forking import fork_session
 from ._progress import Progress
 from ._show import split_target
-from ._store import CliError, describe_store, reading_store
+from ._store import CliError, describe_store, reading_store, writable_store
 
 StoreOption = Callable[[argparse.ArgumentParser], None]
 
@@ -92,6 +95,86 @@ async def fork_command(args: argparse.Namespace, progress: Progress) -> int:
             f"forked {made.source} at message {made.at} into {made.session_id} "
             f"(agent {made.agent}): {made.turns} turn(s), {made.steps} step(s); "
             f"turn {made.turn_id} {left}"
+        )
+    )
+    return 0
+
+
+def add_export(commands: Any, store_option: StoreOption) -> None:
+    export = commands.add_parser(
+        "export",
+        help="write a session (transcript, turns, steps, events) as JSON",
+        description="Write SESSION's live generation (or SESSION#gN, an archived one) as "
+        "one versioned JSON object on stdout: what turnkit import stores again and "
+        "turnkit.testing.replay plays back. Redirect it to a file: turnkit export s1 > s1.json",
+    )
+    export.add_argument("session", metavar="SESSION", help="a session id, or SESSION#gN")
+    store_option(export)
+    export.set_defaults(handler=export_command)
+
+
+async def export_command(args: argparse.Namespace, progress: Progress) -> int:
+    session_id, generation = split_target(args.session)
+    async with reading_store(args.store) as store:
+        progress.update(f"reading {args.session}…", force=True)
+        exported = await export_session(store, session_id, generation)
+    progress.done()
+    print(json.dumps(exported, ensure_ascii=False, indent=1))
+    return 0
+
+
+def add_import(commands: Any, store_option: StoreOption) -> None:
+    imported = commands.add_parser(
+        "import",
+        help="store a session turnkit export wrote",
+        description="Store the session in FILE (written by turnkit export; - reads "
+        "stdin). An existing session of that id is refused unless --replace, which "
+        "archives its live generation first (as a reset does). A file that is not such "
+        "a session is refused, naming the first wrong field, before anything is stored.",
+    )
+    imported.add_argument("file", metavar="FILE", help="the exported JSON, or - for stdin")
+    imported.add_argument("--as", dest="as_id", metavar="SESSION", help="store it under this id")
+    imported.add_argument(
+        "--replace",
+        action="store_true",
+        help="replace an existing session of that id (its live generation is archived)",
+    )
+    store_option(imported)
+    imported.set_defaults(handler=import_command)
+
+
+async def import_command(args: argparse.Namespace, progress: Progress) -> int:
+    name = "stdin" if args.file == "-" else repr(args.file)
+    try:
+        if args.file == "-":
+            text = sys.stdin.read()
+        else:
+            with open(args.file, encoding="utf-8") as f:
+                text = f.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CliError(f"cannot read {name}: {exc}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CliError(f"{name} is not JSON: {exc}") from None
+    store = await writable_store(args.store)
+    try:
+        progress.update("importing…", force=True)
+        made = await import_session(store, data, session_id=args.as_id, replace=args.replace)
+    finally:
+        await store.close()
+    progress.done()
+    archived = (
+        f"; its earlier live generation is archived as {made.session_id}#g"
+        f"{made.archived_generation}"
+        if made.archived_generation is not None
+        else ""
+    )
+    print(
+        printable(
+            f"imported {made.session_id} into {describe_store(args.store)}: "
+            f"{made.messages} message(s), {made.turns} turn(s), {made.steps} step(s), "
+            f"{made.events} event(s){archived}"
         )
     )
     return 0
