@@ -32,6 +32,7 @@ INTEGRATIONS = {
     "mcp",
     "metrics",
     "crypto",
+    "a2a",
 }
 
 

@@ -1,0 +1,141 @@
+"""A2A across real processes: a serving node SIGKILLed mid-task, and a caller
+SIGKILLed mid-call. Each node is ``tests/a2a_child.py`` on one store (a SQLite
+file or PostgreSQL); the client is the official ``a2a-sdk`` one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import pytest
+from a2a.types import GetTaskRequest, SubscribeToTaskRequest, TaskState
+from a2a_support import DEADLINE, a2a_client, message
+
+from turnkit.stores import SqliteStore, Store
+
+CHILD = Path(__file__).with_name("a2a_child.py")
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def store_spec(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return str(tmp_path / "node.db")
+    dsn = request.getfixturevalue("pg_dsn")
+    schema = request.getfixturevalue("pg_schema")
+    return f"{dsn}#{schema}"
+
+
+def open_store(spec: str) -> Store:
+    if spec.startswith("postgresql://"):
+        from turnkit.stores import PostgresStore
+
+        dsn, _, schema = spec.partition("#")
+        return PostgresStore(dsn, schema=schema)
+    return SqliteStore(spec)
+
+
+class Node:
+    """A child process running ``a2a_child.py``."""
+
+    def __init__(self, process: asyncio.subprocess.Process) -> None:
+        self.process = process
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    async def line(self) -> str:
+        assert self.process.stdout is not None
+        try:
+            raw = await asyncio.wait_for(self.process.stdout.readline(), DEADLINE * 3)
+        except TimeoutError:
+            raise AssertionError("the child said nothing in time") from None
+        if not raw:
+            assert self.process.stderr is not None
+            raise AssertionError(f"the child ended: {(await self.process.stderr.read()).decode()}")
+        return raw.decode().rstrip("\n")
+
+    async def kill(self) -> None:
+        if self.process.returncode is None:
+            self.process.kill()  # SIGKILL: no cleanup, no goodbye
+            await self.process.wait()
+
+
+@asynccontextmanager
+async def node(*args: str) -> AsyncIterator[Node]:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(CHILD),
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    started = Node(process)
+    try:
+        yield started
+    finally:
+        await started.kill()
+
+
+async def serving_url(started: Node) -> str:
+    return str(json.loads(await started.line())["url"])
+
+
+async def until_exists(path: Path) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + DEADLINE * 3
+    while not path.exists():
+        assert loop.time() < deadline, f"{path.name} never appeared"
+        await asyncio.sleep(0.01)
+
+
+async def prepared(spec: str) -> None:
+    """The store's schema made before children race to make it."""
+    store = open_store(spec)
+    await store.open()
+    await store.close()
+
+
+async def test_a_client_reconnects_to_a_running_task_after_its_node_was_killed(
+    store_spec: str, tmp_path: Path
+) -> None:
+    await prepared(store_spec)
+    async with node(store_spec, str(tmp_path), "serve") as first:
+        url = await serving_url(first)
+        async with a2a_client(url, "ann", agent="helper") as (client, _):
+            stream = client.send_message(message("pack", context_id="orders"))
+            task_id = (await anext(stream)).task.id
+            await until_exists(tmp_path / f"holding-{first.pid}")
+            await first.kill()
+            await stream.aclose()
+    # Another node on the same store takes the task over and runs it on.
+    async with node(store_spec, str(tmp_path), "serve") as second:
+        url = await serving_url(second)
+        await until_exists(tmp_path / f"holding-{second.pid}")
+        async with a2a_client(url, "ann", agent="helper") as (client, _):
+            events = client.subscribe(SubscribeToTaskRequest(id=task_id))
+            snapshot = (await anext(events)).task
+            assert snapshot.id == task_id and snapshot.context_id == "orders"
+            assert snapshot.status.state == TaskState.TASK_STATE_WORKING
+            (tmp_path / "release").touch()
+            rest = [e async for e in events]
+            final = rest[-1].status_update.status
+            assert final.state == TaskState.TASK_STATE_COMPLETED
+            assert final.message.parts[0].text == "Helper says: pack done."
+            got = await client.get_task(GetTaskRequest(id=task_id))
+            assert got.status.state == TaskState.TASK_STATE_COMPLETED
+    store = open_store(store_spec)
+    await store.open()
+    try:
+        record = await store.session("orders").turn(task_id)
+        assert record is not None and record.status == "completed"
+        assert len(await store.unfinished_turns()) == 0
+    finally:
+        await store.close()
