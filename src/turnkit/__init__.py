@@ -11,6 +11,7 @@ from ._channels.schedule import ScheduledTurn, SlotRule, schedule
 from ._channels.subagent import SubagentError, subagent
 from ._channels.terminal import TerminalChannel
 from ._engine.agent import Agent
+from ._engine.approval import Approval
 from ._engine.context import ToolContext
 from ._engine.history import (
     HistoryPolicy,
@@ -70,6 +71,8 @@ from ._seams.model import (
 )
 from ._seams.sink import EventSink, LocalEventSink
 from ._seams.tracer import StepOutcome, StepSpan, StepTrace, Tracer, TurnSpan, TurnTrace
+from ._values.answers import AnswerRecord
+from ._values.decisions import Decision, DecisionOptions
 from ._values.events import (
     ActionCompletedEvent,
     ActionRequestedEvent,
@@ -114,14 +117,18 @@ __all__ = [
     "AgentConfig",
     "AgentSession",
     "AnswerCheck",
+    "AnswerRecord",
     "Answerer",
     "Answerers",
+    "Approval",
     "AssistantMessage",
     "Channel",
     "ChannelContext",
     "Codec",
     "ConfigurationError",
     "ContextWindowError",
+    "Decision",
+    "DecisionOptions",
     "DeliveringChannel",
     "DeliveryError",
     "DeliveryFailedEvent",

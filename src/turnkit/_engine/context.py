@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -158,6 +159,7 @@ class ToolContext:
                 tool=self.tool_name,
                 schema=schema,
                 answerers=who,
+                asked_at=time.time(),
             )
         )
 

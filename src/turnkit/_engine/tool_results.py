@@ -7,7 +7,7 @@ from typing import Any
 from pydantic_core import to_json, to_jsonable_python
 
 from .._values.text import storable_json
-from .tools import ToolInputError
+from .input_errors import ToolInputError
 
 #: The longest error text a model is shown; the rest is cut.
 MAX_ERROR_CHARS = 2000

@@ -31,7 +31,9 @@ from .._errors import ToolDefinitionError
 from .._seams.model import ToolSpec
 from .._values.inbound import User
 from .._values.messages import JsonObject
+from .approval import Approval, approved_run
 from .docstrings import ToolDoc, read_tool_doc
+from .input_errors import ToolInputError
 
 if TYPE_CHECKING:
     from .context import ToolContext
@@ -40,10 +42,6 @@ if TYPE_CHECKING:
 TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 RunFn: TypeAlias = Callable[[Any, "ToolContext"], Any]
-
-
-class ToolInputError(ValueError):
-    """The model's input does not match the tool's schema; the model reads the message."""
 
 
 def is_async_callable(fn: object) -> bool:
@@ -203,7 +201,36 @@ class _FunctionTool:
         return await self.fn(**self._kwargs(data, ctx))
 
 
-def _from_function(fn: Callable[..., Any], name: str | None, description: str | None) -> Tool:
+def _approved(tool: Tool, approval: Approval | None) -> Tool:
+    """``tool``, asking for a decision (``approval``) before each call that needs one.
+
+    The wrapped tool is ``async`` (a turn parks only outside a transaction), so a
+    plain ``def`` tool that may write through ``ctx.store`` cannot take an approval.
+    It has no ``action``: an MCP server serves actions outside any turn, where
+    nobody could be asked, so an action behind an approval is not served there.
+    """
+    if approval is None:
+        return tool
+    if not isinstance(approval, Approval):
+        raise ToolDefinitionError(
+            f"tool {tool.name!r}: approval= takes a turnkit.Approval, got {approval!r}"
+        )
+    if tool.local and tool.needs_store:
+        raise ToolDefinitionError(
+            f"tool {tool.name!r} takes a context and is a plain def, so it writes inside the "
+            "step's transaction, which cannot wait for a person: declare it `async def` to "
+            "give it an approval"
+        )
+    run = approved_run(tool.run, local=tool.local, spec=tool.spec, approval=approval)
+    return Tool(tool.spec, run, needs_store=False)
+
+
+def _from_function(
+    fn: Callable[..., Any],
+    name: str | None,
+    description: str | None,
+    approval: Approval | None = None,
+) -> Tool:
     if not callable(fn):
         raise ToolDefinitionError(f"@tool needs a function, got {type(fn).__name__}")
     _refuse_generators(fn, name or str(getattr(fn, "__name__", "?")))
@@ -219,14 +246,17 @@ def _from_function(fn: Callable[..., Any], name: str | None, description: str | 
     adapter = _FunctionTool(fn, tool_name, doc)
     run: RunFn = adapter.run_async if adapter.is_async else adapter.run_sync
     spec = ToolSpec(name=tool_name, description=text, input_schema=adapter.schema)
-    return Tool(spec, run, needs_store=adapter.ctx_param is not None)
+    return _approved(Tool(spec, run, needs_store=adapter.ctx_param is not None), approval)
 
 
 @overload
 def tool(fn: Callable[..., Any], /) -> Tool: ...
 @overload
 def tool(
-    *, name: str | None = None, description: str | None = None
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    approval: Approval | None = None,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
@@ -236,6 +266,7 @@ def tool(
     *,
     name: str | None = None,
     description: str | None = None,
+    approval: Approval | None = None,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Declare a tool from a typed function.
 
@@ -243,11 +274,12 @@ def tool(
     input schema from its type hints (``Annotated`` constraints included), with each
     parameter described by the docstring's ``Args`` section unless its ``Field`` has
     a description. A parameter typed ``ToolContext`` (or named ``ctx``) receives the
-    context and is not shown to the model.
+    context and is not shown to the model. ``approval`` (a ``turnkit.Approval``)
+    has a person decide on each call before it runs.
     """
     if fn is not None:
-        return _from_function(fn, name, description)
-    return lambda f: _from_function(f, name, description)
+        return _from_function(fn, name, description, approval)
+    return lambda f: _from_function(f, name, description, approval)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -263,10 +295,13 @@ def define_action(
     description: str,
     input_schema: JsonObject,
     run: Callable[[Any, ActionContext], Any],
+    approval: Approval | None = None,
 ) -> Tool:
     """A tool whose ``run(input, actx)`` sees only an ``ActionContext``, never the store.
 
     ``def`` makes it local and ``async def`` remote, exactly as for ``Tool``.
+    ``approval`` (a ``turnkit.Approval``) has a person decide on each call before
+    ``run`` runs (the action then runs outside the step's transaction).
     """
     if not isinstance(input_schema, dict):
         raise ToolDefinitionError(f"action {name!r}: input_schema must be a JSON-schema dict")
@@ -280,9 +315,9 @@ def define_action(
         async def run_remote(data: Any, ctx: ToolContext) -> Any:
             return await cast(Any, run)(data, action_ctx(ctx))
 
-        return Tool(spec, run_remote, needs_store=False, action=run)
+        return _approved(Tool(spec, run_remote, needs_store=False, action=run), approval)
 
     def run_local(data: Any, ctx: ToolContext) -> Any:
         return run(data, action_ctx(ctx))
 
-    return Tool(spec, run_local, needs_store=False, action=run)
+    return _approved(Tool(spec, run_local, needs_store=False, action=run), approval)

@@ -194,7 +194,15 @@ def check_answerer(
 
 
 def check_answer(request: InputRequest, value: Any) -> None:
-    """Raise ``ResumeConflictError``-free ``ValueError`` if ``value`` breaks the schema."""
+    """Raise ``ValueError`` if ``value`` breaks the request's schema, or, for a
+    decision, is not one the request allows (an edit's arguments are checked
+    against the tool's input schema)."""
+    if request.decision is not None:
+        try:
+            request.decision.check(value)
+        except ValueError as exc:
+            raise ValueError(f"the answer to input {request.id!r}: {exc}") from None
+        return
     if request.schema is None:
         return
     try:

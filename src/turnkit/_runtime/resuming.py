@@ -11,6 +11,7 @@ from pydantic_core import from_json, to_json
 from .._errors import InvalidAnswerError, ResumeConflictError, TurnError
 from .._seams.store import NO_MESSAGES, SessionStore, parked_turn
 from .._values.checkpoints import InputAnswer, checkpoint_of
+from .._values.decisions import Decision
 from .._values.events import InputAnsweredEvent, InputRequestedEvent
 from .._values.inbound import InboundEvent
 from .._values.messages import TriggerMessage, UserMessage, message_from_dict
@@ -31,6 +32,7 @@ async def record_answer(
     *,
     by: str | None,
     granted: Grant | None,
+    source: str | None = None,
 ) -> TurnRequest:
     """Check the answer under the session's writer and commit it (the answer, the
     turn back to ``running`` and an ``input.answered`` event, together); return the
@@ -68,6 +70,8 @@ async def record_answer(
             granted=granted,
             sealer=sealer,
         )
+        if isinstance(value, Decision):
+            value = value.to_dict()
         value = storable_json(value)  # what is checked is what is kept
         try:
             encoded = to_json(value)
@@ -90,6 +94,9 @@ async def record_answer(
             call_id=request.call_id,
             by=by,
             value=from_json(encoded),  # observers get a copy of their own
+            source=source,
+            kind=request.kind,
+            tool=request.tool,
             seq=seq,
         )
 

@@ -515,11 +515,15 @@ class AgentSession(SessionView):
         *,
         by: str | None = None,
         granted: Grant | None = None,
+        source: str | None = None,
     ) -> str:
         """Answer the parked turn's request and replay it; return the turn id.
 
         ``by`` is the answerer's verified identity (never what a user typed);
-        ``granted`` is a ``Grant`` from ``grant_answer`` for a policy answerer.
+        ``granted`` is a ``Grant`` from ``grant_answer`` for a policy answerer;
+        ``source`` names the channel the answer came through, for the record
+        (``session.answers()``). A decision request takes a ``Decision`` (or its
+        ``to_dict()`` form) as ``value``.
         Raises ``ResumeConflictError`` (wrong turn, wrong input id, session not
         parked), ``ResumeAuthorizationError`` (not an admitted answerer) or
         ``InvalidAnswerError`` (the answer breaks the request's schema); none of
@@ -532,7 +536,14 @@ class AgentSession(SessionView):
                 "archived, so it can no longer be resumed"
             )
         request = await record_answer(
-            self._store, self.runtime._grants, turn_id, input_id, value, by=by, granted=granted
+            self._store,
+            self.runtime._grants,
+            turn_id,
+            input_id,
+            value,
+            by=by,
+            granted=granted,
+            source=source,
         )
         self._parked = None
         return self._enqueue(request)

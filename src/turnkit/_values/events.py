@@ -24,7 +24,18 @@ _NESTED_FIELDS: dict[type, tuple[str, ...]] = {}
 
 
 #: The fields of free text an event may carry (see ``text.storable``).
-_TEXTS = ("text", "error", "reason", "result", "by", "value", "channel", "target", "method")
+_TEXTS = (
+    "text",
+    "error",
+    "reason",
+    "result",
+    "by",
+    "value",
+    "channel",
+    "target",
+    "method",
+    "source",
+)
 #: Per event class, which of ``_TEXTS`` it has.
 _TEXT_FIELDS: dict[type, tuple[str, ...]] = {}
 
@@ -197,6 +208,12 @@ class InputAnsweredEvent(_TurnEventBase):
     call_id: str
     by: str | None
     value: Any
+    #: The channel the answer came through (``"http"``, ``"slack"``…), if it said.
+    source: str | None = None
+    #: The request's kind: ``"decision"`` when ``value`` is a ``Decision``'s form.
+    kind: str = "input"
+    #: The tool whose call asked (``""`` in events logged before it was kept).
+    tool: str = ""
     type: Literal["input.answered"] = "input.answered"
 
 

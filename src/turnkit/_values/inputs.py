@@ -15,6 +15,7 @@ from typing import Any, Literal
 import jsonschema
 
 from .._errors import MessageDecodeError
+from .decisions import DecisionOptions
 from .messages import JsonObject
 from .text import clean_fields
 
@@ -82,7 +83,11 @@ class InputRequest:
     """A question a parked turn waits on.
 
     ``answerers`` empty means anyone may answer (a turn no person opened).
-    ``schema`` is a JSON Schema the answer must satisfy, if given.
+    ``schema`` is a JSON Schema the answer must satisfy, if given. ``kind`` is
+    ``"decision"`` for an ``Approval``'s question on a proposed call, whose
+    ``decision`` says what may be decided (the answer is a ``Decision``);
+    ``"input"`` for any other. ``asked_at`` is when it was asked (seconds since the
+    epoch; ``None`` in a request stored before turnkit kept it).
     """
 
     id: str
@@ -92,9 +97,14 @@ class InputRequest:
     tool: str
     schema: JsonObject | None = None
     answerers: tuple[Answerer, ...] = ()
+    kind: Literal["input", "decision"] = "input"
+    decision: DecisionOptions | None = None
+    asked_at: float | None = None
 
     def __post_init__(self) -> None:
         clean_fields(self, ("id", "prompt", "schema"))
+        if (self.kind == "decision") != (self.decision is not None):
+            raise ValueError("a decision request (and only one) carries DecisionOptions")
 
     def to_dict(self) -> JsonObject:
         return {
@@ -105,6 +115,9 @@ class InputRequest:
             "tool": self.tool,
             "schema": self.schema,
             "answerers": [a.to_dict() for a in self.answerers],
+            "kind": self.kind,
+            "decision": self.decision.to_dict() if self.decision is not None else None,
+            "asked_at": self.asked_at,
         }
 
     @classmethod
@@ -112,7 +125,12 @@ class InputRequest:
         if not isinstance(data, dict):
             raise MessageDecodeError("input request: expected a JSON object")
         try:
-            schema = data.get("schema")
+            schema, raw_kind = data.get("schema"), data.get("kind")
+            if raw_kind not in (None, "input", "decision"):
+                raise MessageDecodeError(f"input request: unknown kind {raw_kind!r}")
+            kind: Literal["input", "decision"] = "decision" if raw_kind == "decision" else "input"
+            options = data.get("decision")
+            asked_at = data.get("asked_at")
             return cls(
                 id=str(data["id"]),
                 prompt=str(data["prompt"]),
@@ -121,8 +139,11 @@ class InputRequest:
                 tool=str(data["tool"]),
                 schema=dict(schema) if schema is not None else None,
                 answerers=tuple(Answerer.from_dict(a) for a in data.get("answerers") or ()),
+                kind=kind,
+                decision=DecisionOptions.from_dict(options) if options is not None else None,
+                asked_at=float(asked_at) if asked_at is not None else None,
             )
-        except (KeyError, TypeError) as exc:
+        except (KeyError, TypeError, ValueError) as exc:
             raise MessageDecodeError(f"input request: missing or malformed field {exc}") from None
 
 

@@ -1,0 +1,146 @@
+"""``Approval``: a person decides on a tool call before it runs.
+
+``define_action(approval=...)`` and ``@tool(approval=...)`` wrap a tool's ``run``:
+when ``when`` says the proposed arguments need it, the turn parks on a decision
+request, and once answered the tool runs as proposed (approve), with the edited
+arguments (edit), or not at all, the model reading a rejection or a person's
+message as its result instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import jsonschema
+from pydantic_core import from_json, to_json
+
+from .._errors import ToolDefinitionError
+from .._seams.model import ToolSpec
+from .._values.checkpoints import InputAnswer
+from .._values.decisions import Decision, DecisionKind, DecisionOptions, decision_kinds
+from .._values.inputs import Answerer, InputRequest, as_answerers
+from .._values.messages import JsonObject
+from .._values.step_ids import input_step_id
+from .context import ToolContext, TurnParked
+from .input_errors import ToolInputError
+
+#: What ``Approval.allowed`` is when not given: a yes or a no, nothing rewritten.
+DEFAULT_ALLOWED: tuple[DecisionKind, ...] = ("approve", "reject")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Approval:
+    """Ask a person to decide on a call before the tool runs.
+
+    ``allowed`` are the decisions the answer may take (``approve``, ``edit``,
+    ``reject``, ``respond``; default approve or reject). ``when(arguments)`` says
+    whether a proposed call needs a decision (default: every call). ``answerers``
+    say who may decide, as for ``request_input`` (default: the turn's speaker, if
+    attested). ``prompt`` is the question, a string or a function of the arguments.
+    """
+
+    allowed: Sequence[DecisionKind] = DEFAULT_ALLOWED
+    when: Callable[[JsonObject], bool] | None = None
+    answerers: Answerer | Sequence[Answerer] | None = None
+    prompt: str | Callable[[JsonObject], str] | None = None
+    _answerers: tuple[Answerer, ...] | None = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "allowed", decision_kinds(self.allowed))
+        except ValueError as exc:
+            raise ToolDefinitionError(f"Approval: {exc}") from None
+        if self.when is not None and not callable(self.when):
+            raise ToolDefinitionError(f"Approval.when must be callable, got {self.when!r}")
+        if self.prompt is not None and not (isinstance(self.prompt, str) or callable(self.prompt)):
+            raise ToolDefinitionError(
+                f"Approval.prompt must be a str or a function, got {self.prompt!r}"
+            )
+        try:
+            object.__setattr__(self, "_answerers", as_answerers(self.answerers))
+        except TypeError as exc:
+            raise ToolDefinitionError(f"Approval: {exc}") from None
+
+    def question(self, tool: str, arguments: JsonObject) -> str:
+        if isinstance(self.prompt, str):
+            return self.prompt
+        if self.prompt is not None:
+            return str(self.prompt(arguments))
+        return f"Allow {tool} with these arguments?"
+
+
+def _copy(value: JsonObject) -> JsonObject:
+    """A private copy of JSON arguments, so neither ``when`` nor the tool can change
+    what the request shows or the answer stored."""
+    copied: JsonObject = from_json(to_json(value))
+    return copied
+
+
+def decision_id(tool: str, call_id: str) -> str:
+    """The id of the decision a call waits on: ``approve-<tool>@<call id>``, one per call."""
+    return f"approve-{tool}@{call_id}"
+
+
+def approved_run(
+    inner: Callable[[Any, ToolContext], Any], *, local: bool, spec: ToolSpec, approval: Approval
+) -> Callable[[Any, ToolContext], Awaitable[Any]]:
+    """``inner`` (a tool's ``run``), behind a decision on each call ``approval`` says
+    needs one; a plain ``def`` ``inner`` runs off the event loop, as it would alone."""
+
+    async def run(data: Any, ctx: ToolContext) -> Any:
+        proposed: JsonObject = data if isinstance(data, dict) else {}
+        if approval.when is None or approval.when(_copy(proposed)):
+            decision = await _decide(ctx, approval, spec.name, spec.input_schema, proposed)
+            instead = decision.result_for_model(spec.name)
+            if instead is not None:
+                return instead
+            if decision.arguments is not None:
+                data = _copy(decision.arguments)
+        if local:
+            return await asyncio.to_thread(inner, data, ctx)
+        return await inner(data, ctx)
+
+    return run
+
+
+async def _decide(
+    ctx: ToolContext, approval: Approval, tool: str, schema: JsonObject, proposed: JsonObject
+) -> Decision:
+    """The stored decision on this call, or park the turn to ask for one."""
+    input_id = decision_id(tool, ctx.call_id)
+    stored = ctx._steps.get(input_step_id(ctx.turn_id, input_id))
+    if stored is not None:
+        return Decision.from_value(InputAnswer.from_dict(stored).value)
+    try:  # a call the tool would refuse is not worth a person's time
+        jsonschema.validate(proposed, schema)
+    except jsonschema.ValidationError as exc:
+        where = "/".join(str(p) for p in exc.absolute_path) or "input"
+        raise ToolInputError(f"invalid input: {where}: {exc.message}") from None
+    except jsonschema.SchemaError:
+        pass  # the tool's own schema is its author's business; the tool still checks
+    who = approval._answerers
+    if who is None:
+        who = ctx._default_answerers(input_id)  # (a FatalToolError fails the turn)
+    options = DecisionOptions(
+        allowed=tuple(approval.allowed),
+        arguments=_copy(proposed),
+        arguments_schema=schema,
+    )
+    raise TurnParked(
+        InputRequest(
+            id=input_id,
+            prompt=approval.question(tool, proposed),
+            turn_id=ctx.turn_id,
+            call_id=ctx.call_id,
+            tool=tool,
+            schema=options.answer_schema(),
+            answerers=who,
+            kind="decision",
+            decision=options,
+            asked_at=time.time(),
+        )
+    )
