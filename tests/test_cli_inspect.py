@@ -543,6 +543,50 @@ async def test_show_says_who_answered_each_question_and_when() -> None:
     assert answer["by"] == "ana" and answer["value"] is True and answer["input_id"] == "approve"
     assert isinstance(answer["seq"], int) and answer["at"].endswith("Z")
     assert answer["call_id"] == view.turns[0].answers[0].call_id
+    assert (answer["tool"], answer["kind"], answer["source"]) == ("deploy", "input", None)
+
+
+async def test_show_says_what_was_decided_by_whom_and_through_what() -> None:
+    booked: list[dict[str, Any]] = []
+
+    def book(data: dict[str, Any], actx: tk.ActionContext) -> str:
+        booked.append(data)
+        return "booked"
+
+    action = tk.define_action(
+        name="book",
+        description="Book a room.",
+        input_schema={"type": "object", "properties": {"room": {"type": "string"}}},
+        run=book,
+        approval=tk.Approval(allowed=("approve", "edit")),
+    )
+    script = [ScriptedReply(tool_calls=[tool_call("book", {"room": "A"})]), "ok"]
+    agent = tk.Agent(name="a", model=ScriptedModel(script), tools=[action])
+    store = MemoryStore()
+    async with tk.Runtime(agent, store=store) as runtime:
+        session = runtime.session("a", "s1")
+        parked = await session.result(session.start("book"))
+        request = parked.request
+        assert request is not None
+        view = await read_session(store, "s1", Progress(io.StringIO()), where="memory")
+        out = render_session(view, store="memory", store_flag="")
+        assert re.search(r'^  proposed +\{"room": "A"\}$', out, re.MULTILINE), out
+        assert re.search(r"^  decisions +approve, edit$", out, re.MULTILINE), out
+        edit = tk.Decision.edit({"room": "B"})
+        await session.result(
+            await session.resume(parked.turn_id, request.id, edit, by="ana", source="slack")
+        )
+        view = await read_session(store, "s1", Progress(io.StringIO()), where="memory")
+    out = render_session(view, store="memory", store_flag="")
+    line = rf"^    decided {re.escape(request.id)} by ana via slack at {UTC_TIME}: "
+    assert re.search(line + r'approved with edits \{"room": "B"\}$', out, re.MULTILINE), out
+    [answer] = session_json(view, "memory")["turns"][0]["answers"]
+    assert (answer["kind"], answer["source"], answer["value"]) == (
+        "decision",
+        "slack",
+        {"decision": "edit", "arguments": {"room": "B"}},
+    )
+    assert booked == [{"room": "B"}]
 
 
 @pytest.mark.parametrize(

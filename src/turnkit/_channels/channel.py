@@ -168,6 +168,7 @@ class ChannelContext:
         by: str | None = None,
         principal: Any = None,
         granted: Grant | None = None,
+        source: str | None = None,
     ) -> TurnStream:
         """Answer the parked turn and return the resumed turn's events:
         ``async for event in await ctx.resume_stream(...)``.
@@ -177,9 +178,9 @@ class ChannelContext:
         verified them. When the request names a policy answerer and no grant is
         passed, the agent's ``authorize_answer`` is asked here (with ``principal``).
         The resume errors of ``AgentSession.resume`` are raised before anything
-        is stored.
+        is stored. ``source`` names the channel in the answer's record.
         """
-        return await self._resume(session, turn_id, input_id, value, by, principal, granted)
+        return await self._resume(session, turn_id, input_id, value, by, principal, granted, source)
 
     async def _resume(
         self,
@@ -190,13 +191,16 @@ class ChannelContext:
         by: str | None,
         principal: Any,
         granted: Grant | None,
+        source: str | None,
     ) -> TurnStream:
         agent_session = self.session(session)
         if granted is None:
             granted = await self._grant_if_needed(
                 agent_session, turn_id, input_id, value, by, principal
             )
-        tid = await agent_session.resume(turn_id, input_id, value, by=by, granted=granted)
+        tid = await agent_session.resume(
+            turn_id, input_id, value, by=by, granted=granted, source=source
+        )
         return agent_session.observe(tid)
 
     async def resume_delivered(
@@ -212,10 +216,13 @@ class ChannelContext:
         principal: Any = None,
         granted: Grant | None = None,
     ) -> TurnResult:
-        """Resume the parked turn and render it with ``channel.deliver`` to ``target``."""
+        """Resume the parked turn and render it with ``channel.deliver`` to ``target``
+        (the answer is recorded as come through ``channel.source``)."""
         deliver = _deliver_of(channel)
         # Resume first: the answer is applied whether or not the renderer reads on.
-        stream = await self._resume(session, turn_id, input_id, value, by, principal, granted)
+        stream = await self._resume(
+            session, turn_id, input_id, value, by, principal, granted, channel.source
+        )
         await _render(channel, deliver, target, stream, self.delivery_failed)
         return await self.result(turn_id, session=session)
 

@@ -243,6 +243,7 @@ class TerminalChannel:
                     input_id=request.id,
                     value=parse_answer(request, given),
                     by=self._answering_as(request),
+                    source=self.source,
                 )
                 await self._show(resumed, asks=True)
         return await self._settle(ctx, session, pending.turn_id)
@@ -292,6 +293,7 @@ class TerminalChannel:
                     input_id=request.id,
                     value=value,
                     by=self._answering_as(request),
+                    source=self.source,
                 )
                 await self._show(resumed, asks=True)
             except (ValueError, InvalidAnswerError) as exc:

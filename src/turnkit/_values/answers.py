@@ -12,6 +12,7 @@ from typing import Any
 
 from .decisions import Decision
 from .events import InputAnsweredEvent
+from .messages import JsonObject
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,6 +60,23 @@ class AnswerRecord:
             decision=decision,
             seq=event.seq,
         )
+
+    def to_dict(self) -> JsonObject:
+        """The record as JSON (``decision`` as its answer form, or ``None``)."""
+        return {
+            "session_id": self.session_id,
+            "turn_id": self.turn_id,
+            "input_id": self.input_id,
+            "call_id": self.call_id,
+            "tool": self.tool,
+            "kind": self.kind,
+            "by": self.by,
+            "source": self.source,
+            "at": self.at,
+            "value": self.value,
+            "decision": self.decision.to_dict() if self.decision is not None else None,
+            "seq": self.seq,
+        }
 
     def describe(self) -> str:
         """One line for people: what was decided (or answered), by whom, through what."""

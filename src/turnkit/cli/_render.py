@@ -16,6 +16,7 @@ from typing import Any
 from .._channels.local_user import named_answerer
 from .._channels.printable import printable
 from .._errors import MessageDecodeError
+from .._values.answers import AnswerRecord
 from .._values.checkpoints import InputAnswer, ToolStepResult
 from .._values.inputs import Answerer, InputRequest
 from .._values.listed_tools import ListedTools
@@ -197,17 +198,30 @@ def _turn_lines(turn: TurnView) -> Iterator[str]:
     if usage:
         yield f"    usage: {describe_usage(usage)}"
     for answered in turn.answers:
-        who = answered.by if answered.by is not None else "(nobody named)"
-        yield (
-            f"    answered {answered.input_id} by {who} at {utc(answered.at)}: "
-            f"{compact(answered.value)}"
-        )
+        yield _answered(AnswerRecord.of(answered))
     if not turn.steps:
         yield "    steps: none"
         return
     yield f"    steps ({len(turn.steps)})"
     rows = [(f"      {step_id}", _step_summary(step_id, v)) for step_id, v in _ordered(turn.steps)]
     yield table(("", ""), rows).split("\n", 1)[1]
+
+
+def _answered(record: AnswerRecord) -> str:
+    """One answer: who gave it, through which channel, when, and what it was."""
+    who = record.by if record.by is not None else "(nobody named)"
+    via = f" via {record.source}" if record.source else ""
+    when = f" at {utc(record.at)}"
+    decision = record.decision
+    if decision is None:
+        return f"    answered {record.input_id} by {who}{via}{when}: {compact(record.value)}"
+    what = {
+        "approve": "approved",
+        "edit": f"approved with edits {compact(decision.arguments)}",
+        "reject": "rejected" + (f": {compact(decision.reason)}" if decision.reason else ""),
+        "respond": f"responded instead: {compact(decision.message)}",
+    }[decision.kind]
+    return f"    decided {record.input_id} by {who}{via}{when}: {what}"
 
 
 def _end_time(start: float, end: float) -> str:
@@ -289,6 +303,12 @@ def _parked(
         ("schema", compact(request.schema) if request.schema else "any JSON value"),
         ("answerers", _answerers(request.answerers)),
     ]
+    if request.decision is not None:
+        rows[4:5] = [
+            ("proposed", compact(request.decision.arguments)),
+            ("decisions", ", ".join(request.decision.allowed)),
+            ("to decide", 'e.g. {"decision": "approve"}; see docs/approvals.md'),
+        ]
     hints = _how_to_answer(request, view.session_id, view.agent or "AGENT", store_flag, you)
     rows += [("to answer" if n == 0 else "", hint) for n, hint in enumerate(hints)]
     body = table(("", ""), [(f"  {k}", v) for k, v in rows]).split("\n", 1)[1]

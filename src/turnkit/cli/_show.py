@@ -256,7 +256,10 @@ def _turn_json(turn: TurnView) -> JsonObject:
             {
                 "input_id": a.input_id,
                 "call_id": a.call_id,
+                "tool": a.tool,
+                "kind": a.kind,
                 "by": a.by,
+                "source": a.source,
                 "value": a.value,
                 "seq": a.seq,
                 "at": rfc3339(a.at),

@@ -159,6 +159,7 @@ class AgentTool:
                 value=arguments["value"],
                 by=await answering_as(store, principal, turn_id, input_id),
                 principal=principal,
+                source="mcp",
             )
         except (ResumeAuthorizationError, ResumeConflictError, InvalidAnswerError) as exc:
             raise _Refused(str(exc)) from None

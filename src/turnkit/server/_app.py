@@ -42,7 +42,9 @@ from .._runtime.observe import TurnStream
 from .._runtime.runtime import Runtime
 from .._runtime.session import AgentSession
 from .._seams.store import SessionStore, parked_turn
+from .._values.answers import AnswerRecord
 from .._values.checkpoints import checkpoint_of
+from .._values.events import InputAnsweredEvent
 from .._values.inbound import InboundEvent, User
 from .._values.inputs import InputRequest
 from .._values.records import SessionInfo
@@ -205,6 +207,7 @@ def create_app(
         Route(session, guard(api.erase), methods=["DELETE"]),
         Route(f"{session}/cancel", guard(api.cancel), methods=["POST"]),
         Route(f"{session}/pending", guard(api.pending), methods=["GET"]),
+        Route(f"{session}/answers", guard(api.answers), methods=["GET"]),
         Route(f"{session}/transcript", guard(api.transcript), methods=["GET"]),
         Route(f"{session}/events", guard(api.events), methods=["GET"]),
     ]
@@ -353,14 +356,21 @@ class _Host:
         return await self._api.start_turn(principal, target, TurnBody(text=text, turn_id=turn_id))
 
     async def answer(
-        self, principal: Principal, target: Target, turn_id: str, input_id: str, value: Any
+        self,
+        principal: Principal,
+        target: Target,
+        turn_id: str,
+        input_id: str,
+        value: Any,
+        *,
+        source: str | None = None,
     ) -> TurnStream | None:
         body = ResumeBody(
             turn_id=identifier(turn_id, "turn_id"),
             input_id=identifier(input_id, "input_id"),
             value=value,
         )
-        return await self._api.answer(principal, target, body)
+        return await self._api.answer(principal, target, body, source=source)
 
     async def pending(self, target: Target) -> list[InputRequest]:
         record = await parked_turn(target.store)
@@ -441,6 +451,16 @@ class _Api:
                 "requests": [r.to_dict() for r in checkpoint.requests],
             }
         )
+
+    async def answers(self, request: Request, principal: Principal) -> Response:
+        """Who answered the session's questions, when, through what, and what."""
+        store = (await self._target(request, principal, "read")).store
+        turn_id = request.query_params.get("turn_id")
+        if turn_id is not None:
+            turn_id = identifier(turn_id, "turn_id")
+        events = await store.events(turn_id=turn_id)
+        records = [AnswerRecord.of(e) for e in events if isinstance(e, InputAnsweredEvent)]
+        return JSONResponse({"answers": [r.to_dict() for r in records]})
 
     async def transcript(self, request: Request, principal: Principal) -> Response:
         store = (await self._target(request, principal, "read")).store
@@ -547,13 +567,14 @@ class _Api:
         return event_stream(stream, self.limits.keepalive_seconds)
 
     async def answer(
-        self, principal: Principal, target: Target, body: ResumeBody
+        self, principal: Principal, target: Target, body: ResumeBody, *, source: str | None = None
     ) -> TurnStream | None:
         """Answer the parked question ``body`` names, as ``/resume`` does: ``target``
         comes from ``_target(..., "resume", refuse=False)``. Returns the resumed
         turn's events, or ``None`` to a named answerer ``authorize`` does not let
         resume the session (their answer was taken; the rest is not theirs to read).
-        Every refusal is an ``HttpError``, and nothing was applied."""
+        Every refusal is an ``HttpError``, and nothing was applied. The answer is
+        recorded as come through ``source`` (default: the app's)."""
         if not target.allowed and not await _names(target.store, body, principal):
             raise unknown_session(target.agent, target.session_id)
         ctx = self._writable(target)
@@ -565,6 +586,7 @@ class _Api:
                 value=body.value,
                 by=await answering_as(target.store, principal, body.turn_id, body.input_id),
                 principal=principal,
+                source=source or self.source,
             )
         except (ResumeAuthorizationError, ResumeConflictError, InvalidAnswerError) as exc:
             if not target.allowed:

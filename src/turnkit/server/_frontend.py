@@ -99,11 +99,18 @@ class FrontendHost(Protocol):
         ...
 
     async def answer(
-        self, principal: Principal, target: Target, turn_id: str, input_id: str, value: Any
+        self,
+        principal: Principal,
+        target: Target,
+        turn_id: str,
+        input_id: str,
+        value: Any,
+        *,
+        source: str | None = None,
     ) -> TurnStream | None:
         """Answer a parked question as ``/resume`` does (``target`` asked for
         ``resume`` with ``refuse=False``); ``None`` to a named answerer who may not
-        read on."""
+        read on. ``source`` names the front end in the answer's record."""
         ...
 
     async def pending(self, target: Target) -> list[InputRequest]:

@@ -417,6 +417,7 @@ class _Handler:
                 input_id=request.id,
                 value=form_value(request, text),
                 by=user,
+                source=SOURCE,
             )
         except ResumeAuthorizationError:
             return _form_error("You may not answer this question.")
@@ -489,6 +490,7 @@ class _Handler:
                 input_id=str(answer["input"]),
                 value=value,
                 by=user,
+                source=SOURCE,
             )
         except ResumeAuthorizationError:
             await self._tell(thread, user, "You may not answer this question.")

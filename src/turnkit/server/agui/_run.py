@@ -114,7 +114,7 @@ class _Runs:
             if stream is not None:
                 await stream.aclose()
             stream = await self.host.answer(
-                principal, target, question.turn_id, question.id, entry.payload
+                principal, target, question.turn_id, question.id, entry.payload, source="agui"
             )
         turn_id = pending[entries[-1].interrupt_id].turn_id
         if stream is None:

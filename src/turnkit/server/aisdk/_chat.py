@@ -103,7 +103,9 @@ class _Chat:
             value = approval_value(question, approved, reason)
             if stream is not None:
                 await stream.aclose()
-            stream = await self.host.answer(principal, target, question.turn_id, question.id, value)
+            stream = await self.host.answer(
+                principal, target, question.turn_id, question.id, value, source="aisdk"
+            )
         if stream is None:
             # A named answerer who may not read the session: the answer was taken.
             return StreamingResponse(
