@@ -9,7 +9,8 @@ Usage::
 
 ``serve``: agent ``helper`` served over A2A (``create_app(..., frontends=[a2a_server()],
 own_runtime=True)``, so it recovers what a killed node left running) on a free
-loopback port; prints ``{"url": …}`` once listening. Its ``work`` tool appends a
+loopback port; prints ``{"url": …}`` once listening, and writes the method of every
+JSON-RPC call it is sent to ``DIR/calls``. Its ``work`` tool appends a
 line to ``DIR/ran``, creates ``DIR/holding-<pid>`` and waits for ``DIR/release``.
 
 ``call``: agent ``lead``, whose only tool is ``a2a_agent(REMOTE_URL)``; recovers what
@@ -30,6 +31,7 @@ from pathlib import Path
 import uvicorn
 from shared_session_child import open_store
 from starlette.requests import Request
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import turnkit
 from turnkit import ToolMessage, UserMessage, tool
@@ -79,11 +81,37 @@ def lead(remote: str) -> turnkit.Agent:
     return turnkit.Agent(name="lead", model=ScriptedModel(respond=respond), tools=[tool_])
 
 
+def logged(app: ASGIApp, path: Path) -> ASGIApp:
+    """``app``, writing each JSON-RPC call's method to ``path`` (one a line)."""
+
+    async def wrapped(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST":
+            await app(scope, receive, send)
+            return
+        body = bytearray()
+
+        async def tapped() -> Message:
+            message = await receive()
+            if message["type"] == "http.request":
+                body.extend(message.get("body", b""))
+                if not message.get("more_body"):
+                    with path.open("a") as calls:
+                        calls.write(f"{json.loads(body).get('method')}\n")
+            return message
+
+        await app(scope, tapped, send)
+
+    return wrapped
+
+
 async def serve(spec: str, folder: Path) -> None:
     from turnkit.a2a import a2a_server
 
     runtime = turnkit.Runtime([helper(folder)], store=open_store(spec))
-    app = create_app(runtime, authenticate=by_header, frontends=[a2a_server()], own_runtime=True)
+    app = logged(
+        create_app(runtime, authenticate=by_header, frontends=[a2a_server()], own_runtime=True),
+        folder / "calls",
+    )
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(64)

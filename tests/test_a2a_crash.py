@@ -139,3 +139,58 @@ async def test_a_client_reconnects_to_a_running_task_after_its_node_was_killed(
         assert len(await store.unfinished_turns()) == 0
     finally:
         await store.close()
+
+
+async def test_a_caller_killed_mid_call_follows_the_same_remote_task_which_runs_once(
+    store_spec: str, tmp_path: Path
+) -> None:
+    await prepared(store_spec)
+    caller_db = str(tmp_path / "caller.db")
+    await prepared(caller_db)
+    async with node(store_spec, str(tmp_path), "serve") as remote:
+        url = await serving_url(remote) + "/agents/helper/a2a"
+        async with node(caller_db, str(tmp_path), "call", url) as caller:
+            # The remote's tool runs, and the caller has kept the remote task's id.
+            await until_exists(tmp_path / f"holding-{remote.pid}")
+            held = await until_noted(caller_db)
+            await caller.kill()
+        async with node(caller_db, str(tmp_path), "call", url) as again:
+            # The new caller recovers the turn and follows the same remote task.
+            (tmp_path / "release").touch()
+            line = await again.line()
+            assert line.startswith("ask completed The helper answered: ")
+            answered = json.loads(line.removeprefix("ask completed The helper answered: "))
+            assert answered["task_id"] == held["task_id"]
+            assert answered["text"] == "Helper says: ship it done."
+    # The remote task ran once: one turn, one run of its tool. The new caller sent
+    # no message: it read the task the killed one had kept, and followed it.
+    assert (tmp_path / "ran").read_text().splitlines() == [f"{remote.pid} ship it"]
+    calls = (tmp_path / "calls").read_text().splitlines()
+    assert calls.count("SendMessage") == 1 and calls[0] == "SendMessage", calls
+    store = open_store(store_spec)
+    await store.open()
+    try:
+        [info] = await store.session_page(limit=10)
+        snap = await store.session(info.session_id).load()
+        assert [m.text for m in snap.messages if m.role == "user"] == ["ship it"]
+        assert snap.turn is None or snap.turn.turn_id == held["task_id"]
+    finally:
+        await store.close()
+
+
+async def until_noted(spec: str) -> dict[str, str]:
+    """The remote task the caller's turn ``ask`` keeps with its call, once it does."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + DEADLINE * 3
+    store = open_store(spec)
+    await store.open()
+    try:
+        while True:
+            steps = (await store.session("s").load(turn_id="ask")).steps
+            noted = [v for k, v in steps.items() if k.startswith("note:")]
+            if noted:
+                return dict(noted[0])
+            assert loop.time() < deadline, "the caller never kept the remote task"
+            await asyncio.sleep(0.02)
+    finally:
+        await store.close()

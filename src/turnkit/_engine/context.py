@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -14,7 +14,7 @@ from .._values.checkpoints import InputAnswer
 from .._values.frozen import quick_init
 from .._values.inbound import InboundEvent
 from .._values.inputs import Answerer, Answerers, InputRequest, as_answerers, check_schema
-from .._values.step_ids import call_input_id, input_step_id
+from .._values.step_ids import call_input_id, input_step_id, note_step_id
 from .._values.turns import TurnResult
 
 if TYPE_CHECKING:
@@ -90,6 +90,8 @@ class ToolContext:
     _steps: Mapping[str, Any] = field(default_factory=dict, repr=False)
     #: True while a plain-``def`` tool runs inside the step's transaction.
     _local: bool = field(default=False, repr=False)
+    #: Commits one of this call's notes (``remember``); ``None`` outside a delivery.
+    _note: Callable[[str, Any], Awaitable[None]] | None = field(default=None, repr=False)
 
     @property
     def idempotency_key(self) -> str:
@@ -101,6 +103,37 @@ class ToolContext:
             turn_id=self.turn_id,
             step_id=self.step_id,
         )
+
+    def recall(self, key: str) -> Any:
+        """What this call stored under ``key`` with ``remember``, in this delivery or
+        an earlier one of the same turn; ``None`` if nothing was."""
+        _check_note_key(key)
+        return self._steps.get(note_step_id(self.step_id, key))
+
+    async def remember(self, key: str, value: Any) -> None:
+        """Store ``value`` (JSON) with this call, durably, now, before the call returns.
+
+        For a remote tool that starts work elsewhere and then waits for it: keep the
+        handle (a remote task id) before waiting, and a replay of the call (after a
+        crash, a takeover, a resume) reads it back with ``recall(key)`` and follows
+        the same work instead of starting it again. A key holds one value: storing
+        another under it fails the turn (``FatalToolError``); the same again is a
+        no-op. Only an ``async def`` tool can remember (a plain ``def`` one already
+        commits with its step)."""
+        _check_note_key(key)
+        if self._local or self._note is None:
+            raise FatalToolError(
+                f"tool {self.tool_name!r} called ctx.remember, which needs an async tool run "
+                "by a turn (a plain def commits with its step)"
+            )
+        held = self.recall(key)
+        if held is not None:
+            if held != value:
+                raise FatalToolError(
+                    f"ctx.remember({key!r}): this call already remembered {held!r} under it"
+                )
+            return
+        await self._note(note_step_id(self.step_id, key), value)
 
     def request_input(
         self,
@@ -173,6 +206,13 @@ class ToolContext:
             f"ctx.request_input({input_id!r}): the turn's speaker is not attested by the "
             f"{self.event.source!r} channel, so nobody can be trusted as its answerer; name "
             "one with answerers=Answerers.user(...) or Answerers.policy(...)"
+        )
+
+
+def _check_note_key(key: str) -> None:
+    if not isinstance(key, str) or not key or ":" in key or not key.isprintable():
+        raise FatalToolError(
+            f"a note's key must be a non-empty printable str without ':', got {key!r}"
         )
 
 

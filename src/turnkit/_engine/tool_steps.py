@@ -8,7 +8,10 @@ collaborator for every ``RunTools`` step.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any, NamedTuple
+
+from pydantic_core import to_json
 
 from .._errors import FatalToolError, StoreError
 from .._seams.store import NoHandle, StoreHandle
@@ -19,7 +22,7 @@ from .._values.inputs import InputRequest
 from .._values.listed_tools import ListedTools
 from .._values.messages import AssistantMessage, ToolCall, ToolMessage
 from .._values.step_ids import tool_step_id, tools_step_id
-from .._values.text import clean_copy
+from .._values.text import clean_copy, storable_json
 from .._values.writes import AppendMessage, LogEvent, PutStep, Write
 from .batch import committed_results, in_order
 from .context import ToolContext, TurnParked
@@ -146,7 +149,23 @@ class ToolSteps:
             denied_tools=d.policy.deny_tools,
             _steps=d.steps,
             _local=local,
+            _note=None if local else self._noter(),
         )
+
+    def _noter(self) -> Callable[[str, Any], Awaitable[None]]:
+        """How a remote call's ``ctx.remember`` commits: one memo row, on its own."""
+        d = self._d
+
+        async def note(step_id: str, value: Any) -> None:
+            stored = storable_json(value)
+            try:
+                to_json(stored)
+            except ValueError as exc:
+                raise FatalToolError(f"ctx.remember: the value is not JSON: {exc}") from None
+            await d.commit([PutStep(step_id, d.turn_id, stored)], [])
+            d.steps[step_id] = stored
+
+        return note
 
     def _allowed_tool(self, call: ToolCall) -> Tool | None:
         """The call's tool; a tool the turn's policy denies is as unknown as one the

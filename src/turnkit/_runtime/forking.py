@@ -35,7 +35,16 @@ from .._errors import ConfigurationError
 from .._seams.store import NO_MESSAGES, SessionStore, Store
 from .._values.messages import AssistantMessage, Message, ToolMessage, TriggerMessage, UserMessage
 from .._values.records import TurnRecord, TurnStatus
-from .._values.step_ids import INPUT, MODEL, TOOL, TRACE, step_kind, step_position
+from .._values.step_ids import (
+    INPUT,
+    MODEL,
+    NOTE,
+    TOOL,
+    TRACE,
+    noted_call,
+    step_kind,
+    step_position,
+)
 from .._values.turn_rules import move, new_turn
 from .._values.writes import AppendMessage, LogEvent, PutStep, RequestCancel, Write
 from .recorded import RecordedSession, RecordedTurn, read_recorded
@@ -133,6 +142,9 @@ class _Planner:
     def keeps(self, step_id: str, *, cut_turn: bool) -> bool:
         """Whether the fork keeps the step (of the turn cut at the fork point, or not)."""
         kind, position = step_kind(step_id), step_position(step_id)
+        if kind == NOTE and position is not None:
+            # A call's note goes where its call goes (kept, or cut to run again).
+            return self.keeps(noted_call(step_id), cut_turn=cut_turn)
         if kind == TOOL and position is not None:
             call = step_id.split(":", 2)[2]
             if position >= self.cut.position:

@@ -15,6 +15,7 @@ TRACE = "trace"
 TOOLS = "tools"
 HISTORY = "history"
 WINDOW = "window"
+NOTE = "note"
 
 
 def model_step_id(index: int) -> str:
@@ -67,6 +68,19 @@ def tools_step_id(turn_id: str) -> str:
     return f"{TOOLS}:{turn_id}"
 
 
+def note_step_id(tool_step: str, key: str) -> str:
+    """A note a remote tool call keeps for itself (``ctx.remember``), for the call
+    whose step is ``tool:<n>:<call_id>``: ``note:<n>:<key>:<call_id>``."""
+    _, position, call = tool_step.split(":", 2)
+    return f"{NOTE}:{position}:{key}:{call}"
+
+
+def noted_call(step_id: str) -> str:
+    """The tool step a note belongs to (the inverse of ``note_step_id``)."""
+    _, position, _, call = step_id.split(":", 3)
+    return f"{TOOL}:{position}:{call}"
+
+
 def relayed_input_id(step_id: str, input_id: str) -> str:
     """The input id under which a parent turn asks a child turn's question
     ``input_id``: ``<parent call's step id>/<id>``, unique per call and question."""
@@ -74,8 +88,8 @@ def relayed_input_id(step_id: str, input_id: str) -> str:
 
 
 def step_kind(step_id: str) -> str:
-    """``model``, ``tool``, ``input``, ``policy``, ``trace`` or ``tools`` (what precedes the
-    first colon)."""
+    """``model``, ``tool``, ``note``, ``input``, ``policy``, ``trace`` or ``tools`` (what
+    precedes the first colon)."""
     return step_id.partition(":")[0]
 
 
@@ -85,7 +99,7 @@ def step_position(step_id: str) -> int | None:
     kind, _, rest = step_id.partition(":")
     if kind == HISTORY:
         position = rest.rsplit(":", 1)[-1]
-    elif kind in (MODEL, TOOL, WINDOW):
+    elif kind in (MODEL, TOOL, WINDOW, NOTE):
         position = rest.split(":", 1)[0]
     else:
         return None
