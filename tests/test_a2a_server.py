@@ -175,6 +175,13 @@ async def test_several_open_questions_are_listed_and_answered_together(served) -
         [done] = await send(client, message(data={"answers": answers}, task_id=task.id))
         assert done.task.status.state == COMPLETED
         assert done.task.status.message.parts[0].text == "Done: A-1 refunded, A-3 kept."
+    # Each answer is on record, given by the caller, through A2A.
+    session = served.runtime.session("clerk", task.context_id)
+    records = await session.answers(turn_id=task.id)
+    assert [(r.input_id, r.by, r.source, r.value) for r in records] == [
+        (ids[0], "ann", "a2a", True),
+        (ids[1], "ann", "a2a", False),
+    ]
 
 
 async def test_answers_go_through_the_questions_answerers(served) -> None:

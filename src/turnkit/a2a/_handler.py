@@ -184,7 +184,12 @@ class TurnTasks(RequestHandler):
             if stream is not None:
                 await stream.aclose()
             stream = await self.host.answer(
-                principal, target, task_id, identifier(input_id, "question id"), value
+                principal,
+                target,
+                task_id,
+                identifier(input_id, "question id"),
+                value,
+                source="a2a",
             )
         return _Opened(target, task_id, stream)
 

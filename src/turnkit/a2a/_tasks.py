@@ -155,13 +155,22 @@ def agent_message(record: TurnRecord, parts: Sequence[Part], *, suffix: str) -> 
 
 def questions_message(session_id: str, turn_id: str, requests: Sequence[InputRequest]) -> Message:
     """An ``input-required`` status message: every open question, as text to read and
-    as data to answer by (``{"questions": [{"id", "prompt", "schema", "tool"}]}``)."""
+    as data to answer by (``{"questions": [{"id", "prompt", "schema", "tool", "kind",
+    "decision"}]}``; a decision's answer is its JSON form, ``{"decision": "approve"}``)."""
     lines = [f"- {r.prompt} (question {r.id!r})" for r in requests]
     noun = "question" if len(requests) == 1 else "questions"
     text = f"Waiting for an answer to {len(requests)} {noun}:\n" + "\n".join(lines)
     data = {
         "questions": [
-            {"id": r.id, "prompt": r.prompt, "schema": r.schema, "tool": r.tool} for r in requests
+            {
+                "id": r.id,
+                "prompt": r.prompt,
+                "schema": r.schema,
+                "tool": r.tool,
+                "kind": r.kind,
+                "decision": r.decision.to_dict() if r.decision is not None else None,
+            }
+            for r in requests
         ]
     }
     ids = ",".join(r.id for r in requests)
