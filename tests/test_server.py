@@ -310,6 +310,7 @@ async def test_reset_transcript_pending_and_the_paged_session_list(open_runtime:
             "messages": [],
             "generations": [0],
             "usage": turnkit.Usage().to_dict(),  # the new generation has used nothing
+            "turns": [],
         }
         # The archived generation stays readable, read-only, by its number.
         archived = await served.client.get(

@@ -143,6 +143,7 @@ async def test_one_turn_is_a_span_tree_with_genai_attributes(
         "turnkit.session.id": "s1",
         "turnkit.turn.id": "t-1",
         "turnkit.replayed": False,
+        "turnkit.agent.version": agent.turn_version,
         "turnkit.turn.status": "completed",
         # The delivery's model steps, summed (input counts the cached tokens too).
         "gen_ai.usage.input_tokens": 500 + 430,

@@ -45,6 +45,7 @@ from ._errors import (
     TurnCancelledError,
     TurnError,
     TurnFailedError,
+    TurnHeldError,
     TurnkitError,
     TurnMoveError,
     TurnSuspendedError,
@@ -87,7 +88,9 @@ from ._values.events import (
     TurnCompletedEvent,
     TurnEvent,
     TurnFailedEvent,
+    TurnHeldEvent,
     TurnStartedEvent,
+    TurnVersionChangedEvent,
     UnknownEvent,
     event_from_dict,
 )
@@ -108,6 +111,7 @@ from ._values.messages import (
 from ._values.policy import SurfacePolicy, TurnPolicy
 from ._values.turns import ResetResult, TurnResult
 from ._values.usage import Usage
+from ._values.versions import Rewrite, VersionChange
 
 __all__ = [
     "ActionCompletedEvent",
@@ -171,6 +175,7 @@ __all__ = [
     "ResumeConflictError",
     "ResumeRequest",
     "Retention",
+    "Rewrite",
     "Runtime",
     "ScheduledTurn",
     "SessionBusyError",
@@ -207,6 +212,8 @@ __all__ = [
     "TurnEvent",
     "TurnFailedError",
     "TurnFailedEvent",
+    "TurnHeldError",
+    "TurnHeldEvent",
     "TurnMoveError",
     "TurnPolicy",
     "TurnResult",
@@ -215,11 +222,13 @@ __all__ = [
     "TurnStream",
     "TurnSuspendedError",
     "TurnTrace",
+    "TurnVersionChangedEvent",
     "TurnkitError",
     "UnknownEvent",
     "Usage",
     "User",
     "UserMessage",
+    "VersionChange",
     "Worker",
     "define_action",
     "event_from_dict",

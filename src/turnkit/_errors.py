@@ -8,6 +8,7 @@ TurnkitError
     ├── TurnFailedError       ``session.turn()`` of a turn that failed
     ├── TurnSuspendedError    ``session.turn()`` of a turn that parked for input
     ├── TurnCancelledError    ``session.turn()`` of a turn that was cancelled
+    ├── TurnHeldError         ``session.turn()`` of a turn another agent version held
     ├── SessionSuspendedError a new turn on a session parked on another one
     ├── SessionOwnerError     a turn on a session another owner opened
     ├── ResumeConflictError   a resume for the wrong turn, input or state
@@ -67,6 +68,16 @@ class TurnCancelledError(TurnError):
 
     def __init__(self, turn_id: str, reason: str) -> None:
         super().__init__(f"turn {turn_id} was cancelled ({reason})")
+        self.turn_id = turn_id
+        self.reason = reason
+
+
+class TurnHeldError(TurnError):
+    """The awaited turn is held: a delivery of another agent version refused to run
+    what it recorded, and left it parked (``reason`` says why; docs/deploying.md)."""
+
+    def __init__(self, turn_id: str, reason: str) -> None:
+        super().__init__(f"turn {turn_id} is held: {reason}")
         self.turn_id = turn_id
         self.reason = reason
 

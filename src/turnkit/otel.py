@@ -55,6 +55,7 @@ SESSION_ID = "turnkit.session.id"
 TURN_ID = "turnkit.turn.id"
 STEP_ID = "turnkit.step.id"
 REPLAYED = "turnkit.replayed"
+AGENT_VERSION = "turnkit.agent.version"
 TURN_STATUS = "turnkit.turn.status"
 STEP_OUTCOME = "turnkit.step.outcome"
 
@@ -97,7 +98,12 @@ class OtelTracer:
             f"invoke_agent {turn.agent}",
             context=parent,
             kind=trace.SpanKind.INTERNAL,
-            attributes={**common, OPERATION: "invoke_agent", REPLAYED: turn.replayed},
+            attributes={
+                **common,
+                OPERATION: "invoke_agent",
+                REPLAYED: turn.replayed,
+                **({AGENT_VERSION: turn.version} if turn.version is not None else {}),
+            },
             links=links,
         )
         with _current(span):

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from .._errors import ConfigurationError, ToolDefinitionError
 from .._seams.model import Model, OutputSpec, ToolSpec
 from .._values.policy import SurfacePolicy, TurnPolicy, resolve_policy
+from .agent_version import check_version, fingerprint
 from .history import HistoryPolicy
 from .limits import NO_LIMITS, Limits
 from .output import OutputContract, check_retries
@@ -18,6 +19,7 @@ from .tools import Tool, check_tool_name
 
 if TYPE_CHECKING:
     from .._values.inputs import AuthorizeAnswer
+    from .._values.versions import VersionHook
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,10 +56,18 @@ class Agent:
     output_type: type[Any] | None = None
     #: Answers failing validation that the model may correct per turn before it fails.
     output_retries: int = 1
+    #: The version each turn records (``"2026-12-05"``, a release tag); ``None``: a
+    #: fingerprint of the agent (see ``turn_version`` and docs/deploying.md).
+    version: str | None = None
+    #: What a turn recorded under another version does when this agent takes it on:
+    #: ``(VersionChange) -> "continue" | "refuse" | Rewrite`` (plain or async).
+    #: ``None``: continue when nothing the turn recorded conflicts, else refuse.
+    on_version_change: VersionHook | None = None
     _output: OutputContract | None = field(init=False, repr=False, compare=False)
     _by_name: dict[str, Tool] = field(init=False, repr=False, compare=False)
     _specs: tuple[ToolSpec, ...] = field(init=False, repr=False, compare=False)
     _sources: dict[str, ToolSource] = field(init=False, repr=False, compare=False)
+    _turn_version: str | None = field(init=False, repr=False, compare=False, default=None)
     #: Sources whose unused policy ``mount_agent`` has warned about (once each).
     _warned_sources: set[str] = field(init=False, repr=False, compare=False, default_factory=set)
 
@@ -72,6 +82,12 @@ class Agent:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
             raise ConfigurationError("Agent name must be a non-empty string")
+        check_version(self.name, self.version)
+        if self.on_version_change is not None and not callable(self.on_version_change):
+            raise ConfigurationError(
+                f"agent {self.name!r}: on_version_change must be a function, "
+                f"got {self.on_version_change!r}"
+            )
         if not hasattr(self.model, "stream"):
             raise ConfigurationError(
                 f"agent {self.name!r}: model {self.model!r} has no stream() method"
@@ -219,6 +235,16 @@ class Agent:
             surfaces[source] = surface
         object.__setattr__(self, "surfaces", MappingProxyType(surfaces))
         object.__setattr__(self, "source_instructions", MappingProxyType(overlays))
+
+    @property
+    def turn_version(self) -> str:
+        """The version this agent's turns record: ``version`` if given, else its
+        fingerprint (computed once per agent, on first use)."""
+        known = self._turn_version
+        if known is None:
+            known = self.version if self.version is not None else fingerprint(self)
+            object.__setattr__(self, "_turn_version", known)
+        return known
 
     def policy_for(self, source: str | None) -> TurnPolicy:
         """The prompt and tool set for a turn from ``source`` (``None``: programmatic)."""

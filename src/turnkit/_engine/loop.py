@@ -53,7 +53,7 @@ from .._values.step_ids import (
 from .._values.turn_rules import move
 from .._values.turns import TurnCancelled, TurnFailure, TurnRequest, TurnResult, result_from_record
 from .._values.usage import Usage, steps_usage
-from .._values.writes import LogEvent, RequestCancel, Write
+from .._values.writes import LogEvent, PutStep, RequestCancel, Write
 from .agent import Agent
 from .batch import distinct_ids
 from .context import ChildTurns
@@ -84,6 +84,7 @@ from .transitions import (
     plan_reopen,
 )
 from .turn_tools import TurnTools
+from .version_meeting import meets_version, plan_meeting
 
 __all__ = ["KnownTranscript", "TurnRunner", "opening_policy"]
 
@@ -138,6 +139,9 @@ class TurnRunner:
         self._resuming = False
         #: The error class of the failure the turn ends with, if it fails.
         self._failure: str | None = None
+        #: Whether the turn was recorded under another agent version (or held by
+        #: one): ``_loop`` checks it against this version before running a step.
+        self._meeting = False
         #: What the turn's stored model calls used, in every delivery so far.
         self.usage = Usage()
         self._tool_steps = ToolSteps(self)
@@ -227,6 +231,7 @@ class TurnRunner:
             replayed=self._resuming,
             origin=_trace_context(self.steps.get(trace_step_id(self.turn_id))),
             parent=self.request.trace,
+            version=self.agent.turn_version,
         )
         with self.tracer.turn(trace) as span:
             self.span = span
@@ -246,8 +251,17 @@ class TurnRunner:
             reason = self.cancel_reason()
             if reason is not None:
                 return await self._cancel(reason)  # a parked turn ends where it waits
-        if record is not None and (
-            record.status in ("completed", "suspended", "cancelled") or superseded
+        version = self.agent.turn_version
+        retry_held = (
+            record is not None
+            and record.status == "suspended"
+            and record.held_by not in (None, version)
+            and not superseded
+        )
+        if (
+            record is not None
+            and (record.status in ("completed", "suspended", "cancelled") or superseded)
+            and not retry_held
         ):
             # Finished, parked (no answer yet), or superseded by a later turn: nothing to
             # run, so say again how it ended (a parked turn re-announces its request).
@@ -260,6 +274,7 @@ class TurnRunner:
                 await self._open()
             elif record.status == "failed":
                 await self._apply(plan_reopen(self, record))
+            self._meeting = meets_version(self.record, version)
             return await self._loop()
         except TurnFailure as failure:
             self._failure = error_type(failure)
@@ -339,6 +354,15 @@ class TurnRunner:
 
     async def _loop(self) -> TurnResult:
         await self._tool_steps.list_tools()
+        if self._meeting:
+            planned = await plan_meeting(self)
+            await self._apply(planned)
+            self.steps.update(
+                (w.step_id, w.result) for w in planned.writes if isinstance(w, PutStep)
+            )
+            record = stored_turn(self)
+            if record.held_by is not None:
+                return result_from_record(record, self.usage)
         limits, name = self.agent.limits, self.agent.name
         taken = count_model_steps(self.transcript, self.turn_id) if limits.model_steps else 0
         while True:

@@ -44,6 +44,7 @@ from .tool_results import error_result, error_text
 from .tools import Tool
 from .tracing import outcome_of
 from .turn_tools import TurnTools, list_tool_sources
+from .version_meeting import rewritten
 
 #: Calls that are no tool call for ``Limits.tool_calls``: a typed answer's own.
 _NOT_TOOLS = frozenset({OUTPUT_TOOL})
@@ -110,7 +111,9 @@ class ToolSteps:
             await self._take_committed(step)  # its message was never appended
             return
         todo = [
-            (step_id, c) for step_id, c in zip(ids, owed, strict=True) if step_id not in d.steps
+            (step_id, rewritten(d, c))
+            for step_id, c in zip(ids, owed, strict=True)
+            if step_id not in d.steps
         ]
         limit = d.agent.max_parallel_tools
         if limit > 1 and len(todo) > 1:

@@ -23,6 +23,7 @@ from .._values.events import (
     TurnEvent,
     TurnFailedEvent,
     TurnStartedEvent,
+    TurnVersionChangedEvent,
 )
 from .._values.inbound import InboundEvent
 from .._values.inputs import InputRequest
@@ -109,6 +110,7 @@ async def plan_opening(
         opening=opening.to_dict(),
         event=d.event.to_dict() if d.event else None,
         created_at=time.time(),
+        version=d.agent.turn_version,
     )
     seq = count(d.next_seq)
     sid = d.session_id
@@ -131,6 +133,19 @@ async def plan_opening(
                 turn_id=crashed.turn_id, session_id=sid, error=SUPERSEDED_ERROR, seq=next(seq)
             )
         )
+    version = d.agent.turn_version
+    if queued is not None and queued.version is not None and queued.version != version:
+        # Queued by another version, opened by this one: nothing of it ran yet.
+        events.append(
+            TurnVersionChangedEvent(
+                turn_id=d.turn_id,
+                session_id=sid,
+                from_version=queued.version,
+                to_version=version,
+                action="continued",
+                seq=next(seq),
+            )
+        )
     events.append(
         TurnStartedEvent(turn_id=d.turn_id, session_id=sid, text=opening.text, seq=next(seq))
     )
@@ -149,7 +164,11 @@ async def plan_opening(
     if crashed is not None:
         writes.append(move(crashed, "failed", error=SUPERSEDED_ERROR))
     writes.append(AppendMessage(index + len(closing), opening))
-    put = new_turn(record, owner=owner) if queued is None else move(queued, "running")
+    put = (
+        new_turn(record, owner=owner)
+        if queued is None
+        else move(queued, "running", version=version)
+    )
     writes.append(put)
     if policy_step_id(turn_id) not in steps:  # a queued turn has it
         writes.append(PutStep(policy_step_id(turn_id), turn_id, policy))

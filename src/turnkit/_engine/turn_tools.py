@@ -85,6 +85,18 @@ class TurnTools:
             return self._specs
         return tuple(s for s in self._specs if policy.allows(s.name))
 
+    def current(self, name: str) -> Tool | None:
+        """The tool called ``name`` if the agent still has it: its own, or listed by a
+        source it still has (``tool`` also returns a listed tool whose source is gone,
+        which only fails when called)."""
+        own = self._agent.tool(name)
+        if own is not None:
+            return own
+        listed = self._listed.get(name)
+        if listed is None or self._agent.tool_source(listed.source) is None:
+            return None
+        return self.tool(name)
+
     def tool(self, name: str) -> Tool | None:
         """The offered tool called ``name``, or ``None``."""
         own = self._agent.tool(name)

@@ -26,6 +26,7 @@ from .._values.events import (
     TurnCompletedEvent,
     TurnEvent,
     TurnFailedEvent,
+    TurnHeldEvent,
 )
 from .._values.records import TurnRecord
 from .._values.turns import result_from_record
@@ -163,4 +164,12 @@ def ending_of(record: TurnRecord) -> TurnEvent:
         return TurnCancelledEvent(turn_id=tid, session_id=sid, reason=result.reason or "requested")
     if result.status == "suspended" and result.request is not None:
         return InputRequestedEvent(turn_id=tid, session_id=sid, request=result.request)
+    if result.status == "suspended":
+        return TurnHeldEvent(
+            turn_id=tid,
+            session_id=sid,
+            from_version=record.version,
+            by_version=record.held_by or "",
+            reason=result.error or "held",
+        )
     return TurnFailedEvent(turn_id=tid, session_id=sid, error=result.error or "failed")

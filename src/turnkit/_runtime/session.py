@@ -31,6 +31,7 @@ from .._errors import (
     TurnCancelledError,
     TurnError,
     TurnFailedError,
+    TurnHeldError,
     TurnSuspendedError,
 )
 from .._seams.sink import EventSink
@@ -238,7 +239,9 @@ class AgentSession(SessionView):
         parked = await parked_turn(self._store)
         if parked is not None and not await self._reset_ends(parked):
             self._parked = parked.turn_id
-            raise SessionSuspendedError(_parked_refusal(self.session_id, parked.turn_id))
+            raise SessionSuspendedError(
+                _parked_refusal(self.session_id, parked.turn_id, parked.held_by)
+            )
         request = self._request(text, event, trigger, turn_id, frozenset(), owner, queued=True)
         record = TurnRecord(
             session_id=self.session_id,
@@ -248,6 +251,7 @@ class AgentSession(SessionView):
             opening=request.opening.to_dict(),
             event=event.to_dict() if event is not None else None,
             created_at=time.time(),
+            version=self.agent.turn_version,
         )
         policy = opening_policy(self.agent, request, event).to_dict()
         # A replace cancels the turns before it in the same commit, so no process can
@@ -501,6 +505,8 @@ class AgentSession(SessionView):
         result = await self.result(tid)
         if result.status == "suspended" and result.request is not None:
             raise TurnSuspendedError(result.turn_id, result.request, result.requests)
+        if result.status == "suspended":
+            raise TurnHeldError(result.turn_id, result.error or "held by another version")
         if result.status == "cancelled":
             raise TurnCancelledError(result.turn_id, result.reason or "requested")
         if result.status != "completed":
@@ -970,7 +976,13 @@ def _owner_refusal(session_id: str, owner: str) -> str:
     )
 
 
-def _parked_refusal(session_id: str, turn_id: str) -> str:
+def _parked_refusal(session_id: str, turn_id: str, held_by: str | None = None) -> str:
+    if held_by is not None:
+        return (
+            f"session {session_id} waits on turn {turn_id}, held by agent version "
+            f"{held_by} (see docs/deploying.md); run it under a version that takes it "
+            "on, cancel it, or reset the session before starting another turn"
+        )
     return (
         f"session {session_id} is waiting for input on turn {turn_id}; "
         "resume it (or reset the session) before starting another turn"

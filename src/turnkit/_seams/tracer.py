@@ -40,6 +40,8 @@ class TurnTrace:
     #: The context of the code that asked for this delivery (``start``, ``resume``,
     #: ``recover``), captured by ``Tracer.current`` when it asked.
     parent: TraceContext | None = None
+    #: The agent version this delivery runs (``Agent.turn_version``).
+    version: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -229,6 +229,44 @@ class TurnCancelledEvent(_TurnEventBase):
 
 @quick_init
 @dataclass(frozen=True, kw_only=True)
+class TurnVersionChangedEvent(_TurnEventBase):
+    """A delivery of agent version ``to_version`` took on the turn recorded under
+    ``from_version`` (``None``: recorded before turns kept versions, or held by the
+    same version) and runs it on: ``action`` is ``continued``, or ``migrated`` when
+    the agent's ``on_version_change`` rewrote the owed calls named in ``rewritten``."""
+
+    from_version: str | None
+    to_version: str
+    action: Literal["continued", "migrated"]
+    rewritten: tuple[str, ...] = ()
+    type: Literal["turn.version_changed"] = "turn.version_changed"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        object.__setattr__(self, "rewritten", tuple(self.rewritten))
+
+
+@quick_init
+@dataclass(frozen=True, kw_only=True)
+class TurnHeldEvent(_TurnEventBase):
+    """The turn, recorded under ``from_version``, was refused by a delivery of
+    ``by_version`` and is held parked (``problems`` say what conflicted, ``reason``
+    sums it up). A delivery of another version may take it on later; see
+    docs/deploying.md. It ends the delivery, like a park."""
+
+    from_version: str | None
+    by_version: str
+    reason: str
+    problems: tuple[str, ...] = ()
+    type: Literal["turn.held"] = "turn.held"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        object.__setattr__(self, "problems", tuple(self.problems))
+
+
+@quick_init
+@dataclass(frozen=True, kw_only=True)
 class SubagentEvent(_TurnEventBase):
     """An event of a child turn, shown to the parent turn's observers (live only).
 
@@ -290,6 +328,8 @@ TurnEvent: TypeAlias = (
     | TurnCompletedEvent
     | TurnFailedEvent
     | TurnCancelledEvent
+    | TurnVersionChangedEvent
+    | TurnHeldEvent
     | SubagentEvent
     | DeliveryFailedEvent
     | UnknownEvent
@@ -301,7 +341,7 @@ TERMINAL_EVENT_TYPES: frozenset[str] = frozenset(
 )
 #: Event types that end a delivery: the terminal ones, and a park. An observer of a
 #: delivery stops at the first of them.
-ENDING_EVENT_TYPES: frozenset[str] = TERMINAL_EVENT_TYPES | {"input.requested"}
+ENDING_EVENT_TYPES: frozenset[str] = TERMINAL_EVENT_TYPES | {"input.requested", "turn.held"}
 
 _EVENT_TYPES: dict[str, type[_Event]] = {
     cls.type: cls
@@ -317,6 +357,8 @@ _EVENT_TYPES: dict[str, type[_Event]] = {
         TurnCompletedEvent,
         TurnFailedEvent,
         TurnCancelledEvent,
+        TurnVersionChangedEvent,
+        TurnHeldEvent,
         SubagentEvent,
         DeliveryFailedEvent,
     )

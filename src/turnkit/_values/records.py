@@ -38,6 +38,13 @@ class TurnRecord:
     #: Set once a cancellation was asked for (``requested``, ``replaced``, ``reset``);
     #: the turn ends ``cancelled`` at its next checkpoint boundary.
     cancel_reason: str | None = None
+    #: The agent version the turn runs under (``Agent.turn_version``): recorded when it
+    #: is queued or opens, changed only when a delivery of another version takes it
+    #: on (see docs/deploying.md). ``None``: stored before turns recorded versions.
+    version: str | None = None
+    #: Set while the turn is held: parked because the version named here refused
+    #: to run it (``error`` says why). Only a delivery of another version retries it.
+    held_by: str | None = None
 
     def __post_init__(self) -> None:
         clean_fields(self, ("opening", "event", "text", "error", "pending", "cancel_reason"))

@@ -16,6 +16,7 @@ TOOLS = "tools"
 HISTORY = "history"
 WINDOW = "window"
 NOTE = "note"
+REWRITE = "rewrite"
 
 
 def model_step_id(index: int) -> str:
@@ -50,6 +51,12 @@ def call_input_id(input_id: str, call_id: str) -> str:
     (two refunds, each asking ``approve-refund``): ``<id>@<call_id>``, so each call
     gets its own answer."""
     return f"{input_id}@{call_id}"
+
+
+def rewrite_step_id(turn_id: str, call_id: str) -> str:
+    """The call an ``on_version_change`` migration runs instead of the recorded call
+    ``call_id`` of turn ``turn_id``: ``rewrite:<turn_id>:<call_id>``."""
+    return f"{REWRITE}:{turn_id}:{call_id}"
 
 
 def policy_step_id(turn_id: str) -> str:

@@ -69,7 +69,7 @@ def new_turn(record: TurnRecord, *, owner: str | None = None) -> PutTurn:
         raise TurnMoveError(
             f"turn {record.turn_id}: a new turn starts queued or running, not {record.status}"
         )
-    fresh = replace(record, finished_at=None, pending=None, cancel_reason=None)
+    fresh = replace(record, finished_at=None, pending=None, cancel_reason=None, held_by=None)
     return PutTurn(fresh, None, session_status_after(None, record.status), owner)
 
 
@@ -81,12 +81,16 @@ def move(
     error: str | None = None,
     pending: JsonObject | None = None,
     now: float | None = None,
+    version: str | None = None,
+    held_by: str | None = None,
 ) -> PutTurn:
     """Move the stored ``record`` to ``status``: the write that does it, planned
     from ``record.status`` (the store refuses it if the turn moved since).
 
     ``text``, ``error`` and ``pending`` replace the old ones (a suspend checkpoint
     is kept only by a ``suspended`` turn); a final status stamps ``finished_at``.
+    ``version`` (if given) is the version the turn runs under from now on;
+    ``held_by`` holds a ``suspended`` turn for that version (any move clears it).
     Raises ``TurnMoveError`` for a move ``MOVES`` does not allow."""
     current = record.status
     if not may_follow(current, status):
@@ -101,5 +105,19 @@ def move(
         error=error,
         pending=pending if status == "suspended" else None,
         finished_at=(time.time() if now is None else now) if status in TERMINAL else None,
+        version=record.version if version is None else version,
+        held_by=held_by if status == "suspended" else None,
     )
     return PutTurn(moved, current, session_status_after(current, status))
+
+
+def restamp(record: TurnRecord, version: str) -> PutTurn:
+    """Record that the ``running`` turn ``record`` runs under ``version`` from now on
+    (a delivery of another version took it over), its status unchanged: planned
+    like a move, so the store refuses it if the turn moved since."""
+    if record.status != "running":
+        raise TurnMoveError(
+            f"session {record.session_id}: turn {record.turn_id} is {record.status}; only "
+            "a running turn changes version in place"
+        )
+    return PutTurn(replace(record, version=version), "running", None)

@@ -65,7 +65,9 @@ class TurnResult:
     """How a turn ended: ``completed`` with ``text``, ``failed`` with ``error``,
     ``suspended`` (parked) with the ``request`` it waits on (``requests``: every
     question still open, in call order, when several calls of a step asked), or
-    ``cancelled`` with its ``reason`` (``requested``, ``replaced``, ``reset``).
+    ``cancelled`` with its ``reason`` (``requested``, ``replaced``, ``reset``). A turn
+    held by another agent version is ``suspended`` with no ``request`` and its
+    ``error`` saying why (see docs/deploying.md).
 
     For an agent with an ``output_type``, a completed turn's ``text`` is its
     answer's JSON and ``output`` the answer parsed into that type. ``usage`` sums
@@ -146,4 +148,6 @@ def result_from_record(record: TurnRecord, usage: Usage = NO_USAGE) -> TurnResul
         return TurnResult(
             turn_id=tid, status="suspended", request=requests[0], requests=requests, usage=usage
         )
+    if record.status == "suspended":  # held by a version (``TurnRecord.held_by``)
+        return TurnResult(turn_id=tid, status="suspended", error=record.error, usage=usage)
     return TurnResult(turn_id=tid, status="failed", error=record.error or "failed", usage=usage)

@@ -52,10 +52,11 @@ class PutTurn:
     A new turn is stored whole, its place (``created_at``) given by the store (after
     every turn of the session, from the database's clock); if its session has no
     row yet, it gets one (agent ``record.agent``, ``owner``'s, status ``new``). A
-    stored turn takes the record's ``status``, ``text``, ``error``, ``pending`` and
-    ``finished_at``; its place, opening, event and cancellation stay as stored
-    (``RequestCancel`` alone sets that). ``session_status``, when given, becomes the
-    session's status, and ``record.agent`` its agent."""
+    stored turn takes the record's ``status``, ``text``, ``error``, ``pending``,
+    ``finished_at``, ``version`` and ``held_by``; its place, opening, event and
+    cancellation stay as stored (``RequestCancel`` alone sets that).
+    ``session_status``, when given, becomes the session's status, and
+    ``record.agent`` its agent."""
 
     record: TurnRecord
     expect: TurnStatus | None

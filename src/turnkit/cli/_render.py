@@ -187,7 +187,12 @@ def _turn_lines(turn: TurnView) -> Iterator[str]:
     else:
         finished = record.finished_at
         ended = f" → {_end_time(record.created_at, finished)}" if finished else ""
-        yield f"  {turn.turn_id}  {record.status}  {utc(record.created_at)}{ended}"
+        held = " (held)" if record.held_by is not None else ""
+        yield f"  {turn.turn_id}  {record.status}{held}  {utc(record.created_at)}{ended}"
+        if record.version is not None:
+            yield f"    version: {record.version}"
+        if record.held_by is not None:
+            yield f"    held by version: {record.held_by}"
         if record.error:
             yield f"    ✗ error: {compact(record.error)}"
         if record.cancel_reason:

@@ -250,6 +250,8 @@ def _turn_json(turn: TurnView) -> JsonObject:
         "text": record.text if record else None,
         "error": record.error if record else None,
         "cancel_reason": record.cancel_reason if record else None,
+        "version": record.version if record else None,
+        "held_by": record.held_by if record else None,
         "steps": turn.steps,
         "usage": turn.usage.to_dict(),
         "answers": [

@@ -13,6 +13,7 @@ from typing import Any
 
 from .._runtime.usage import session_usage
 from .._seams.store import SessionStore
+from .._values.messages import Message
 from ._bodies import HttpError, flag, non_negative_int
 
 
@@ -36,10 +37,33 @@ async def transcript_body(store: SessionStore, query: Mapping[str, str]) -> dict
         "generations": await store.generations(),
         # What every turn's model calls used (each assistant message has its own).
         "usage": (await session_usage(store, snapshot.messages)).to_dict(),
+        "turns": await _turns(store, snapshot.messages),
     }
     if events is not None:
         body["events"] = events
     return body
+
+
+async def _turns(store: SessionStore, messages: list[Message]) -> list[dict[str, Any]]:
+    """The session's latest turn and its unfinished ones: status, the agent version
+    each runs under, and the version holding it, if one does (docs/deploying.md)."""
+    records = {r.turn_id: r for r in await store.unfinished()}
+    latest = messages[-1].turn_id if messages else None
+    if latest is not None and latest not in records:
+        record = await store.turn(latest)
+        if record is not None:
+            records[latest] = record
+    ordered = sorted(records.values(), key=lambda r: r.created_at)
+    return [
+        {
+            "turn_id": r.turn_id,
+            "status": r.status,
+            "version": r.version,
+            "held_by": r.held_by,
+            "error": r.error if r.held_by is not None else None,
+        }
+        for r in ordered
+    ]
 
 
 async def _archived(store: SessionStore, generation: int) -> dict[str, Any]:

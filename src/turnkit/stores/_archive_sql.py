@@ -27,9 +27,9 @@ ARCHIVE: tuple[str, ...] = (
     "INSERT INTO turnkit_archived_events (session_id, generation, seq, turn_id, body) "
     "SELECT session_id, ?, seq, turn_id, body FROM turnkit_events WHERE session_id = ?",
     "INSERT INTO turnkit_archived_turns (session_id, generation, turn_id, agent, status, "
-    "opening, event, text, error, created_at, finished_at, pending, cancel_reason) "
+    "opening, event, text, error, created_at, finished_at, pending, cancel_reason, version) "
     "SELECT session_id, ?, turn_id, agent, status, opening, event, text, error, created_at, "
-    "finished_at, pending, cancel_reason FROM turnkit_turns WHERE " + _MOVED["turns"],
+    "finished_at, pending, cancel_reason, version FROM turnkit_turns WHERE " + _MOVED["turns"],
 )
 CLEAR: tuple[str, ...] = tuple(
     f"DELETE FROM turnkit_{table} WHERE {where}" for table, where in _MOVED.items()

@@ -152,7 +152,9 @@ class Payloads:
 
     def turn_from_row(self, row: Sequence[Any]) -> TurnRecord:
         """A ``TurnRecord`` from a row selected with ``_sql_rows.TURN_COLUMNS``."""
-        sid, tid, agent, status, opening, event, text, error, created, finished, pending, why = row
+        sid, tid, agent, status, opening, event, text, error, created, finished, pending, why = row[
+            :12
+        ]
         return TurnRecord(
             session_id=sid,
             turn_id=tid,
@@ -166,6 +168,8 @@ class Payloads:
             finished_at=finished,
             pending=self.load(sid, "pending", pending) if pending else None,
             cancel_reason=why,
+            version=row[12],
+            held_by=row[13],
         )
 
     def seal_turn(self, record: TurnRecord) -> TurnRecord:

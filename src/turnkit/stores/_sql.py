@@ -46,7 +46,7 @@ def new_turn(order: str) -> str:
     already taken inserts nothing (and reports no row)."""
     return (
         "INSERT INTO turnkit_turns (session_id, turn_id, agent, status, opening, event, "
-        f"created_at) VALUES (?, ?, ?, ?, ?, ?, {order}) "
+        f"version, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, {order}) "
         "ON CONFLICT (session_id, turn_id) DO NOTHING"
     )
 
@@ -56,8 +56,8 @@ PG_NEW_TURN = new_turn(PG_ORDER)
 #: A stored turn's move, if it is still in the status it was planned from (the last
 #: parameter); its place, opening, event and cancellation stay.
 MOVE_TURN = (
-    "UPDATE turnkit_turns SET status = ?, text = ?, error = ?, pending = ?, finished_at = ? "
-    "WHERE session_id = ? AND turn_id = ? AND status = ?"
+    "UPDATE turnkit_turns SET status = ?, text = ?, error = ?, pending = ?, finished_at = ?, "
+    "version = ?, held_by = ? WHERE session_id = ? AND turn_id = ? AND status = ?"
 )
 #: The session of a new turn that does not move it: made (status ``new``, with its
 #: owner) if this is its first turn, else only touched.
@@ -98,10 +98,11 @@ UNFINISHED = (
 )
 CANCEL_REASON = "SELECT cancel_reason FROM turnkit_turns WHERE session_id = ? AND turn_id = ?"
 STATUS = "SELECT status FROM turnkit_sessions WHERE session_id = ?"
-#: What ``recover()`` picks up: turns left running by a dead process, and queued ones.
+#: What ``recover()`` picks up: turns left running by a dead process, queued ones,
+#: and parked ones a version held (a delivery of another version may take them on).
 UNFINISHED_TURNS = (
     f"SELECT {TURN_COLUMNS} FROM turnkit_turns WHERE status IN ('queued', 'running') "
-    "ORDER BY created_at"
+    "OR (status = 'suspended' AND held_by IS NOT NULL) ORDER BY created_at"
 )
 
 #: How many turns are queued, running and parked, store-wide (for monitoring).

@@ -10,7 +10,7 @@ from ._payloads import Payloads
 
 TURN_COLUMNS = (
     "session_id, turn_id, agent, status, opening, event, text, error, created_at, finished_at, "
-    "pending, cancel_reason"
+    "pending, cancel_reason, version, held_by"
 )
 
 
@@ -29,6 +29,7 @@ def new_turn_values(
         record.status,
         payloads.dump(session_id, "opening", record.opening),
         payloads.dump(session_id, "inbound", event) if event is not None else None,
+        record.version,
         *clock,
         session_id,
     )
@@ -46,6 +47,8 @@ def move_values(
         payloads.dump_text(session_id, "error", record.error),
         payloads.dump(session_id, "pending", pending) if pending is not None else None,
         record.finished_at,
+        record.version,
+        record.held_by,
         session_id,
         record.turn_id,
         expect,

@@ -158,6 +158,13 @@ MIGRATIONS: list[tuple[str, ...]] = [
         "(finished_at, session_id, turn_id) "
         "WHERE finished_at IS NOT NULL AND events_trimmed IS NULL",
     ),
+    # v11: the agent version each turn runs under, and the version that holds a turn
+    # it refused to run (docs/deploying.md). Columns an older turnkit never reads.
+    (
+        "ALTER TABLE turnkit_turns ADD COLUMN version TEXT",
+        "ALTER TABLE turnkit_turns ADD COLUMN held_by TEXT",
+        "ALTER TABLE turnkit_archived_turns ADD COLUMN version TEXT",
+    ),
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -293,6 +293,8 @@ class _MemoryTransaction:
                 error=record.error,
                 pending=_kept_pending(record.pending),
                 finished_at=record.finished_at,
+                version=record.version,
+                held_by=record.held_by,
             )
         self._put_turn(self._payloads.seal_turn(kept))
         if session_status is not None:
@@ -463,7 +465,7 @@ class MemoryStore:
             t
             for d in self._sessions.values()
             for t in d.turns.values()
-            if t.status in ("queued", "running")
+            if t.status in ("queued", "running") or (t.status == "suspended" and t.held_by)
         ]
         return [self._payloads.turn(t) for t in sorted(found, key=lambda t: t.created_at)]
 

@@ -268,6 +268,14 @@ MIGRATIONS: list[tuple[str, ...]] = [
         "(finished_at, session_id, turn_id) "
         "WHERE finished_at IS NOT NULL AND events_trimmed IS NULL",
     ),
+    # v16: the agent version each turn runs under, and the version that holds a turn
+    # it refused to run (docs/deploying.md). Nullable columns without a default: added
+    # without rewriting the table, and an older turnkit's statements never name them.
+    (
+        "ALTER TABLE turnkit_turns ADD COLUMN version text",
+        "ALTER TABLE turnkit_turns ADD COLUMN held_by text",
+        "ALTER TABLE turnkit_archived_turns ADD COLUMN version text",
+    ),
 ]
 
 

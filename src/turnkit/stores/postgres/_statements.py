@@ -210,12 +210,13 @@ def _float(value: bytes | None) -> float | None:
 
 def turn_row(res: PGresult, row: int, first: int, payloads: Payloads) -> TurnRecord:
     """A ``TurnRecord`` from ``_TURN_COLUMNS`` at column ``first`` on."""
-    v = [res.get_value(row, first + c) for c in range(12)]
+    v = [res.get_value(row, first + c) for c in range(TURN_COLUMN_COUNT)]
     return payloads.turn_from_row(
-        [*(as_text(x) for x in v[:8]), _float(v[8]), _float(v[9]), as_text(v[10]), as_text(v[11])]
+        [*(as_text(x) for x in v[:8]), _float(v[8]), _float(v[9]), *(as_text(x) for x in v[10:])]
     )
 
 
+TURN_COLUMN_COUNT = len(_TURN_COLUMNS.split(","))
 TURN_COLUMNS_T = ", ".join(f"t.{c.strip()}" for c in _TURN_COLUMNS.split(","))
 
 # A delivery's whole read in one statement, so in one snapshot: the session, the

@@ -85,6 +85,7 @@ from ._queue import CLAIM_SQL
 from ._statements import (
     LOAD_SQL,
     SCHEMA_NAME,
+    TURN_COLUMN_COUNT,
     as_text,
     check_idle_async,
     check_idle_connection,
@@ -190,8 +191,8 @@ class _PgSession:
             next_seq=(int(seq) if seq is not None else 0) + 1,
             generation=int(generation) if generation is not None else 0,
             from_index=from_index,
-            owner=as_text(res.get_value(0, 17)),
-            reset_requested=res.get_value(0, 18) is not None,
+            owner=as_text(res.get_value(0, _OWNER)),
+            reset_requested=res.get_value(0, _OWNER + 1) is not None,
             erased=_erasure(res),
         )
 
@@ -783,7 +784,11 @@ class PostgresStore:
             await asyncio.wait_for(self._listener.work.wait(), timeout)
 
 
+#: Where the session's columns start in a load's row: after the turn's, at column 5.
+_OWNER = 5 + TURN_COLUMN_COUNT
+
+
 def _erasure(res: PGresult) -> Erasure | None:
     """The tombstone columns of a load's row (see ``LOAD_SQL``)."""
-    at = res.get_value(0, 20)
-    return None if at is None else Erasure(as_text(res.get_value(0, 19)), float(at))
+    at = res.get_value(0, _OWNER + 3)
+    return None if at is None else Erasure(as_text(res.get_value(0, _OWNER + 2)), float(at))
