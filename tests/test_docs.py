@@ -98,5 +98,5 @@ def test_the_readme_names_every_event_type_and_links_the_table() -> None:
     assert missing == []
     assert "docs/server.md#the-events" in readme
     table = (ROOT / "docs" / "server.md").read_text().split("### The events", 1)[1]
-    rows = re.findall(r"^\| `([a-z]+\.[a-z.]+)` \|", table, re.MULTILINE)
+    rows = re.findall(r"^\| `([a-z]+\.[a-z_.]+)` \|", table, re.MULTILINE)
     assert sorted(rows) == sorted(types)

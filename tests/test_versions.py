@@ -277,6 +277,8 @@ async def test_an_incompatible_change_holds_the_turn_parked(
         session = rt.session("a", "s1")
         with pytest.raises(turnkit.SessionSuspendedError, match="held by agent version"):
             await session.turn("another")
+        with pytest.raises(turnkit.ResumeConflictError, match="held by agent version"):
+            await session.resume(turn_id, "approve", {"approved": True})
         with pytest.raises(turnkit.TurnHeldError, match=what):
             await session.turn("o-1", turn_id=turn_id)  # following the held turn
         # The refusing version does not try again on recovery: nothing changes.

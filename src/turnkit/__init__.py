@@ -111,7 +111,7 @@ from ._values.messages import (
 from ._values.policy import SurfacePolicy, TurnPolicy
 from ._values.turns import ResetResult, TurnResult
 from ._values.usage import Usage
-from ._values.versions import Rewrite, VersionChange
+from ._values.versions import Rewrite, VersionChange, VersionDecision
 
 __all__ = [
     "ActionCompletedEvent",
@@ -229,6 +229,7 @@ __all__ = [
     "User",
     "UserMessage",
     "VersionChange",
+    "VersionDecision",
     "Worker",
     "define_action",
     "event_from_dict",

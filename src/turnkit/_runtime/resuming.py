@@ -43,6 +43,11 @@ async def record_answer(
     async with store.writer():
         record = await parked_turn(store)
         checkpoint = checkpoint_of(record) if record is not None else None
+        if record is not None and record.held_by is not None:
+            raise ResumeConflictError(
+                f"turn {record.turn_id} of session {store.session_id} is held by agent "
+                f"version {record.held_by}, not waiting for input: {record.error}"
+            )
         if record is None or checkpoint is None:
             raise ResumeConflictError(
                 f"session {store.session_id} is not waiting for input (turn {turn_id})"

@@ -32,6 +32,7 @@ from .._values.events import (
     TurnCompletedEvent,
     TurnEvent,
     TurnFailedEvent,
+    TurnHeldEvent,
 )
 from .._values.inputs import InputRequest
 from .._values.messages import ToolCall
@@ -112,9 +113,10 @@ class Answered:
 class Ended:
     """How the stream ends: the turn ``completed`` (``detail``: its answer),
     ``failed`` (the error), was ``cancelled`` (the reason), is ``parked`` on
-    questions, or the stream ``broke`` (the delivery's error; the turn stays open)."""
+    questions, is ``held`` by another agent version (why), or the stream ``broke``
+    (the delivery's error; the turn stays open)."""
 
-    how: Literal["completed", "failed", "cancelled", "parked", "broke"]
+    how: Literal["completed", "failed", "cancelled", "parked", "held", "broke"]
     detail: str = ""
 
 
@@ -215,6 +217,8 @@ class Story:
             return [*closing, Ended(how="cancelled", detail=last.reason)]
         if isinstance(last, InputRequestedEvent):
             return [*closing, Ended(how="parked")]
+        if isinstance(last, TurnHeldEvent):
+            return [*closing, Ended(how="held", detail=last.reason)]
         return [*closing, Ended(how="broke", detail="the stream ended before the turn did")]
 
     # -- text ------------------------------------------------------------------

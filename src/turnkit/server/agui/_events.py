@@ -136,7 +136,7 @@ class Run:
             return self._finished(outcome=RunFinishedInterruptOutcome(interrupts=interrupts))
         if how == "cancelled":
             return self._finished(outcome=RunFinishedCancelledOutcome())
-        code = "turn_failed" if how == "failed" else "delivery_failed"
+        code = {"failed": "turn_failed", "held": "turn_held"}.get(how, "delivery_failed")
         return RunErrorEvent(message=detail, code=code)
 
     def _finished(
