@@ -30,7 +30,7 @@ FORMAT = "turnkit.session"
 VERSION = 1
 
 _STATUSES = frozenset(get_args(TurnStatus))
-_RECORD_TEXTS = ("text", "error", "cancel_reason")
+_RECORD_TEXTS = ("text", "error", "cancel_reason", "version", "held_by")
 _RECORD_OBJECTS = ("opening", "event", "pending")
 
 
@@ -77,6 +77,8 @@ def _record_json(record: TurnRecord) -> JsonObject:
         "finished_at": record.finished_at,
         "pending": record.pending,
         "cancel_reason": record.cancel_reason,
+        "version": record.version,
+        "held_by": record.held_by,
     }
 
 
@@ -164,6 +166,8 @@ def _turn(raw: object, where: str, session_id: str) -> RecordedTurn:
             finished_at=times["finished_at"],
             pending=record.get("pending"),
             cancel_reason=record.get("cancel_reason"),
+            version=record.get("version"),
+            held_by=record.get("held_by"),
         ),
         steps=dict(steps),
     )
