@@ -40,7 +40,7 @@ from ._folder_model import choose_model
 from ._logging import log_to_stderr
 from ._otel import otel_tracing
 from ._progress import Progress
-from ._records import add_export, add_fork, add_import
+from ._records import add_console, add_export, add_fork, add_import
 from ._render import render_archive, render_session, render_sessions
 from ._show import (
     archive_json,
@@ -86,6 +86,7 @@ def _parser() -> argparse.ArgumentParser:
     add_fork(commands, _add_store_option)
     add_export(commands, _add_store_option)
     add_import(commands, _add_store_option)
+    add_console(commands, _add_store_option)
     return parser
 
 

@@ -178,3 +178,47 @@ async def import_command(args: argparse.Namespace, progress: Progress) -> int:
         )
     )
     return 0
+
+
+def add_console(commands: Any, store_option: StoreOption) -> None:
+    console = commands.add_parser(
+        "console",
+        help="serve the operator console for a store on this machine",
+        description="Serve the operator console on 127.0.0.1, answering only clients on "
+        "this machine: every session of the store, filterable by agent, status and age; a "
+        "turn's timeline beside its transcript; live queued and running turns; and cancel, "
+        "answer, reset, retry and erase for the sessions of the agents given (without "
+        "AGENT_DIR, read only). On SQLite a retried turn runs in this process; on "
+        "PostgreSQL it is stored for the workers.",
+    )
+    console.add_argument("agent_dirs", nargs="*", metavar="AGENT_DIR", help="agent folders")
+    store_option(console)
+    console.add_argument("--host", default="127.0.0.1", help="a loopback address")
+    console.add_argument("--port", type=int, default=8377, help="the port (0: a free one)")
+    console.set_defaults(handler=console_command)
+
+
+async def console_command(args: argparse.Namespace, progress: Progress) -> int:
+    del progress
+    try:
+        from ..server._console_serve import serve_console
+    except ImportError as exc:
+        raise CliError(f"turnkit console needs: pip install 'turnkit[server]' ({exc})") from None
+    from .._assembly.loader import AgentFolder
+    from .._channels.local_user import local_user
+    from .._runtime.runtime import Runtime
+    from ._folder_model import choose_model
+    from ._open import is_postgres_dsn
+    from ._store import check_store_exists
+
+    user = local_user()
+    agents = []
+    for folder_path in args.agent_dirs:
+        folder = AgentFolder.read(folder_path)
+        agents.append(folder.agent(choose_model(folder).model))
+    await check_store_exists(args.store)
+    store = await writable_store(args.store)
+    runtime = Runtime(agents, store=store, run_turns=not is_postgres_dsn(args.store))
+    return await serve_console(
+        runtime, host=args.host, port=args.port, store_label=describe_store(args.store), user=user
+    )

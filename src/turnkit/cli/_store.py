@@ -62,6 +62,16 @@ async def reading_store(spec: str) -> AsyncIterator[Store]:
         await store.close()
 
 
+async def check_store_exists(spec: str) -> None:
+    """Refuse a store that holds no turnkit tables (a typo would otherwise make an
+    empty one), as ``reading_store`` does, without opening it."""
+    if is_postgres_dsn(spec):
+        _store_for(spec)  # says so if psycopg is not installed
+        await asyncio.to_thread(_check_postgres_tables, spec)
+    else:
+        await asyncio.to_thread(_check_sqlite_file, spec)
+
+
 async def writable_store(
     spec: str, *, takeover: Takeover | None = None, pool_size: int | None = None
 ) -> Store:

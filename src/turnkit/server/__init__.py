@@ -15,6 +15,7 @@ except ImportError as exc:  # pragma: no cover - exercised without the extra
 from ._app import ServerLimits, create_app
 from ._authorize import Action, Authorize, SessionAccess, owner_only
 from ._body_limit import BodyLimit
+from ._console import Console, ConsoleAudit, console_app
 from ._ops import ops_app
 from ._principal import Authenticate, Principal, loopback_only
 from ._sse import event_frame, frame
@@ -24,9 +25,12 @@ __all__ = [
     "Authenticate",
     "Authorize",
     "BodyLimit",
+    "Console",
+    "ConsoleAudit",
     "Principal",
     "ServerLimits",
     "SessionAccess",
+    "console_app",
     "create_app",
     "event_frame",
     "frame",

@@ -62,6 +62,7 @@ from ._bodies import (
     turn_body,
 )
 from ._body_limit import BodyLimit
+from ._console import Console
 from ._feed import EventFeed
 from ._frontend import Frontend, Handler, Target, unknown_session
 from ._hosts import HostGuard, checked_names
@@ -142,6 +143,7 @@ def create_app(
     mcp: Mountable | None = None,
     run_turns: bool | None = None,
     frontends: Sequence[Frontend] = (),
+    console: Console | None = None,
 ) -> Starlette:
     """The HTTP surface of ``runtime`` (see docs/server.md).
 
@@ -174,6 +176,10 @@ def create_app(
     ``frontends`` adds the routes of front-end protocols,
     ``turnkit.server.aisdk.ai_sdk()`` and ``turnkit.server.agui.ag_ui()`` (see
     docs/frontends.md), behind the same ``authenticate`` and ``authorize``.
+
+    ``console`` (``turnkit.server.Console()``) serves the operator console at its
+    path, ``/console``, behind ``authenticate``, each row and action decided with
+    ``authorize`` and each action audited (see docs/console.md).
     """
     if not isinstance(runtime, Runtime):
         raise ConfigurationError(
@@ -226,6 +232,13 @@ def create_app(
             )
         mounted = Authenticated(mcp.asgi(api.authorize), authenticate)
         routes.append(Route(mcp.path, mounted))
+    if console is not None:
+        if not isinstance(console, Console):
+            raise ConfigurationError(
+                f"create_app: console= takes turnkit.server.Console(), got {type(console).__name__}"
+            )
+        inner = Authenticated(console.asgi(runtime, api.authorize), authenticate)
+        routes.append(Mount(console.path, inner))
     if chat_page:
         static = resources.files("turnkit.server") / "static"
         # Behind ``authenticate`` too: it sees every request the app serves.

@@ -1,0 +1,215 @@
+"""What the operator console reads from the store, as JSON-ready values.
+
+Everything comes through the store seam: session pages by key
+(``Store.session_page``), one session whole (``read_recorded``), and the live
+counts (``Store.turn_counts`` where the store has it, else its unfinished turns).
+A turn's timeline is made from its logged events, whose ``at`` stamps give each
+step's start and end.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .._runtime.recorded import RecordedSession
+from .._seams.store import Store
+from .._values.events import (
+    ActionCompletedEvent,
+    ActionRequestedEvent,
+    InputAnsweredEvent,
+    InputRequestedEvent,
+    MessageCompletedEvent,
+    TurnCancelledEvent,
+    TurnCompletedEvent,
+    TurnEvent,
+    TurnFailedEvent,
+    TurnStartedEvent,
+)
+from .._values.records import SessionInfo, SessionKey, TurnRecord
+from .._values.times import rfc3339
+
+#: Most rows one session-list request reads from the store while it filters by
+#: status, so a rare status costs a bounded scan; the answer says where to go on.
+SCAN_BUDGET = 5_000
+_PAGE = 500
+STATUSES = frozenset({"new", "running", "suspended", "idle"})
+
+
+@dataclass(frozen=True, kw_only=True)
+class SessionFilter:
+    """A session-list request: ``agent``, session ``status``, and age by last update
+    (``newer_than``/``older_than``, seconds before now)."""
+
+    agent: str | None = None
+    status: str | None = None
+    newer_than: float | None = None
+    older_than: float | None = None
+    limit: int = 50
+
+
+async def session_rows(
+    store: Store, wanted: SessionFilter, after: SessionKey | None, now: float | None = None
+) -> tuple[list[SessionInfo], SessionKey | None, int]:
+    """Up to ``wanted.limit`` sessions that pass the filter, newest first, after the
+    key ``after``; the key to go on from (``None``: the end) and how many rows
+    were read. Paging is by key, so a page costs the same at any depth."""
+    now = time.time() if now is None else now
+    if after is None and wanted.older_than is not None:
+        after = (now - wanted.older_than, "")
+    floor = None if wanted.newer_than is None else now - wanted.newer_than
+    found: list[SessionInfo] = []
+    scanned = 0
+    chunk = wanted.limit if wanted.status is None else _PAGE
+    while True:
+        page = await store.session_page(agent=wanted.agent, limit=chunk, after=after)
+        scanned += len(page)
+        for info in page:
+            after = (info.updated_at, info.session_id)
+            if floor is not None and info.updated_at < floor:
+                return found, None, scanned
+            if wanted.status is None or info.status == wanted.status:
+                found.append(info)
+                if len(found) == wanted.limit:
+                    return found, after, scanned
+        if len(page) < chunk:
+            return found, None, scanned
+        if scanned >= SCAN_BUDGET:
+            return found, after, scanned
+
+
+def session_row(info: SessionInfo) -> dict[str, Any]:
+    return {
+        "session_id": info.session_id,
+        "agent": info.agent,
+        "status": info.status,
+        "updated_at": info.updated_at,
+        "updated": rfc3339(info.updated_at),
+        "preview": info.preview,
+        "owner": info.owner,
+    }
+
+
+async def live_counts(store: Store) -> dict[str, Any]:
+    """Queue depth and turns running or parked now, and the running ones (at most
+    20), read from the store."""
+    counts_of = getattr(store, "turn_counts", None)
+    unfinished = await store.unfinished_turns()
+    if counts_of is not None:
+        counts = dict(await counts_of())
+    else:
+        counts = {"queued": 0, "running": 0, "suspended": 0}
+        for record in unfinished:
+            counts[record.status] = counts.get(record.status, 0) + 1
+    running = [r for r in unfinished if r.status == "running"][:20]
+    return {
+        "at": time.time(),
+        "queued": counts.get("queued", 0),
+        "running": counts.get("running", 0),
+        "parked": counts.get("suspended", 0),
+        "running_turns": [
+            {"session_id": r.session_id, "turn_id": r.turn_id, "agent": r.agent} for r in running
+        ],
+    }
+
+
+def session_detail(
+    recorded: RecordedSession, status: str, generations: list[int]
+) -> dict[str, Any]:
+    """One session for its page: the transcript, and each turn with its record,
+    steps and timeline (newest turn first)."""
+    by_turn: dict[str, list[TurnEvent]] = {}
+    for event in recorded.events:
+        by_turn.setdefault(event.turn_id, []).append(event)
+    turns = []
+    for turn in reversed(recorded.turns):
+        record = turn.record
+        turns.append(
+            {
+                "turn_id": turn.turn_id,
+                "status": record.status if record else None,
+                "error": record.error if record else None,
+                "text": record.text if record else None,
+                "cancel_reason": record.cancel_reason if record else None,
+                "created": rfc3339(record.created_at or None) if record else None,
+                "finished": rfc3339(record.finished_at) if record else None,
+                "pending": _pending(record),
+                "steps": sorted(turn.steps),
+                "timeline": timeline(by_turn.get(turn.turn_id, [])),
+            }
+        )
+    return {
+        "session_id": recorded.session_id,
+        "agent": recorded.agent,
+        "owner": recorded.owner,
+        "status": status,
+        "generations": generations,
+        "messages": [{"index": i, **m.to_dict()} for i, m in enumerate(recorded.messages)],
+        "turns": turns,
+    }
+
+
+def _pending(record: TurnRecord | None) -> list[dict[str, Any]]:
+    if record is None or record.status != "suspended" or not record.pending:
+        return []
+    listed = record.pending.get("requests") or [record.pending.get("request")]
+    return [r for r in listed if isinstance(r, dict)]
+
+
+def timeline(events: Sequence[TurnEvent]) -> list[dict[str, Any]]:
+    """The turn's steps on a time axis: each a ``kind`` (``model``, ``tool``,
+    ``park``, ``end``), a ``label``, ``start``/``end`` (seconds since the epoch),
+    ``error`` for a failure, and ``by`` for who answered a park."""
+    items: list[dict[str, Any]] = []
+    calls: dict[str, dict[str, Any]] = {}
+    park: dict[str, Any] | None = None
+    mark: float | None = None  # where the next model step starts
+    for event in events:
+        at = event.at
+        if at is None:
+            continue
+        if isinstance(event, TurnStartedEvent):
+            mark = at
+        elif isinstance(event, MessageCompletedEvent):
+            calls_made = [c.name for c in event.message.tool_calls]
+            label = "model → " + (", ".join(calls_made) if calls_made else "answer")
+            items.append(_item("model", label, mark if mark is not None else at, at))
+            mark = at
+        elif isinstance(event, ActionRequestedEvent):
+            item = _item("tool", event.call.name, at, None)
+            calls[event.call.id] = item
+            items.append(item)
+        elif isinstance(event, ActionCompletedEvent):
+            item = calls.pop(event.call_id, {})
+            if not item:
+                item = _item("tool", event.name, at, None)
+                items.append(item)
+            item["end"] = at
+            item["error"] = event.error
+            mark = at
+        elif isinstance(event, InputRequestedEvent):
+            if park is None:
+                ids = ", ".join(r.id for r in event.requests)
+                park = _item("park", f"waiting for {ids}", at, None)
+                items.append(park)
+        elif isinstance(event, InputAnsweredEvent):
+            if park is not None:
+                park["end"] = at
+                park["by"] = event.by
+                park = None
+            mark = at
+        elif isinstance(event, TurnFailedEvent):
+            items.append(_item("end", "failed", at, at, error=event.error))
+        elif isinstance(event, TurnCompletedEvent):
+            items.append(_item("end", "completed", at, at))
+        elif isinstance(event, TurnCancelledEvent):
+            items.append(_item("end", f"cancelled ({event.reason})", at, at))
+    return items
+
+
+def _item(
+    kind: str, label: str, start: float, end: float | None, *, error: str | None = None
+) -> dict[str, Any]:
+    return {"kind": kind, "label": label, "start": start, "end": end, "error": error, "by": None}

@@ -1,0 +1,63 @@
+"""``turnkit console``: the operator console served alone on this machine.
+
+Like ``turnkit dev`` it binds a loopback address and answers loopback clients only,
+addressed by a loopback name; the person at this machine is the operator, who may
+see and act on every session of the store (``authorize`` allows all to them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import socket
+
+import uvicorn
+
+from .._channels.local_user import LocalUser
+from .._channels.printable import printable
+from .._runtime.runtime import Runtime
+from ._authorize import SessionAccess
+from ._console import console_app
+from ._dev import _DevServer, _listen
+from ._hosts import LOOPBACK_NAMES
+from ._principal import Principal, loopback_as
+
+
+def operator(principal: Principal, access: SessionAccess) -> bool:
+    """The console's rule on one's own machine: the loopback caller (already
+    authenticated as the local user) may see and act on every session."""
+    return True
+
+
+async def serve_console(
+    runtime: Runtime, *, host: str, port: int, store_label: str, user: LocalUser
+) -> int:
+    """Serve until SIGINT or SIGTERM; print the URL once listening."""
+    listener: socket.socket = _listen(host, port)
+    app = console_app(
+        runtime,
+        authenticate=loopback_as(user),
+        authorize=operator,
+        allowed_hosts=[*LOOPBACK_NAMES, host],
+        own_runtime=True,
+    )
+    config = uvicorn.Config(
+        app, interface="asgi3", log_level="warning", timeout_graceful_shutdown=2
+    )
+    server = _DevServer(config)
+    serving = asyncio.create_task(server.serve(sockets=[listener]))
+    while not server.started and not serving.done():
+        await asyncio.sleep(0.02)
+    if server.started:
+        bound, port = listener.getsockname()[:2]
+        shown = f"[{bound}]" if ":" in bound else bound
+        agents = ", ".join(sorted(runtime.agents)) or "none: read only"
+        print(
+            f"turnkit console: http://{shown}:{port}/ (store {store_label}, agents {agents}, "
+            f"you are {printable(user.id)})",
+            flush=True,
+        )
+    await serving
+    if server.stopped_by == signal.SIGINT:
+        raise KeyboardInterrupt
+    return 0
