@@ -200,12 +200,17 @@ def timeline(events: Sequence[TurnEvent]) -> list[dict[str, Any]]:
                 park["by"] = event.by
                 park = None
             mark = at
-        elif isinstance(event, TurnFailedEvent):
-            items.append(_item("end", "failed", at, at, error=event.error))
-        elif isinstance(event, TurnCompletedEvent):
-            items.append(_item("end", "completed", at, at))
-        elif isinstance(event, TurnCancelledEvent):
-            items.append(_item("end", f"cancelled ({event.reason})", at, at))
+        elif isinstance(event, TurnFailedEvent | TurnCompletedEvent | TurnCancelledEvent):
+            error = event.error if isinstance(event, TurnFailedEvent) else None
+            for item in calls.values():  # what the ending cut short
+                item["end"], item["error"] = at, error
+            calls.clear()
+            if isinstance(event, TurnFailedEvent):
+                items.append(_item("end", "failed", at, at, error=event.error))
+            elif isinstance(event, TurnCompletedEvent):
+                items.append(_item("end", "completed", at, at))
+            else:
+                items.append(_item("end", f"cancelled ({event.reason})", at, at))
     return items
 
 

@@ -1,0 +1,188 @@
+"""The operator console's page (issue 38) in a real browser (Debian's headless
+chromium): the real ``turnkit console`` serves a SQLite store that ``turnkit run``
+filled with a parked session and a failed one; the test answers the park and
+retries the failed turn as an operator would, with screenshots in /tmp."""
+
+from __future__ import annotations
+
+import queue
+import re
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import Browser, Page, expect, sync_playwright
+from test_chat_page import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS, _pump
+from test_cli import OFFLINE_ENV
+
+CONSOLE = [sys.executable, "-m", "turnkit.cli", "console"]
+URL = re.compile(r"turnkit console: (http://127\.0\.0\.1:\d+/)")
+AGENT = {
+    "agent.py": """
+from turnkit import ToolMessage, UserMessage
+from turnkit.testing import ScriptedModel, ScriptedReply, tool_call
+
+agent = {"name": "deployer"}
+
+
+def _reply(messages):
+    last = messages[-1]
+    if isinstance(last, UserMessage):
+        return ScriptedReply(tool_calls=[tool_call("deploy", {"service": last.text})])
+    return f"finished: {last.result}"
+
+
+def demo_model():
+    return ScriptedModel(respond=_reply)
+""",
+    "tools/deploy.py": '''
+from pathlib import Path
+
+from turnkit import FatalToolError, ToolContext, tool
+
+FIXED = Path(__file__).parent.parent / "fixed"
+
+
+@tool
+async def deploy(service: str, ctx: ToolContext) -> dict:
+    """Deploy a service; the api after approval, the database once it is fixed."""
+    if service == "db" and not FIXED.exists():
+        raise FatalToolError("the database is locked down")
+    ok = True
+    if service == "api":
+        ok = await ctx.request_input("approve", f"Deploy {service}?", schema={"type": "boolean"})
+    return {"deployed": ok}
+''',
+}
+
+
+def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "turnkit.cli", *args],
+        cwd=cwd,
+        input="",
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**OFFLINE_ENV, "PYTHONUNBUFFERED": "1"},
+    )
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    if not CHROMIUM.exists():
+        pytest.skip(f"needs Debian's chromium at {CHROMIUM}")
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield launched
+        launched.close()
+
+
+@pytest.fixture
+def page(browser: Browser) -> Iterator[Page]:
+    context = browser.new_context(viewport={"width": 1400, "height": 860})
+    page = context.new_page()
+    page.set_default_timeout(TIMEOUT_MS)
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    yield page
+    context.close()
+    assert errors == [], f"the page raised: {errors}"
+
+
+@pytest.fixture
+def console(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """A store with a parked and a failed session, and ``turnkit console`` on it."""
+    agent = tmp_path / "deployer"
+    for name, text in AGENT.items():
+        (agent / name).parent.mkdir(parents=True, exist_ok=True)
+        (agent / name).write_text(text)
+    db = tmp_path / "s.db"
+    parked = cli("run", str(agent), "api", "--session", "s-park", "--store", str(db), cwd=tmp_path)
+    assert parked.returncode == 3, parked.stderr
+    failed = cli("run", str(agent), "db", "--session", "s-fail", "--store", str(db), cwd=tmp_path)
+    assert failed.returncode == 1 and "locked down" in failed.stderr
+    log = tmp_path / "console.err"
+    with log.open("w") as stderr:
+        proc = subprocess.Popen(
+            [*CONSOLE, str(agent), "--store", str(db), "--port", "0"],
+            cwd=tmp_path,
+            env={**OFFLINE_ENV, "PYTHONUNBUFFERED": "1"},
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+        )
+    lines: queue.Queue[str] = queue.Queue()
+    assert proc.stdout is not None
+    threading.Thread(target=_pump, args=(proc.stdout, lines), daemon=True).start()
+    url = None
+    deadline = time.monotonic() + 30
+    while url is None and time.monotonic() < deadline and proc.poll() is None:
+        try:
+            found = URL.search(lines.get(timeout=0.2))
+        except queue.Empty:
+            continue
+        url = found.group(1) if found else None
+    try:
+        assert url is not None, f"turnkit console printed no URL:\n{log.read_text()}"
+        yield url, agent
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+
+
+def test_an_operator_answers_a_park_and_retries_a_failed_turn(
+    console: tuple[str, Path], page: Page
+) -> None:
+    url, agent = console
+    page.goto(url)
+    rows = page.get_by_test_id("session-row")
+    expect(rows).to_have_count(2)
+    expect(page.get_by_test_id("live-parked")).to_have_text("1")
+
+    page.locator('[data-testid="session-row"][data-session="s-park"]').click()
+    turn = page.get_by_test_id("turn")
+    expect(turn).to_have_attribute("data-status", "suspended")
+    steps = turn.get_by_test_id("step")
+    expect(steps).to_have_count(3)
+    kinds = [steps.nth(i).get_attribute("data-kind") for i in range(3)]
+    assert kinds == ["model", "tool", "park"]
+    expect(page.get_by_test_id("park")).to_contain_text("Deploy api?")
+    expect(page.get_by_test_id("transcript")).to_contain_text("deploy")
+    page.screenshot(path="/tmp/turnkit-console-park.png")
+
+    page.get_by_test_id("answer-value").fill("true")
+    page.get_by_test_id("answer").click()
+    expect(page.get_by_test_id("action-result")).to_have_text("answer: done")
+    expect(page.get_by_test_id("turn")).to_have_attribute("data-status", "completed")
+    expect(
+        page.get_by_test_id("timeline").get_by_text(re.compile("answered by local:"))
+    ).to_be_visible()
+    expect(page.get_by_test_id("live-parked")).to_have_text("0")
+    page.screenshot(path="/tmp/turnkit-console-answered.png")
+
+    page.locator('[data-testid="session-row"][data-session="s-fail"]').click()
+    failed = page.get_by_test_id("turn")
+    expect(failed).to_have_attribute("data-status", "failed")
+    expect(page.get_by_test_id("turn-error")).to_contain_text("the database is locked down")
+    # The tool that failed the turn, and the turn's end, are marked.
+    bad = failed.locator('[data-testid="step"][data-error="true"]')
+    expect(bad).to_have_count(2)
+    assert [bad.nth(i).get_attribute("data-kind") for i in range(2)] == ["tool", "end"]
+    page.screenshot(path="/tmp/turnkit-console-failed.png")
+
+    (agent / "fixed").write_text("yes")
+    page.get_by_test_id("retry").click()
+    expect(page.get_by_test_id("action-result")).to_have_text("retry: done")
+    expect(page.get_by_test_id("turn")).to_have_attribute("data-status", "completed")
+    expect(page.get_by_test_id("transcript")).to_contain_text("finished:")
+
+    page.get_by_test_id("filter-status").select_option("idle")
+    expect(rows).to_have_count(2)
+    page.get_by_test_id("filter-status").select_option("suspended")
+    expect(rows).to_have_count(0)
+    page.screenshot(path="/tmp/turnkit-console-retried.png")
