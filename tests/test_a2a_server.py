@@ -11,7 +11,9 @@ import asyncio
 
 import httpx
 import pytest
+from a2a.client import ClientConfig, ClientFactory
 from a2a.types import (
+    AgentCard,
     CancelTaskRequest,
     GetTaskRequest,
     SubscribeToTaskRequest,
@@ -58,9 +60,11 @@ async def test_the_card_names_the_agent_its_skills_endpoint_and_auth_scheme(serv
         assert [s.id for s in card.skills] == ["refund", "hold"]
         assert card.skills[0].description.startswith("Refund an order")
         assert card.capabilities.streaming and not card.capabilities.push_notifications
-        [interface] = card.supported_interfaces
-        assert interface.url == f"{served.url}/agents/clerk/a2a"
-        assert interface.protocol_binding == "JSONRPC"
+        interfaces = [
+            (i.url, i.protocol_binding, i.protocol_version) for i in card.supported_interfaces
+        ]
+        endpoint = f"{served.url}/agents/clerk/a2a"
+        assert interfaces == [(endpoint, "JSONRPC", "1.0"), (endpoint, "JSONRPC", "0.3")]
         scheme = card.security_schemes["user"].api_key_security_scheme
         assert (scheme.location, scheme.name) == ("header", "X-User")
         assert list(card.security_requirements[0].schemes) == ["user"]
@@ -71,6 +75,40 @@ async def test_the_card_names_the_agent_its_skills_endpoint_and_auth_scheme(serv
         assert (await http.get("/agents/clerk/a2a/.well-known/agent-card.json")).status_code == 200
         missing = await http.get("/agents/nobody/a2a/.well-known/agent-card.json")
         assert missing.status_code == 404 and missing.json()["code"] == "unknown_agent"
+
+
+async def test_a_protocol_0_3_client_is_served_on_the_same_endpoint(served) -> None:
+    async with a2a_client(served.url, streaming=False) as (_, card):
+        # The SDK's own 0.3 transport, picked by a card that offers only 0.3.
+        legacy = AgentCard()
+        legacy.CopyFrom(card)
+        del legacy.supported_interfaces[0]
+        async with httpx.AsyncClient(headers={"X-User": "ann"}, timeout=DEADLINE) as http:
+            config = ClientConfig(httpx_client=http, streaming=False)
+            client = ClientFactory(config).create(legacy)
+            [response] = await send(client, message("old times"))
+            assert response.task.status.state == COMPLETED
+            got = await client.get_task(GetTaskRequest(id=response.task.id))
+            assert got.artifacts[0].parts[0].text == "You said old times."
+    # The wire says so: 0.3 method names, and the card's 0.3 fields.
+    body = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "message/send",
+        "params": {
+            "message": {
+                "kind": "message",
+                "role": "user",
+                "messageId": "m-raw",
+                "parts": [{"kind": "text", "text": "raw"}],
+            }
+        },
+    }
+    raw = await served.client.post("/agents/clerk/a2a", json=body, headers={"X-User": "ann"})
+    assert raw.json()["result"]["status"]["state"] == "completed"
+    card_json = (await served.client.get("/agents/clerk/a2a/.well-known/agent-card.json")).json()
+    assert card_json["url"] == f"{served.url}/agents/clerk/a2a"
+    assert card_json["protocolVersion"] == "0.3"
 
 
 async def test_a_call_without_credentials_gets_the_apps_401_and_reaches_nothing(served) -> None:

@@ -30,7 +30,11 @@ from a2a.types import (
     SecurityScheme,
     StringList,
 )
-from a2a.utils.constants import AGENT_CARD_WELL_KNOWN_PATH, PROTOCOL_VERSION_CURRENT
+from a2a.utils.constants import (
+    AGENT_CARD_WELL_KNOWN_PATH,
+    PROTOCOL_VERSION_0_3,
+    PROTOCOL_VERSION_CURRENT,
+)
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
@@ -145,9 +149,9 @@ class A2AServer:
             description=described,
             version=self.version,
             supported_interfaces=[
-                AgentInterface(
-                    url=url, protocol_binding="JSONRPC", protocol_version=PROTOCOL_VERSION_CURRENT
-                )
+                # The same endpoint speaks both: 0.3 clients read the card's 0.3 fields.
+                AgentInterface(url=url, protocol_binding="JSONRPC", protocol_version=version)
+                for version in (PROTOCOL_VERSION_CURRENT, PROTOCOL_VERSION_0_3)
             ],
             capabilities=AgentCapabilities(streaming=True, push_notifications=False),
             default_input_modes=_MEDIA,

@@ -202,9 +202,10 @@ def answers_in(message: Message, open_questions: Sequence[InputRequest]) -> list
     """The answers a message gives a parked task, as (question id, value), in order.
 
     A data part ``{"answers": {<question id>: <value>, ...}}`` answers the questions
-    it names. Otherwise the message answers the task's only open question: with its
-    first data part's value, else its text (read as JSON when the question has a
-    schema and the text is JSON, so ``true`` answers a yes-or-no question)."""
+    it names, in the order the task lists them. Otherwise the message answers the
+    task's only open question: with its first data part's value, else its text (read
+    as JSON when the question has a schema and the text is JSON, so ``true`` answers
+    a yes-or-no question)."""
     for part in message.parts:
         if part.HasField("data"):
             data = _data(part)
@@ -214,7 +215,9 @@ def answers_in(message: Message, open_questions: Sequence[InputRequest]) -> list
                     raise InvalidParamsError(
                         '"answers" must be an object from question ids to answers'
                     )
-                return list(given.items())
+                # In the order the task asks them (a data part's object keeps none).
+                order = {q.id: n for n, q in enumerate(open_questions)}
+                return sorted(given.items(), key=lambda kv: order.get(kv[0], len(order)))
     if len(open_questions) != 1:
         ids = ", ".join(repr(q.id) for q in open_questions)
         raise InvalidParamsError(
