@@ -54,6 +54,7 @@ from ._runtime.approvals import Grant, ResumeRequest
 from ._runtime.exported import ImportResult, export_session, import_session
 from ._runtime.forking import ForkResult, fork_session
 from ._runtime.granting import grant_answer
+from ._runtime.inbox import InboxPage, PendingInput
 from ._runtime.observe import TurnStream
 from ._runtime.retention import PruneReport, Retention
 from ._runtime.runtime import Runtime
@@ -146,6 +147,7 @@ __all__ = [
     "HistoryWindow",
     "ImportResult",
     "InboundEvent",
+    "InboxPage",
     "InputAnsweredEvent",
     "InputRequest",
     "InputRequestedEvent",
@@ -166,6 +168,7 @@ __all__ = [
     "OutputModel",
     "OutputSpec",
     "PayloadKind",
+    "PendingInput",
     "Proactive",
     "PruneReport",
     "ReasoningDelta",

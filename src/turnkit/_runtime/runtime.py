@@ -23,6 +23,7 @@ from .._values.text import unstorable
 from .._values.turns import TurnResult
 from .approvals import GrantSealer
 from .children import RuntimeChildren
+from .inbox import InboxPage, OpenTo, pending_inputs
 from .retention import PruneReport, Retention, prune
 from .session import AgentSession
 
@@ -261,6 +262,38 @@ class Runtime:
     async def sessions(self) -> list[SessionInfo]:
         """Every session the store holds, with its agent and status."""
         return await all_sessions(self.store)
+
+    async def pending_inputs(
+        self,
+        by: str | Sequence[str],
+        *,
+        principal: Any = None,
+        limit: int = 50,
+        after: str | None = None,
+        open_to: OpenTo | None = None,
+    ) -> InboxPage:
+        """Every open question ``by`` may answer, across this runtime's sessions and
+        agents, oldest first: ``limit`` at most per page (a page ends between turns,
+        so one turn's questions may take it a little past), the next page from
+        ``after=page.next``.
+
+        ``by`` is the answerer's verified name (or names: the first is the one a
+        policy is asked about). A question is theirs when a ``user`` answerer names
+        them, or a ``policy`` answerer's ``authorize_answer(AnswerCheck(..., by,
+        principal))`` says yes (asked once per policy and page); a question that
+        names nobody only when ``open_to(agent, session_id)`` says so (the HTTP
+        inbox asks ``authorize`` whether they may resume the session). Answer one
+        with ``runtime.session(item.agent, item.session_id).resume(...)``.
+        """
+        return await pending_inputs(
+            self.store,
+            self.agents,
+            by,
+            principal=principal,
+            limit=limit,
+            after=after,
+            open_to=open_to,
+        )
 
     async def prune(self, *, apply: bool = True, now: float | None = None) -> PruneReport:
         """Delete what the runtime's ``retention`` has aged out of its store (see

@@ -66,6 +66,7 @@ from ._console import Console
 from ._feed import EventFeed
 from ._frontend import Frontend, Handler, Target, unknown_session
 from ._hosts import HostGuard, checked_names
+from ._inbox import inbox
 from ._mounts import Authenticated, Mountable
 from ._ops import healthz, readiness
 from ._principal import Authenticate, Principal, authenticated
@@ -205,6 +206,7 @@ def create_app(
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readiness(runtime), methods=["GET"]),
         Route("/agents", guard(api.agents), methods=["GET"]),
+        Route("/inbox", guard(api.inbox), methods=["GET"]),
         Route("/agents/{agent}/sessions", guard(api.sessions), methods=["GET"]),
         Route(f"{session}/turns", guard(api.turns), methods=["POST"]),
         Route(f"{session}/chat", guard(api.chat), methods=["POST"]),
@@ -423,6 +425,9 @@ class _Api:
     async def agents(self, request: Request, principal: Principal) -> Response:
         names = sorted(self.runtime.agents)
         return JSONResponse({"agents": [{"name": n} for n in names], "notice": self.notice})
+
+    async def inbox(self, request: Request, principal: Principal) -> Response:
+        return await inbox(self.runtime, self.authorize, request, principal)
 
     async def sessions(self, request: Request, principal: Principal) -> Response:
         agent = self._agent_name(request)

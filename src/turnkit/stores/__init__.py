@@ -9,6 +9,7 @@ turn's status move, so code that writes to a store by hand keeps the engine's ru
 
 from typing import TYPE_CHECKING, Any
 
+from .._seams.inbox import InboxStore
 from .._seams.queue import PendingReset, TurnQueue
 from .._seams.retention import PrunableStore
 from .._seams.store import (
@@ -68,6 +69,7 @@ __all__ = [
     "DropReset",
     "EraseSession",
     "Erasure",
+    "InboxStore",
     "LogEvent",
     "MemoryStore",
     "PendingReset",

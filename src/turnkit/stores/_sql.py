@@ -105,6 +105,14 @@ UNFINISHED_TURNS = (
     "OR (status = 'suspended' AND held_by IS NOT NULL) ORDER BY created_at"
 )
 
+#: The inbox: parked turns store-wide, oldest first, after a ``(created_at,
+#: session_id, turn_id)`` key, a page at a time (the ``turnkit_turns_inbox`` index).
+PARKED_TURNS = (
+    f"SELECT {TURN_COLUMNS} FROM turnkit_turns WHERE status = 'suspended' "
+    "AND (created_at, session_id, turn_id) > (?, ?, ?) "
+    "ORDER BY created_at, session_id, turn_id LIMIT ?"
+)
+
 #: How many turns are queued, running and parked, store-wide (for monitoring).
 TURN_COUNTS = (
     "SELECT status, count(*) FROM turnkit_turns "

@@ -165,6 +165,11 @@ MIGRATIONS: list[tuple[str, ...]] = [
         "ALTER TABLE turnkit_turns ADD COLUMN held_by TEXT",
         "ALTER TABLE turnkit_archived_turns ADD COLUMN version TEXT",
     ),
+    # v12: the inbox walks the parked turns of every session, oldest first.
+    (
+        "CREATE INDEX turnkit_turns_inbox ON turnkit_turns (created_at, session_id, turn_id) "
+        "WHERE status = 'suspended'",
+    ),
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -469,6 +469,19 @@ class MemoryStore:
         ]
         return [self._payloads.turn(t) for t in sorted(found, key=lambda t: t.created_at)]
 
+    async def parked_turns(
+        self, *, limit: int, after: tuple[float, str, str] | None = None
+    ) -> list[TurnRecord]:
+        """See ``turnkit.stores.InboxStore``."""
+        start = after or (float("-inf"), "", "")
+        found = sorted(
+            ((t.created_at, sid, tid), t)
+            for sid, d in self._sessions.items()
+            for tid, t in d.turns.items()
+            if t.status == "suspended" and (t.created_at, sid, tid) > start
+        )
+        return [self._payloads.turn(t) for _, t in found[:limit]]
+
     async def idle_sessions(
         self, before: float, *, limit: int, after: tuple[float, str] | None = None
     ) -> list[tuple[float, str]]:

@@ -782,6 +782,15 @@ class SqliteStore:
             rows = self.connection.execute(sql.UNFINISHED_TURNS).fetchall()
             return [self._payloads.turn_from_row(r) for r in rows]
 
+    async def parked_turns(
+        self, *, limit: int, after: tuple[float, str, str] | None = None
+    ) -> list[TurnRecord]:
+        """See ``turnkit.stores.InboxStore``."""
+        start = after or (float("-inf"), "", "")
+        with _reading("parked turns"):
+            rows = self.connection.execute(sql.PARKED_TURNS, (*start, limit)).fetchall()
+            return [self._payloads.turn_from_row(r) for r in rows]
+
     async def idle_sessions(
         self, before: float, *, limit: int, after: tuple[float, str] | None = None
     ) -> list[tuple[float, str]]:

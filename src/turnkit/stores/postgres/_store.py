@@ -709,6 +709,13 @@ class PostgresStore:
         """A turn from a row of ``TURN_COLUMNS``, its payloads opened."""
         return self._payloads.turn_from_row(row)
 
+    async def parked_turns(
+        self, *, limit: int, after: tuple[float, str, str] | None = None
+    ) -> list[TurnRecord]:
+        """See ``turnkit.stores.InboxStore``."""
+        start = after or (float("-inf"), "", "")
+        return await self._select("parked turns", sql.PARKED_TURNS, (*start, limit), self._turn)
+
     async def idle_sessions(
         self, before: float, *, limit: int, after: tuple[float, str] | None = None
     ) -> list[tuple[float, str]]:
