@@ -32,7 +32,8 @@ from server_support import serving
 
 import turnkit
 from turnkit.a2a import a2a_server, api_key_scheme, bearer_scheme
-from turnkit.stores import MemoryStore
+from turnkit.server import ServerLimits
+from turnkit.stores import MemoryStore, SqliteStore
 
 COMPLETED = TaskState.TASK_STATE_COMPLETED
 INPUT_REQUIRED = TaskState.TASK_STATE_INPUT_REQUIRED
@@ -326,3 +327,45 @@ async def _settled(client, task_id: str):
             return task
         assert loop.time() < deadline, f"task {task_id} still {task.status.state}"
         await asyncio.sleep(0.02)
+
+
+async def test_any_node_on_the_store_gets_follows_and_cancels_a_task(tmp_path) -> None:
+    """Node A runs turns; node B (an HTTP node, ``run_turns=False``) shares its
+    SQLite file: B reads, follows and cancels A's task from the store alone."""
+    gate = Gate()
+    db = str(tmp_path / "shared.db")
+    limits = ServerLimits(feed_poll_seconds=0.05)
+    runner = turnkit.Runtime([clerk(gate)], store=SqliteStore(db))
+    other = turnkit.Runtime([clerk(Gate())], store=SqliteStore(db))
+    async with (
+        runner,
+        other,
+        serving(runner, frontends=[a2a_server()], limits=limits) as a,
+        serving(other, frontends=[a2a_server()], limits=limits, run_turns=False) as b,
+        a2a_client(a.url) as (on_a, _),
+        a2a_client(b.url) as (on_b, _),
+    ):
+        # Followed from B while A runs it.
+        stream = on_a.send_message(message("hold"))
+        task_id = (await anext(stream)).task.id
+        await asyncio.wait_for(gate.holding.wait(), DEADLINE)
+        await stream.aclose()
+        followed = on_b.subscribe(SubscribeToTaskRequest(id=task_id))
+        assert (await anext(followed)).task.status.state == WORKING
+        gate.released.set()
+        rest = [e async for e in followed]
+        assert rest[-1].status_update.status.state == COMPLETED
+        assert (await on_b.get_task(GetTaskRequest(id=task_id))).status.state == COMPLETED
+        # Cancelled from B while A runs it: recorded in the store, A stops it.
+        gate.holding.clear()
+        gate.released.clear()
+        stream = on_a.send_message(message("hold", message_id="second"))
+        task_id = (await anext(stream)).task.id
+        await asyncio.wait_for(gate.holding.wait(), DEADLINE)
+        await stream.aclose()
+        cancelling = asyncio.create_task(on_b.cancel_task(CancelTaskRequest(id=task_id)))
+        store = runner.store.session(task_id.rpartition("~")[0])
+        await _until(lambda: _cancel_asked(store, task_id))
+        gate.released.set()
+        assert (await asyncio.wait_for(cancelling, DEADLINE)).status.state == CANCELED
+        assert (await on_a.get_task(GetTaskRequest(id=task_id))).status.state == CANCELED
