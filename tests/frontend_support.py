@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 import pytest
 
 import turnkit
-from turnkit import Answerers, ToolContext, tool
+from turnkit import Answerers, Approval, ToolContext, define_action, tool
 from turnkit.testing import ScriptedReply, tool_call
 
 JS = Path(__file__).parent / "js"
@@ -139,6 +139,25 @@ async def refund(order: str, ctx: ToolContext) -> str:
     return f"{order} refunded" if yes else f"{order} kept"
 
 
+def _ship(data: dict[str, Any], actx: Any) -> str:
+    return f"{data['order']} shipped to {data['address']}"
+
+
+#: Shipping waits for a decision on the proposed call: approve, edit, reject or respond.
+ship = define_action(
+    name="ship",
+    description="Ship an order to an address.",
+    input_schema={
+        "type": "object",
+        "properties": {"order": {"type": "string"}, "address": {"type": "string", "minLength": 3}},
+        "required": ["order", "address"],
+        "additionalProperties": False,
+    },
+    run=_ship,
+    approval=Approval(allowed=("approve", "edit", "reject", "respond")),
+)
+
+
 class StoryModel:
     """Answers by the user's words; "tell a slow story" streams its first words, then
     waits for ``gate`` before the rest (``held`` is set while it waits)."""
@@ -195,6 +214,13 @@ def _opening(text: str) -> ScriptedReply:
             text="Asking first.",
             tool_calls=[tool_call("refund", {"order": order}, id="call_refund")],
         )
+    if text.startswith("ship"):
+        order = text.split()[-1]
+        arguments = {"order": order, "address": "Old Road 1"}
+        return ScriptedReply(
+            text="Checking with you.",
+            tool_calls=[tool_call("ship", arguments, id="call_ship")],
+        )
     if text == "tell a slow story":
         return ScriptedReply(
             text="Once upon a time, there was a durable turn.",
@@ -206,12 +232,12 @@ def _opening(text: str) -> ScriptedReply:
 def _after_tool(last: turnkit.ToolMessage) -> ScriptedReply:
     if last.name == "note":
         return ScriptedReply(text="The end.")
-    if last.name == "refund":
+    if last.name in ("refund", "ship"):
         return ScriptedReply(text=f"Done: {last.result}.")
     return ScriptedReply(text="A widget weighs 2 kg and costs 3 EUR.")
 
 
 def shop_agent(model: StoryModel) -> turnkit.Agent:
     return turnkit.Agent(
-        name="shop", model=model, instructions="Help.", tools=[weigh, price, note, refund]
+        name="shop", model=model, instructions="Help.", tools=[weigh, price, note, refund, ship]
     )

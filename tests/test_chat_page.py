@@ -36,6 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "ops"
 SLOW_AGENT = ROOT / "tests" / "fixtures" / "slow_agent"
 FORM_AGENT = ROOT / "tests" / "fixtures" / "form_agent"
+DECISION_AGENT = ROOT / "tests" / "fixtures" / "decision_agent"
 ECHO_AGENT = ROOT / "tests" / "fixtures" / "echo_agent"
 #: Who ``turnkit dev`` says answered: its loopback principal, the local user ``local:<login>``.
 BY_ME = r"local:\S+"
@@ -949,3 +950,86 @@ def test_a_failed_delivery_elsewhere_shows_as_a_note_in_its_turn(
         "The slack reply to C1 failed (chat.update): <b>token_revoked</b>. The turn runs on."
     )
     expect(page.get_by_test_id("error")).to_have_count(0)
+
+
+def test_a_proposed_call_is_approved_with_edits_rejected_or_answered_instead(
+    servers: list[DevServer], tmp_path: Path, page: Page
+) -> None:
+    _, url = serve(servers, tmp_path, DECISION_AGENT)
+    page.goto(url)
+    expect(page.get_by_test_id("inbox-empty")).to_be_visible()
+    say(page, "refund A-9")
+    card = page.get_by_test_id("approval")
+    expect(card).to_have_attribute("data-kind", "decision")
+    expect(card.get_by_test_id("approval-prompt")).to_have_text("Refund 500 cents on A-9?")
+    proposal = json.loads(card.get_by_test_id("decision-proposal").inner_text())
+    assert proposal == {"order_id": "A-9", "cents": 500}
+    for kind in ("approve", "edit", "reject", "respond"):
+        expect(card.get_by_test_id(f"decide-{kind}")).to_be_visible()
+    # The question waits in the inbox too.
+    item = page.get_by_test_id("inbox-item")
+    expect(item).to_have_count(1)
+    expect(item.get_by_test_id("inbox-prompt")).to_have_text("Refund 500 cents on A-9?")
+    card.get_by_test_id("decide-edit").click()
+    field = card.get_by_test_id("decision-arguments")
+    field.fill('{"order_id": "A-9", "cents": 0}')  # the tool's schema refuses it: 422
+    card.get_by_test_id("decide-edit-submit").click()
+    expect(card.get_by_test_id("approval-error")).to_contain_text("cents")
+    expect(card).to_have_attribute("data-state", "open")
+    field.fill('{"order_id": "A-9", "cents": 120}')
+    card.get_by_test_id("decide-edit-submit").click()
+    expect(page.get_by_test_id("assistant-message")).to_have_text("Tool said: refunded 120 on A-9")
+    edited = re.compile(rf'^Approved with edits by {BY_ME}: {{"order_id":"A-9","cents":120}}$')
+    expect(card.get_by_test_id("approval-outcome")).to_have_text(edited)
+    expect(page.get_by_test_id("inbox-item")).to_have_count(0)
+
+    say(page, "refund B-1")
+    card = page.get_by_test_id("approval").nth(1)
+    card.get_by_test_id("decide-reject").click()
+    card.get_by_test_id("decision-reason").fill("a duplicate")
+    card.get_by_test_id("decide-reject-submit").click()
+    wait_for_turns(page, "completed", 2)
+    expect(page.get_by_test_id("assistant-message").last).to_contain_text("Reason: a duplicate")
+    rejected = re.compile(rf"^Rejected by {BY_ME}: a duplicate$")
+    expect(card.get_by_test_id("approval-outcome")).to_have_text(rejected)
+
+    say(page, "refund C-3")
+    card = page.get_by_test_id("approval").nth(2)
+    card.get_by_test_id("decide-respond").click()
+    card.get_by_test_id("decision-message").fill("Ask for a photo first.")
+    card.get_by_test_id("decide-respond-submit").click()
+    wait_for_turns(page, "completed", 3)
+    expect(page.get_by_test_id("assistant-message").last).to_contain_text("Ask for a photo first.")
+    page.reload()
+    outcomes = page.get_by_test_id("approval-outcome")
+    expect(outcomes).to_have_count(3)
+    expect(outcomes.nth(0)).to_have_text(edited)
+    expect(outcomes.nth(1)).to_have_text(rejected)
+    expect(outcomes.nth(2)).to_have_text(
+        re.compile(rf"^Responded by {BY_ME}: Ask for a photo first\.$")
+    )
+
+
+def test_the_inbox_lists_questions_of_other_sessions_and_opens_them(
+    servers: list[DevServer], tmp_path: Path, page: Page
+) -> None:
+    _, url = serve(servers, tmp_path, DECISION_AGENT)
+    page.goto(url)
+    say(page, "refund A-1")
+    expect(page.get_by_test_id("approval")).to_have_count(1)
+    first = page.get_by_test_id("session-title").inner_text()
+    page.get_by_test_id("new-session").click()
+    say(page, "refund B-2")
+    expect(page.get_by_test_id("approval")).to_have_count(1)
+    items = page.get_by_test_id("inbox-item")
+    expect(items).to_have_count(2)
+    expect(page.get_by_test_id("inbox-count")).to_have_text("(2)")
+    expect(items.nth(0).get_by_test_id("inbox-prompt")).to_have_text("Refund 500 cents on A-1?")
+    items.nth(0).click()
+    expect(page.get_by_test_id("session-title")).to_have_text(first)
+    card = page.get_by_test_id("approval")
+    expect(card.get_by_test_id("approval-prompt")).to_have_text("Refund 500 cents on A-1?")
+    card.get_by_test_id("decide-approve").click()
+    expect(page.get_by_test_id("assistant-message")).to_have_text("Tool said: refunded 500 on A-1")
+    expect(page.get_by_test_id("inbox-item")).to_have_count(1)
+    expect(page.get_by_test_id("inbox-prompt")).to_have_text("Refund 500 cents on B-2?")

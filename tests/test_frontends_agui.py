@@ -107,12 +107,18 @@ async def test_the_capabilities_are_what_turnkit_serves(shop: tuple[Served, Stor
     result = await run(served, "capabilities", "t-caps")
     assert result["status"] == 200
     declared = result["capabilities"]
-    assert declared["humanInTheLoop"] == {"supported": True, "approvals": True, "interrupts": True}
+    assert declared["humanInTheLoop"] == {
+        "supported": True,
+        "approvals": True,
+        "interrupts": True,
+        "approveWithEdits": True,
+    }
     assert declared["transport"] == {"streaming": True}
     assert sorted(t["name"] for t in declared["tools"]["items"]) == [
         "note",
         "price",
         "refund",
+        "ship",
         "weigh",
     ]
 
@@ -129,3 +135,38 @@ async def test_a_cancel_mid_run_ends_it_with_the_cancelled_outcome(
     assert result["first"]["outcome"] == {"type": "cancelled"}
     assert result["first"]["error"] is None
     assert await served.runtime.store.session("t-stop").status() == "idle"
+
+
+async def test_a_decision_is_a_tool_call_interrupt_approved_with_edits(
+    shop: tuple[Served, StoryModel],
+) -> None:
+    served, _model = shop
+    result = await run(served, "ship-edit", "t-edit")
+    first, second = result["runs"]
+    (interrupt,) = first["outcome"]["interrupts"]
+    assert interrupt["reason"] == "tool_call" and interrupt["toolCallId"] == "call_ship"
+    assert interrupt["id"] == "approve-ship@call_ship"
+    schema = interrupt["responseSchema"]
+    assert schema["required"] == ["approved"]
+    assert set(schema["properties"]) == {"approved", "editedArgs", "reason", "message"}
+    proposal = interrupt["metadata"]["turnkit"]
+    assert proposal["allowed"] == ["approve", "edit", "reject", "respond"]
+    assert proposal["arguments"] == {"order": "A-5", "address": "Old Road 1"}
+    assert second["error"] is None
+    assert second["result"] == "Done: A-5 shipped to New Street 2. "
+    assert tool_results(result) == {"call_ship": "A-5 shipped to New Street 2"}
+    (record,) = await served.runtime.session("shop", "t-edit").answers()
+    assert (record.by, record.source) == ("ann", "agui")
+    assert record.decision == turnkit.Decision.edit({"order": "A-5", "address": "New Street 2"})
+
+
+async def test_a_decision_rejected_over_ag_ui_tells_the_model_why(
+    shop: tuple[Served, StoryModel],
+) -> None:
+    served, _model = shop
+    result = await run(served, "ship-reject", "t-reject")
+    _first, second = result["runs"]
+    assert second["error"] is None
+    assert "rejected it. Reason: no stock" in tool_results(result)["call_ship"]
+    (record,) = await served.runtime.session("shop", "t-reject").answers()
+    assert record.decision == turnkit.Decision.reject("no stock")

@@ -268,3 +268,34 @@ def pieces_in(text: str, pieces: list[str]) -> int:
     raise AssertionError(
         f"the client shows text that is no run of the reply's pieces: {text[:80]!r}"
     )
+
+
+@pytest.mark.parametrize(
+    ("scenario", "chat", "decision", "output"),
+    [
+        ("ship-approve", "c-ship-ok", turnkit.Decision.approve(), "A-7 shipped to Old Road 1"),
+        (
+            "ship-reject",
+            "c-ship-no",
+            turnkit.Decision.reject("no stock"),
+            "ship did not run: the person reviewing the call rejected it. Reason: no stock",
+        ),
+    ],
+)
+async def test_a_decision_is_approved_or_rejected_through_the_sdks_tool_approval(
+    shop: tuple[Served, StoryModel],
+    scenario: str,
+    chat: str,
+    decision: turnkit.Decision,
+    output: str,
+) -> None:
+    served, _ = shop
+    client = await run(served, scenario, chat)
+    asked = await client.until("asked")
+    assert asked["approvals"] == ["approve-ship@call_ship"]
+    result = await client.result()
+    assert result["error"] is None
+    part = tools_of(result)["call_ship"]
+    assert (part["state"], part["output"]) == ("output-available", output)
+    (record,) = await served.runtime.session("shop", chat).answers()
+    assert (record.decision, record.by, record.source) == (decision, "ann", "aisdk")

@@ -46,6 +46,8 @@ async function main() {
     "two-tools": "weigh and price a widget",
     approve: "refund A-1",
     refuse: "refund for the lead A-2",
+    "ship-edit": "ship A-5",
+    "ship-reject": "ship A-6",
     stop: "tell a slow story",
     capabilities: null,
   }[scenario];
@@ -72,6 +74,16 @@ async function main() {
   if (scenario === "approve" || scenario === "refuse") {
     const answers = Object.fromEntries(
       agent.pendingInterrupts.map((i) => [i.id, { status: "resolved", payload: true }]),
+    );
+    await run({ resume: buildResumeArray(agent.pendingInterrupts, answers) });
+  }
+  if (scenario === "ship-edit" || scenario === "ship-reject") {
+    // A tool_call interrupt: approve with edits (AG-UI's editedArgs), or reject with a reason.
+    const payload = scenario === "ship-edit"
+      ? (i) => ({ approved: true, editedArgs: { ...i.metadata.turnkit.arguments, address: "New Street 2" } })
+      : () => ({ approved: false, reason: "no stock" });
+    const answers = Object.fromEntries(
+      agent.pendingInterrupts.map((i) => [i.id, { status: "resolved", payload: payload(i) }]),
     );
     await run({ resume: buildResumeArray(agent.pendingInterrupts, answers) });
   }

@@ -132,14 +132,24 @@ async function settle() {
 }
 
 async function main() {
-  if (scenario === "two-tools" || scenario === "approve" || scenario === "refuse") {
-    const text = { "two-tools": "weigh and price a widget", approve: "refund A-1", refuse: "refund for the lead A-2" }[scenario];
+  if (["two-tools", "approve", "refuse", "ship-approve", "ship-reject"].includes(scenario)) {
+    const text = {
+      "two-tools": "weigh and price a widget",
+      approve: "refund A-1",
+      refuse: "refund for the lead A-2",
+      "ship-approve": "ship A-7",
+      "ship-reject": "ship A-8",
+    }[scenario];
     await chat.sendMessage({ text });
     if (scenario !== "two-tools") {
       const asked = approvals();
       say({ event: "asked", approvals: asked.map((p) => p.approval.id) });
       for (const part of asked) {
-        await chat.addToolApprovalResponse({ id: part.approval.id, approved: true });
+        if (scenario === "ship-reject") {
+          await chat.addToolApprovalResponse({ id: part.approval.id, approved: false, reason: "no stock" });
+        } else {
+          await chat.addToolApprovalResponse({ id: part.approval.id, approved: true });
+        }
       }
       // The SDK sends the answers by itself (sendAutomaticallyWhen).
       await waitFor(() => chat.status !== "ready" || chat.error, "the answer to be sent");

@@ -50,6 +50,7 @@ from .._story import (
     ToolCalled,
     ToolReturned,
 )
+from ._decisions import metadata, response_schema
 
 #: Marks a text message a newer delivery of its step replaced (the turn was taken
 #: over mid-reply): a renderer hides it.
@@ -153,6 +154,16 @@ class Run:
 def interrupt_of(request: InputRequest) -> Interrupt:
     """A parked question as an AG-UI interrupt: answered by a resume entry whose
     ``interruptId`` is the question's id and whose ``payload`` is the answer."""
+    if request.decision is not None:
+        # A decision on the call itself: AG-UI's tool_call interrupt, approve-with-edits.
+        return Interrupt(
+            id=request.id,
+            reason="tool_call",
+            message=request.prompt,
+            tool_call_id=request.call_id,
+            response_schema=response_schema(request.decision),
+            metadata=metadata(request.decision),
+        )
     return Interrupt(
         id=request.id,
         reason="input_required",

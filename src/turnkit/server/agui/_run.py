@@ -39,6 +39,7 @@ from .._frontend import FrontendHost, followed, unknown_session
 from .._principal import Principal
 from .._sse import KEEPALIVE
 from .._story import Story
+from ._decisions import decision_value
 from ._events import Run, encode
 
 HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -113,8 +114,11 @@ class _Runs:
             question = pending[entry.interrupt_id]
             if stream is not None:
                 await stream.aclose()
+            payload = entry.payload
+            if question.decision is not None:
+                payload = decision_value(payload)
             stream = await self.host.answer(
-                principal, target, question.turn_id, question.id, entry.payload, source="agui"
+                principal, target, question.turn_id, question.id, payload, source="agui"
             )
         turn_id = pending[entries[-1].interrupt_id].turn_id
         if stream is None:
@@ -160,7 +164,7 @@ def capabilities_of(agent: str, tools: Sequence[TurnkitTool]) -> AgentCapabiliti
         ),
         reasoning=ReasoningCapabilities(supported=True, streaming=True),
         human_in_the_loop=HumanInTheLoopCapabilities(
-            supported=True, approvals=True, interrupts=True
+            supported=True, approvals=True, interrupts=True, approve_with_edits=True
         ),
     )
 

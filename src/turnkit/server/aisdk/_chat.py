@@ -225,6 +225,8 @@ def approval_value(request: InputRequest, approved: bool, reason: str | None) ->
     question (or one with no schema), ``{"approved": …}`` for an object that asks for
     a boolean ``approved`` (with the reason as its ``reason`` or ``note``, if it has
     one); anything else cannot be answered by an approval."""
+    if request.decision is not None:
+        return _decision_of(request, approved, reason)
     schema = request.schema
     if schema is None or schema.get("type") == "boolean":
         return approved
@@ -241,4 +243,25 @@ def approval_value(request: InputRequest, approved: bool, reason: str | None) ->
         f"question {request.id!r} asks for an answer a tool approval cannot give "
         "(its schema is neither a boolean nor an object with a boolean 'approved'); "
         "answer it with POST /agents/{agent}/sessions/{session}/resume",
+    )
+
+
+def _decision_of(request: InputRequest, approved: bool, reason: str | None) -> Any:
+    """A tool approval as a decision on the proposed call: approve; or reject (with the
+    reason), else respond with the reason as the model's message, whichever the
+    request allows. Edits cannot be told this way (``/resume`` takes them)."""
+    assert request.decision is not None
+    allowed = request.decision.allowed
+    if approved and "approve" in allowed:
+        return {"decision": "approve"}
+    if not approved and "reject" in allowed:
+        return {"decision": "reject", **({"reason": reason} if reason else {})}
+    if not approved and "respond" in allowed and reason:
+        return {"decision": "respond", "message": reason}
+    raise HttpError(
+        422,
+        "not_an_approval",
+        f"question {request.id!r} allows the decisions {', '.join(allowed)}, which this "
+        "approval response cannot give; answer it with "
+        "POST /agents/{agent}/sessions/{session}/resume",
     )
