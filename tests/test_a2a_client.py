@@ -5,6 +5,7 @@ waits; a remote ``input-required`` parks the caller's turn with the question.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 
 import pytest
@@ -14,7 +15,7 @@ from server_support import serving
 import turnkit
 from turnkit import ToolContext, ToolMessage, UserMessage, tool
 from turnkit.a2a import a2a_agent, a2a_server
-from turnkit.stores import MemoryStore
+from turnkit.stores import MemoryStore, SqliteStore
 from turnkit.testing import ScriptedModel, ScriptedReply, tool_call
 
 
@@ -145,3 +146,39 @@ async def test_remembering_another_value_under_a_key_fails_the_turn() -> None:
         session = runtime.session("a", "s")
         result = await session.result(await session.submit("x"))
     assert result.status == "failed" and "already remembered 1" in (result.error or "")
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+async def test_calls_running_side_by_side_each_keep_their_own_notes(
+    kind: str, tmp_path, request: pytest.FixtureRequest
+) -> None:
+    if kind == "sqlite":
+        store: turnkit.Store = SqliteStore(str(tmp_path / "notes.db"))
+    else:
+        from turnkit.stores import PostgresStore
+
+        dsn = request.getfixturevalue("pg_dsn")
+        store = PostgresStore(dsn, schema=request.getfixturevalue("pg_schema"))
+
+    @tool
+    async def fetch(item: str, ctx: ToolContext) -> str:
+        """Start a job and keep its handle."""
+        for step in range(5):
+            await ctx.remember(f"job{step}", f"{item}-{step}")
+            await asyncio.sleep(0)
+        return ",".join(ctx.recall(f"job{step}") for step in range(5))
+
+    def respond(messages: Sequence[turnkit.Message]) -> ScriptedReply:
+        if isinstance(messages[-1], UserMessage):
+            calls = [tool_call("fetch", {"item": i}, id=f"c_{i}") for i in ("a", "b", "c")]
+            return ScriptedReply(tool_calls=calls)
+        return ScriptedReply(text=" ".join(str(m.result) for m in messages[-3:]))  # type: ignore[union-attr]
+
+    agent = turnkit.Agent(name="a", model=ScriptedModel(respond=respond), tools=[fetch])
+    async with turnkit.Runtime([agent], store=store) as runtime:
+        session = runtime.session("a", "s")
+        result = await session.result(await session.submit("go", turn_id="t"))
+        assert result.text == "a-0,a-1,a-2,a-3,a-4 b-0,b-1,b-2,b-3,b-4 c-0,c-1,c-2,c-3,c-4"
+        steps = (await runtime.store.session("s").load(turn_id="t")).steps
+    notes = sorted(k for k in steps if k.startswith("note:"))
+    assert len(notes) == 15 and notes[0] == "note:1:job0:c_a"
