@@ -51,6 +51,7 @@ from ._pacing import EditPacer
 from ._payloads import (
     BlockActions,
     ButtonValue,
+    DecisionMetadata,
     Envelope,
     FormMetadata,
     MessageEvent,
@@ -59,6 +60,9 @@ from ._payloads import (
 )
 from ._render import (
     APPROVE,
+    DECIDE,
+    DECIDED,
+    DECISION_FORM,
     DENY,
     FORM,
     FORM_BLOCK,
@@ -68,10 +72,14 @@ from ._render import (
     SlackThread,
     answer_form,
     answered_blocks,
+    decision_form,
+    decision_value,
     form_value,
 )
 
 log = logging.getLogger("turnkit.slack")
+#: Which decision each decision button takes.
+_DECISION_OF = {action: kind for kind, action in DECIDE.items()}
 
 SOURCE = "slack"
 #: Largest request body the Slack routes read. Slack's event callbacks and
@@ -338,9 +346,11 @@ class _Handler:
         try:
             interaction = _INTERACTION.validate_json(raw[0])
             if isinstance(interaction, ViewSubmission):
+                if interaction.view.callback_id == DECISION_FORM:
+                    return await self._decided(interaction)
                 return await self._submitted(interaction)
             action = interaction.actions[0]
-            if action.action_id not in (OPEN_FORM, APPROVE, DENY):
+            if action.action_id not in (OPEN_FORM, APPROVE, DENY, *_DECISION_OF):
                 return Response(status_code=200)  # not a button turnkit made
             answer = ButtonValue.model_validate_json(action.value).model_dump()
         except ValidationError as exc:
@@ -358,8 +368,20 @@ class _Handler:
                 self.ctx.runtime.spawn(_logged(opening, f"the Answer click of {user}"))
             return Response(status_code=200)
         question = message.ts if message is not None else None
+        kind = _DECISION_OF.get(action.action_id or "")
+        if kind is not None and kind != "approve":
+            if interaction.trigger_id is not None:
+                opening = self._open_decision(
+                    answer, kind, user, thread, interaction.trigger_id, question
+                )
+                self.ctx.runtime.spawn(_logged(opening, f"the {kind} click of {user}"))
+            return Response(status_code=200)
+        value: Any = action.action_id == APPROVE
+        outcome = "Approved" if value else "Denied"
+        if kind == "approve":
+            value, outcome = {"decision": "approve"}, DECIDED["approve"]
         resuming = self._resume(
-            answer, action.action_id == APPROVE, user, thread, claims, question=question
+            answer, value, user, thread, claims, question=question, outcome=outcome
         )
         self.ctx.runtime.spawn(_logged(resuming, f"the {action.action_id} click of {user}"))
         return Response(status_code=200)
@@ -384,6 +406,77 @@ class _Handler:
         await self.channel.client.views_open(
             trigger_id=trigger_id, view=answer_form(request, metadata)
         )
+
+    async def _open_decision(
+        self,
+        answer: dict[str, Any],
+        kind: str,
+        user: str,
+        thread: SlackThread,
+        trigger_id: str,
+        question: str | None,
+    ) -> None:
+        """Open the form of an Edit…, Reject… or Respond… click on a proposed call."""
+        request = await self._open_question(answer)
+        if request is None or request.decision is None:
+            await self._tell(thread, user, "This question was already answered.")
+            return
+        metadata = json.dumps(
+            {
+                **answer,
+                "channel": thread.channel,
+                "thread": thread.thread_ts,
+                "kind": kind,
+                "question": question,
+            }
+        )
+        await self.channel.client.views_open(
+            trigger_id=trigger_id, view=decision_form(request, kind, metadata)
+        )
+
+    async def _decided(self, submission: ViewSubmission) -> Response:
+        """A decision form's decision: checked and stored before Slack is answered (a
+        refused one is shown in the form: edits the tool's schema refuses, say); then
+        the question says what was decided and the resumed turn renders."""
+        view = submission.view
+        try:
+            metadata = DecisionMetadata.model_validate_json(view.private_metadata)
+            field = view.state.entered[FORM_BLOCK][FORM_FIELD]
+        except (ValidationError, KeyError):
+            return JSONResponse({"error": "not a form turnkit made"}, status_code=400)
+        answer = metadata.model_dump()
+        user = submission.user.id
+        thread = SlackThread(channel=metadata.channel, thread_ts=metadata.thread)
+        claims = {
+            "team": submission.team.id if submission.team is not None else "",
+            "channel": thread.channel,
+        }
+        request = await self._open_question(answer)
+        if request is None:
+            return _form_error("This question was already answered.")
+        if not await self._may_answer(answer, user, claims):
+            return _form_error("You may not answer this question.")
+        try:
+            value = decision_value(metadata.kind, field.value or "")
+            stream = await self.ctx.resume_stream(
+                session=metadata.session,
+                turn_id=request.turn_id,
+                input_id=request.id,
+                value=value,
+                by=user,
+                source=SOURCE,
+            )
+        except ResumeAuthorizationError:
+            return _form_error("You may not answer this question.")
+        except ResumeConflictError:
+            return _form_error("This question was already answered.")
+        except (InvalidAnswerError, ValueError) as exc:
+            return _form_error(str(exc))
+        if metadata.question is not None:
+            await self._answered(thread, metadata.question, DECIDED[metadata.kind], user)
+        reply = self.channel._reply(thread)
+        self.ctx.runtime.spawn(self._render(reply, stream, metadata.session, request.turn_id))
+        return Response(status_code=200)
 
     async def _submitted(self, submission: ViewSubmission) -> Response:
         """A form's answer: checked and stored before Slack is answered, so a wrong
@@ -471,15 +564,17 @@ class _Handler:
     async def _resume(
         self,
         answer: dict[str, Any],
-        value: bool,
+        value: Any,
         user: str,
         thread: SlackThread,
         claims: dict[str, str],
         *,
         question: str | None = None,
+        outcome: str,
     ) -> None:
-        """Answer a yes-or-no question from its button; ``question`` is the message
-        that asked it, edited once the answer is taken (see ``_answered``)."""
+        """Answer a question from its button (yes or no; approving a proposed call);
+        ``question`` is the message that asked it, edited once the answer is taken
+        to say ``outcome`` (see ``_answered``)."""
         if not await self._may_answer(answer, user, claims):
             await self._tell(thread, user, "You may not answer this question.")
             return
@@ -499,7 +594,7 @@ class _Handler:
             await self._tell(thread, user, "This question was already answered.")
             return
         if question is not None:
-            await self._answered(thread, question, "Approved" if value else "Denied", user)
+            await self._answered(thread, question, outcome, user)
         reply = self.channel._reply(thread)
         await self._render(reply, stream, str(answer["session"]), str(answer["turn"]))
 

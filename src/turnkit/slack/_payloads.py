@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 __all__ = [
     "BlockActions",
     "ButtonValue",
+    "DecisionMetadata",
     "Envelope",
     "FormMetadata",
     "MessageEvent",
@@ -117,3 +118,11 @@ class FormMetadata(ButtonValue):
 
     channel: str = Field(min_length=1)
     thread: str | None = None
+
+
+class DecisionMetadata(FormMetadata):
+    """A decision form's ``private_metadata``: also which decision it takes, and the
+    message that asked (edited once the decision is taken)."""
+
+    kind: Literal["edit", "reject", "respond"]
+    question: str | None = None

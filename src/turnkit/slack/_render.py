@@ -30,6 +30,30 @@ OPEN_FORM = "turnkit_answer_open"
 FORM = "turnkit_answer"
 #: Where the form's one field is, in the modal's state.
 FORM_BLOCK, FORM_FIELD = "turnkit_answer_block", "answer"
+#: The ``action_id`` of each decision's button on a proposed call; approve answers at
+#: once, the others open the decision form (``callback_id`` ``DECISION_FORM``), whose
+#: one field is in the same place as the answer form's.
+DECIDE = {
+    "approve": "turnkit_decide_approve",
+    "edit": "turnkit_decide_edit",
+    "reject": "turnkit_decide_reject",
+    "respond": "turnkit_decide_respond",
+}
+DECISION_FORM = "turnkit_decision"
+#: What each decision is called on the buttons and, once taken, on the question.
+_BUTTON = {"approve": "Approve", "edit": "Edit…", "reject": "Reject…", "respond": "Respond…"}
+DECIDED = {
+    "approve": "Approved",
+    "edit": "Approved with edits",
+    "reject": "Rejected",
+    "respond": "Answered instead",
+}
+#: The decision form's title, submit button and field label, per decision.
+_FORM = {
+    "edit": ("Edit the call", "Approve", "The arguments, as JSON"),
+    "reject": ("Reject the call", "Reject", "Why (the model reads it)"),
+    "respond": ("Answer instead", "Send", "What the model reads instead of the result"),
+}
 
 
 def is_yes_no(request: InputRequest) -> bool:
@@ -55,9 +79,12 @@ class SlackThread:
 
 
 def approval_blocks(session_id: str, request: InputRequest) -> list[dict[str, Any]]:
-    """The question and its buttons (Approve / Deny for a yes-or-no question, Answer
-    opening a form for any other); each button's value names what it answers."""
+    """The question and its buttons (Approve / Deny for a yes-or-no question, one per
+    allowed decision on a proposed call, Answer opening a form for any other); each
+    button's value names what it answers."""
     value = json.dumps({"session": session_id, "turn": request.turn_id, "input": request.id})
+    if request.decision is not None:
+        return _decision_blocks(request, value)
     if not is_yes_no(request):
         return [
             {"type": "section", "text": {"type": "mrkdwn", "text": _escape(request.prompt)}},
@@ -122,6 +149,85 @@ def answer_form(request: InputRequest, metadata: str) -> dict[str, Any]:
             }
         ],
     }
+
+
+def _decision_blocks(request: InputRequest, value: str) -> list[dict[str, Any]]:
+    """A decision on a proposed call: the question, the proposed arguments, and a
+    button per decision the request allows."""
+    assert request.decision is not None
+    proposal = json.dumps(request.decision.arguments, indent=2, ensure_ascii=False)
+    buttons = []
+    for kind in request.decision.allowed:
+        button: dict[str, Any] = {
+            "type": "button",
+            "action_id": DECIDE[kind],
+            "text": {"type": "plain_text", "text": _BUTTON[kind]},
+            "value": value,
+        }
+        if kind == "approve":
+            button["style"] = "primary"
+        elif kind == "reject":
+            button["style"] = "danger"
+        buttons.append(button)
+    return [
+        {"type": "section", "text": {"type": "mrkdwn", "text": _escape(request.prompt)}},
+        {
+            "type": "section",
+            "text": {"type": "mrkdwn", "text": f"```{_escape(proposal)[:2900]}```"},
+        },
+        {"type": "actions", "block_id": "turnkit_answer", "elements": buttons},
+    ]
+
+
+def decision_form(request: InputRequest, kind: str, metadata: str) -> dict[str, Any]:
+    """The modal an Edit…, Reject… or Respond… button opens: one field (the arguments
+    as JSON, filled in with the proposal; a reason; a message)."""
+    assert request.decision is not None
+    title, submit, label = _FORM[kind]
+    element: dict[str, Any] = {
+        "type": "plain_text_input",
+        "action_id": FORM_FIELD,
+        "multiline": True,
+    }
+    if kind == "edit":
+        element["initial_value"] = json.dumps(
+            request.decision.arguments, indent=2, ensure_ascii=False
+        )[:3000]
+    return {
+        "type": "modal",
+        "callback_id": DECISION_FORM,
+        "private_metadata": metadata,
+        "title": {"type": "plain_text", "text": title},
+        "submit": {"type": "plain_text", "text": submit},
+        "close": {"type": "plain_text", "text": "Cancel"},
+        "blocks": [
+            {
+                "type": "section",
+                "text": {"type": "mrkdwn", "text": _escape(request.prompt[:2900])},
+            },
+            {
+                "type": "input",
+                "block_id": FORM_BLOCK,
+                "optional": kind == "reject",
+                "label": {"type": "plain_text", "text": label},
+                "element": element,
+            },
+        ],
+    }
+
+
+def decision_value(kind: str, text: str) -> dict[str, Any]:
+    """The decision a submitted decision form stands for; ``ValueError`` when an
+    edit's text is not a JSON object (the form says so)."""
+    if kind == "edit":
+        try:
+            arguments = json.loads(text)
+        except ValueError as exc:
+            raise ValueError(f"the arguments are not JSON: {exc}") from None
+        return {"decision": "edit", "arguments": arguments}
+    if kind == "reject":
+        return {"decision": "reject", **({"reason": text.strip()} if text.strip() else {})}
+    return {"decision": "respond", "message": text}
 
 
 def form_value(request: InputRequest, text: str) -> Any:
