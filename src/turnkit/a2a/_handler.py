@@ -53,6 +53,7 @@ from a2a.utils.errors import (
 from .._errors import SessionBusyError, StoreError, TurnError
 from .._runtime.observe import TurnStream
 from .._values.records import TurnRecord
+from ..server._authorize import Action
 from ..server._bodies import HttpError, identifier
 from ..server._feed import EventFeed
 from ..server._frontend import Followed, FrontendHost, Target, followed
@@ -242,7 +243,7 @@ class TurnTasks(RequestHandler):
             yield event
 
     async def _task(
-        self, context: ServerCallContext, task_id: str, action: Any
+        self, context: ServerCallContext, task_id: str, action: Action
     ) -> tuple[Target, TurnRecord]:
         principal, agent = _caller(context)
         session_id = session_of(task_id)
