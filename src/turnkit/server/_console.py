@@ -247,7 +247,9 @@ class _Handlers:
             input_id = _text(body, "input_id")
             if "value" not in body:
                 raise _Refused(400, "bad_body", "answer needs a value")
-            await session.resume(turn_id, input_id, body["value"], by=principal.id)
+            await session.resume(
+                turn_id, input_id, body["value"], by=principal.id, source="console"
+            )
             return {"turn_id": turn_id}
         return {"turn_id": await self._retry(session, turn_id)}
 
