@@ -4,6 +4,7 @@ timeline, live counts, and each action authorized and audited."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -197,3 +198,80 @@ def test_console_options_are_checked() -> None:
         Console(path="console")
     with pytest.raises(turnkit.ConfigurationError, match="page_size must be 1 to 500"):
         Console(page_size=0)
+
+
+async def test_fork_from_the_console(open_runtime: Any) -> None:
+    rt = await populated(open_runtime)
+    audited: list[ConsoleAudit] = []
+    console = Console(audit=audited.append)
+    async with serving(rt, authenticate=by_role, authorize=operators, console=console) as srv:
+        c = srv.client
+        body = {"at": "model:1", "new_session": "s-done-2"}
+        refused = await c.post("/console/api/sessions/s-done/fork", json=body, headers=VIEWER)
+        assert refused.status_code == 403  # may read it, may not open a session
+        made = await c.post("/console/api/sessions/s-done/fork", json=body, headers=OPERATOR)
+        assert made.json() == {"session_id": "s-done-2", "at": 1, "status": "running"}
+        fork = rt.session("ops", "s-done-2")
+        turn_id = (await fork.messages())[0].turn_id
+        # Carried on in this process (it runs turns): the model is asked again.
+        assert (await fork.result(turn_id)).text == "done: deployed"
+        whole = await c.post(
+            "/console/api/sessions/s-park/fork", json={"new_session": "s-park-2"}, headers=OPERATOR
+        )
+        assert whole.json()["status"] == "suspended"
+        bad = await c.post(
+            "/console/api/sessions/s-done/fork",
+            json={"at": "model:9", "new_session": "x"},
+            headers=OPERATOR,
+        )
+        assert bad.status_code == 409 and "no model step 'model:9'" in bad.json()["error"]
+    assert [(a.principal, a.action, a.outcome[:8]) for a in audited] == [
+        ("vic", "fork", "refused:"),
+        ("olga", "fork", "done"),
+        ("olga", "fork", "done"),
+        ("olga", "fork", "conflict"),
+    ]
+
+
+async def test_on_an_http_node_retry_and_fork_go_to_the_workers(
+    pg_dsn: str, pg_schema: str
+) -> None:
+    """``run_turns=False``: the console stores a retried turn (and a fork's cut turn)
+    ``running``, and a worker of the deployment claims and finishes it."""
+    from turnkit.stores import PostgresStore
+
+    FIXED["db"] = False
+    node_store = PostgresStore(pg_dsn, schema=pg_schema)
+    worker_store = PostgresStore(pg_dsn, schema=pg_schema)
+    async with (
+        turnkit.Runtime([ops_agent()], store=worker_store) as workers,
+        turnkit.Runtime([ops_agent()], store=node_store, run_turns=False) as node,
+    ):
+        worker = turnkit.Worker(workers, poll=0.05)
+        running = asyncio.create_task(worker.run())
+        try:
+            session = node.session("ops", "s-fail")
+            turn_id = await session.submit("db")
+            assert (await session.result(turn_id)).status == "failed"
+            FIXED["db"] = True
+            async with serving(
+                node, authenticate=by_role, authorize=operators, console=Console()
+            ) as srv:
+                retry = await srv.client.post(
+                    "/console/api/sessions/s-fail/retry",
+                    json={"turn_id": turn_id},
+                    headers=OPERATOR,
+                )
+                assert retry.status_code == 200, retry.text
+                assert (await session.result(turn_id)).text == "done: deployed"
+                made = await srv.client.post(
+                    "/console/api/sessions/s-fail/fork",
+                    json={"at": 2, "new_session": "s-fail-2"},
+                    headers=OPERATOR,
+                )
+                assert made.json()["status"] == "running"
+                fork = node.session("ops", "s-fail-2")
+                assert (await fork.result(turn_id)).text == "done: deployed"
+        finally:
+            worker.stop()
+            await asyncio.wait_for(running, timeout=30)

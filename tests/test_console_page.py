@@ -181,8 +181,16 @@ def test_an_operator_answers_a_park_and_retries_a_failed_turn(
     expect(page.get_by_test_id("turn")).to_have_attribute("data-status", "completed")
     expect(page.get_by_test_id("transcript")).to_contain_text("finished:")
 
+    # Fork it before its first model step: the fork runs that step (and the rest) again.
+    page.get_by_test_id("fork-at").fill("model:1")
+    page.get_by_test_id("fork-to").fill("s-fail-again")
+    page.get_by_test_id("fork").click()
+    expect(page.locator("#detail h2")).to_contain_text("s-fail-again")
+    expect(page.get_by_test_id("turn")).to_have_attribute("data-status", "completed")
+    expect(rows).to_have_count(3)
+
     page.get_by_test_id("filter-status").select_option("idle")
-    expect(rows).to_have_count(2)
+    expect(rows).to_have_count(3)
     page.get_by_test_id("filter-status").select_option("suspended")
     expect(rows).to_have_count(0)
     page.screenshot(path="/tmp/turnkit-console-retried.png")

@@ -37,6 +37,7 @@ from .._errors import (
     SessionBusyError,
     StoreError,
 )
+from .._runtime.forking import fork_session
 from .._runtime.recorded import read_recorded
 from .._runtime.runtime import Runtime
 from .._runtime.session import AgentSession
@@ -65,6 +66,7 @@ ACTIONS: dict[str, Action] = {
     "reset": "reset",
     "retry": "turn",
     "erase": "erase",
+    "fork": "read",
 }
 
 
@@ -218,8 +220,15 @@ class _Handlers:
             self._audit(principal, action, session_id, None, False, "refused", body)
             raise exc
         try:
-            result = await self._do(action, self._session(agent, session_id), principal, body)
-        except (ResumeConflictError, ConfigurationError) as exc:
+            if action == "fork":
+                result = await self._fork(principal, agent, session_id, body)
+            else:
+                result = await self._do(action, self._session(agent, session_id), principal, body)
+        except _Refused as exc:
+            allowed_it = exc.status != 403  # a 403: authorize refused the new session
+            self._audit(principal, action, session_id, agent, allowed_it, f"refused: {exc}", body)
+            raise
+        except (ResumeConflictError, ConfigurationError, ValueError) as exc:
             self._audit(principal, action, session_id, agent, True, f"conflict: {exc}", body)
             raise _Refused(409, "conflict", str(exc)) from None
         except InvalidAnswerError as exc:
@@ -252,6 +261,30 @@ class _Handlers:
             )
             return {"turn_id": turn_id}
         return {"turn_id": await self._retry(session, turn_id)}
+
+    async def _fork(
+        self, principal: Principal, agent: str, session_id: str, body: dict[str, Any]
+    ) -> dict[str, Any]:
+        """A new session from this one's history up to ``at`` (``fork_session``): the
+        source must be readable, and the new session one ``authorize`` lets the
+        operator open (``turn`` on a session that does not exist)."""
+        at = body.get("at") or None  # null or "": everything
+        if at is not None and (isinstance(at, bool) or not isinstance(at, int | str)):
+            raise _Refused(400, "bad_body", "at must be a position, a step id or null")
+        if isinstance(at, str) and at.isdigit():
+            at = int(at)
+        new_id = _text(body, "new_session")
+        source = await self.runtime.store.session(session_id).load(from_index=NO_MESSAGES)
+        access = SessionAccess(
+            agent=agent, session_id=new_id, owner=source.owner, action="turn", exists=False
+        )
+        if not await allowed(self.authorize, principal, access):
+            raise _Refused(403, "refused", f"you may not open session {new_id!r}")
+        made = await fork_session(self.runtime.store, session_id, at=at, new_session=new_id)
+        if made.status == "running" and self.runtime.run_turns and agent in self.runtime.agents:
+            # Carry the cut turn on here (a worker claims it on an HTTP node).
+            self.runtime.session(agent, new_id).start("", turn_id=made.turn_id)
+        return {"session_id": made.session_id, "at": made.at, "status": made.status}
 
     async def _retry(self, session: AgentSession, turn_id: str) -> str:
         """Deliver a failed turn again from its last committed step: here, or (on an
