@@ -164,6 +164,62 @@ async def test_a_parked_child_parks_the_parent_and_the_answer_reaches_it(
     assert [s.status for s in children] == ["idle"]
 
 
+async def test_a_childs_decision_is_offered_to_the_parents_answerer_as_a_decision(
+    open_runtime: Any,
+) -> None:
+    shipped: list[dict[str, Any]] = []
+
+    def run(data: dict[str, Any], actx: turnkit.ActionContext) -> str:
+        shipped.append(data)
+        return f"shipped {data['order']}"
+
+    ship = turnkit.define_action(
+        name="ship",
+        description="Ship an order.",
+        input_schema={
+            "type": "object",
+            "properties": {"order": {"type": "string", "minLength": 2}},
+            "required": ["order"],
+        },
+        run=run,
+        approval=turnkit.Approval(allowed=("approve", "edit")),
+    )
+
+    def child_reply(messages: Any) -> Any:
+        last = messages[-1]
+        if isinstance(last, TriggerMessage):
+            return ScriptedReply(tool_calls=[tool_call("ship", {"order": "A-1"})])
+        return f"child: {last.result}"
+
+    runtime = await open_runtime(
+        boss("ship it"), researcher(ScriptedModel(respond=child_reply), tools=[ship])
+    )
+    parent = runtime.session("boss", "s1")
+    event = turnkit.InboundEvent(
+        source="slack", text="ship", user=turnkit.User(id="U1", attested=True)
+    )
+    result = await parent.result(parent.start("ship", event=event))
+    request = result.request
+    assert result.status == "suspended" and request is not None
+    assert request.kind == "decision" and request.decision is not None
+    assert request.decision.arguments == {"order": "A-1"}
+    assert request.decision.allowed == ("approve", "edit")
+    assert request.turn_id == result.turn_id and request.answerers == (
+        turnkit.Answerers.user("U1"),
+    )
+    # Checked as a decision at the parent: nothing reaches the child that it would refuse.
+    with pytest.raises(turnkit.InvalidAnswerError, match="order"):
+        await parent.resume(
+            result.turn_id, request.id, turnkit.Decision.edit({"order": "x"}), by="U1"
+        )
+    with pytest.raises(turnkit.InvalidAnswerError, match="not allowed"):
+        await parent.resume(result.turn_id, request.id, turnkit.Decision.reject(), by="U1")
+    edit = turnkit.Decision.edit({"order": "B-2"})
+    done = await parent.result(await parent.resume(result.turn_id, request.id, edit, by="U1"))
+    assert done.status == "completed" and shipped == [{"order": "B-2"}]
+    assert "child: shipped B-2" in (done.text or "")
+
+
 async def test_the_child_runs_under_the_parents_source(open_runtime: Any) -> None:
     """A source's deny_tools cannot be sidestepped by handing the task to a subagent."""
     ran: list[str] = []

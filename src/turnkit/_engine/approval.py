@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import jsonschema
@@ -141,6 +141,26 @@ async def _decide(
             answerers=who,
             kind="decision",
             decision=options,
+            asked_at=time.time(),
+        )
+    )
+
+
+async def ask_again(ctx: ToolContext, input_id: str, request: InputRequest) -> None:
+    """Ask ``request`` (another turn's decision, a subagent's) as ``ctx``'s own question
+    ``input_id``, keeping its kind and options, so the answer is offered and checked as
+    a decision here too; returns once this turn holds an answer to it."""
+    if ctx._steps.get(input_step_id(ctx.turn_id, input_id)) is not None:
+        return
+    who = request.answerers or ctx._default_answerers(input_id)
+    raise TurnParked(
+        replace(
+            request,
+            id=input_id,
+            turn_id=ctx.turn_id,
+            call_id=ctx.call_id,
+            tool=ctx.tool_name,
+            answerers=who,
             asked_at=time.time(),
         )
     )

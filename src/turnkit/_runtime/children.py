@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from .._engine.approval import ask_again
 from .._engine.context import ToolContext
 from .._errors import FatalToolError
 from .._seams.sink import EventSink
@@ -143,12 +144,15 @@ async def _pass_on_answer(
     """Ask the parent's answerer the child's question (parking the parent the first
     time), then resume the child with the answer the parent's turn stored."""
     parent_input = relayed_input_id(ctx.step_id, request.id)
-    await ctx.request_input(
-        parent_input,
-        request.prompt,
-        schema=request.schema,
-        answerers=request.answerers or None,
-    )
+    if request.decision is not None:
+        await ask_again(ctx, parent_input, request)  # offered as a decision here too
+    else:
+        await ctx.request_input(
+            parent_input,
+            request.prompt,
+            schema=request.schema,
+            answerers=request.answerers or None,
+        )
     answer = InputAnswer.from_dict(_stored_parent_answer(ctx, parent_input))
     record = await child.turn_record(request.turn_id)
     checkpoint = checkpoint_of(record) if record is not None else None
