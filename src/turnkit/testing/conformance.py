@@ -37,6 +37,7 @@ from .._engine.context import ToolContext
 from .._engine.tools import tool
 from .._errors import FatalToolError, SessionOwnerError, StoreError, TurnMoveError
 from .._runtime.runtime import Runtime
+from .._seams.inbox import InboxStore
 from .._seams.retention import PrunableStore
 from .._seams.store import (
     SessionStore,
@@ -102,6 +103,7 @@ __all__ = [
     "test_conformance_sessions_carry_a_preview_of_their_first_message",
     "test_conformance_sessions_record_their_owner",
     "test_conformance_sql_handle_or_its_honest_absence",
+    "test_conformance_the_inbox_lists_parked_turns_page_by_page",
     "test_conformance_the_store_keeps_one_identity",
     "test_conformance_trimming_keeps_an_ended_turns_last_event",
     "test_conformance_turn_with_tools_checkpoints_and_replays",
@@ -809,6 +811,36 @@ async def test_conformance_erasure_leaves_only_a_tombstone(
     async with _opened(conformance_store) as store:  # reopened: the tombstone lasts
         erased = (await store.session("s1").load()).erased
         assert erased is not None and erased.by == "alice"
+
+
+@pytest.mark.asyncio
+async def test_conformance_the_inbox_lists_parked_turns_page_by_page(
+    conformance_store: StoreUnderTest,
+) -> None:
+    """An ``InboxStore`` (optional) lists the parked turns of every session ordered by
+    ``(created_at, session_id, turn_id)``, each with its checkpoint, a page at a time
+    after a key; a turn that goes on is listed no more."""
+    async with _opened(conformance_store) as store:
+        if not isinstance(store, InboxStore):
+            return
+        order = ["s2", "s3", "s1", "s4"]  # the store orders by when it took each turn
+        for sid in order:
+            await _open_turn(store.session(sid), "t1")
+        await _open_turn(store.session("busy"), "t1")  # running: not listed
+        for sid in order:
+            pending = {"request": {"id": sid}}
+            await store.session(sid).commit([_move("t1", "suspended", pending=pending)])
+        rows = await store.parked_turns(limit=10)
+        assert [r.session_id for r in rows] == order
+        keys = [(r.created_at, r.session_id, r.turn_id) for r in rows]
+        assert keys == sorted(keys)
+        assert all(r.status == "suspended" for r in rows)
+        assert [r.pending for r in rows] == [{"request": {"id": sid}} for sid in order]
+        first = await store.parked_turns(limit=2)
+        assert first + await store.parked_turns(limit=10, after=keys[1]) == rows
+        assert await store.parked_turns(limit=10, after=keys[-1]) == []
+        await store.session("s3").commit([_move("t1", "running", was="suspended")])
+        assert [r.session_id for r in await store.parked_turns(limit=10)] == ["s2", "s1", "s4"]
 
 
 @pytest.mark.asyncio
