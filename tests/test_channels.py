@@ -351,6 +351,53 @@ async def test_the_terminal_channel_renders_and_asks_at_the_prompt(open_runtime:
     assert (await ctx.runtime.store.session("cli").load()).owner == "local:alice"
 
 
+async def test_the_terminal_offers_the_decisions_on_a_proposed_call(open_runtime: Any) -> None:
+    sent: list[dict[str, Any]] = []
+
+    def send(data: dict[str, Any], actx: turnkit.ActionContext) -> str:
+        sent.append(data)
+        return f"sent to {data['to']}"
+
+    email = turnkit.define_action(
+        name="email",
+        description="Send an e-mail.",
+        input_schema={
+            "type": "object",
+            "properties": {"to": {"type": "string", "minLength": 3}},
+            "required": ["to"],
+        },
+        run=send,
+        approval=turnkit.Approval(allowed=("approve", "edit", "reject")),
+    )
+    model = ScriptedModel(
+        [ScriptedReply(tool_calls=[tool_call("email", {"to": "ann@x"})]), "Done."]
+    )
+    agent = Agent(name="mail", model=model, tools=[email])
+    ctx = mount_agent(agent, await open_runtime(agent))
+    out = io.StringIO()
+    answers = iter(["perhaps", "respond call her", 'edit {"to": "x"}', 'edit {"to": "bo@x"}'])
+    prompts: list[str] = []
+
+    def ask(prompt: str) -> str:
+        prompts.append(prompt)
+        return next(answers)
+
+    terminal = TerminalChannel(out=out, ask=ask, user="local:alice")
+    result = await terminal.converse(ctx, "mail ann", session="cli")
+    assert result.status == "completed" and sent == [{"to": "bo@x"}]
+    assert (
+        prompts[0]
+        == "  ? Allow email with these arguments? (approve | edit {json} | reject [why]) > "
+    )
+    shown = out.getvalue()
+    assert 'proposed: email {"to": "ann@x"}' in shown
+    assert "! answer approve, edit {json}, reject [why] or respond <text>" in shown
+    assert "'respond' is not allowed here" in shown  # the resume's check, said at the prompt
+    assert "the edited arguments do not match the tool's input schema" in shown
+    (record,) = await ctx.session("cli").answers()
+    assert (record.decision, record.source) == (turnkit.Decision.edit({"to": "bo@x"}), "cli")
+
+
 async def test_the_terminal_answers_a_question_left_by_an_earlier_run(open_runtime: Any) -> None:
     asked: list[Any] = []
     agent = approval_agent(asked)

@@ -115,6 +115,8 @@ def parse_answer(request: InputRequest, raw: str) -> Any:
     schema = request.schema or {}
     kind = schema.get("type")
     text = raw.strip()
+    if request.decision is not None:
+        return _decision(text)
     if kind == "boolean":
         lowered = text.lower()
         if lowered in ("y", "yes", "true", "approve", "ok"):
@@ -130,6 +132,43 @@ def parse_answer(request: InputRequest, raw: str) -> Any:
         if "enum" in schema and text in schema["enum"]:
             return text
         raise ValueError('answer in JSON (for example 3, "text" or {"a": 1})') from None
+
+
+def _decision(text: str) -> Any:
+    """A typed decision on a proposed call: ``yes`` / ``approve``, ``edit {json}``,
+    ``no`` / ``reject [why]``, ``respond <text>``, or a decision's JSON form. Whether
+    the request allows it is the resume's check (it says what is allowed)."""
+    if text.startswith("{"):
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError:
+            raise ValueError('a decision in JSON looks like {"decision": "approve"}') from None
+    word, _, rest = text.partition(" ")
+    word, rest = word.lower(), rest.strip()
+    if word in ("y", "yes", "ok", "approve") and not rest:
+        return {"decision": "approve"}
+    if word in ("n", "no", "deny", "reject"):
+        return {"decision": "reject", **({"reason": rest} if rest else {})}
+    if word == "edit":
+        try:
+            return {"decision": "edit", "arguments": json.loads(rest)}
+        except json.JSONDecodeError:
+            raise ValueError('edit takes the arguments in JSON: edit {"a": 1}') from None
+    if word == "respond" and rest:
+        return {"decision": "respond", "message": rest}
+    raise ValueError("answer approve, edit {json}, reject [why] or respond <text>")
+
+
+def _decision_hint(request: InputRequest) -> str:
+    """What a decision prompt offers: the allowed decisions, as they are typed."""
+    assert request.decision is not None
+    typed = {
+        "approve": "approve",
+        "edit": "edit {json}",
+        "reject": "reject [why]",
+        "respond": "respond <text>",
+    }
+    return " (" + " | ".join(typed[k] for k in request.decision.allowed) + ")"
 
 
 class TerminalChannel:
@@ -258,6 +297,10 @@ class TerminalChannel:
         """The typed answer to ``request``. At the end of input the prompt's line is
         ended before ``EOFError`` goes on, so what is written next starts a line."""
         hint = " (yes/no)" if (request.schema or {}).get("type") == "boolean" else ""
+        if request.decision is not None:
+            proposal = json.dumps(request.decision.arguments, ensure_ascii=False)
+            self.out.write(printable(f"  proposed: {request.tool} {proposal}\n"))
+            hint = _decision_hint(request)
         try:
             answer = await self._prompt(printable(f"  ? {request.prompt}{hint} > "))
         except EOFError:
