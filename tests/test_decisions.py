@@ -313,6 +313,27 @@ async def test_a_typed_async_tool_takes_an_approval_and_validates_the_edit(
     assert sent == [("y@example.com", "hello")]
 
 
+async def test_any_tool_takes_an_approval_after_it_was_made(open_runtime: Any) -> None:
+    ran: list[dict[str, Any]] = []
+    plain = refund_action(ran, None).tools[0]
+    assert plain.action is not None  # an MCP server could serve it
+    gated = plain.with_approval(Approval(allowed=("approve", "reject")))
+    assert gated.action is None and gated.spec == plain.spec
+    agent = turnkit.Agent(
+        name="a", model=model_for("refund", {"order_id": "A-1", "amount_cents": 5}), tools=[gated]
+    )
+    rt = await open_runtime(agent)
+    session = rt.session("a", "s1")
+    result = await parked(session)
+    assert result.request is not None and result.request.kind == "decision" and ran == []
+    await session.result(
+        await session.resume(result.turn_id, result.request.id, Decision.approve())
+    )
+    assert ran == [{"order_id": "A-1", "amount_cents": 5}]
+    with pytest.raises(ToolDefinitionError, match=r"takes a turnkit\.Approval"):
+        plain.with_approval("yes")  # type: ignore[arg-type]
+
+
 def test_a_plain_def_tool_that_writes_through_the_store_cannot_wait_for_a_person() -> None:
     def note(text: str, ctx: ToolContext) -> str:
         """Write a note."""

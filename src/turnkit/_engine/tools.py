@@ -106,6 +106,12 @@ class Tool:
     def name(self) -> str:
         return self.spec.name
 
+    def with_approval(self, approval: Approval) -> Tool:
+        """This tool, asking a person to decide on each call ``approval`` says needs it
+        (what ``define_action(approval=...)`` and ``@tool(approval=...)`` do), for a
+        tool made elsewhere: a ``subagent``, a library's."""
+        return _approved(self, approval)
+
 
 def _validation_message(exc: pydantic.ValidationError) -> str:
     parts = []
