@@ -80,10 +80,13 @@ from ._values.events import (
     ActionRequestedEvent,
     DeliveryFailedEvent,
     InputAnsweredEvent,
+    InputExpiredEvent,
+    InputReminderEvent,
     InputRequestedEvent,
     MessageCompletedEvent,
     MessageDeltaEvent,
     ReasoningDeltaEvent,
+    StepRetryEvent,
     SubagentEvent,
     TurnCancelledEvent,
     TurnCompletedEvent,
@@ -96,7 +99,7 @@ from ._values.events import (
     event_from_dict,
 )
 from ._values.inbound import InboundEvent, Proactive, User
-from ._values.inputs import AnswerCheck, Answerer, Answerers, InputRequest
+from ._values.inputs import AnswerCheck, Answerer, Answerers, Expiry, InputRequest
 from ._values.listed_tools import ListedTool
 from ._values.messages import (
     AssistantMessage,
@@ -138,6 +141,7 @@ __all__ = [
     "DeliveryError",
     "DeliveryFailedEvent",
     "EventSink",
+    "Expiry",
     "FatalToolError",
     "FencedError",
     "ForkResult",
@@ -149,6 +153,8 @@ __all__ = [
     "InboundEvent",
     "InboxPage",
     "InputAnsweredEvent",
+    "InputExpiredEvent",
+    "InputReminderEvent",
     "InputRequest",
     "InputRequestedEvent",
     "InvalidAnswerError",
@@ -187,6 +193,7 @@ __all__ = [
     "SessionSuspendedError",
     "SlotRule",
     "StepOutcome",
+    "StepRetryEvent",
     "StepSpan",
     "StepTrace",
     "StopReason",

@@ -7,13 +7,23 @@ import json
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+import jsonschema
 
 from .._errors import FatalToolError
 from .._values.checkpoints import InputAnswer
 from .._values.frozen import quick_init
 from .._values.inbound import InboundEvent
-from .._values.inputs import Answerer, Answerers, InputRequest, as_answerers, check_schema
+from .._values.inputs import (
+    Answerer,
+    Answerers,
+    Expiry,
+    InputRequest,
+    as_answerers,
+    check_schema,
+)
 from .._values.step_ids import call_input_id, input_step_id, note_step_id
 from .._values.turns import TurnResult
 
@@ -92,6 +102,9 @@ class ToolContext:
     _local: bool = field(default=False, repr=False)
     #: Commits one of this call's notes (``remember``); ``None`` outside a delivery.
     _note: Callable[[str, Any], Awaitable[None]] | None = field(default=None, repr=False)
+    #: How many clock waits (``sleep``) this run of the tool has made so far: the
+    #: n-th wait of a call has the same id in every replay.
+    _waits: list[int] = field(default_factory=lambda: [0], repr=False)
 
     @property
     def idempotency_key(self) -> str:
@@ -141,6 +154,10 @@ class ToolContext:
         prompt: str,
         schema: dict[str, Any] | None = None,
         answerers: Answerer | Sequence[Answerer] | None = None,
+        *,
+        expires_in: timedelta | float | None = None,
+        on_expiry: Any = None,
+        remind_every: timedelta | float | None = None,
     ) -> Awaitable[Any]:
         """Park the turn until a person answers, then return the answer.
 
@@ -149,6 +166,13 @@ class ToolContext:
         runs again from the top and this call returns the answer, so any work
         before it runs twice; put side effects after it. ``answerers`` says who may
         answer (default: the turn's speaker, if the platform attested them).
+
+        ``expires_in`` gives the question a deadline; ``on_expiry`` says what happens
+        when it passes unanswered: ``"cancel"`` or ``"fail"`` ends the turn, any other
+        value is the answer the turn resumes with (recorded as given by
+        ``"deadline"``; ``Expiry(action="answer", value="cancel")`` answers with the
+        string itself). ``remind_every`` announces an ``input.reminder`` that often
+        until it is answered. See docs/approvals.md.
         """
         if self._local:
             raise FatalToolError(
@@ -156,7 +180,9 @@ class ToolContext:
                 "needs an async tool: declare it with `async def` (a plain def runs inside "
                 "the step's transaction and cannot wait for a person)"
             )
-        return self._request_input(id, prompt, schema, answerers)
+        return self._request_input(
+            id, prompt, schema, answerers, expires_in, on_expiry, remind_every
+        )
 
     async def _request_input(
         self,
@@ -164,25 +190,40 @@ class ToolContext:
         prompt: str,
         schema: dict[str, Any] | None,
         answerers: Answerer | Sequence[Answerer] | None,
+        expires_in: timedelta | float | None = None,
+        on_expiry: Any = None,
+        remind_every: timedelta | float | None = None,
     ) -> Any:
         if not isinstance(input_id, str) or not input_id:
             raise FatalToolError(f"ctx.request_input: id must be a non-empty str, got {input_id!r}")
         if not isinstance(prompt, str):
             raise FatalToolError(f"ctx.request_input: prompt must be a str, got {prompt!r}")
-        # An answer to this call alone (several calls asked with this id) comes first.
-        answer = self._steps.get(
-            input_step_id(self.turn_id, call_input_id(input_id, self.call_id))
-        ) or self._steps.get(input_step_id(self.turn_id, input_id))
+        answer = self._answer(input_id)
         if answer is not None:
-            return InputAnswer.from_dict(answer).value
+            if answer.expired == "fail":
+                raise FatalToolError(
+                    f"input {input_id!r} of tool {self.tool_name!r} was not answered by its "
+                    "deadline, and its on_expiry fails the turn"
+                )
+            return answer.value
+        where = f"ctx.request_input({input_id!r})"
         try:
             if schema is not None:
                 check_schema(schema)
             who = as_answerers(answerers)
         except TypeError as exc:
-            raise FatalToolError(f"ctx.request_input({input_id!r}): {exc}") from None
+            raise FatalToolError(f"{where}: {exc}") from None
         if who is None:
             who = self._default_answerers(input_id)
+        now = time.time()
+        expires = None if expires_in is None else now + _seconds(expires_in, where, "expires_in")
+        expiry = _expiry(on_expiry, schema, where) if expires is not None else None
+        if on_expiry is not None and expires is None:
+            raise FatalToolError(f"{where}: on_expiry needs expires_in (a deadline)")
+        every = None if remind_every is None else _seconds(remind_every, where, "remind_every")
+        remind_at = None if every is None else now + every
+        if remind_at is not None and expires is not None and remind_at >= expires:
+            remind_at = None  # the deadline comes first: no reminder to give
         raise TurnParked(
             InputRequest(
                 id=input_id,
@@ -192,9 +233,49 @@ class ToolContext:
                 tool=self.tool_name,
                 schema=schema,
                 answerers=who,
-                asked_at=time.time(),
+                expires_at=expires,
+                on_expiry=expiry,
+                remind_every=every,
+                remind_at=remind_at,
+                asked_at=now,
             )
         )
+
+    def _answer(self, input_id: str) -> InputAnswer | None:
+        """The stored answer to this call's request ``input_id``, if a resume gave one."""
+        # An answer to this call alone (several calls asked with this id) comes first.
+        answer = self._steps.get(
+            input_step_id(self.turn_id, call_input_id(input_id, self.call_id))
+        ) or self._steps.get(input_step_id(self.turn_id, input_id))
+        return None if answer is None else InputAnswer.from_dict(answer)
+
+    async def sleep(self, duration: timedelta | float) -> None:
+        """Wait ``duration`` (a ``timedelta`` or seconds) durably: the turn parks on a
+        timer, nothing is held in memory, and any process serving the store resumes
+        it when the time has come (or earlier, on ``session.wake``). The tool runs
+        again from the top then, as after an answer, and this call returns at once."""
+        where = "ctx.sleep"
+        await self._wait_until(time.time() + _seconds(duration, where, "duration"), where)
+
+    async def sleep_until(self, when: datetime) -> None:
+        """``sleep`` until ``when``, a timezone-aware datetime; one in the past
+        returns at once (after a durable park like any other)."""
+        if not isinstance(when, datetime) or when.tzinfo is None:
+            raise FatalToolError(f"ctx.sleep_until needs a timezone-aware datetime, got {when!r}")
+        await self._wait_until(when.timestamp(), "ctx.sleep_until")
+
+    async def _wait_until(self, at: float, where: str) -> None:
+        if self._local:
+            raise FatalToolError(
+                f"tool {self.tool_name!r} called {where}, which parks the turn and needs an "
+                "async tool: declare it with `async def`"
+            )
+        n = self._waits[0]
+        self._waits[0] = n + 1
+        timer_id = f"sleep:{self.step_id}:{n}"
+        if self._answer(timer_id) is not None:
+            return
+        raise TurnParked(timer_request(self, timer_id, at, f"sleeping until {_iso(at)}"))
 
     def _default_answerers(self, input_id: str) -> tuple[Answerer, ...]:
         if self.event is None:
@@ -214,6 +295,68 @@ def _check_note_key(key: str) -> None:
         raise FatalToolError(
             f"a note's key must be a non-empty printable str without ':', got {key!r}"
         )
+
+
+def timer_request(ctx: ToolContext, timer_id: str, at: float, prompt: str) -> InputRequest:
+    """A wait on the clock alone, asked by ``ctx``'s call: it ends at ``at``."""
+    return InputRequest(
+        id=timer_id,
+        prompt=prompt,
+        turn_id=ctx.turn_id,
+        call_id=ctx.call_id,
+        tool=ctx.tool_name,
+        kind="timer",
+        expires_at=at,
+        on_expiry=Expiry(action="answer", value=None),
+        asked_at=time.time(),
+    )
+
+
+def _seconds(value: object, where: str, name: str) -> float:
+    """A duration as seconds: a ``timedelta`` or a number, more than zero."""
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        raise FatalToolError(f"{where}: {name} must be a timedelta or seconds, got {value!r}")
+    if not seconds > 0 or seconds == float("inf"):
+        raise FatalToolError(f"{where}: {name} must be more than zero, got {value!r}")
+    return seconds
+
+
+def _expiry(on_expiry: Any, schema: dict[str, Any] | None, where: str) -> Expiry:
+    """``request_input``'s ``on_expiry`` as an ``Expiry``; a default answer must be
+    JSON and meet the request's schema, checked now rather than at the deadline."""
+    if on_expiry is None:
+        raise FatalToolError(
+            f"{where}: a deadline needs on_expiry: 'cancel', 'fail' or the answer to use"
+        )
+    if isinstance(on_expiry, Expiry):
+        expiry = on_expiry
+    elif on_expiry in ("cancel", "fail"):
+        expiry = Expiry(action=on_expiry)
+    else:
+        expiry = Expiry(action="answer", value=on_expiry)
+    if expiry.action == "answer":
+        try:
+            json.dumps(expiry.value, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise FatalToolError(f"{where}: on_expiry's answer is not JSON: {exc}") from None
+        if schema is not None:
+            errors = sorted(
+                jsonschema.validators.validator_for(schema)(schema).iter_errors(expiry.value),
+                key=str,
+            )
+            if errors:
+                raise FatalToolError(
+                    f"{where}: on_expiry's answer does not meet the schema: {errors[0].message}"
+                )
+    return expiry
+
+
+def _iso(at: float) -> str:
+    return datetime.fromtimestamp(at).astimezone().isoformat(timespec="seconds")
 
 
 class TurnParked(BaseException):

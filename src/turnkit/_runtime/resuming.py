@@ -10,11 +10,12 @@ from pydantic_core import from_json, to_json
 
 from .._errors import InvalidAnswerError, ResumeConflictError, TurnError
 from .._seams.store import NO_MESSAGES, SessionStore, parked_turn
-from .._values.checkpoints import InputAnswer, checkpoint_of
+from .._values.checkpoints import InputAnswer, SuspendCheckpoint, checkpoint_of
 from .._values.decisions import Decision
-from .._values.events import InputAnsweredEvent, InputRequestedEvent
+from .._values.events import InputAnsweredEvent, InputRequestedEvent, TurnEvent
 from .._values.inbound import InboundEvent
 from .._values.messages import TriggerMessage, UserMessage, message_from_dict
+from .._values.records import TurnRecord
 from .._values.step_ids import input_step_id
 from .._values.text import storable_json
 from .._values.turn_rules import move
@@ -67,6 +68,11 @@ async def record_answer(
         if request is None:
             waiting = ", ".join(repr(r.id) for r in checkpoint.requests)
             raise ResumeConflictError(f"turn {turn_id} waits for input {waiting}, not {input_id!r}")
+        if request.kind == "timer":
+            raise ResumeConflictError(
+                f"turn {turn_id}'s {input_id!r} waits on the clock, not for an answer: "
+                "end it early with session.wake()"
+            )
         check_answerer(
             request,
             session_id=store.session_id,
@@ -130,14 +136,22 @@ async def record_answer(
         if asked is not None:
             writes.append(LogEvent(asked))
         await store.commit(writes)
+    return replay_request(record, checkpoint, (answered,))
+
+
+def replay_request(
+    record: TurnRecord, checkpoint: SuspendCheckpoint, announce: tuple[TurnEvent, ...]
+) -> TurnRequest:
+    """The delivery that replays parked turn ``record`` once its wait is over, telling
+    observers ``announce`` (the answers) first."""
     opening = message_from_dict(record.opening)
     event = InboundEvent.from_dict(record.event) if record.event else None
     if not isinstance(opening, UserMessage | TriggerMessage):
-        raise TurnError(f"turn {turn_id} has no opening message to replay")
+        raise TurnError(f"turn {record.turn_id} has no opening message to replay")
     return TurnRequest(
-        turn_id=turn_id,
+        turn_id=record.turn_id,
         opening=opening,
         event=event,
         policy=checkpoint.policy,
-        announce=(answered,),
+        announce=announce,
     )

@@ -17,8 +17,10 @@ from .._errors import ConfigurationError
 from .._seams.relay import EventRelay, RelayingStore
 from .._seams.sink import EventSink, LocalEventSink
 from .._seams.store import Store, all_sessions
+from .._seams.timers import TimerStore
 from .._seams.tracer import NO_TRACER, Tracer
-from .._values.records import SessionInfo
+from .._values.events import InputRequestedEvent, TurnEvent
+from .._values.records import SessionInfo, TurnRecord
 from .._values.text import unstorable
 from .._values.turns import TurnResult
 from .approvals import GrantSealer
@@ -26,6 +28,7 @@ from .children import RuntimeChildren
 from .inbox import InboxPage, OpenTo, pending_inputs
 from .retention import PruneReport, Retention, prune
 from .session import AgentSession
+from .timers import TimerLoop
 
 log = logging.getLogger("turnkit.runtime")
 
@@ -122,6 +125,14 @@ class Runtime:
         self._background: set[asyncio.Task[None]] = set()
         self._unrelay: Callable[[], None] | None = None
         self._opened: list[OpenedToolSource] = []
+        #: Fires the deadlines, reminders, sleeps and retry backoffs of parked turns
+        #: (see ``turnkit._runtime.timers``); it runs while the runtime is open and
+        #: runs turns, on a store that can list them (every built-in one).
+        self.timers = TimerLoop(self)
+        #: Whether a ``Worker`` delivers this runtime's runnable turns by claiming
+        #: them from the store: then a turn the timers wake is left to the claims.
+        self.claims_turns = False
+        self._untimer: Callable[[], None] | None = None
 
     async def __aenter__(self) -> Runtime:
         await self.store.open()
@@ -136,7 +147,23 @@ class Runtime:
         relay = self.relay
         if relay is not None:
             self._unrelay = self.sink.subscribe(relay.publish)
+        if self.run_turns and isinstance(self.store, TimerStore):
+            self._untimer = self.sink.subscribe(self._nudge_timers)
+            self.spawn(self.timers.run())
         return self
+
+    def _nudge_timers(self, event: TurnEvent) -> None:
+        """A turn parked here with a clock: the timer loop looks again now."""
+        if isinstance(event, InputRequestedEvent) and any(
+            r.wake_at is not None for r in event.requests
+        ):
+            self.timers.nudge()
+
+    async def settle(self, record: TurnRecord, now: float) -> str | None:
+        """Act on what the clock has made due of parked turn ``record`` by ``now``
+        (the timer loop's call; see ``AgentSession.settle_clock``)."""
+        session = self.session(record.agent, record.session_id)
+        return await session.settle_clock(record.turn_id, now)
 
     @property
     def relay(self) -> EventRelay | None:
@@ -159,12 +186,11 @@ class Runtime:
                 for task in workers:
                     task.cancel()
             await asyncio.gather(*workers, return_exceptions=True)
-        for task in list(self._background):
-            task.cancel()
-        await asyncio.gather(*self._background, return_exceptions=True)
-        if self._unrelay is not None:
-            self._unrelay()
-            self._unrelay = None
+        await _cancel_all(self._background)
+        for undo in (self._unrelay, self._untimer):
+            if undo is not None:
+                undo()
+        self._unrelay = self._untimer = None
         self._loop = None
         await self._close_sources()
         await self.store.close()
@@ -330,3 +356,14 @@ class Runtime:
             else:
                 log.warning("recovering a turn failed again: %s", outcome)
         return results
+
+
+async def _cancel_all(tasks: set[asyncio.Task[None]]) -> None:
+    """Cancel ``tasks`` and wait for them to end. A cancellation a library swallowed
+    (Python 3.11's ``asyncio.wait_for`` can, when the awaited call completes at the
+    same moment) is asked again, so closing never waits on a loop that ran on."""
+    while pending := [t for t in tasks if not t.done()]:
+        for task in pending:
+            task.cancel()
+        await asyncio.wait(pending, timeout=0.5)
+    await asyncio.gather(*tasks, return_exceptions=True)

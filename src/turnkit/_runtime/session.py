@@ -37,6 +37,7 @@ from .._errors import (
 from .._seams.sink import EventSink
 from .._seams.store import NO_MESSAGES, SessionStore, Store, parked_turn
 from .._seams.tracer import Tracer
+from .._values.checkpoints import checkpoint_of
 from .._values.events import TurnEvent
 from .._values.inbound import InboundEvent, Proactive
 from .._values.messages import (
@@ -53,8 +54,9 @@ from .._values.turns import ResetResult, TurnRequest, TurnResult
 from .._values.writes import EraseSession, PutStep, RequestCancel, RequestReset
 from .approvals import Grant, GrantSealer
 from .children import RuntimeChildren, child_session_id
+from .clock import settle_due
 from .forking import fork_session
-from .resuming import record_answer
+from .resuming import record_answer, replay_request
 from .session_view import SessionView, ViewHost
 
 log = logging.getLogger("turnkit.runtime")
@@ -82,6 +84,9 @@ class SessionHost(ViewHost, Protocol):
 
     @property
     def _busy(self) -> dict[str, AgentSession]: ...
+
+    @property
+    def claims_turns(self) -> bool: ...
 
     def _require_loop(self) -> asyncio.AbstractEventLoop: ...
 
@@ -610,6 +615,43 @@ class AgentSession(SessionView):
             )
         tid = self.run_stored(record)
         return await self.result(tid)
+
+    async def wake(self, turn_id: str | None = None, *, by: str | None = None) -> bool:
+        """End the parked turn's waits on the clock now (``ctx.sleep``, a retry's
+        backoff) instead of at their time, and replay it; ``turn_id`` names the turn
+        (default: the session's parked one). ``by`` is recorded as who woke it.
+        Returns whether there was a wait to end; questions for people stay open."""
+        if turn_id is None:
+            parked = await parked_turn(self._store)
+            if parked is None:
+                return False
+            turn_id = parked.turn_id
+        return await self.settle_clock(turn_id, time.time(), wake=True, by=by) is not None
+
+    async def settle_clock(
+        self, turn_id: str, now: float, *, wake: bool = False, by: str | None = None
+    ) -> str | None:
+        """Act on what the clock has made due of parked turn ``turn_id`` by ``now``
+        (its deadlines, reminders, timers; see ``turnkit._runtime.timers``), then have
+        it delivered if it runs on; the timer loop calls it. Returns the outcome
+        (``resumed``, ``cancel``, ``parked``), or ``None`` when nothing was due."""
+        woken = await settle_due(self._store, turn_id, now, wake=wake, by=by)
+        if woken is None:
+            return None
+        if woken.outcome == "parked":
+            for event in woken.events:  # reminders: there is no delivery to tell them
+                _emit_quietly(self.runtime.sink, event)
+        else:
+            self._parked = None
+            if not self.runtime.claims_turns:
+                record = woken.record
+                checkpoint = checkpoint_of(record)
+                assert checkpoint is not None  # settle_due found one
+                request = replay_request(record, checkpoint, woken.events)
+                if woken.outcome == "cancel":
+                    request.cancel.cancel("expired")
+                self._enqueue(request, ahead=woken.outcome == "cancel")
+        return woken.outcome
 
     def _remember(self, turn_id: str, future: asyncio.Future[TurnResult]) -> None:
         self._futures[turn_id] = future

@@ -19,12 +19,12 @@ from collections.abc import Awaitable
 from datetime import timedelta
 
 from .._errors import ConfigurationError, StoreError
-from .._seams.election import ElectingStore
 from .._seams.queue import PendingReset, TurnQueue
 from .._values.records import TurnRecord
 from .retention import Retention
 from .runtime import Runtime
 from .session import AgentSession
+from .timers import while_leading
 
 log = logging.getLogger("turnkit.worker")
 
@@ -72,6 +72,8 @@ class Worker:
         if not poll > 0:
             raise ConfigurationError("poll must be more than 0")
         self.runtime = runtime
+        # Turns the runtime's timers wake are claimed like any other, by every worker.
+        runtime.claims_turns = True
         self.queue: TurnQueue = runtime.store
         self.concurrency = concurrency
         self.poll = float(poll)
@@ -132,25 +134,17 @@ class Worker:
         holds elections (PostgreSQL) only while this worker leads, so one worker per
         store prunes and another takes over if it dies. Two at once would do no harm
         (each deletion is its own checked commit), only double work."""
-        store = self.runtime.store
-        election = store.election("turnkit:retention") if isinstance(store, ElectingStore) else None
         every = retention.every.total_seconds() if isinstance(retention.every, timedelta) else 0.0
-        loop = asyncio.get_running_loop()
-        while True:
-            if election is not None:
-                await election.lead()
-            lost = asyncio.ensure_future(election.lost()) if election else loop.create_future()
-            try:
-                while not lost.done():
-                    try:
-                        await self.runtime.prune()
-                    except Exception:
-                        log.exception("retention: pruning failed; trying again in %ss", every)
-                    await asyncio.wait({lost}, timeout=every)
-            finally:
-                lost.cancel()
-                if election is not None:
-                    await election.resign()
+
+        async def prune_until(lost: asyncio.Future[None]) -> None:
+            while not lost.done():
+                try:
+                    await self.runtime.prune()
+                except Exception:
+                    log.exception("retention: pruning failed; trying again in %ss", every)
+                await asyncio.wait({lost}, timeout=every)
+
+        await while_leading(self.runtime.store, "turnkit:retention", prune_until)
 
     async def _claim_once(self) -> int:
         free = self.concurrency - self.running

@@ -9,7 +9,7 @@ hold, so they must keep decoding unchanged; fields added later get a default.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Literal
 
 from .._errors import MessageDecodeError
 from .frozen import quick_init
@@ -124,16 +124,22 @@ class ToolStepResult:
 @dataclass(frozen=True, kw_only=True)
 class InputAnswer:
     """The answer a resume stores for one input request, and who gave it (the
-    verified ``by``, or ``None`` for an anonymous answerer)."""
+    verified ``by``, or ``None`` for an anonymous answerer). ``expired="fail"`` is
+    what a deadline stores for a request whose ``on_expiry`` fails the turn: the
+    asking tool then fails it where it waited."""
 
     value: Any
     by: str | None = None
+    expired: Literal["fail"] | None = None
 
     def __post_init__(self) -> None:
         clean_fields(self, ("value", "by"))
 
     def to_dict(self) -> JsonObject:
-        return {"value": self.value, "by": self.by}
+        out: JsonObject = {"value": self.value, "by": self.by}
+        if self.expired is not None:
+            out["expired"] = self.expired
+        return out
 
     @classmethod
     def from_dict(cls, data: Any) -> InputAnswer:
@@ -142,4 +148,7 @@ class InputAnswer:
         by = data.get("by")
         if by is not None and not isinstance(by, str):
             raise MessageDecodeError(f"input answer: by must be a string or null, got {by!r}")
-        return cls(value=data["value"], by=by)
+        expired = data.get("expired")
+        if expired not in (None, "fail"):
+            raise MessageDecodeError(f"input answer: unknown expired {expired!r}")
+        return cls(value=data["value"], by=by, expired=expired)

@@ -219,6 +219,52 @@ class InputAnsweredEvent(_TurnEventBase):
 
 @quick_init
 @dataclass(frozen=True, kw_only=True)
+class InputExpiredEvent(_TurnEventBase):
+    """The deadline of request ``input_id`` passed with no answer, and ``action`` was
+    taken: ``answer`` (the turn resumes with the request's default answer, or a
+    timer's wait ended), ``cancel`` or ``fail``. ``late_by`` is how many seconds after
+    the deadline it was acted on: more than a moment when every process was down."""
+
+    input_id: str
+    call_id: str
+    action: str
+    expires_at: float
+    late_by: float
+    type: Literal["input.expired"] = "input.expired"
+
+
+@quick_init
+@dataclass(frozen=True, kw_only=True)
+class InputReminderEvent(_TurnEventBase):
+    """Request ``input_id`` is still unanswered: reminder number ``reminder`` (from
+    1), for a channel to show again where it asked; ``expires_at`` is its deadline,
+    if it has one."""
+
+    input_id: str
+    call_id: str
+    prompt: str
+    reminder: int
+    expires_at: float | None = None
+    type: Literal["input.reminder"] = "input.reminder"
+
+
+@quick_init
+@dataclass(frozen=True, kw_only=True)
+class StepRetryEvent(_TurnEventBase):
+    """Step ``step_id`` failed with ``error`` and will be tried again (attempt number
+    ``attempt`` of ``attempts``, from 2) at ``retry_at``; the turn waits parked until
+    then, holding no process."""
+
+    step_id: str
+    attempt: int
+    attempts: int
+    error: str
+    retry_at: float
+    type: Literal["step.retry"] = "step.retry"
+
+
+@quick_init
+@dataclass(frozen=True, kw_only=True)
 class TurnCancelledEvent(_TurnEventBase):
     """The turn was cancelled at a checkpoint boundary; ``reason`` says why
     (``requested``, ``replaced`` or ``reset``)."""
@@ -325,6 +371,9 @@ TurnEvent: TypeAlias = (
     | ActionCompletedEvent
     | InputRequestedEvent
     | InputAnsweredEvent
+    | InputExpiredEvent
+    | InputReminderEvent
+    | StepRetryEvent
     | TurnCompletedEvent
     | TurnFailedEvent
     | TurnCancelledEvent
@@ -354,6 +403,9 @@ _EVENT_TYPES: dict[str, type[_Event]] = {
         ActionCompletedEvent,
         InputRequestedEvent,
         InputAnsweredEvent,
+        InputExpiredEvent,
+        InputReminderEvent,
+        StepRetryEvent,
         TurnCompletedEvent,
         TurnFailedEvent,
         TurnCancelledEvent,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeAlias, cast
 
 import jsonschema
 
@@ -78,6 +78,38 @@ class Answerers:
         return Answerer(kind="policy", policy=policy, scope=scope)
 
 
+#: What a request's deadline does (see ``Expiry``).
+ExpiryAction: TypeAlias = Literal["answer", "cancel", "fail"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Expiry:
+    """What happens when a request's deadline passes unanswered: the turn resumes
+    with ``value`` as the answer (``action="answer"``, recorded as given by
+    ``"deadline"``), or it ends ``cancelled`` or ``failed``."""
+
+    action: ExpiryAction
+    value: Any = None
+
+    def to_dict(self) -> JsonObject:
+        out: JsonObject = {"action": self.action}
+        if self.action == "answer":
+            out["value"] = self.value
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Expiry:
+        if not isinstance(data, dict) or data.get("action") not in ("answer", "cancel", "fail"):
+            raise MessageDecodeError(f"input request: malformed on_expiry {data!r}")
+        return cls(action=data["action"], value=data.get("value"))
+
+
+#: What a request waits for: a person's answer (``input``), a person's decision on a
+#: proposed call (``decision``), or only the clock (``timer``: ``ctx.sleep``, a
+#: retry's backoff), which ``session.wake`` can end early and nobody answers.
+RequestKind: TypeAlias = Literal["input", "decision", "timer"]
+
+
 @dataclass(frozen=True, kw_only=True)
 class InputRequest:
     """A question a parked turn waits on.
@@ -86,8 +118,14 @@ class InputRequest:
     ``schema`` is a JSON Schema the answer must satisfy, if given. ``kind`` is
     ``"decision"`` for an ``Approval``'s question on a proposed call, whose
     ``decision`` says what may be decided (the answer is a ``Decision``);
-    ``"input"`` for any other. ``asked_at`` is when it was asked (seconds since the
-    epoch; ``None`` in a request stored before turnkit kept it).
+    ``"timer"`` for a wait on the clock alone (``ctx.sleep``, a retry's backoff),
+    which ends at ``expires_at`` and nobody answers; ``"input"`` for any other.
+    ``asked_at`` is when it was asked (seconds since the epoch; ``None`` in a
+    request stored before turnkit kept it).
+
+    ``expires_at`` (seconds since the epoch) is its deadline, with ``on_expiry``
+    saying what happens then; ``remind_at`` is when the next reminder is due, one
+    every ``remind_every`` seconds until an answer or the deadline.
     """
 
     id: str
@@ -97,8 +135,12 @@ class InputRequest:
     tool: str
     schema: JsonObject | None = None
     answerers: tuple[Answerer, ...] = ()
-    kind: Literal["input", "decision"] = "input"
+    kind: RequestKind = "input"
     decision: DecisionOptions | None = None
+    expires_at: float | None = None
+    on_expiry: Expiry | None = None
+    remind_every: float | None = None
+    remind_at: float | None = None
     asked_at: float | None = None
 
     def __post_init__(self) -> None:
@@ -106,8 +148,15 @@ class InputRequest:
         if (self.kind == "decision") != (self.decision is not None):
             raise ValueError("a decision request (and only one) carries DecisionOptions")
 
+    @property
+    def wake_at(self) -> float | None:
+        """When the clock next has something to do for this request: a reminder
+        before the deadline, or the deadline."""
+        times = [t for t in (self.expires_at, self.remind_at) if t is not None]
+        return min(times) if times else None
+
     def to_dict(self) -> JsonObject:
-        return {
+        out: JsonObject = {
             "id": self.id,
             "prompt": self.prompt,
             "turn_id": self.turn_id,
@@ -119,18 +168,25 @@ class InputRequest:
             "decision": self.decision.to_dict() if self.decision is not None else None,
             "asked_at": self.asked_at,
         }
+        # Written only when set, so a request without a clock keeps its old form.
+        for name in ("expires_at", "remind_every", "remind_at"):
+            if (value := getattr(self, name)) is not None:
+                out[name] = value
+        if self.on_expiry is not None:
+            out["on_expiry"] = self.on_expiry.to_dict()
+        return out
 
     @classmethod
     def from_dict(cls, data: Any) -> InputRequest:
         if not isinstance(data, dict):
             raise MessageDecodeError("input request: expected a JSON object")
         try:
-            schema, raw_kind = data.get("schema"), data.get("kind")
-            if raw_kind not in (None, "input", "decision"):
+            schema, raw_kind = data.get("schema"), data.get("kind") or "input"
+            if raw_kind not in ("input", "decision", "timer"):
                 raise MessageDecodeError(f"input request: unknown kind {raw_kind!r}")
-            kind: Literal["input", "decision"] = "decision" if raw_kind == "decision" else "input"
+            kind = cast(RequestKind, raw_kind)  # one of its values, checked just above
             options = data.get("decision")
-            asked_at = data.get("asked_at")
+            expiry = data.get("on_expiry")
             return cls(
                 id=str(data["id"]),
                 prompt=str(data["prompt"]),
@@ -141,10 +197,23 @@ class InputRequest:
                 answerers=tuple(Answerer.from_dict(a) for a in data.get("answerers") or ()),
                 kind=kind,
                 decision=DecisionOptions.from_dict(options) if options is not None else None,
-                asked_at=float(asked_at) if asked_at is not None else None,
+                expires_at=_seconds(data, "expires_at"),
+                on_expiry=Expiry.from_dict(expiry) if expiry is not None else None,
+                remind_every=_seconds(data, "remind_every"),
+                remind_at=_seconds(data, "remind_at"),
+                asked_at=_seconds(data, "asked_at"),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise MessageDecodeError(f"input request: missing or malformed field {exc}") from None
+
+
+def _seconds(data: dict[str, Any], name: str) -> float | None:
+    value = data.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise MessageDecodeError(f"input request: {name} must be a number, got {value!r}")
+    return float(value)
 
 
 def as_answerers(value: Answerer | Sequence[Answerer] | None) -> tuple[Answerer, ...] | None:

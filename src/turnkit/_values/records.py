@@ -45,6 +45,10 @@ class TurnRecord:
     #: Set while the turn is held: parked because the version named here refused
     #: to run it (``error`` says why). Only a delivery of another version retries it.
     held_by: str | None = None
+    #: When a ``suspended`` turn has something for the clock to do (a deadline, a
+    #: reminder, the end of a sleep or of a retry's backoff), seconds since the epoch;
+    #: ``None`` otherwise. Set by ``turn_rules.move`` from ``pending``.
+    wake_at: float | None = None
 
     def __post_init__(self) -> None:
         clean_fields(self, ("opening", "event", "text", "error", "pending", "cancel_reason"))

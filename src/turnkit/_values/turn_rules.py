@@ -69,8 +69,26 @@ def new_turn(record: TurnRecord, *, owner: str | None = None) -> PutTurn:
         raise TurnMoveError(
             f"turn {record.turn_id}: a new turn starts queued or running, not {record.status}"
         )
-    fresh = replace(record, finished_at=None, pending=None, cancel_reason=None, held_by=None)
+    fresh = replace(
+        record, finished_at=None, pending=None, cancel_reason=None, held_by=None, wake_at=None
+    )
     return PutTurn(fresh, None, session_status_after(None, record.status), owner)
+
+
+def wake_time(pending: JsonObject | None) -> float | None:
+    """When a turn parked on ``pending`` (a suspend checkpoint's stored form) next
+    needs the clock: the earliest deadline or reminder of its open requests."""
+    if not pending:
+        return None
+    listed = pending.get("requests") or [pending.get("request")]
+    times = [
+        float(t)
+        for r in listed
+        if isinstance(r, dict)
+        for t in (r.get("expires_at"), r.get("remind_at"))
+        if isinstance(t, int | float) and not isinstance(t, bool)
+    ]
+    return min(times) if times else None
 
 
 def move(
@@ -98,15 +116,17 @@ def move(
             f"session {record.session_id}: turn {record.turn_id} cannot move from "
             f"{current} to {status}"
         )
+    kept = pending if status == "suspended" else None
     moved = replace(
         record,
         status=status,
         text=text,
         error=error,
-        pending=pending if status == "suspended" else None,
+        pending=kept,
         finished_at=(time.time() if now is None else now) if status in TERMINAL else None,
         version=record.version if version is None else version,
         held_by=held_by if status == "suspended" else None,
+        wake_at=wake_time(kept),
     )
     return PutTurn(moved, current, session_status_after(current, status))
 

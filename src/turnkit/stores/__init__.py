@@ -21,6 +21,7 @@ from .._seams.store import (
     parked_turn,
     transcript,
 )
+from .._seams.timers import TimerStore
 from .._values import turn_rules
 from .._values.records import (
     Erasure,
@@ -88,6 +89,7 @@ __all__ = [
     "Store",
     "StoreHandle",
     "Takeover",
+    "TimerStore",
     "ToolStep",
     "TrimEvents",
     "TurnQueue",

@@ -170,6 +170,7 @@ class Payloads:
             cancel_reason=why,
             version=row[12],
             held_by=row[13],
+            wake_at=row[14],
         )
 
     def seal_turn(self, record: TurnRecord) -> TurnRecord:

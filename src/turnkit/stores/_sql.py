@@ -57,7 +57,7 @@ PG_NEW_TURN = new_turn(PG_ORDER)
 #: parameter); its place, opening, event and cancellation stay.
 MOVE_TURN = (
     "UPDATE turnkit_turns SET status = ?, text = ?, error = ?, pending = ?, finished_at = ?, "
-    "version = ?, held_by = ? WHERE session_id = ? AND turn_id = ? AND status = ?"
+    "version = ?, held_by = ?, wake_at = ? WHERE session_id = ? AND turn_id = ? AND status = ?"
 )
 #: The session of a new turn that does not move it: made (status ``new``, with its
 #: owner) if this is its first turn, else only touched.
@@ -111,6 +111,18 @@ PARKED_TURNS = (
     f"SELECT {TURN_COLUMNS} FROM turnkit_turns WHERE status = 'suspended' "
     "AND (created_at, session_id, turn_id) > (?, ?, ?) "
     "ORDER BY created_at, session_id, turn_id LIMIT ?"
+)
+
+#: Parked turns whose clock has come (``TimerStore.due_turns``), from the index on
+#: ``wake_at``; a turn with a cancellation recorded is left to what ends it.
+DUE_TURNS = (
+    f"SELECT {TURN_COLUMNS} FROM turnkit_turns WHERE wake_at IS NOT NULL AND wake_at <= ? "
+    "AND status = 'suspended' AND cancel_reason IS NULL "
+    "ORDER BY wake_at, session_id, turn_id LIMIT ?"
+)
+NEXT_WAKE = (
+    "SELECT min(wake_at) FROM turnkit_turns WHERE wake_at IS NOT NULL "
+    "AND status = 'suspended' AND cancel_reason IS NULL"
 )
 
 #: How many turns are queued, running and parked, store-wide (for monitoring).

@@ -10,7 +10,7 @@ from ._payloads import Payloads
 
 TURN_COLUMNS = (
     "session_id, turn_id, agent, status, opening, event, text, error, created_at, finished_at, "
-    "pending, cancel_reason, version, held_by"
+    "pending, cancel_reason, version, held_by, wake_at"
 )
 
 
@@ -49,6 +49,7 @@ def move_values(
         record.finished_at,
         record.version,
         record.held_by,
+        record.wake_at,
         session_id,
         record.turn_id,
         expect,

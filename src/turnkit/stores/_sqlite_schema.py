@@ -170,6 +170,12 @@ MIGRATIONS: list[tuple[str, ...]] = [
         "CREATE INDEX turnkit_turns_inbox ON turnkit_turns (created_at, session_id, turn_id) "
         "WHERE status = 'suspended'",
     ),
+    # v13: a parked turn's next deadline, reminder or end of a sleep, and the index
+    # the timer loop reads the due ones from, earliest first.
+    (
+        "ALTER TABLE turnkit_turns ADD COLUMN wake_at REAL",
+        "CREATE INDEX turnkit_turns_waking ON turnkit_turns (wake_at) WHERE wake_at IS NOT NULL",
+    ),
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

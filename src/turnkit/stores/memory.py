@@ -295,6 +295,7 @@ class _MemoryTransaction:
                 finished_at=record.finished_at,
                 version=record.version,
                 held_by=record.held_by,
+                wake_at=record.wake_at,
             )
         self._put_turn(self._payloads.seal_turn(kept))
         if session_status is not None:
@@ -481,6 +482,27 @@ class MemoryStore:
             if t.status == "suspended" and (t.created_at, sid, tid) > start
         )
         return [self._payloads.turn(t) for _, t in found[:limit]]
+
+    def _waking(self) -> list[TurnRecord]:
+        return [
+            t
+            for d in self._sessions.values()
+            for t in d.turns.values()
+            if t.status == "suspended" and t.wake_at is not None
+        ]
+
+    async def due_turns(self, before: float, *, limit: int) -> list[TurnRecord]:
+        """See ``turnkit.stores.TimerStore``."""
+        due = sorted(
+            (t for t in self._waking() if t.wake_at is not None and t.wake_at <= before),
+            key=lambda t: (t.wake_at, t.session_id, t.turn_id),
+        )
+        return [self._payloads.turn(t) for t in due[:limit]]
+
+    async def next_wake(self) -> float | None:
+        """See ``turnkit.stores.TimerStore``."""
+        times = [t.wake_at for t in self._waking() if t.wake_at is not None]
+        return min(times) if times else None
 
     async def idle_sessions(
         self, before: float, *, limit: int, after: tuple[float, str] | None = None

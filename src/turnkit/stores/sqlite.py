@@ -791,6 +791,18 @@ class SqliteStore:
             rows = self.connection.execute(sql.PARKED_TURNS, (*start, limit)).fetchall()
             return [self._payloads.turn_from_row(r) for r in rows]
 
+    async def due_turns(self, before: float, *, limit: int) -> list[TurnRecord]:
+        """See ``turnkit.stores.TimerStore``."""
+        with _reading("due turns"):
+            rows = self.connection.execute(sql.DUE_TURNS, (before, limit)).fetchall()
+            return [self._payloads.turn_from_row(r) for r in rows]
+
+    async def next_wake(self) -> float | None:
+        """See ``turnkit.stores.TimerStore``."""
+        with _reading("the next wake"):
+            row = self.connection.execute(sql.NEXT_WAKE).fetchone()
+        return None if row is None or row[0] is None else float(row[0])
+
     async def idle_sessions(
         self, before: float, *, limit: int, after: tuple[float, str] | None = None
     ) -> list[tuple[float, str]]:

@@ -208,11 +208,21 @@ def _float(value: bytes | None) -> float | None:
     return None if value is None else float(value)
 
 
+#: How many columns ``_TURN_COLUMNS`` selects.
+TURN_WIDTH = len(_TURN_COLUMNS.split(","))
+
+
 def turn_row(res: PGresult, row: int, first: int, payloads: Payloads) -> TurnRecord:
     """A ``TurnRecord`` from ``_TURN_COLUMNS`` at column ``first`` on."""
     v = [res.get_value(row, first + c) for c in range(TURN_COLUMN_COUNT)]
     return payloads.turn_from_row(
-        [*(as_text(x) for x in v[:8]), _float(v[8]), _float(v[9]), *(as_text(x) for x in v[10:])]
+        [
+            *(as_text(x) for x in v[:8]),
+            _float(v[8]),
+            _float(v[9]),
+            *(as_text(x) for x in v[10:14]),
+            _float(v[14]),
+        ]
     )
 
 

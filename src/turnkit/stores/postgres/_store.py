@@ -705,6 +705,15 @@ class PostgresStore:
     async def unfinished_turns(self) -> list[TurnRecord]:
         return await self._select("unfinished turns", sql.UNFINISHED_TURNS, (), self._turn)
 
+    async def due_turns(self, before: float, *, limit: int) -> list[TurnRecord]:
+        """See ``turnkit.stores.TimerStore``."""
+        return await self._select("due turns", sql.DUE_TURNS, (before, limit), self._turn)
+
+    async def next_wake(self) -> float | None:
+        """See ``turnkit.stores.TimerStore``."""
+        rows = await self._select("the next wake", sql.NEXT_WAKE, (), tuple)
+        return None if not rows or rows[0][0] is None else float(rows[0][0])
+
     def _turn(self, row: Any) -> TurnRecord:
         """A turn from a row of ``TURN_COLUMNS``, its payloads opened."""
         return self._payloads.turn_from_row(row)

@@ -1,0 +1,316 @@
+"""Durable time on every store: deadlines with their default, cancel or fail,
+reminders, ``ctx.sleep`` and ``session.wake``, and what clears a clock.
+
+Clocks far in the future are fired by calling the timer loop with a later ``now``,
+so no test waits for a deadline; the loop running in the runtime is the same code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+import turnkit
+from turnkit import Expiry, ToolContext, ToolMessage, UserMessage, tool
+from turnkit.stores import parked_turn
+from turnkit.testing import RecordingSink, ScriptedModel, ScriptedReply, tool_call
+
+APPROVAL = {
+    "type": "object",
+    "properties": {"approved": {"type": "boolean"}},
+    "required": ["approved"],
+}
+HOUR = 3600.0
+
+
+def asking_agent(answers: list[Any], **ask: Any) -> turnkit.Agent:
+    """An agent whose one tool asks ``ok`` with ``ask``'s deadline options."""
+
+    @tool
+    async def approve(order_id: str, ctx: ToolContext) -> dict[str, Any]:
+        """Approve an order once a person says so."""
+        answer = await ctx.request_input("ok", f"Approve {order_id}?", schema=APPROVAL, **ask)
+        answers.append(answer)
+        return {"approved": answer["approved"]}
+
+    return turnkit.Agent(
+        name="a", model=ScriptedModel(respond=_respond("approve")), tools=[approve]
+    )
+
+
+def _respond(name: str, **args: Any) -> Any:
+    def respond(messages: Any) -> Any:
+        last = messages[-1]
+        if isinstance(last, UserMessage):
+            return ScriptedReply(tool_calls=[tool_call(name, {"order_id": last.text, **args})])
+        if isinstance(last, ToolMessage):
+            return f"done: {last.result}"
+        return "?"
+
+    return respond
+
+
+async def parked(session: turnkit.AgentSession, text: str = "o-1") -> turnkit.TurnResult:
+    result = await session.result(session.start(text))
+    assert result.status == "suspended", result
+    return result
+
+
+async def fire(runtime: turnkit.Runtime, at: float) -> int:
+    """Fire what is due at ``at`` (seconds since the epoch), as the loop would then."""
+    return await runtime.timers.fire_due(runtime.store, now=at)  # type: ignore[arg-type]
+
+
+async def ended(session: turnkit.AgentSession, turn_id: str, timeout: float = 20) -> Any:
+    """The turn's result once it has ended, however many deliveries that takes."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        record = await session._store.turn(turn_id)
+        if record is not None and record.status in ("completed", "failed", "cancelled"):
+            return await session.result(turn_id)
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"turn {turn_id} did not end within {timeout}s")
+
+
+def types(sink: RecordingSink, turn_id: str) -> list[str]:
+    return [e.type for e in sink.events if getattr(e, "turn_id", None) == turn_id]
+
+
+async def test_a_deadline_resumes_with_the_default_answer_once(
+    open_runtime: Any, sink: RecordingSink
+) -> None:
+    answers: list[Any] = []
+    agent = asking_agent(answers, expires_in=timedelta(hours=1), on_expiry={"approved": False})
+    runtime = await open_runtime(agent)
+    session = runtime.session("a", "s1")
+    result = await parked(session)
+    request = result.request
+    assert request is not None and request.expires_at is not None
+    assert request.expires_at == pytest.approx(time.time() + HOUR, abs=60)
+    stored = await parked_turn(session._store)
+    assert stored is not None and stored.wake_at == request.expires_at
+
+    assert await fire(runtime, request.expires_at - 1) == 0  # not yet
+    assert await fire(runtime, request.expires_at + 5) == 1
+    done = await session.result(result.turn_id)
+    assert done.status == "completed", done
+    assert answers == [{"approved": False}]
+    assert await fire(runtime, request.expires_at + 10) == 0  # fired once
+    expired = [e for e in sink.events if e.type == "input.expired"]
+    assert len(expired) == 1
+    assert expired[0].action == "answer" and expired[0].late_by == pytest.approx(5, abs=0.01)
+    answered = [e for e in sink.events if e.type == "input.answered"]
+    assert [(e.by, e.value) for e in answered] == [("deadline", {"approved": False})]
+    record = await session._store.turn(result.turn_id)
+    assert record is not None and record.wake_at is None
+
+
+async def test_a_deadline_can_cancel_the_turn(open_runtime: Any, sink: RecordingSink) -> None:
+    answers: list[Any] = []
+    runtime = await open_runtime(asking_agent(answers, expires_in=HOUR, on_expiry="cancel"))
+    session = runtime.session("a", "s1")
+    result = await parked(session)
+    assert await fire(runtime, time.time() + 2 * HOUR) == 1
+    done = await session.result(result.turn_id)
+    assert (done.status, done.reason) == ("cancelled", "expired")
+    assert answers == []
+    assert "input.expired" in types(sink, result.turn_id)
+    assert await session.status() == "idle"
+
+
+async def test_a_deadline_can_fail_the_turn_naming_the_question(open_runtime: Any) -> None:
+    answers: list[Any] = []
+    runtime = await open_runtime(asking_agent(answers, expires_in=HOUR, on_expiry="fail"))
+    session = runtime.session("a", "s1")
+    result = await parked(session)
+    assert await fire(runtime, time.time() + 2 * HOUR) == 1
+    done = await session.result(result.turn_id)
+    assert done.status == "failed"
+    assert "'ok'" in (done.error or "") and "deadline" in (done.error or "")
+    assert answers == []
+
+
+async def test_a_default_answer_that_is_a_keyword_is_given_as_an_expiry(
+    open_runtime: Any,
+) -> None:
+    answers: list[Any] = []
+
+    @tool
+    async def pick(order_id: str, ctx: ToolContext) -> str:
+        """Pick a word."""
+        word = await ctx.request_input(
+            "word", "A word?", expires_in=HOUR, on_expiry=Expiry(action="answer", value="cancel")
+        )
+        answers.append(word)
+        return str(word)
+
+    agent = turnkit.Agent(name="a", model=ScriptedModel(respond=_respond("pick")), tools=[pick])
+    runtime = await open_runtime(agent)
+    session = runtime.session("a", "s1")
+    result = await parked(session)
+    await fire(runtime, time.time() + 2 * HOUR)
+    assert (await session.result(result.turn_id)).status == "completed"
+    assert answers == ["cancel"]
+
+
+async def test_reminders_come_every_period_until_the_deadline(
+    open_runtime: Any, sink: RecordingSink
+) -> None:
+    answers: list[Any] = []
+    agent = asking_agent(answers, expires_in=HOUR, on_expiry="cancel", remind_every=900)
+    runtime = await open_runtime(agent)
+    session = runtime.session("a", "s1")
+    result = await parked(session)
+    request = result.request
+    assert request is not None and request.remind_at is not None and request.asked_at is not None
+    asked = request.asked_at
+    assert await fire(runtime, asked + 901) == 1
+    assert await fire(runtime, asked + 902) == 0  # the next one is at +1800
+    # Down from +1000 to +2900: one reminder for the missed ones, not two.
+    assert await fire(runtime, asked + 2900) == 1
+    reminders = [e for e in sink.events if e.type == "input.reminder"]
+    assert [e.reminder for e in reminders] == [1, 2]
+    assert all(e.prompt == "Approve o-1?" for e in reminders)
+    still = await parked_turn(session._store)
+    assert still is not None and still.wake_at == pytest.approx(asked + HOUR)
+    assert await session.pending() is not None
+    # An answer ends the reminders and the deadline.
+    await session.resume(result.turn_id, "ok", {"approved": True})
+    assert (await session.result(result.turn_id)).status == "completed"
+    assert await fire(runtime, asked + 2 * HOUR) == 0
+    assert answers == [{"approved": True}]
+
+
+async def test_an_answer_cancel_or_reset_clears_the_clock(open_runtime: Any) -> None:
+    answers: list[Any] = []
+    runtime = await open_runtime(asking_agent(answers, expires_in=HOUR, on_expiry="fail"))
+    later = time.time() + 2 * HOUR
+    answered = runtime.session("a", "answered")
+    result = await parked(answered)
+    await answered.resume(result.turn_id, "ok", {"approved": True})
+    assert (await answered.result(result.turn_id)).status == "completed"
+
+    cancelled = runtime.session("a", "cancelled")
+    result = await parked(cancelled)
+    await cancelled.cancel()
+    assert (await cancelled.result(result.turn_id)).status == "cancelled"
+
+    reset = runtime.session("a", "reset")
+    await parked(reset)
+    await reset.reset()
+
+    assert await fire(runtime, later) == 0
+    assert answers == [{"approved": True}]
+
+
+async def test_a_deadline_that_passed_while_nothing_ran_fires_at_the_next_start_late(
+    make_store: Any, store_kind: str, sink: RecordingSink
+) -> None:
+    if store_kind == "memory":
+        pytest.skip("a memory store does not outlive its runtime")
+    answers: list[Any] = []
+    agent = asking_agent(answers, expires_in=HOUR, on_expiry={"approved": True})
+    async with turnkit.Runtime(agent, store=make_store()) as first:
+        result = await parked(first.session("a", "s1"))
+    async with turnkit.Runtime(agent, store=make_store(), sink=sink) as second:
+        assert await fire(second, time.time() + 3 * HOUR) == 1
+        done = await second.session("a", "s1").result(result.turn_id)
+        assert done.status == "completed"
+    (expired,) = [e for e in sink.events if e.type == "input.expired"]
+    assert expired.late_by == pytest.approx(2 * HOUR, abs=120)
+    assert answers == [{"approved": True}]
+
+
+async def test_bad_deadline_options_fail_the_turn_naming_them(open_runtime: Any) -> None:
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({"expires_in": HOUR}, "on_expiry"),
+        ({"on_expiry": "cancel"}, "expires_in"),
+        ({"expires_in": -1, "on_expiry": "cancel"}, "expires_in"),
+        ({"expires_in": "soon", "on_expiry": "cancel"}, "expires_in"),
+        ({"expires_in": HOUR, "on_expiry": {"approved": "yes"}}, "schema"),
+        ({"expires_in": HOUR, "on_expiry": {1, 2}}, "JSON"),
+        ({"remind_every": 0}, "remind_every"),
+    ]
+    for n, (ask, named) in enumerate(cases):
+        runtime = await open_runtime(asking_agent([], **ask))
+        session = runtime.session("a", f"s{n}")
+        result = await session.result(session.start("o-1"))
+        assert result.status == "failed", (ask, result)
+        assert named in (result.error or ""), (ask, result.error)
+
+
+# -- ctx.sleep ---------------------------------------------------------------------
+
+
+def sleeping_agent(done: list[str], seconds: float) -> turnkit.Agent:
+    @tool
+    async def later(order_id: str, ctx: ToolContext) -> str:
+        """Do it after a pause."""
+        await ctx.sleep(seconds)
+        done.append(order_id)
+        return "done"
+
+    return turnkit.Agent(name="a", model=ScriptedModel(respond=_respond("later")), tools=[later])
+
+
+async def test_a_short_sleep_resumes_the_turn_by_itself(
+    open_runtime: Any, sink: RecordingSink
+) -> None:
+    done: list[str] = []
+    runtime = await open_runtime(sleeping_agent(done, 0.2))
+    session = runtime.session("a", "s1")
+    started = time.monotonic()
+    turn_id = session.start("o-1")
+    first = await session.result(turn_id)
+    assert first.status == "suspended" and first.request is not None
+    assert first.request.kind == "timer"
+    # The runtime's own timer loop resumes it; nothing in the test fires it.
+    final = await ended(session, turn_id)
+    assert final.status == "completed", final
+    assert time.monotonic() - started >= 0.2
+    assert done == ["o-1"]
+    answered = [e for e in sink.events if e.type == "input.answered"]
+    assert [e.by for e in answered] == ["timer"]
+
+
+async def test_a_long_sleep_wakes_early_on_session_wake(open_runtime: Any) -> None:
+    done: list[str] = []
+    runtime = await open_runtime(sleeping_agent(done, 30 * 24 * HOUR))
+    session = runtime.session("a", "s1")
+    first = await session.result(session.start("o-1"))
+    assert first.status == "suspended"
+    assert await session.wake(by="ops") is True
+    assert (await session.result(first.turn_id)).status == "completed"
+    assert done == ["o-1"]
+    assert await session.wake() is False  # nothing is waiting any more
+
+
+async def test_a_timer_is_not_answered_like_a_question(open_runtime: Any) -> None:
+    runtime = await open_runtime(sleeping_agent([], HOUR))
+    session = runtime.session("a", "s1")
+    first = await session.result(session.start("o-1"))
+    assert first.request is not None
+    with pytest.raises(turnkit.ResumeConflictError, match="wake"):
+        await session.resume(first.turn_id, first.request.id, None)
+
+
+async def test_sleep_until_a_past_instant_returns_after_one_park(open_runtime: Any) -> None:
+    done: list[str] = []
+
+    @tool
+    async def later(order_id: str, ctx: ToolContext) -> str:
+        """Do it at a time."""
+        await ctx.sleep_until(datetime(2020, 1, 1, tzinfo=UTC))
+        done.append(order_id)
+        return "done"
+
+    agent = turnkit.Agent(name="a", model=ScriptedModel(respond=_respond("later")), tools=[later])
+    runtime = await open_runtime(agent)
+    session = runtime.session("a", "s1")
+    turn_id = session.start("o-1")
+    assert (await ended(session, turn_id)).status == "completed"
+    assert done == ["o-1"]
