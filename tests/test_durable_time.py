@@ -76,6 +76,28 @@ async def ended(session: turnkit.AgentSession, turn_id: str, timeout: float = 20
     raise AssertionError(f"turn {turn_id} did not end within {timeout}s")
 
 
+async def ended_or_parked(
+    session: turnkit.AgentSession, turn_id: str, *, after: int, timeout: float = 20
+) -> Any:
+    """The turn's result once it has ended or parked again after ``after`` retry
+    waits ended (its ``step.retry``-numbered parks)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        record = await session._store.turn(turn_id)
+        pending = (record.pending or {}).get("requests") if record is not None else None
+        waiting = str(pending[0]["id"]) if pending else ""
+        if (
+            record is not None
+            and record.status == "suspended"
+            and waiting.endswith(f":{after + 1}")
+        ):
+            return await session.result(turn_id)
+        if record is not None and record.status in ("completed", "failed", "cancelled"):
+            return await session.result(turn_id)
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"turn {turn_id} did not park again within {timeout}s")
+
+
 def types(sink: RecordingSink, turn_id: str) -> list[str]:
     return [e.type for e in sink.events if getattr(e, "turn_id", None) == turn_id]
 
@@ -314,3 +336,104 @@ async def test_sleep_until_a_past_instant_returns_after_one_park(open_runtime: A
     turn_id = session.start("o-1")
     assert (await ended(session, turn_id)).status == "completed"
     assert done == ["o-1"]
+
+
+# -- durable retries -----------------------------------------------------------------
+
+
+def flaky_agent(calls: list[str], fail: int, **options: Any) -> turnkit.Agent:
+    """An agent whose tool fails its first ``fail`` runs with a passing error."""
+
+    @tool(**options)
+    async def fetch(order_id: str) -> str:
+        """Fetch an order from a service that is sometimes down."""
+        calls.append(order_id)
+        if len(calls) <= fail:
+            raise ConnectionError(f"service down ({len(calls)})")
+        return f"order {order_id}"
+
+    return turnkit.Agent(name="a", model=ScriptedModel(respond=_respond("fetch")), tools=[fetch])
+
+
+async def test_a_failed_call_waits_durably_and_runs_again(
+    open_runtime: Any, sink: RecordingSink
+) -> None:
+    calls: list[str] = []
+    retry = turnkit.Retry(attempts=3, backoff=HOUR, max_backoff=9 * HOUR, on=(ConnectionError,))
+    runtime = await open_runtime(flaky_agent(calls, fail=2, retry=retry))
+    session = runtime.session("a", "s1")
+    first = await session.result(session.start("o-1"))
+    assert first.status == "suspended" and first.request is not None
+    assert first.request.kind == "timer"
+    assert first.request.expires_at == pytest.approx(time.time() + HOUR, abs=60)
+    assert await session.pending() is not None  # parked, holding no process
+    await fire(runtime, time.time() + 2 * HOUR)
+    second = await ended_or_parked(session, first.turn_id, after=1)
+    assert second.status == "suspended" and second.request is not None
+    # The second wait doubles.
+    assert second.request.expires_at == pytest.approx(time.time() + 2 * HOUR, abs=60)
+    await fire(runtime, time.time() + 3 * HOUR)
+    done = await ended(session, first.turn_id)
+    assert done.status == "completed" and calls == ["o-1"] * 3
+    retries = [e for e in sink.events if e.type == "step.retry"]
+    assert [e.attempt for e in retries] == [2, 3]
+    assert "attempt 1 of 3" in retries[0].error and "service down (1)" in retries[0].error
+
+
+async def test_attempts_spent_give_the_model_the_error(open_runtime: Any) -> None:
+    calls: list[str] = []
+    retry = turnkit.Retry(attempts=2, backoff=HOUR, on=(ConnectionError,))
+    runtime = await open_runtime(flaky_agent(calls, fail=5, retry=retry))
+    session = runtime.session("a", "s1")
+    first = await session.result(session.start("o-1"))
+    await fire(runtime, time.time() + 2 * HOUR)
+    done = await ended(session, first.turn_id)
+    assert done.status == "completed" and "service down (2)" in (done.text or "")
+    assert calls == ["o-1", "o-1"]
+
+
+async def test_other_errors_are_not_retried(open_runtime: Any) -> None:
+    calls: list[str] = []
+    retry = turnkit.Retry(attempts=3, on=(TimeoutError,))
+    runtime = await open_runtime(flaky_agent(calls, fail=1, retry=retry))
+    session = runtime.session("a", "s1")
+    done = await session.result(session.start("o-1"))
+    assert done.status == "completed" and "service down (1)" in (done.text or "")
+    assert calls == ["o-1"]
+
+
+async def test_a_retryable_error_waits_its_retry_after_in_a_plain_def_tool(
+    open_runtime: Any,
+) -> None:
+    calls: list[str] = []
+
+    @tool
+    def quote(order_id: str) -> str:
+        """Quote an order from a rate-limited service."""
+        calls.append(order_id)
+        if len(calls) == 1:
+            raise turnkit.RetryableError("rate limited", retry_after=2 * HOUR)
+        return "42"
+
+    agent = turnkit.Agent(name="a", model=ScriptedModel(respond=_respond("quote")), tools=[quote])
+    runtime = await open_runtime(agent)
+    session = runtime.session("a", "s1")
+    first = await session.result(session.start("o-1"))
+    assert first.status == "suspended" and first.request is not None
+    assert first.request.expires_at == pytest.approx(time.time() + 2 * HOUR, abs=60)
+    assert await fire(runtime, time.time() + HOUR) == 0
+    await fire(runtime, time.time() + 3 * HOUR)
+    assert (await ended(session, first.turn_id)).text == "done: 42"
+
+
+def test_retry_options_are_checked_when_declared() -> None:
+    for bad, named in (
+        ({"attempts": 0}, "attempts"),
+        ({"attempts": "3"}, "attempts"),
+        ({"backoff": -1}, "backoff"),
+        ({"on": ("x",)}, "exception types"),
+    ):
+        with pytest.raises(turnkit.ConfigurationError, match=named):
+            turnkit.Retry(**bad)
+    with pytest.raises(ValueError, match="retry_after"):
+        turnkit.RetryableError("x", retry_after=-1)

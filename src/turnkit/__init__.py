@@ -23,6 +23,7 @@ from ._engine.history import (
     TokenBudget,
 )
 from ._engine.limits import Limits
+from ._engine.retries import Retry
 from ._engine.tool_sources import ToolSource
 from ._engine.tools import ActionContext, Tool, define_action, tool
 from ._errors import (
@@ -36,6 +37,7 @@ from ._errors import (
     ModelError,
     ResumeAuthorizationError,
     ResumeConflictError,
+    RetryableError,
     SessionBusyError,
     SessionFileError,
     SessionOwnerError,
@@ -184,6 +186,8 @@ __all__ = [
     "ResumeConflictError",
     "ResumeRequest",
     "Retention",
+    "Retry",
+    "RetryableError",
     "Rewrite",
     "Runtime",
     "ScheduledTurn",

@@ -2,6 +2,7 @@
 
 TurnkitError
 ├── FatalToolError            raised by a tool to fail the turn on purpose
+├── RetryableError            raised by a tool whose call should be tried again later
 ├── ConfigurationError        a developer's mistake in assembly or setup
 │   └── ToolDefinitionError   a tool that cannot be declared or classified
 └── TurnError                 a run or protocol failure seen by a caller
@@ -40,6 +41,24 @@ class FatalToolError(TurnkitError):
     Use it for what the model cannot fix by retrying: a misconfigured deployment,
     a broken invariant. Any other exception becomes a result the model reads.
     """
+
+
+class RetryableError(TurnkitError):
+    """Raised by a tool when its call failed for a passing reason and should be tried
+    again later (a rate limit, a service that is down): the turn parks on a timer
+    for ``retry_after`` seconds (or the tool's ``Retry`` backoff) and the call runs
+    again, up to the attempts its ``Retry`` allows (3 without one); then the
+    message is the call's error result, for the model to read."""
+
+    def __init__(self, message: str, *, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        if retry_after is not None and (
+            isinstance(retry_after, bool)
+            or not isinstance(retry_after, int | float)
+            or retry_after < 0
+        ):
+            raise ValueError(f"retry_after must be seconds >= 0, got {retry_after!r}")
+        self.retry_after = None if retry_after is None else float(retry_after)
 
 
 class ConfigurationError(TurnkitError):

@@ -31,6 +31,7 @@ from .limits import calls_asked_before
 from .output import OUTPUT_TOOL
 from .parallel import Asked, Outcome, Ran, run_batch
 from .position import RunTools, next_step
+from .retries import retry_wait
 from .tool_call import (
     ToolRaised,
     copy_input,
@@ -215,6 +216,9 @@ class ToolSteps:
             return Asked(parked.request)
         if raised is not None:
             span.ended(outcome_of(raised))
+            wait = retry_wait(tool.retry, raised, ctx, self._d.steps)
+            if wait is not None:
+                return Asked(wait)  # parked until the next attempt's time
         return Ran(result, error_text(raised) if raised is not None else None)
 
     async def _local_tool_step(
@@ -245,8 +249,12 @@ class ToolSteps:
                     f"failure ({error_text(raised.original)}); the step was not recorded: "
                     "deliver the turn again"
                 ) from raised.original
-            # The tool's own exception: its error result.
+            # The tool's own exception: its error result, or a wait to try again.
             span.ended(outcome_of(raised.original))
+            ctx = self._context(_NO_CONTEXT_HANDLE, call, step_id, local=False)
+            wait = retry_wait(tool.retry, raised.original, ctx, d.steps)
+            if wait is not None:
+                raise Park((wait,)) from None
             text = error_text(raised.original)
             await self.commit_result(step_id, call, error_result(text), text)
             return

@@ -11,7 +11,7 @@ from __future__ import annotations
 import inspect
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import (
     TYPE_CHECKING,
     Annotated,
@@ -34,6 +34,7 @@ from .._values.messages import JsonObject
 from .approval import Approval, approved_run
 from .docstrings import ToolDoc, read_tool_doc
 from .input_errors import ToolInputError
+from .retries import Retry
 
 if TYPE_CHECKING:
     from .context import ToolContext
@@ -87,6 +88,9 @@ class Tool:
     action: Callable[[Any, ActionContext], Any] | None = field(
         default=None, repr=False, compare=False
     )
+    #: How a failed call is tried again (``turnkit.Retry``); ``None``: only a
+    #: ``RetryableError`` is, by the default ``Retry()``.
+    retry: Retry | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.spec, ToolSpec):
@@ -96,6 +100,10 @@ class Tool:
         check_tool_name(self.spec.name)
         if not callable(self.run):
             raise ToolDefinitionError(f"tool {self.spec.name!r}: run must be callable")
+        if self.retry is not None and not isinstance(self.retry, Retry):
+            raise ToolDefinitionError(
+                f"tool {self.spec.name!r}: retry= takes a turnkit.Retry, got {self.retry!r}"
+            )
         _refuse_generators(self.run, self.spec.name)
         object.__setattr__(self, "local", not is_async_callable(self.run))
 
@@ -263,6 +271,7 @@ def tool(
     name: str | None = None,
     description: str | None = None,
     approval: Approval | None = None,
+    retry: Retry | None = None,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
@@ -273,6 +282,7 @@ def tool(
     name: str | None = None,
     description: str | None = None,
     approval: Approval | None = None,
+    retry: Retry | None = None,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Declare a tool from a typed function.
 
@@ -281,11 +291,19 @@ def tool(
     parameter described by the docstring's ``Args`` section unless its ``Field`` has
     a description. A parameter typed ``ToolContext`` (or named ``ctx``) receives the
     context and is not shown to the model. ``approval`` (a ``turnkit.Approval``)
-    has a person decide on each call before it runs.
+    has a person decide on each call before it runs; ``retry`` (a ``turnkit.Retry``)
+    tries a failed call again after a durable wait.
     """
     if fn is not None:
-        return _from_function(fn, name, description, approval)
-    return lambda f: _from_function(f, name, description, approval)
+        return _retried(_from_function(fn, name, description, approval), retry)
+    return lambda f: _retried(_from_function(f, name, description, approval), retry)
+
+
+def _retried(tool: Tool, retry: Retry | None) -> Tool:
+    """``tool`` with its ``Retry`` policy (a wait parks the turn, so a plain ``def``
+    tool that writes in the step's transaction retries only a ``RetryableError``
+    it raises, like any other)."""
+    return tool if retry is None else replace(tool, retry=retry)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -302,12 +320,14 @@ def define_action(
     input_schema: JsonObject,
     run: Callable[[Any, ActionContext], Any],
     approval: Approval | None = None,
+    retry: Retry | None = None,
 ) -> Tool:
     """A tool whose ``run(input, actx)`` sees only an ``ActionContext``, never the store.
 
     ``def`` makes it local and ``async def`` remote, exactly as for ``Tool``.
     ``approval`` (a ``turnkit.Approval``) has a person decide on each call before
-    ``run`` runs (the action then runs outside the step's transaction).
+    ``run`` runs (the action then runs outside the step's transaction); ``retry``
+    (a ``turnkit.Retry``) tries a failed call again after a durable wait.
     """
     if not isinstance(input_schema, dict):
         raise ToolDefinitionError(f"action {name!r}: input_schema must be a JSON-schema dict")
@@ -321,9 +341,11 @@ def define_action(
         async def run_remote(data: Any, ctx: ToolContext) -> Any:
             return await cast(Any, run)(data, action_ctx(ctx))
 
-        return _approved(Tool(spec, run_remote, needs_store=False, action=run), approval)
+        remote = Tool(spec, run_remote, needs_store=False, action=run)
+        return _retried(_approved(remote, approval), retry)
 
     def run_local(data: Any, ctx: ToolContext) -> Any:
         return run(data, action_ctx(ctx))
 
-    return _approved(Tool(spec, run_local, needs_store=False, action=run), approval)
+    local = Tool(spec, run_local, needs_store=False, action=run)
+    return _retried(_approved(local, approval), retry)

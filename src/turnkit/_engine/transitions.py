@@ -19,6 +19,7 @@ from .._values.checkpoints import SuspendCheckpoint, ToolStepResult
 from .._values.events import (
     ActionCompletedEvent,
     InputRequestedEvent,
+    StepRetryEvent,
     TurnCancelledEvent,
     TurnEvent,
     TurnFailedEvent,
@@ -38,6 +39,7 @@ from .agent import Agent
 from .batch import committed_results
 from .delivery import Delivery, stored_turn
 from .position import RunTools, next_step, stale_calls
+from .retries import retry_waits
 from .tool_call import copy_input
 from .tool_results import error_result
 
@@ -244,7 +246,20 @@ def plan_park(d: Delivery, requests: tuple[InputRequest, ...], opening: dict[str
         seq=d.next_seq,
     )
     put = move(stored_turn(d), "suspended", pending=checkpoint)
-    return Planned([put], [event], turn=put.record)
+    retries = [
+        StepRetryEvent(
+            turn_id=turn_id,
+            session_id=d.session_id,
+            step_id=step_id,
+            attempt=failures + 1,
+            error=r.prompt,
+            retry_at=r.expires_at,
+            seq=d.next_seq + 1 + n,
+        )
+        for n, (r, step_id, failures) in enumerate(retry_waits(requests))
+        if r.expires_at is not None
+    ]
+    return Planned([put], [event, *retries], turn=put.record)
 
 
 def plan_cancel(d: Delivery, reason: str) -> Planned:

@@ -203,6 +203,8 @@ async def _admitted(
         return []
     found = []
     for request in checkpoint.requests:
+        if request.kind == "timer":
+            continue  # a wait on the clock: nobody answers it
         verdict = await admission.answer_as(record.agent, record.session_id, request)
         if verdict is False:
             continue

@@ -251,13 +251,12 @@ class InputReminderEvent(_TurnEventBase):
 @quick_init
 @dataclass(frozen=True, kw_only=True)
 class StepRetryEvent(_TurnEventBase):
-    """Step ``step_id`` failed with ``error`` and will be tried again (attempt number
-    ``attempt`` of ``attempts``, from 2) at ``retry_at``; the turn waits parked until
-    then, holding no process."""
+    """Step ``step_id`` failed (``error`` says how, and which attempt of how many)
+    and runs again as attempt number ``attempt`` (from 2) at ``retry_at``; the turn
+    waits parked until then, holding no process. Logged with the park."""
 
     step_id: str
     attempt: int
-    attempts: int
     error: str
     retry_at: float
     type: Literal["step.retry"] = "step.retry"
