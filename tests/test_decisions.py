@@ -220,6 +220,41 @@ async def test_a_response_is_what_the_model_reads_instead_of_the_result(
     assert "Offer a 10% voucher instead." in message.result and not message.is_error
 
 
+async def test_two_proposed_calls_of_one_step_are_decided_one_by_one(open_runtime: Any) -> None:
+    ran: list[dict[str, Any]] = []
+
+    def run(data: dict[str, Any], actx: ActionContext) -> str:
+        ran.append(data)
+        return f"refunded {data['order_id']}"
+
+    refund = define_action(
+        name="refund",
+        description="Refund an order.",
+        input_schema=REFUND_SCHEMA,
+        run=run,
+        approval=Approval(allowed=("approve", "reject")),
+    )
+    calls = [tool_call("refund", {"order_id": order, "amount_cents": 100}) for order in ("A", "B")]
+    model = ScriptedModel([ScriptedReply(tool_calls=calls), "Both decided."])
+    agent = turnkit.Agent(name="a", model=model, tools=[refund], max_parallel_tools=2)
+    rt = await open_runtime(agent)
+    session = rt.session("a", "s1")
+    result = await parked(session)
+    first, second = result.requests
+    assert first.id != second.id and {first.call_id, second.call_id} == {"call_1", "call_2"}
+    assert [r.decision.arguments["order_id"] for r in result.requests if r.decision] == ["A", "B"]
+    await session.resume(result.turn_id, second.id, Decision.reject("not this one"))
+    assert await session.status() == "suspended" and ran == []
+    done = await session.result(await session.resume(result.turn_id, first.id, Decision.approve()))
+    assert done.text == "Both decided." and ran == [{"order_id": "A", "amount_cents": 100}]
+    results = [m.result for m in await session.messages() if isinstance(m, ToolMessage)]
+    assert results[0] == "refunded A" and "not this one" in results[1]
+    assert [r.decision for r in await session.answers()] == [
+        Decision.reject("not this one"),
+        Decision.approve(),
+    ]
+
+
 async def test_each_decision_is_checked_against_the_answerers(open_runtime: Any) -> None:
     ran: list[dict[str, Any]] = []
     rt = await open_runtime(refund_action(ran, ALL))
