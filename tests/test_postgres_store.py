@@ -179,7 +179,11 @@ def test_a_newer_schema_is_refused_and_a_failed_migration_changes_nothing(
             (pg_schema,),
         ).fetchone()
         assert found == (0,)
+        # A newer turnkit's additive migrations: it records that this one may go on.
         conn.execute(f'UPDATE "{pg_schema}".turnkit_schema SET version = 99')
+        assert migrate(conn, pg_schema) == 99
+        # One this turnkit cannot live with: refused, not misread.
+        conn.execute(f'UPDATE "{pg_schema}".turnkit_schema SET readable_from = 98')
         with pytest.raises(turnkit.StoreError, match="version 99, newer than this turnkit"):
             migrate(conn, pg_schema)
 

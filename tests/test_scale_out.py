@@ -505,8 +505,10 @@ class _StopsDuringItsClaim(PostgresStore):
     worker: turnkit.Worker | None = None
     claims = 0
 
-    async def claim(self, agents: Any, *, limit: int, skip: Any = ()) -> list[Any]:
-        records = await super().claim(agents, limit=limit, skip=skip)
+    async def claim(
+        self, agents: Any, *, limit: int, skip: Any = (), serving: Any = None
+    ) -> list[Any]:
+        records = await super().claim(agents, limit=limit, skip=skip, serving=serving)
         self.claims += 1
         # The second claim: the first is followed by the listener's own wake-up.
         if self.claims == 2 and self.worker is not None:

@@ -72,11 +72,18 @@ async def test_sessions_from_before_owners_have_none_and_stay_usable(tmp_path: P
         await store.close()
 
 
-def test_a_newer_schema_is_refused_not_misread(tmp_path: Path) -> None:
+def test_a_newer_schema_is_used_only_if_it_says_this_turnkit_may(tmp_path: Path) -> None:
     conn = sqlite3.connect(tmp_path / "n.db", isolation_level=None)
     migrate(conn)
+    # A newer turnkit's additive migrations: it records that this one may go on.
     conn.execute("UPDATE turnkit_schema SET version = 99")
+    assert migrate(conn) == 99
+    # One this turnkit cannot live with: refused, not misread.
+    conn.execute("UPDATE turnkit_schema SET readable_from = 98")
     with pytest.raises(turnkit.StoreError, match="version 99, newer than this turnkit"):
+        migrate(conn)
+    conn.execute("UPDATE turnkit_schema SET readable_from = NULL")  # a release before floors
+    with pytest.raises(turnkit.StoreError, match="not readable by it"):
         migrate(conn)
 
 

@@ -45,7 +45,7 @@ from .._values.messages import (
     message_from_dict,
 )
 from .._values.policy import TurnPolicy
-from .._values.records import TurnRecord, TurnStatus
+from .._values.records import TurnRecord, TurnStatus, refused_by
 from .._values.step_ids import (
     policy_step_id,
     trace_step_id,
@@ -255,7 +255,8 @@ class TurnRunner:
         retry_held = (
             record is not None
             and record.status == "suspended"
-            and record.held_by not in (None, version)
+            and record.held_by is not None
+            and not refused_by(record, version)
             and not superseded
         )
         if (

@@ -94,7 +94,8 @@ def _hold(d: Delivery, record: TurnRecord, found: tuple[str, ...]) -> Planned:
     reason = f"version {version} refused to run this turn (recorded under {record.version})"
     if found:
         reason += ": " + "; ".join(found)
-    put = move(record, "suspended", error=reason, held_by=version)
+    held = version if record.held_by is None else f"{record.held_by},{version}"
+    put = move(record, "suspended", error=reason, held_by=held)
     event = TurnHeldEvent(
         turn_id=d.turn_id,
         session_id=d.session_id,

@@ -169,7 +169,7 @@ def ending_of(record: TurnRecord) -> TurnEvent:
             turn_id=tid,
             session_id=sid,
             from_version=record.version,
-            by_version=record.held_by or "",
+            by_version=(record.held_by or "").rsplit(",", 1)[-1],
             reason=result.error or "held",
         )
     return TurnFailedEvent(turn_id=tid, session_id=sid, error=result.error or "failed")

@@ -15,11 +15,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Iterable
 from datetime import timedelta
 
 from .._errors import ConfigurationError, StoreError
-from .._seams.queue import PendingReset, TurnQueue
+from .._seams.queue import PendingReset, Serving, TurnQueue, WorkerRegistry
 from .._values.records import TurnRecord
 from .retention import Retention
 from .runtime import Runtime
@@ -32,6 +32,11 @@ log = logging.getLogger("turnkit.worker")
 #: doubles with each failure in a row, up to ``_MAX_BACKOFF``.
 _FIRST_BACKOFF = 1.0
 _MAX_BACKOFF = 60.0
+#: How often a worker looks for turns held by another version than its own (they
+#: wait for a deploy, so a sweep now and then is soon enough), and how often it
+#: tells a store that keeps a worker registry that it is alive.
+_HELD_SWEEP = 15.0
+_SEEN_EVERY = 10.0
 
 
 class Worker:
@@ -42,7 +47,9 @@ class Worker:
     runtime: ``async with runtime: await worker.run()``. ``poll`` bounds how long a
     runnable turn nobody announced waits (a dead worker's, mostly); ``grace`` is
     how long ``run`` lets deliveries finish after ``stop()`` before it interrupts
-    them, leaving their turns to another worker.
+    them, leaving their turns to another worker. ``serve_versions`` (the agent
+    versions whose turns it takes; ``None``: every version) lets old and new workers
+    share one store during a deploy, each draining its own turns (docs/deploying.md).
     """
 
     def __init__(
@@ -52,6 +59,7 @@ class Worker:
         concurrency: int = 32,
         poll: float = 1.0,
         grace: float = 30.0,
+        serve_versions: Iterable[str] | None = None,
     ) -> None:
         if not isinstance(runtime, Runtime):
             raise ConfigurationError(
@@ -72,6 +80,7 @@ class Worker:
         if not poll > 0:
             raise ConfigurationError("poll must be more than 0")
         self.runtime = runtime
+        self.serve_versions = _versions(serve_versions)
         # Turns the runtime's timers wake are claimed like any other, by every worker.
         runtime.claims_turns = True
         self.queue: TurnQueue = runtime.store
@@ -93,6 +102,9 @@ class Worker:
         #: Turns still running past the grace when it stopped, handed back to other
         #: workers (a local tool of theirs may still be running on a thread).
         self.handed_back = 0
+        #: When this worker last looked for held turns, and last said it is alive.
+        self._swept = float("-inf")
+        self._seen = float("-inf")
 
     @property
     def running(self) -> int:
@@ -120,6 +132,7 @@ class Worker:
                 # that lands while the claim is awaited still wakes the wait below.
                 self._wake.clear()
                 claimed = await self._claim_once()
+                await self._say_alive()
                 if claimed and self.running < self.concurrency:
                     continue  # there may be more
                 await self._wait()
@@ -128,6 +141,31 @@ class Worker:
                 retaining.cancel()
                 await asyncio.gather(retaining, return_exceptions=True)
             await self._drain()
+            await self._say_gone()
+
+    def _own_versions(self) -> dict[str, str]:
+        return {name: agent.turn_version for name, agent in self.runtime.agents.items()}
+
+    async def _say_alive(self) -> None:
+        """Tell a store that keeps a worker registry what this worker serves, every
+        ``_SEEN_EVERY`` seconds (a failure is logged; claiming goes on)."""
+        store = self.runtime.store
+        now = time.monotonic()
+        if not isinstance(store, WorkerRegistry) or now - self._seen < _SEEN_EVERY:
+            return
+        self._seen = now
+        try:
+            await store.worker_seen(self._own_versions(), self.serve_versions)
+        except StoreError as exc:
+            log.warning("could not record this worker as alive: %s", exc)
+
+    async def _say_gone(self) -> None:
+        store = self.runtime.store
+        if isinstance(store, WorkerRegistry) and self._seen > float("-inf"):
+            try:
+                await store.worker_gone()
+            except StoreError as exc:
+                log.warning("could not remove this worker from the live ones: %s", exc)
 
     async def _retain(self, retention: Retention) -> None:
         """Prune by the runtime's retention every ``retention.every``; on a store that
@@ -155,11 +193,17 @@ class Worker:
             if sid not in self._running:
                 del self._backoff[sid]
         skip = {*self._running, *self._backoff}
+        sweep = now - self._swept >= _HELD_SWEEP
+        serving = Serving(own=self._own_versions(), serves=self.serve_versions, retry_held=sweep)
         try:
-            records = await self.queue.claim(sorted(self.runtime.agents), limit=free, skip=skip)
+            records = await self.queue.claim(
+                sorted(self.runtime.agents), limit=free, skip=skip, serving=serving
+            )
         except StoreError as exc:
             log.warning("claiming turns failed (trying again in %gs): %s", self.poll, exc)
             return 0
+        if sweep:
+            self._swept = now
         for record in records:
             self._deliver(record)
         self.claimed += len(records)
@@ -241,3 +285,20 @@ class Worker:
             for session in list(self._sessions.values()):
                 session.interrupt()
             await asyncio.wait(late)
+
+
+def _versions(versions: Iterable[str] | None) -> frozenset[str] | None:
+    """``serve_versions`` checked: ``None``, or non-empty strings (not one string)."""
+    if versions is None:
+        return None
+    if isinstance(versions, str) or not isinstance(versions, Iterable):
+        raise ConfigurationError(
+            f"serve_versions must be a list of versions (or None), got {versions!r}"
+        )
+    found = frozenset(versions)
+    bad = [v for v in found if not isinstance(v, str) or not v.strip()]
+    if bad or not found:
+        raise ConfigurationError(
+            f"serve_versions must hold at least one non-empty version string, got {versions!r}"
+        )
+    return found

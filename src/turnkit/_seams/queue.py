@@ -8,8 +8,8 @@ next, so a session is one worker's at a time. See ``docs/stores.md``.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from .._values.records import TurnRecord
@@ -25,19 +25,59 @@ class PendingReset:
     agent: str
 
 
+@dataclass(frozen=True)
+class Serving:
+    """Which turns a claim takes by agent version (docs/deploying.md).
+
+    ``own`` is the version the claimer runs of each of its agents; ``serves`` the
+    turn versions it takes (``None``: every version; a turn recorded without a
+    version is always taken). With ``retry_held``, the claim also takes turns held
+    by a version other than the claimer's own, to try them again."""
+
+    own: Mapping[str, str] = field(default_factory=dict)
+    serves: frozenset[str] | None = None
+    retry_held: bool = False
+
+
+@runtime_checkable
+class WorkerRegistry(Protocol):
+    """A shared store that keeps which workers are alive and what they serve, so a
+    scrape can tell the turns no live worker would take."""
+
+    async def worker_seen(self, own: Mapping[str, str], serves: Collection[str] | None) -> None:
+        """Record this process as a live worker running ``own`` and serving ``serves``."""
+        ...
+
+    async def worker_gone(self) -> None:
+        """Remove this process from the live workers (it stopped)."""
+        ...
+
+    async def unserved_turns(self) -> list[tuple[str, str, int]]:
+        """``(agent, version, how many)`` of the unfinished turns no live worker
+        serves (turns without a version are every worker's)."""
+        ...
+
+
 @runtime_checkable
 class TurnQueue(Protocol):
     """What ``Worker`` needs of the store beside ``Store``."""
 
     async def claim(
-        self, agents: Sequence[str], *, limit: int, skip: Collection[str] = ()
+        self,
+        agents: Sequence[str],
+        *,
+        limit: int,
+        skip: Collection[str] = (),
+        serving: Serving | None = None,
     ) -> list[TurnRecord | PendingReset]:
         """Claim at most ``limit`` sessions of ``agents`` that no process holds (and
         not in ``skip``), oldest runnable turn first, and return each one's runnable
         turn: its oldest turn that is queued, running (a dead process left it so) or
         parked with a cancellation recorded. While a reset is pending on a session,
         only what the reset cancelled is runnable; once none is left, the session is
-        returned as a ``PendingReset``. Each session returned is this process's
+        returned as a ``PendingReset``. ``serving`` narrows the claim to the turn
+        versions it serves, and may take held turns to try again (see ``Serving``;
+        ``None``: every version, no held turn). Each session returned is this process's
         until the next ``writer()`` of it ends (or ``unclaim``); two claims anywhere
         never return one session at once."""
         ...

@@ -42,8 +42,9 @@ class TurnRecord:
     #: is queued or opens, changed only when a delivery of another version takes it
     #: on (see docs/deploying.md). ``None``: stored before turns recorded versions.
     version: str | None = None
-    #: Set while the turn is held: parked because the version named here refused
-    #: to run it (``error`` says why). Only a delivery of another version retries it.
+    #: Set while the turn is held: parked because the agent versions named here
+    #: (comma-separated, in the order they refused) would not run it; ``error``
+    #: says why. Only a delivery of a version not among them tries it again.
     held_by: str | None = None
     #: When a ``suspended`` turn has something for the clock to do (a deadline, a
     #: reminder, the end of a sleep or of a retry's backoff), seconds since the epoch;
@@ -52,6 +53,12 @@ class TurnRecord:
 
     def __post_init__(self) -> None:
         clean_fields(self, ("opening", "event", "text", "error", "pending", "cancel_reason"))
+
+
+def refused_by(record: TurnRecord, version: str) -> bool:
+    """Whether agent version ``version`` is among those holding ``record``."""
+    held = record.held_by
+    return held is not None and version in held.split(",")
 
 
 #: Longest ``SessionInfo.preview``, in characters.

@@ -38,6 +38,7 @@ from .._values.turns import TurnResult
 from ._agent_dir import answer_target, bundled_example, default_session, run_target
 from ._folder_model import choose_model
 from ._logging import log_to_stderr
+from ._migrate import add_migrate
 from ._otel import otel_tracing
 from ._progress import Progress
 from ._records import add_console, add_export, add_fork, add_import
@@ -87,6 +88,7 @@ def _parser() -> argparse.ArgumentParser:
     add_export(commands, _add_store_option)
     add_import(commands, _add_store_option)
     add_console(commands, _add_store_option)
+    add_migrate(commands, _add_store_option)
     return parser
 
 
@@ -477,6 +479,14 @@ def _add_worker(commands: Any) -> None:
         "back (default: 30)",
     )
     worker.add_argument(
+        "--serve-versions",
+        type=_versions,
+        metavar="V1,V2",
+        help="take only the turns recorded under these agent versions (comma-separated; "
+        "turns recorded without a version are taken too); default: every version. "
+        "Old and new workers then share one store during a deploy (docs/deploying.md)",
+    )
+    worker.add_argument(
         "--idle-timeout",
         type=_seconds,
         default=10.0,
@@ -559,6 +569,7 @@ async def _worker(args: argparse.Namespace, progress: Progress) -> int:
         grace=args.grace,
         store_label=describe_store(args.store),
         retention=_retention(args),
+        serve_versions=args.serve_versions,
     )
     hooks = []
     if args.ops_port is not None:
@@ -569,6 +580,16 @@ async def _worker(args: argparse.Namespace, progress: Progress) -> int:
         except ImportError as exc:
             raise CliError(str(exc)) from None
     return await serve_worker(agents, store, options, hooks)
+
+
+def _versions(text: str) -> frozenset[str]:
+    """``--serve-versions``: comma-separated agent versions, none empty."""
+    versions = [v.strip() for v in text.split(",")]
+    if not text.strip() or any(not v for v in versions):
+        raise argparse.ArgumentTypeError(
+            f"expected agent versions separated by commas (v1,v2), got {text!r}"
+        )
+    return frozenset(versions)
 
 
 def _seconds(text: str) -> float:

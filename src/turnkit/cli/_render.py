@@ -187,12 +187,12 @@ def _turn_lines(turn: TurnView) -> Iterator[str]:
     else:
         finished = record.finished_at
         ended = f" → {_end_time(record.created_at, finished)}" if finished else ""
-        held = " (held)" if record.held_by is not None else ""
+        held = " (held)" if record.held_by is not None and record.status == "suspended" else ""
         yield f"  {turn.turn_id}  {record.status}{held}  {utc(record.created_at)}{ended}"
         if record.version is not None:
             yield f"    version: {record.version}"
-        if record.held_by is not None:
-            yield f"    held by version: {record.held_by}"
+        if record.held_by is not None and record.status == "suspended":
+            yield f"    held by version: {record.held_by.replace(',', ', ')}"
         if record.error:
             yield f"    ✗ error: {compact(record.error)}"
         if record.cancel_reason:

@@ -34,6 +34,8 @@ class WorkerOptions:
     #: What the worker prunes while it leads the store's retention election (``None``:
     #: nothing).
     retention: Retention | None = None
+    #: The agent versions whose turns it takes (``None``: every version).
+    serve_versions: frozenset[str] | None = None
 
 
 #: Called with the running worker once it claims turns, returning what to undo when
@@ -47,16 +49,22 @@ async def serve_worker(
     """Run a worker until ``SIGTERM`` or ``SIGINT``; the exit status."""
     async with Runtime(list(agents), store=store, retention=options.retention) as runtime:
         worker = Worker(
-            runtime, concurrency=options.concurrency, poll=options.poll, grace=options.grace
+            runtime,
+            concurrency=options.concurrency,
+            poll=options.poll,
+            grace=options.grace,
+            serve_versions=options.serve_versions,
         )
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, worker.stop)
         undo = [hook(worker) for hook in hooks]
-        names = ", ".join(a.name for a in agents)
+        names = ", ".join(f"{a.name} (version {a.turn_version})" for a in agents)
         holder = getattr(store, "holder", None)
         who = f" as {holder}" if holder else ""
-        print(f"turnkit worker: running {names} on {options.store_label}{who}", flush=True)
+        served = options.serve_versions
+        serving = f", serving versions {','.join(sorted(served))}" if served else ""
+        print(f"turnkit worker: running {names} on {options.store_label}{who}{serving}", flush=True)
         try:
             await worker.run()
         finally:

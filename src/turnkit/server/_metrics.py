@@ -17,6 +17,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any, Protocol, runtime_checkable
 
 from .._runtime.runtime import Runtime
+from .._seams.queue import WorkerRegistry
 from .._values.events import TERMINAL_EVENT_TYPES, TurnEvent
 
 try:
@@ -74,6 +75,14 @@ class TurnkitMetrics:
             "turnkit_turns",
             "Unfinished turns in the store, by status (queued is the queue depth)",
             ["status"],
+            registry=reg,
+        )
+        self.unserved = Gauge(
+            "turnkit_turns_unserved",
+            "Unfinished turns of an agent version no live worker serves (a deploy that "
+            "retired the last worker of a version its turns still wait on), by agent and "
+            "version; read from the store's worker registry (PostgreSQL)",
+            ["agent", "version"],
             registry=reg,
         )
         self.store_up = Gauge(
@@ -152,6 +161,15 @@ class TurnkitMetrics:
         self.store_up.set(1)
         for status, count in counts.items():
             self.turns.labels(status).set(count)
+        if isinstance(store, WorkerRegistry):
+            try:
+                unserved = await asyncio.wait_for(store.unserved_turns(), STORE_TIMEOUT)
+            except Exception:
+                self.store_up.set(0)
+                return
+            self.unserved.clear()  # a version served again drops out
+            for agent, version, count in unserved:
+                self.unserved.labels(agent, version).set(count)
 
     async def scrape(self) -> bytes:
         """The metrics as Prometheus text, read fresh."""

@@ -10,7 +10,7 @@ turn's status move, so code that writes to a store by hand keeps the engine's ru
 from typing import TYPE_CHECKING, Any
 
 from .._seams.inbox import InboxStore
-from .._seams.queue import PendingReset, TurnQueue
+from .._seams.queue import PendingReset, Serving, TurnQueue, WorkerRegistry
 from .._seams.retention import PrunableStore
 from .._seams.store import (
     SessionStore,
@@ -81,6 +81,7 @@ __all__ = [
     "PutTurn",
     "RequestCancel",
     "RequestReset",
+    "Serving",
     "SessionInfo",
     "SessionSnapshot",
     "SessionStatus",
@@ -95,6 +96,7 @@ __all__ = [
     "TurnQueue",
     "TurnRecord",
     "TurnStatus",
+    "WorkerRegistry",
     "Write",
     "all_sessions",
     "parked_turn",

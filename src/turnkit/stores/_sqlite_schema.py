@@ -164,6 +164,8 @@ MIGRATIONS: list[tuple[str, ...]] = [
         "ALTER TABLE turnkit_turns ADD COLUMN version TEXT",
         "ALTER TABLE turnkit_turns ADD COLUMN held_by TEXT",
         "ALTER TABLE turnkit_archived_turns ADD COLUMN version TEXT",
+        # The oldest schema version whose turnkit may still use this database.
+        "ALTER TABLE turnkit_schema ADD COLUMN readable_from INTEGER",
     ),
     # v12: the inbox walks the parked turns of every session, oldest first.
     (
@@ -179,6 +181,38 @@ MIGRATIONS: list[tuple[str, ...]] = [
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)
+#: The oldest schema version whose turnkit still runs against a database at
+#: ``SCHEMA_VERSION`` (the last release's, docs/deploying.md "Upgrading turnkit").
+#: Keep it while migrations stay additive (new nullable columns, tables, indexes);
+#: raise it to the version of a migration older code cannot live with.
+READABLE_FROM = 10
+
+
+def stored_version(conn: sqlite3.Connection) -> tuple[int, int | None]:
+    """The schema version of the database and the oldest version whose turnkit may
+    use it (``None``: not recorded), without creating or changing anything."""
+    exists = conn.execute(
+        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'turnkit_schema'"
+    ).fetchone()
+    if exists is None:
+        return 0, None
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(turnkit_schema)")}
+    wanted = "version, readable_from" if "readable_from" in columns else "version, NULL"
+    row = conn.execute(f"SELECT {wanted} FROM turnkit_schema WHERE id = 1").fetchone()
+    if row is None:
+        return 0, None
+    return int(row[0]), None if row[1] is None else int(row[1])
+
+
+def pending(version: int, migrations: list[tuple[str, ...]] = MIGRATIONS) -> list[int]:
+    """The migrations a database at ``version`` still needs, by number."""
+    return list(range(version + 1, len(migrations) + 1))
+
+
+def describe(number: int, migrations: list[tuple[str, ...]] = MIGRATIONS) -> str:
+    """Migration ``number`` in one line: what each statement does, in short."""
+    parts = [" ".join(s.split()).split(" (", 1)[0][:60] for s in migrations[number - 1]]
+    return "; ".join(parts)
 
 
 def current_version(conn: sqlite3.Connection) -> int:
@@ -209,9 +243,12 @@ def migrate(conn: sqlite3.Connection, migrations: list[tuple[str, ...]] = MIGRAT
     finally:
         conn.execute("COMMIT")
     if version > len(migrations):
+        readable_from = stored_version(conn)[1]
+        if readable_from is not None and readable_from <= len(migrations):
+            return version  # a newer turnkit's additive migrations: still ours to use
         raise StoreError(
             f"database schema is version {version}, newer than this turnkit knows "
-            f"({len(migrations)}); upgrade turnkit"
+            f"({len(migrations)}) and not readable by it; upgrade turnkit"
         )
     for target in range(version + 1, len(migrations) + 1):
         conn.execute("BEGIN IMMEDIATE")
@@ -227,6 +264,8 @@ def migrate(conn: sqlite3.Connection, migrations: list[tuple[str, ...]] = MIGRAT
                 "ON CONFLICT (id) DO UPDATE SET version = excluded.version",
                 (target,),
             )
+            if target == len(migrations) and migrations is MIGRATIONS:
+                conn.execute("UPDATE turnkit_schema SET readable_from = ?", (READABLE_FROM,))
         except BaseException:
             conn.execute("ROLLBACK")
             raise

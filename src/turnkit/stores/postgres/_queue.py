@@ -35,18 +35,37 @@ def runnable(alias: str) -> str:
     )
 
 
-#: Parameters: the agents this worker runs (a JSON array) and the sessions it skips
-#: (a JSON array), twice, then how many sessions it takes at most, three times. Each
-#: session's runnable turn is its oldest runnable one, so its turns run one at a time
-#: in submission order; a session with a pending reset and nothing runnable left is
-#: claimed for the reset. Rows: the session id (what the lock connection reads
-#: first), its agent, then its turn's columns (all NULL for a reset).
+def served(alias: str) -> str:
+    """The turns a worker serves, by version: parameters the served versions (a JSON
+    array, or NULL: every version) twice. A turn recorded without a version (before
+    turns kept one) is every worker's."""
+    return (
+        f"(?::json IS NULL OR {alias}.version IS NULL "
+        f"OR {alias}.version IN (SELECT json_array_elements_text(?::json)))"
+    )
+
+
+#: Parameters, CTE by CTE. ``c`` (runnable turns): the agents this worker runs (a
+#: JSON array), the sessions it skips (a JSON array), the versions it serves twice
+#: (see ``served``), how many sessions it takes at most. ``r`` (pending resets): the
+#: agents, the skipped sessions, the most. ``h`` (held turns to try again, by a worker
+#: whose version is none of those that held them: see ``TurnRecord.held_by``): whether
+#: to look at all (a boolean: the worker sweeps them now and then), the worker's own
+#: version of each agent (a JSON object), the agents, the skipped sessions, the
+#: served versions twice, the most. Then the most in all. Each session's runnable
+#: turn is its oldest runnable one, so its turns run one at a time in submission
+#: order; a session with a pending reset and nothing runnable left is claimed for
+#: the reset; a session whose turn is held by another version than this worker's
+#: (and has nothing runnable) is claimed for that turn. Rows: the session id (what
+#: the lock connection reads first), its agent, then its turn's columns (all NULL
+#: for a reset).
 CLAIM_SQL = (
     f"WITH held AS ({_HELD}), c AS ("
     "SELECT t.session_id, t.turn_id, t.created_at FROM turnkit_turns t "
     f"WHERE {runnable('t')} "
     "AND t.agent IN (SELECT json_array_elements_text(?::json)) "
     "AND t.session_id NOT IN (SELECT json_array_elements_text(?::json)) "
+    f"AND {served('t')} "
     "AND NOT EXISTS (SELECT 1 FROM turnkit_turns e WHERE e.session_id = t.session_id "
     f"AND {runnable('e')} AND (e.created_at, e.turn_id) < (t.created_at, t.turn_id)) "
     "AND turnkit_lock_key(t.session_id) NOT IN (SELECT k FROM held) "
@@ -59,12 +78,60 @@ CLAIM_SQL = (
     f"AND {runnable('e')}) "
     "AND turnkit_lock_key(s.session_id) NOT IN (SELECT k FROM held) "
     "ORDER BY s.reset_requested LIMIT ?), "
-    "p AS (SELECT * FROM c UNION ALL SELECT * FROM r ORDER BY created_at LIMIT ?) "
+    "h AS (SELECT t.session_id, t.turn_id, t.created_at FROM turnkit_turns t "
+    "WHERE ?::boolean AND t.status = 'suspended' AND t.held_by IS NOT NULL "
+    "AND t.cancel_reason IS NULL "
+    "AND NOT ((?::json ->> t.agent) = ANY (string_to_array(t.held_by, ','))) "
+    "AND t.agent IN (SELECT json_array_elements_text(?::json)) "
+    "AND t.session_id NOT IN (SELECT json_array_elements_text(?::json)) "
+    f"AND {served('t')} "
+    "AND NOT EXISTS (SELECT 1 FROM turnkit_turns e WHERE e.session_id = t.session_id "
+    f"AND {runnable('e')}) "
+    "AND turnkit_lock_key(t.session_id) NOT IN (SELECT k FROM held) "
+    "ORDER BY t.created_at LIMIT ? FOR NO KEY UPDATE OF t SKIP LOCKED), "
+    "p AS (SELECT * FROM c UNION ALL SELECT * FROM r UNION ALL SELECT * FROM h "
+    "ORDER BY created_at LIMIT ?) "
     # Every row of ``p`` is tried (no LIMIT out here), so no lock is taken and lost.
     f"SELECT p.session_id, s.agent, {TURN_COLUMNS_T} FROM p "
     "JOIN turnkit_sessions s ON s.session_id = p.session_id "
     "LEFT JOIN turnkit_turns t ON t.session_id = p.session_id AND t.turn_id = p.turn_id "
     "WHERE pg_try_advisory_lock(turnkit_lock_key(p.session_id)) ORDER BY p.created_at"
+)
+
+#: Seconds a worker counts as alive after it last said so (it says so every
+#: ``Worker``'s ``_SEEN_EVERY``), and after which a silent one's row is deleted.
+WORKER_ALIVE = 30.0
+WORKER_FORGOTTEN = 3600.0
+
+#: A worker saying it is alive: its holder name, what it runs (``{agent: version}``
+#: as JSON), the versions it serves (a JSON array, or NULL: all). The time is the
+#: server's, so every node's liveness is read on one clock.
+WORKER_SEEN_SQL = (
+    "INSERT INTO turnkit_workers (holder, agents, serves, seen_at) VALUES "
+    "(?, ?, ?, extract(epoch FROM clock_timestamp())::double precision) "
+    "ON CONFLICT (holder) DO UPDATE SET agents = excluded.agents, serves = excluded.serves, "
+    "seen_at = excluded.seen_at RETURNING holder"
+)
+#: A worker leaving (it stopped), and workers silent for long (they died), gone.
+WORKER_GONE_SQL = (
+    "DELETE FROM turnkit_workers WHERE holder = ? "
+    "OR seen_at < extract(epoch FROM clock_timestamp())::double precision - ? RETURNING holder"
+)
+#: The turns waiting on a version no live worker serves, by agent and version: queued
+#: or left running (or held, waiting for another version than the one that held it)
+#: with no worker seen within the last ``?`` seconds running their agent and serving
+#: their version. Turns recorded without a version are left out (every worker's).
+UNSERVED_SQL = (
+    "SELECT t.agent, t.version, count(*) FROM turnkit_turns t "
+    "WHERE (t.status IN ('queued', 'running') "
+    "OR (t.status = 'suspended' AND t.held_by IS NOT NULL AND t.cancel_reason IS NULL)) "
+    "AND t.version IS NOT NULL AND NOT EXISTS (SELECT 1 FROM turnkit_workers w "
+    "WHERE w.seen_at > extract(epoch FROM clock_timestamp())::double precision - ? "
+    "AND (w.agents::json ->> t.agent) IS NOT NULL "
+    "AND (w.serves IS NULL OR t.version IN (SELECT json_array_elements_text(w.serves::json))) "
+    "AND (t.held_by IS NULL "
+    "OR NOT ((w.agents::json ->> t.agent) = ANY (string_to_array(t.held_by, ','))))) "
+    "GROUP BY t.agent, t.version ORDER BY t.agent, t.version"
 )
 
 #: Sent inside a commit that makes a turn runnable (a submission, a resume, a

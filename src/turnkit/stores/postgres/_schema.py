@@ -8,6 +8,7 @@ never see a half-applied version (PostgreSQL DDL is transactional).
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from psycopg import errors as pg_errors
@@ -275,6 +276,17 @@ MIGRATIONS: list[tuple[str, ...]] = [
         "ALTER TABLE turnkit_turns ADD COLUMN version text",
         "ALTER TABLE turnkit_turns ADD COLUMN held_by text",
         "ALTER TABLE turnkit_archived_turns ADD COLUMN version text",
+        # The oldest schema version whose turnkit may still use this database.
+        "ALTER TABLE turnkit_schema ADD COLUMN readable_from integer",
+        # The live workers: what each runs (``{agent: its version}``) and the turn
+        # versions it serves (a JSON array; NULL: all), refreshed as it claims, so a
+        # scrape can count the turns waiting on a version nobody serves.
+        """CREATE TABLE turnkit_workers (
+            holder text PRIMARY KEY,
+            agents text NOT NULL,
+            serves text,
+            seen_at double precision NOT NULL
+        )""",
     ),
     # v17: the inbox walks the parked turns of every session, oldest first.
     (
@@ -291,6 +303,16 @@ MIGRATIONS: list[tuple[str, ...]] = [
 
 
 SCHEMA_VERSION = len(MIGRATIONS)
+#: The oldest schema version whose turnkit still runs against a schema at
+#: ``SCHEMA_VERSION`` (the last release's, docs/deploying.md "Upgrading turnkit").
+#: Keep it while migrations stay additive (new nullable columns, tables, indexes);
+#: raise it to the version of a migration older code cannot live with.
+READABLE_FROM = 15
+#: How long a migration waits for a table lock before it lets the traffic through
+#: and tries again (a long transaction of a running node must not stall the rest
+#: behind the migration's lock), and how long it keeps trying.
+LOCK_WAIT = "2s"
+MIGRATE_DEADLINE = 120.0
 
 
 def read_store_id(conn: Any, schema: str) -> str:
@@ -311,11 +333,60 @@ def read_relay_key(conn: Any, schema: str) -> bytes:
     return str(row[0]).encode()
 
 
+def stored_version(conn: Any, schema: str) -> tuple[int, int | None]:
+    """``schema``'s version and the oldest version whose turnkit may use it (``None``:
+    not recorded), read on a psycopg connection without changing anything."""
+    quoted = sql.Identifier(schema).as_string(conn)
+    found = conn.execute("SELECT to_regclass(%s)", (f"{quoted}.turnkit_schema",)).fetchone()
+    if found[0] is None:
+        return 0, None
+    has_floor = conn.execute(
+        "SELECT 1 FROM pg_attribute WHERE attrelid = %s::regclass AND attname = 'readable_from' "
+        "AND NOT attisdropped",
+        (f"{quoted}.turnkit_schema",),
+    ).fetchone()
+    wanted = "version, readable_from" if has_floor else "version, NULL"
+    row = conn.execute(f"SELECT {wanted} FROM {quoted}.turnkit_schema WHERE id = 1").fetchone()
+    if row is None:
+        return 0, None
+    return int(row[0]), None if row[1] is None else int(row[1])
+
+
+def pending(version: int, migrations: list[tuple[str, ...]] = MIGRATIONS) -> list[int]:
+    """The migrations a schema at ``version`` still needs, by number."""
+    return list(range(version + 1, len(migrations) + 1))
+
+
+def describe(number: int, migrations: list[tuple[str, ...]] = MIGRATIONS) -> str:
+    """Migration ``number`` in one line: what each statement does, in short."""
+    parts = [" ".join(s.split()).split(" (", 1)[0][:60] for s in migrations[number - 1]]
+    return "; ".join(parts)
+
+
 def migrate(conn: Any, schema: str, migrations: list[tuple[str, ...]] = MIGRATIONS) -> int:
     """Bring ``schema`` up to date on an autocommit psycopg connection; return the version.
 
-    A database written by a newer turnkit is refused rather than misread.
+    Online: each attempt waits at most ``LOCK_WAIT`` for a table's lock (running
+    nodes' transactions go on meanwhile) and is tried again until
+    ``MIGRATE_DEADLINE``. A schema a newer turnkit migrated is used as it is if that
+    turnkit recorded this one may still use it (``READABLE_FROM``), else refused.
     """
+    deadline = time.monotonic() + MIGRATE_DEADLINE
+    pause = 0.1
+    while True:
+        try:
+            return _migrate_once(conn, schema, migrations)
+        except pg_errors.LockNotAvailable as exc:
+            if time.monotonic() + pause > deadline:
+                raise StoreError(
+                    f"migrating schema {schema!r}: a table stayed locked by other "
+                    f"transactions for {MIGRATE_DEADLINE:g}s ({exc}); try again"
+                ) from exc
+            time.sleep(pause)
+            pause = min(pause * 2, 5.0)
+
+
+def _migrate_once(conn: Any, schema: str, migrations: list[tuple[str, ...]]) -> int:
     quoted = sql.Identifier(schema).as_string(conn)
     with conn.transaction():
         # One migrator at a time per schema, across every process.
@@ -338,13 +409,16 @@ def migrate(conn: Any, schema: str, migrations: list[tuple[str, ...]] = MIGRATIO
                 f"CREATE TABLE {quoted}.turnkit_schema "
                 "(id integer PRIMARY KEY CHECK (id = 1), version integer NOT NULL)"
             )
-        row = conn.execute(f"SELECT version FROM {quoted}.turnkit_schema WHERE id = 1").fetchone()
-        version = int(row[0]) if row else 0
+        version, readable_from = stored_version(conn, schema)
         if version > len(migrations):
+            if readable_from is not None and readable_from <= len(migrations):
+                return version  # a newer turnkit's additive migrations: still ours to use
             raise StoreError(
                 f"database schema {schema!r} is version {version}, newer than this turnkit "
-                f"knows ({len(migrations)}); upgrade turnkit"
+                f"knows ({len(migrations)}) and not readable by it; upgrade turnkit"
             )
+        # From here on, a lock another transaction holds fails this attempt quickly.
+        conn.execute(f"SET LOCAL lock_timeout = '{LOCK_WAIT}'")
         for target in range(version + 1, len(migrations) + 1):
             conn.execute(f"SET LOCAL search_path TO {quoted}")
             for statement in migrations[target - 1]:
@@ -361,4 +435,8 @@ def migrate(conn: Any, schema: str, migrations: list[tuple[str, ...]] = MIGRATIO
                 "ON CONFLICT (id) DO UPDATE SET version = excluded.version",
                 (target,),
             )
+            if target == len(migrations) and migrations is MIGRATIONS:
+                conn.execute(
+                    f"UPDATE {quoted}.turnkit_schema SET readable_from = %s", (READABLE_FROM,)
+                )
     return len(migrations)

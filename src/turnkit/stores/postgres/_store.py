@@ -35,7 +35,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
@@ -43,7 +43,7 @@ from typing import Any, TypeVar, cast
 
 from ..._errors import ConfigurationError, StoreError
 from ..._seams.codec import Codec
-from ..._seams.queue import PendingReset
+from ..._seams.queue import PendingReset, Serving
 from ..._seams.store import ToolStep
 from ..._values.events import TurnEvent, event_from_dict
 from ..._values.messages import Message, message_from_dict
@@ -81,7 +81,14 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     ) from exc
 from . import _wire as wire
 from ._commit import GroupCommitter
-from ._queue import CLAIM_SQL
+from ._queue import (
+    CLAIM_SQL,
+    UNSERVED_SQL,
+    WORKER_ALIVE,
+    WORKER_FORGOTTEN,
+    WORKER_GONE_SQL,
+    WORKER_SEEN_SQL,
+)
 from ._statements import (
     LOAD_SQL,
     SCHEMA_NAME,
@@ -770,13 +777,26 @@ class PostgresStore:
     # -- the TurnQueue protocol --------------------------------------------------
 
     async def claim(
-        self, agents: Sequence[str], *, limit: int, skip: Collection[str] = ()
+        self,
+        agents: Sequence[str],
+        *,
+        limit: int,
+        skip: Collection[str] = (),
+        serving: Serving | None = None,
     ) -> list[TurnRecord | PendingReset]:
         self._listener.work.clear()  # a notification from now on wakes the next wait
         if limit < 1 or not agents:
             return []
+        serving = serving or Serving()
         names, skipped = json.dumps(list(agents)), json.dumps(list(skip))
-        params = (names, skipped, limit, names, skipped, limit, limit)
+        serves = None if serving.serves is None else json.dumps(sorted(serving.serves))
+        own = json.dumps(dict(serving.own))
+        params = (
+            *(names, skipped, serves, serves, limit),  # runnable turns
+            *(names, skipped, limit),  # pending resets
+            *(serving.retry_held, own, names, skipped, serves, serves, limit),  # held turns
+            limit,
+        )
         statement = wire.Query(pg_wire(CLAIM_SQL, self.schema), wire.values(params))
         try:
             res = await self._writers.claim(statement)
@@ -794,6 +814,21 @@ class PostgresStore:
 
     def unclaim(self, session_id: str) -> None:
         self._writers.unclaim(session_id)
+
+    # -- the WorkerRegistry protocol ---------------------------------------------
+
+    async def worker_seen(self, own: Mapping[str, str], serves: Collection[str] | None) -> None:
+        served = None if serves is None else json.dumps(sorted(serves))
+        params = (self.holder, json.dumps(dict(own)), served)
+        await self._select("the live workers", WORKER_SEEN_SQL, params, tuple)
+
+    async def worker_gone(self) -> None:
+        params = (self.holder, WORKER_FORGOTTEN)
+        await self._select("the live workers", WORKER_GONE_SQL, params, tuple)
+
+    async def unserved_turns(self) -> list[tuple[str, str, int]]:
+        rows = await self._select("unserved turns", UNSERVED_SQL, (WORKER_ALIVE,), tuple)
+        return [(str(agent), str(version), int(n)) for agent, version, n in rows]
 
     async def wait_for_turns(self, timeout: float) -> None:
         with contextlib.suppress(TimeoutError):
