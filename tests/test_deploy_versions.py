@@ -441,7 +441,7 @@ async def test_turnkit_migrate_checks_and_applies_on_sqlite(tmp_path: Path) -> N
     assert check.returncode == 1, check.stderr
     last = len(previous) + 1
     assert f"is at schema version {len(previous)}; this turnkit's is {last}" in check.stdout
-    assert f"  {last}: ALTER TABLE turnkit_turns ADD COLUMN version TEXT" in check.stdout
+    assert f"  {last}: ALTER TABLE turnkit_schema ADD COLUMN readable_from INTEGER" in check.stdout
     applied = turnkit_cli("migrate", "--apply", "--store", str(db), cwd=tmp_path)
     assert applied.returncode == 0, applied.stderr
     assert f"applied migration(s) {last}; now at schema version {last}" in applied.stdout

@@ -164,8 +164,6 @@ MIGRATIONS: list[tuple[str, ...]] = [
         "ALTER TABLE turnkit_turns ADD COLUMN version TEXT",
         "ALTER TABLE turnkit_turns ADD COLUMN held_by TEXT",
         "ALTER TABLE turnkit_archived_turns ADD COLUMN version TEXT",
-        # The oldest schema version whose turnkit may still use this database.
-        "ALTER TABLE turnkit_schema ADD COLUMN readable_from INTEGER",
     ),
     # v12: the inbox walks the parked turns of every session, oldest first.
     (
@@ -178,6 +176,9 @@ MIGRATIONS: list[tuple[str, ...]] = [
         "ALTER TABLE turnkit_turns ADD COLUMN wake_at REAL",
         "CREATE INDEX turnkit_turns_waking ON turnkit_turns (wake_at) WHERE wake_at IS NOT NULL",
     ),
+    # v14: the oldest schema version whose turnkit may still use this database,
+    # recorded by each migration run (``READABLE_FROM``).
+    ("ALTER TABLE turnkit_schema ADD COLUMN readable_from INTEGER",),
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

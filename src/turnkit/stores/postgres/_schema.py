@@ -276,17 +276,6 @@ MIGRATIONS: list[tuple[str, ...]] = [
         "ALTER TABLE turnkit_turns ADD COLUMN version text",
         "ALTER TABLE turnkit_turns ADD COLUMN held_by text",
         "ALTER TABLE turnkit_archived_turns ADD COLUMN version text",
-        # The oldest schema version whose turnkit may still use this database.
-        "ALTER TABLE turnkit_schema ADD COLUMN readable_from integer",
-        # The live workers: what each runs (``{agent: its version}``) and the turn
-        # versions it serves (a JSON array; NULL: all), refreshed as it claims, so a
-        # scrape can count the turns waiting on a version nobody serves.
-        """CREATE TABLE turnkit_workers (
-            holder text PRIMARY KEY,
-            agents text NOT NULL,
-            serves text,
-            seen_at double precision NOT NULL
-        )""",
     ),
     # v17: the inbox walks the parked turns of every session, oldest first.
     (
@@ -298,6 +287,20 @@ MIGRATIONS: list[tuple[str, ...]] = [
     (
         "ALTER TABLE turnkit_turns ADD COLUMN wake_at double precision",
         "CREATE INDEX turnkit_turns_waking ON turnkit_turns (wake_at) WHERE wake_at IS NOT NULL",
+    ),
+    # v19: the oldest schema version whose turnkit may still use this schema,
+    # recorded by each migration run (``READABLE_FROM``); and the live workers: what
+    # each runs (``{agent: its version}``) and the turn versions it serves (a JSON
+    # array; NULL: all), refreshed as it claims, so a scrape can count the turns
+    # waiting on a version nobody serves.
+    (
+        "ALTER TABLE turnkit_schema ADD COLUMN readable_from integer",
+        """CREATE TABLE turnkit_workers (
+            holder text PRIMARY KEY,
+            agents text NOT NULL,
+            serves text,
+            seen_at double precision NOT NULL
+        )""",
     ),
 ]
 
