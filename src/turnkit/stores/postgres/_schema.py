@@ -362,7 +362,7 @@ def pending(version: int, migrations: list[tuple[str, ...]] = MIGRATIONS) -> lis
 
 def describe(number: int, migrations: list[tuple[str, ...]] = MIGRATIONS) -> str:
     """Migration ``number`` in one line: what each statement does, in short."""
-    parts = [" ".join(s.split()).split(" (", 1)[0][:60] for s in migrations[number - 1]]
+    parts = [" ".join(s.split()).split(" (", 1)[0][:80] for s in migrations[number - 1]]
     return "; ".join(parts)
 
 
