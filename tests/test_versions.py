@@ -26,7 +26,7 @@ from turnkit import (
     tool,
 )
 from turnkit.stores import PutTurn, SqliteStore, TurnRecord
-from turnkit.testing import RecordingSink, ScriptedModel, ScriptedReply, tool_call
+from turnkit.testing import CrashingStore, RecordingSink, ScriptedModel, ScriptedReply, tool_call
 
 APPROVAL = {
     "type": "object",
@@ -419,3 +419,66 @@ async def test_the_http_transcript_names_the_version_of_each_open_turn(
     assert turn["turn_id"] == turn_id and turn["status"] == "suspended"
     assert turn["version"] == make_agent(Ledger()).turn_version
     assert turn["held_by"] == new.turn_version and "'refund'" in turn["error"]
+
+
+# -- recovery under another version ----------------------------------------------------
+
+
+class Died(Exception):
+    """Stands for the process dying right after a commit."""
+
+
+def lookup_agent(*, keep_lookup: bool, extra_tool: bool = False) -> turnkit.Agent:
+    @tool
+    def lookup(q: str) -> str:
+        """Look something up."""
+        return f"found {q}"
+
+    @tool
+    def note(text: str) -> str:
+        """Take a note."""
+        return "noted"
+
+    def reply(messages: Any) -> Any:
+        last = messages[-1]
+        if isinstance(last, UserMessage):
+            return ScriptedReply(tool_calls=[tool_call("lookup", {"q": last.text})])
+        return f"answer: {getattr(last, 'result', '?')}"
+
+    tools = ([lookup] if keep_lookup else []) + ([note] if extra_tool else [])
+    return turnkit.Agent(name="a", model=ScriptedModel(respond=reply), tools=tools)
+
+
+@pytest.mark.parametrize("keep_lookup", [True, False], ids=["tool-added", "tool-removed"])
+async def test_a_turn_left_running_is_recovered_by_the_new_versions_rule(
+    make_store: Any, sink: RecordingSink, keep_lookup: bool
+) -> None:
+    def die() -> None:
+        raise Died()
+
+    # The model step that asks for ``lookup`` commits (the opening is commit 1), then
+    # the process is gone: the turn is left running, its call owed.
+    crashing = CrashingStore(make_store(), crash_at=2, when="after", on_crash=die)
+    old = lookup_agent(keep_lookup=True)
+    async with turnkit.Runtime(old, store=crashing, sink=sink) as rt:
+        session = rt.session("a", "s1")
+        turn_id = session.start("x")
+        with pytest.raises(Died):
+            await session.result(turn_id)
+    new = lookup_agent(keep_lookup=keep_lookup, extra_tool=True)
+    async with turnkit.Runtime(new, store=make_store(), sink=sink) as rt:
+        [result] = await rt.recover()
+        record = await rt.session("a", "s1")._store.turn(turn_id)
+        events = await rt.session("a", "s1")._store.events(turn_id=turn_id)
+    assert record is not None
+    if keep_lookup:
+        assert result.status == "completed" and result.text == "answer: found x"
+        assert record.version == new.turn_version
+        [changed] = version_events(events)
+        assert isinstance(changed, TurnVersionChangedEvent) and changed.action == "continued"
+    else:
+        assert result.status == "suspended" and record.held_by == new.turn_version
+        assert record.version == old.turn_version
+        [held] = version_events(events)
+        assert isinstance(held, TurnHeldEvent)
+        assert held.problems == ("tool 'lookup' (call call_1, owed) is gone",)
