@@ -3,9 +3,11 @@ and the record of who answered — on every store."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import time
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -17,6 +19,7 @@ from turnkit import (
     AnswerRecord,
     Approval,
     Decision,
+    Expiry,
     InboundEvent,
     InputRequest,
     InvalidAnswerError,
@@ -367,6 +370,59 @@ async def test_any_tool_takes_an_approval_after_it_was_made(open_runtime: Any) -
     assert ran == [{"order_id": "A-1", "amount_cents": 5}]
     with pytest.raises(ToolDefinitionError, match=r"takes a turnkit\.Approval"):
         plain.with_approval("yes")  # type: ignore[arg-type]
+
+
+async def test_a_decision_nobody_takes_in_time_is_taken_at_its_deadline(
+    open_runtime: Any,
+) -> None:
+    ran: list[dict[str, Any]] = []
+    approval = Approval(
+        allowed=("approve", "reject"),
+        expires_in=timedelta(hours=1),
+        on_expiry=Decision.reject("nobody decided in time"),
+        remind_every=600,
+    )
+    rt = await open_runtime(refund_action(ran, approval))
+    session = rt.session("a", "s1")
+    result = await parked(session)
+    request = result.request
+    assert request is not None and request.expires_at is not None and request.asked_at
+    assert request.expires_at - request.asked_at == pytest.approx(3600)
+    assert request.remind_at == pytest.approx(request.asked_at + 600)
+    assert request.on_expiry == Expiry(
+        action="answer", value={"decision": "reject", "reason": "nobody decided in time"}
+    )
+    assert await rt.timers.fire_due(rt.store, now=request.expires_at + 1) >= 1
+    deadline = time.monotonic() + 20
+    while (await session.status()) != "idle" and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    done = await session.result(result.turn_id)
+    assert done.status == "completed" and ran == []
+    assert done.text is not None and "nobody decided in time" in done.text
+    (record,) = await session.answers()
+    assert record.by == "deadline"
+    assert record.decision == Decision.reject("nobody decided in time")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "problem"),
+    [
+        ({"expires_in": 60}, "needs on_expiry"),
+        ({"on_expiry": "cancel"}, "needs expires_in"),
+        ({"expires_in": 0, "on_expiry": "cancel"}, "more than zero"),
+        ({"expires_in": 60, "on_expiry": Decision.respond("x")}, "cannot be taken at"),
+        (
+            {"allowed": ("approve", "edit"), "expires_in": 60, "on_expiry": Decision.edit({})},
+            "an edit needs a person",
+        ),
+        ({"remind_every": "often"}, "remind_every must be"),
+    ],
+)
+def test_an_approval_deadline_that_makes_no_sense_is_refused(
+    kwargs: dict[str, Any], problem: str
+) -> None:
+    with pytest.raises(ToolDefinitionError, match=problem):
+        Approval(**kwargs)
 
 
 def test_a_plain_def_tool_that_writes_through_the_store_cannot_wait_for_a_person() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -95,3 +96,50 @@ def test_an_approval_answers_only_yes_or_no_questions() -> None:
     with pytest.raises(HttpError) as refused:
         approval_value(asking({"type": "string"}), True, None)
     assert refused.value.status == 422 and refused.value.code == "not_an_approval"
+
+
+def test_a_deadline_is_the_interrupts_expires_at_and_a_decision_takes_its_shape() -> None:
+    from turnkit.server.agui._decisions import decision_value
+    from turnkit.server.agui._events import interrupt_of
+
+    options = turnkit.DecisionOptions(allowed=("approve", "reject"), arguments={"a": 1})
+    request = InputRequest(
+        id="q",
+        prompt="?",
+        turn_id="t",
+        call_id="c",
+        tool="x",
+        kind="decision",
+        decision=options,
+        expires_at=1_800_000_000.25,
+    )
+    interrupt = interrupt_of(request)
+    assert interrupt.expires_at == "2027-01-15T08:00:00.250+00:00"
+    assert interrupt.reason == "tool_call" and interrupt.tool_call_id == "c"
+    assert interrupt.response_schema is not None
+    assert set(interrupt.response_schema["properties"]) == {"approved", "reason"}  # no edits
+    assert (
+        interrupt_of(
+            InputRequest(id="q", prompt="?", turn_id="t", call_id="c", tool="x")
+        ).expires_at
+        is None
+    )
+    assert decision_value({"approved": True}) == {"decision": "approve"}
+    assert decision_value({"approved": False}) == {"decision": "reject"}
+    assert decision_value({"approved": True, "editedArgs": {"a": 2}}) == {
+        "decision": "edit",
+        "arguments": {"a": 2},
+    }
+    assert decision_value({"approved": False, "message": "m"}) == {
+        "decision": "respond",
+        "message": "m",
+    }
+    for other in (True, {"decision": "approve"}, {"approved": True, "extra": 1}):
+        assert decision_value(other) == other  # for the check to take or refuse
+    # A tool approval over the AI SDK: approve, or reject with the reason.
+    assert approval_value(request, True, None) == {"decision": "approve"}
+    assert approval_value(request, False, "no") == {"decision": "reject", "reason": "no"}
+    only = replace(request, decision=turnkit.DecisionOptions(allowed=("edit",), arguments={}))
+    with pytest.raises(HttpError) as refused:
+        approval_value(only, True, None)
+    assert refused.value.code == "not_an_approval"

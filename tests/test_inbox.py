@@ -3,6 +3,7 @@ paged by a cursor — on every store."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -176,3 +177,44 @@ async def test_a_bad_page_request_is_refused(
         await rt.pending_inputs("ana", **kw)
     with pytest.raises(ValueError, match="answerer's name"):
         await rt.pending_inputs([])
+
+
+async def test_the_inbox_shows_a_questions_deadline_and_never_a_timer(open_runtime: Any) -> None:
+    @tool
+    async def wait_then_ask(order: str, ctx: ToolContext) -> str:
+        """Wait a while, then ask."""
+        if order == "sleepy":
+            await ctx.sleep(3600)
+        answer = await ctx.request_input(
+            "q",
+            f"ship {order}?",
+            answerers=Answerers.user("ana"),
+            expires_in=7200,  # past the sleep's end: firing that leaves this open
+            on_expiry="cancel",
+        )
+        return f"got {answer}"
+
+    def respond(messages: Any) -> Any:
+        last = messages[-1]
+        if isinstance(last, UserMessage):
+            return ScriptedReply(tool_calls=[tool_call("wait_then_ask", {"order": last.text})])
+        return "done"
+
+    agent = turnkit.Agent(name="a", model=ScriptedModel(respond=respond), tools=[wait_then_ask])
+    rt = await open_runtime(agent)
+    await park(rt, "a", "s1", "sleepy")  # parked on its sleep: nobody's question
+    await park(rt, "a", "s2", "now")
+    (item,) = await everything(rt, "ana")
+    assert item.session_id == "s2" and item.expires_at is not None
+    assert item.expires_at == pytest.approx(item.asked_at + 7200)
+    assert item.to_dict()["expires_at"] == item.expires_at
+    # A sleep that ends is no one's answer: the record lists only people's answers.
+    sleeping = rt.session("a", "s1")
+    parked = await sleeping.pending()
+    assert parked is not None and parked.kind == "timer" and parked.expires_at is not None
+    await rt.timers.fire_due(rt.store, now=parked.expires_at + 1)
+    deadline = time.monotonic() + 20
+    while [i.session_id for i in await everything(rt, "ana")] != ["s1", "s2"]:
+        assert time.monotonic() < deadline, "the sleep never ended"
+        await asyncio.sleep(0.02)
+    assert await sleeping.answers() == []

@@ -13,7 +13,8 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from datetime import timedelta
+from typing import Any, Literal
 
 import jsonschema
 from pydantic_core import from_json, to_json
@@ -22,7 +23,7 @@ from .._errors import ToolDefinitionError
 from .._seams.model import ToolSpec
 from .._values.checkpoints import InputAnswer
 from .._values.decisions import Decision, DecisionKind, DecisionOptions, decision_kinds
-from .._values.inputs import Answerer, InputRequest, as_answerers
+from .._values.inputs import Answerer, Expiry, InputRequest, as_answerers
 from .._values.messages import JsonObject
 from .._values.step_ids import input_step_id
 from .context import ToolContext, TurnParked
@@ -47,7 +48,15 @@ class Approval:
     when: Callable[[JsonObject], bool] | None = None
     answerers: Answerer | Sequence[Answerer] | None = None
     prompt: str | Callable[[JsonObject], str] | None = None
+    #: A deadline for the decision (a ``timedelta`` or seconds), with ``on_expiry``
+    #: what happens then: ``Decision.reject(...)`` or another allowed decision taken
+    #: for nobody (recorded as by ``"deadline"``), or ``"cancel"`` / ``"fail"``.
+    expires_in: timedelta | float | None = None
+    on_expiry: Decision | Literal["cancel", "fail"] | None = None
+    #: A reminder that often until the decision comes (see ``request_input``).
+    remind_every: timedelta | float | None = None
     _answerers: tuple[Answerer, ...] | None = field(init=False, repr=False, compare=False)
+    _expiry: Expiry | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         try:
@@ -64,6 +73,34 @@ class Approval:
             object.__setattr__(self, "_answerers", as_answerers(self.answerers))
         except TypeError as exc:
             raise ToolDefinitionError(f"Approval: {exc}") from None
+        object.__setattr__(self, "_expiry", self._checked_expiry())
+
+    def _checked_expiry(self) -> Expiry | None:
+        """``on_expiry`` as the request's ``Expiry``, checked when declared."""
+        for name in ("expires_in", "remind_every"):
+            value = getattr(self, name)
+            seconds = _seconds_of(value)
+            if value is not None and (seconds is None or not 0 < seconds < float("inf")):
+                raise ToolDefinitionError(
+                    f"Approval.{name} must be a timedelta or seconds, more than zero; got {value!r}"
+                )
+        if self.expires_in is None:
+            if self.on_expiry is not None:
+                raise ToolDefinitionError("Approval.on_expiry needs expires_in (a deadline)")
+            return None
+        if self.on_expiry in ("cancel", "fail"):
+            return Expiry(action=self.on_expiry)
+        if not isinstance(self.on_expiry, Decision):
+            raise ToolDefinitionError(
+                "Approval.expires_in needs on_expiry: a Decision (Decision.reject(...), say), "
+                f"'cancel' or 'fail'; got {self.on_expiry!r}"
+            )
+        if self.on_expiry.kind not in self.allowed or self.on_expiry.kind == "edit":
+            raise ToolDefinitionError(
+                f"Approval.on_expiry: the decision {self.on_expiry.kind!r} cannot be taken at "
+                f"the deadline (allowed: {', '.join(self.allowed)}; an edit needs a person)"
+            )
+        return Expiry(action="answer", value=self.on_expiry.to_dict())
 
     def question(self, tool: str, arguments: JsonObject) -> str:
         if isinstance(self.prompt, str):
@@ -130,6 +167,13 @@ async def _decide(
         arguments=_copy(proposed),
         arguments_schema=schema,
     )
+    now = time.time()
+    expires = _seconds_of(approval.expires_in)
+    every = _seconds_of(approval.remind_every)
+    expires_at = None if expires is None else now + expires
+    remind_at = None if every is None else now + every
+    if remind_at is not None and expires_at is not None and remind_at >= expires_at:
+        remind_at = None  # the deadline comes first: no reminder to give
     raise TurnParked(
         InputRequest(
             id=input_id,
@@ -141,9 +185,22 @@ async def _decide(
             answerers=who,
             kind="decision",
             decision=options,
-            asked_at=time.time(),
+            expires_at=expires_at,
+            on_expiry=approval._expiry,
+            remind_every=every,
+            remind_at=remind_at,
+            asked_at=now,
         )
     )
+
+
+def _seconds_of(value: object) -> float | None:
+    """A duration as seconds (``None`` for none, or for what is not a duration)."""
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    return None
 
 
 async def ask_again(ctx: ToolContext, input_id: str, request: InputRequest) -> None:

@@ -199,6 +199,8 @@ class _Plan:
                 call_id=request.call_id,
                 by=by,
                 value=value,
+                kind=request.kind,
+                tool=request.tool,
                 seq=self.next_seq(),
             )
         )

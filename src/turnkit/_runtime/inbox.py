@@ -52,6 +52,11 @@ class PendingInput:
     def turn_id(self) -> str:
         return self.request.turn_id
 
+    @property
+    def expires_at(self) -> float | None:
+        """The question's deadline (seconds since the epoch), if it has one."""
+        return self.request.expires_at
+
     def age(self, now: float | None = None) -> float:
         """Seconds since the question was asked."""
         return max(0.0, (time.time() if now is None else now) - self.asked_at)
@@ -64,6 +69,7 @@ class PendingInput:
             "request": self.request.to_dict(),
             "asked_at": self.asked_at,
             "age_seconds": round(self.age(now), 3),
+            "expires_at": self.expires_at,
             "answer_as": self.answer_as,
         }
 

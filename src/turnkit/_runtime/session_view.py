@@ -15,9 +15,9 @@ from .._engine.output import with_output
 from .._seams.relay import EventRelay
 from .._seams.sink import EventSink
 from .._seams.store import SessionStore, parked_turn, transcript
-from .._values.answers import AnswerRecord
+from .._values.answers import AnswerRecord, answer_records
 from .._values.checkpoints import checkpoint_of
-from .._values.events import InputAnsweredEvent, TurnEvent
+from .._values.events import TurnEvent
 from .._values.inputs import InputRequest
 from .._values.messages import Message
 from .._values.records import SessionStatus, TurnRecord
@@ -134,8 +134,7 @@ class SessionView:
         who, when, through which channel, and what was answered or decided. Read
         from the logged ``input.answered`` events, so retention that trims an ended
         turn's events (``keep_events_for``) trims its answers with them."""
-        events = await self._store.events(turn_id=turn_id)
-        return [AnswerRecord.of(e) for e in events if isinstance(e, InputAnsweredEvent)]
+        return answer_records(await self._store.events(turn_id=turn_id))
 
     # -- observing ---------------------------------------------------------------
 

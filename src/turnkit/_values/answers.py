@@ -7,11 +7,12 @@ logs in the transaction that stores the answer, so there is one per answer.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from .decisions import Decision
-from .events import InputAnsweredEvent
+from .events import InputAnsweredEvent, TurnEvent
 from .messages import JsonObject
 
 
@@ -92,3 +93,13 @@ class AnswerRecord:
             "respond": f"answered instead: {d.message!r}",
         }[d.kind]
         return f"{self.tool or self.input_id}: {what} by {who}{via}"
+
+
+def answer_records(events: Iterable[TurnEvent]) -> list[AnswerRecord]:
+    """The answers among logged events, oldest first: every ``input.answered`` but a
+    timer's (a ``ctx.sleep`` or a retry's wait ending is no one's answer)."""
+    return [
+        AnswerRecord.of(e)
+        for e in events
+        if isinstance(e, InputAnsweredEvent) and e.kind != "timer"
+    ]

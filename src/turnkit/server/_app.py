@@ -42,9 +42,8 @@ from .._runtime.observe import TurnStream
 from .._runtime.runtime import Runtime
 from .._runtime.session import AgentSession
 from .._seams.store import SessionStore, parked_turn
-from .._values.answers import AnswerRecord
+from .._values.answers import answer_records
 from .._values.checkpoints import checkpoint_of
-from .._values.events import InputAnsweredEvent
 from .._values.inbound import InboundEvent, User
 from .._values.inputs import InputRequest
 from .._values.records import SessionInfo
@@ -476,8 +475,7 @@ class _Api:
         turn_id = request.query_params.get("turn_id")
         if turn_id is not None:
             turn_id = identifier(turn_id, "turn_id")
-        events = await store.events(turn_id=turn_id)
-        records = [AnswerRecord.of(e) for e in events if isinstance(e, InputAnsweredEvent)]
+        records = answer_records(await store.events(turn_id=turn_id))
         return JSONResponse({"answers": [r.to_dict() for r in records]})
 
     async def transcript(self, request: Request, principal: Principal) -> Response:

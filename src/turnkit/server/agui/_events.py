@@ -9,6 +9,7 @@ when it was cancelled) or ``RUN_ERROR``. See docs/frontends.md for the table.
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from typing import Any
 
 from ag_ui.core import (
@@ -163,6 +164,7 @@ def interrupt_of(request: InputRequest) -> Interrupt:
             tool_call_id=request.call_id,
             response_schema=response_schema(request.decision),
             metadata=metadata(request.decision),
+            expires_at=_iso(request.expires_at),
         )
     return Interrupt(
         id=request.id,
@@ -170,7 +172,15 @@ def interrupt_of(request: InputRequest) -> Interrupt:
         message=request.prompt,
         tool_call_id=request.call_id,
         response_schema=request.schema,
+        expires_at=_iso(request.expires_at),
     )
+
+
+def _iso(at: float | None) -> str | None:
+    """A deadline as AG-UI's ``expiresAt``: an ISO-8601 UTC time."""
+    if at is None:
+        return None
+    return datetime.fromtimestamp(at, tz=UTC).isoformat(timespec="milliseconds")
 
 
 def _step_name(place: int | None) -> str:
