@@ -966,10 +966,12 @@ def test_a_proposed_call_is_approved_with_edits_rejected_or_answered_instead(
     assert proposal == {"order_id": "A-9", "cents": 500}
     for kind in ("approve", "edit", "reject", "respond"):
         expect(card.get_by_test_id(f"decide-{kind}")).to_be_visible()
-    # The question waits in the inbox too.
+    expect(card.get_by_test_id("approval-due")).to_have_text(re.compile(r"^Answer by \S"))
+    # The question waits in the inbox too, with its deadline.
     item = page.get_by_test_id("inbox-item")
     expect(item).to_have_count(1)
     expect(item.get_by_test_id("inbox-prompt")).to_have_text("Refund 500 cents on A-9?")
+    expect(item.get_by_test_id("inbox-when")).to_contain_text(" · due ")
     card.get_by_test_id("decide-edit").click()
     field = card.get_by_test_id("decision-arguments")
     field.fill('{"order_id": "A-9", "cents": 0}')  # the tool's schema refuses it: 422
@@ -981,6 +983,7 @@ def test_a_proposed_call_is_approved_with_edits_rejected_or_answered_instead(
     expect(page.get_by_test_id("assistant-message")).to_have_text("Tool said: refunded 120 on A-9")
     edited = re.compile(rf'^Approved with edits by {BY_ME}: {{"order_id":"A-9","cents":120}}$')
     expect(card.get_by_test_id("approval-outcome")).to_have_text(edited)
+    expect(card.get_by_test_id("approval-due")).to_have_count(0)
     expect(page.get_by_test_id("inbox-item")).to_have_count(0)
 
     say(page, "refund B-1")

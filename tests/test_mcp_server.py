@@ -262,3 +262,18 @@ async def test_item3_a_session_is_its_openers_and_each_principal_has_a_share(
             )
             assert mine.status_code == 200
             assert (await list_raw(client, "alice", opened[-1])).status_code == 404
+
+
+def test_a_decision_is_explained_to_an_mcp_client() -> None:
+    from turnkit.mcp._agent_tool import answer_shape
+
+    options = turnkit.DecisionOptions(allowed=("approve", "reject"), arguments={"order": "A-1"})
+    request = turnkit.InputRequest(
+        id="q", prompt="?", turn_id="t", call_id="c", tool="ship", kind="decision", decision=options
+    )
+    assert answer_shape(request) == (
+        ' It is a decision on a proposed call to ship with the arguments {"order": "A-1"}; '
+        'the value is one of {"decision": "approve"} or {"decision": "reject", "reason": "..."}.'
+    )
+    plain = turnkit.InputRequest(id="q", prompt="?", turn_id="t", call_id="c", tool="x")
+    assert answer_shape(plain) == ""

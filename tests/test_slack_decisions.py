@@ -18,7 +18,7 @@ from turnkit.testing import ScriptedModel, ScriptedReply, tool_call
 shipped: list[dict[str, Any]] = []
 
 
-def ship_agent() -> turnkit.Agent:
+def ship_agent(**deadline: Any) -> turnkit.Agent:
     def run(data: dict[str, Any], actx: ActionContext) -> str:
         shipped.append(data)
         return f"{data['order']} shipped to {data['address']}"
@@ -39,6 +39,7 @@ def ship_agent() -> turnkit.Agent:
         approval=Approval(
             allowed=("approve", "edit", "reject", "respond"),
             prompt=lambda args: f"Ship {args['order']}?",
+            **deadline,
         ),
     )
 
@@ -164,3 +165,23 @@ async def test_approve_reject_and_respond_from_slack(
         marked = [u for u in stage.slack.of("chat.update") if u.get("ts") == "9.9"]
         assert marked and marked[-1]["text"] == f"{outcome} by <@U1>"
     assert shipped == ([{"order": "A-6", "address": "Old Road 1"}] if kind == "approve" else [])
+
+
+async def test_a_decision_with_a_deadline_says_when_it_is_due(tmp_path: Path) -> None:
+    agent = ship_agent(expires_in=3600, on_expiry=Decision.reject("too late"))
+    async with staged(tmp_path, agent) as stage:
+        await asked(stage, "Ed3", "A-7")
+        question = [p for p in stage.slack.of("chat.postMessage") if p.get("blocks")][-1]
+        blocks = _decoded(question["blocks"])
+        request = await stage.runtime.session("ops", SESSION).pending()
+        assert request is not None and request.expires_at is not None
+        due = int(request.expires_at)
+        assert blocks[-1] == {
+            "type": "context",
+            "elements": [
+                {
+                    "type": "mrkdwn",
+                    "text": f"Answer by <!date^{due}^{{date_short_pretty}} at {{time}}|{due}>",
+                }
+            ],
+        }

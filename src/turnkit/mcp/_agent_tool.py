@@ -9,6 +9,7 @@ a session that does not exist).
 
 from __future__ import annotations
 
+import json
 import logging
 import uuid
 from collections.abc import Mapping
@@ -241,12 +242,34 @@ class AgentTool:
             if waiting
             else "The agent is waiting for an answer before it can go on"
         )
-        shape = (
-            f" The answer must match this JSON schema: {request.schema}." if request.schema else ""
-        )
+        shape = answer_shape(request)
         text = (
             f"{before}: {request.prompt}{shape} To answer, call {self.resume_name} with "
             f"session={session_id!r}, turn_id={request.turn_id!r}, input_id={request.id!r} "
             "and value set to the answer."
         )
         return success(value, text=text)
+
+
+#: How each decision is written as a resume's value.
+_DECISION_FORMS = {
+    "approve": '{"decision": "approve"}',
+    "edit": '{"decision": "edit", "arguments": {...}}',
+    "reject": '{"decision": "reject", "reason": "..."}',
+    "respond": '{"decision": "respond", "message": "..."}',
+}
+
+
+def answer_shape(request: InputRequest) -> str:
+    """What the answer must look like, said to the client: the decisions a proposed
+    call allows (with the proposal), else the question's JSON schema, if any."""
+    if request.decision is not None:
+        forms = " or ".join(_DECISION_FORMS[k] for k in request.decision.allowed)
+        proposal = json.dumps(request.decision.arguments, ensure_ascii=False)
+        return (
+            f" It is a decision on a proposed call to {request.tool} with the arguments "
+            f"{proposal}; the value is one of {forms}."
+        )
+    if request.schema:
+        return f" The answer must match this JSON schema: {request.schema}."
+    return ""

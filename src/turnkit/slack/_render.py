@@ -82,6 +82,19 @@ def approval_blocks(session_id: str, request: InputRequest) -> list[dict[str, An
     """The question and its buttons (Approve / Deny for a yes-or-no question, one per
     allowed decision on a proposed call, Answer opening a form for any other); each
     button's value names what it answers."""
+    return [*_asked(session_id, request), *_deadline(request)]
+
+
+def _deadline(request: InputRequest) -> list[dict[str, Any]]:
+    """When a question with a deadline must be answered by, in each reader's time zone."""
+    if request.expires_at is None:
+        return []
+    at = int(request.expires_at)
+    text = f"Answer by <!date^{at}^{{date_short_pretty}} at {{time}}|{at}>"
+    return [{"type": "context", "elements": [{"type": "mrkdwn", "text": text}]}]
+
+
+def _asked(session_id: str, request: InputRequest) -> list[dict[str, Any]]:
     value = json.dumps({"session": session_id, "turn": request.turn_id, "input": request.id})
     if request.decision is not None:
         return _decision_blocks(request, value)
