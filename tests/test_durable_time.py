@@ -8,8 +8,11 @@ so no test waits for a deadline; the loop running in the runtime is the same cod
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import time
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -437,3 +440,50 @@ def test_retry_options_are_checked_when_declared() -> None:
             turnkit.Retry(**bad)
     with pytest.raises(ValueError, match="retry_after"):
         turnkit.RetryableError("x", retry_after=-1)
+
+
+# -- across processes ----------------------------------------------------------------
+
+DEADLINE_CHILD = Path(__file__).with_name("deadline_child.py")
+
+
+async def test_a_deadline_whose_process_was_killed_fires_once_in_another(
+    pg_dsn: str, pg_schema: str
+) -> None:
+    """The process that parked the turn and led the timers is SIGKILLed before the
+    deadline; two other runtimes on the store stand for the election, and the
+    deadline fires exactly once, in one of them."""
+    from deadline_child import deadline_agent
+
+    from turnkit.stores import PostgresStore
+
+    child = subprocess.Popen(
+        [sys.executable, str(DEADLINE_CHILD), pg_schema, pg_dsn, "4"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        line = await asyncio.wait_for(asyncio.to_thread(child.stdout.readline), 60)  # type: ignore[union-attr]
+        assert line.startswith("parked "), line
+        expires_at = float(line.split()[1])
+    finally:
+        child.kill()
+        child.wait(timeout=30)
+    ran: list[Any] = []
+    runtimes = [
+        turnkit.Runtime(deadline_agent(4, ran), store=PostgresStore(pg_dsn, schema=pg_schema))
+        for _ in range(2)
+    ]
+    async with runtimes[0] as one, runtimes[1] as two:
+        record = await ended(one.session("a", "s1"), "t-1", timeout=60)
+        assert record.status == "completed" and record.text == "done: ship it"
+        assert time.time() >= expires_at
+        assert one.timers.fired + two.timers.fired == 1
+    assert ran == ["ship it"]
+    store = PostgresStore(pg_dsn, schema=pg_schema)
+    await store.open()
+    try:
+        logged = [e.type for e in await store.session("s1").events(turn_id="t-1")]
+    finally:
+        await store.close()
+    assert logged.count("input.expired") == 1 and logged.count("input.answered") == 1

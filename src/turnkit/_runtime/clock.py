@@ -19,6 +19,7 @@ left to their claims so the work spreads across them.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -62,49 +63,51 @@ class Woken:
 async def settle_due(
     store: SessionStore, turn_id: str, now: float, *, wake: bool = False, by: str | None = None
 ) -> Woken | None:
-    """Act on what is due of parked turn ``turn_id`` at ``now``, in one commit under
-    the session's writer: each passed deadline by its ``on_expiry``, each reminder
-    due by an ``input.reminder``. With ``wake``, every timer request (``ctx.sleep``,
-    a retry's backoff) ends now too, answered by ``by``. ``None``: the turn is not
-    parked (any more), or nothing was due."""
-    async with store.writer():
-        record = await store.turn(turn_id)
-        if record is None or record.status != "suspended" or record.cancel_reason is not None:
-            return None
-        checkpoint = checkpoint_of(record)
-        if checkpoint is None:
-            return None
-        seq = (await store.load(turn_id, from_index=NO_MESSAGES)).next_seq
-        plan = _Plan(record, now, seq)
-        for request in checkpoint.requests:
-            plan.consider(request, wake=wake, by=by)
-        if not plan.writes and not plan.events:
-            return None
-        outcome: Settled
-        if plan.cancel:
-            outcome = "cancel"
-            plan.writes.append(RequestCancel(turn_id, "expired"))
-        elif plan.open:
-            outcome = "parked"
-            rest = replace(
-                checkpoint, request=plan.open[0], call_id=plan.open[0].call_id, requests=plan.open
-            )
-            plan.writes.append(move(record, "suspended", pending=rest.to_dict()))
-            if plan.answered:  # some questions went: tell who shows them what is left
-                plan.events.append(
-                    InputRequestedEvent(
-                        turn_id=turn_id,
-                        session_id=record.session_id,
-                        request=rest.request,
-                        requests=rest.requests,
-                        still_open=True,
-                        seq=plan.next_seq(),
-                    )
+    """Act on what is due of parked turn ``turn_id`` at ``now``, in one commit: each
+    passed deadline by its ``on_expiry``, each reminder due by an ``input.reminder``.
+    The commit moves the turn from ``suspended`` (a compare-and-set), so an answer,
+    a cancel or another firing that got there first makes it fail whole, changing
+    nothing: no writer lock is taken, a parked turn having no delivery to wait for.
+    With ``wake``, every timer request (``ctx.sleep``, a retry's backoff) ends now
+    too, answered by ``by``. ``None``: the turn is not parked (any more), or nothing
+    was due."""
+    snapshot = await store.load(turn_id, from_index=NO_MESSAGES)
+    record = snapshot.turn
+    if record is None or record.status != "suspended" or record.cancel_reason is not None:
+        return None
+    checkpoint = checkpoint_of(record)
+    if checkpoint is None:
+        return None
+    plan = _Plan(record, now, snapshot.next_seq)
+    for request in checkpoint.requests:
+        plan.consider(request, wake=wake, by=by)
+    if not plan.writes and not plan.events:
+        return None
+    outcome: Settled
+    if plan.cancel:
+        outcome = "cancel"
+        plan.writes.append(RequestCancel(turn_id, "expired"))
+    elif plan.open:
+        outcome = "parked"
+        rest = replace(
+            checkpoint, request=plan.open[0], call_id=plan.open[0].call_id, requests=plan.open
+        )
+        plan.writes.append(move(record, "suspended", pending=rest.to_dict()))
+        if plan.answered:  # some questions went: tell who shows them what is left
+            plan.events.append(
+                InputRequestedEvent(
+                    turn_id=turn_id,
+                    session_id=record.session_id,
+                    request=rest.request,
+                    requests=rest.requests,
+                    still_open=True,
+                    seq=plan.next_seq(),
                 )
-        else:
-            outcome = "resumed"
-            plan.writes.append(move(record, "running"))
-        await store.commit([*plan.writes, *(LogEvent(e) for e in plan.events)])
+            )
+    else:
+        outcome = "resumed"
+        plan.writes.append(move(record, "running"))
+    await store.commit([*plan.writes, *(LogEvent(e) for e in plan.events)])
     for event in plan.events:
         if isinstance(event, InputExpiredEvent) and event.late_by > _LATE:
             log.warning(
@@ -127,6 +130,9 @@ class _Plan:
     def __init__(self, record: TurnRecord, now: float, seq: int) -> None:
         self.record = record
         self.now = now
+        #: When this settling happens: how late a deadline fired is measured from it
+        #: (a batch of due turns is listed at ``now`` and settled one after another).
+        self.clock = max(now, time.time())
         self._seq = seq
         self.writes: list[Write] = []
         self.events: list[TurnEvent] = []
@@ -144,11 +150,11 @@ class _Plan:
         if request.kind == "timer" and (due or wake):
             self._answer(request, None, BY_TIMER if due else by)
             if due and request.expires_at is not None:
-                self._expired(request, "answer", now - request.expires_at)
+                self._expired(request, "answer", self.clock - request.expires_at)
             return
         if due and request.on_expiry is not None and request.expires_at is not None:
             action = request.on_expiry.action
-            self._expired(request, action, now - request.expires_at)
+            self._expired(request, action, self.clock - request.expires_at)
             if action == "answer":
                 self._answer(request, request.on_expiry.value, BY_DEADLINE)
             elif action == "fail":

@@ -58,6 +58,9 @@ class TimerLoop:
         self.parallel = parallel
         #: How many parked turns this loop settled (for monitoring and tests).
         self.fired = 0
+        #: Whether this process fires the store's timers now (it leads their election,
+        #: or the store holds none).
+        self.leading = False
         self._nudge = asyncio.Event()
 
     def nudge(self) -> None:
@@ -72,6 +75,13 @@ class TimerLoop:
         await while_leading(store, "turnkit:timers", lambda lost: self._fire_until(store, lost))
 
     async def _fire_until(self, store: TimerStore, lost: asyncio.Future[None]) -> None:
+        self.leading = True
+        try:
+            await self._fire_while(store, lost)
+        finally:
+            self.leading = False
+
+    async def _fire_while(self, store: TimerStore, lost: asyncio.Future[None]) -> None:
         while not lost.done():
             self._nudge.clear()
             try:
