@@ -3,9 +3,11 @@ API's wire protocol, through the engine on a real SQLite file."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -42,12 +44,20 @@ def server() -> Iterator[FakeProvider]:
         yield provider
 
 
-def calc(server: FakeProvider, **options: Any) -> turnkit.Agent:
+def calc(
+    server: FakeProvider, *, model_retry: turnkit.Retry | None = None, **options: Any
+) -> turnkit.Agent:
     """The calculator agent; prompt caching is off unless asked for, so the request
     bodies these tests compare are the plain ones (caching has tests of its own)."""
     options.setdefault("cache", False)
     model = anthropic("claude-test", api_key="test-key", base_url=server.url, **options)
-    return turnkit.Agent(name="calc", model=model, instructions="Be brief.", tools=[add, divide])
+    return turnkit.Agent(
+        name="calc",
+        model=model,
+        instructions="Be brief.",
+        tools=[add, divide],
+        model_retry=model_retry,
+    )
 
 
 async def run_turn(
@@ -278,7 +288,10 @@ async def test_what_the_retries_leave_fails_the_step_before_commit(
 ) -> None:
     server.add(*[wire.error(529, "overloaded_error", "Overloaded")] * 2)
     db = tmp_path / "t.db"
-    failed, messages, _ = await run_turn(calc(server, max_retries=1), db, turn_id="t1")
+    once = turnkit.Retry(attempts=1)  # no durable wait either
+    failed, messages, _ = await run_turn(
+        calc(server, max_retries=1, model_retry=once), db, turn_id="t1"
+    )
     assert failed.status == "failed" and len(server.requests) == 2
     assert failed.error == (
         "model error: anthropic: HTTP 529 overloaded_error: Overloaded [request-id req_529]"
@@ -287,6 +300,37 @@ async def test_what_the_retries_leave_fails_the_step_before_commit(
     server.add(wire.message(wire.text("Back.")))
     done, _, _ = await run_turn(calc(server, max_retries=1), db, turn_id="t1")
     assert done.text == "Back."
+
+
+async def test_an_overloaded_provider_parks_the_turn_for_its_retry_after(
+    server: FakeProvider, tmp_path: Path
+) -> None:
+    """What the SDK's own retries leave waits durably, as long as the provider asked
+    (``retry-after``), holding no process; then the step asks again."""
+    an_hour = str(3600 * 1000)
+    server.add(
+        wire.error(429, "rate_limit_error", "Slow down", retry_after_ms=an_hour),
+        wire.message(wire.text("Made it.")),
+    )
+    sink = RecordingSink()
+    agent = calc(server, max_retries=0)
+    async with turnkit.Runtime([agent], store=SqliteStore(tmp_path / "t.db"), sink=sink) as rt:
+        session = rt.session("calc", "s1")
+        parked = await session.result(session.start("go"))
+        assert parked.status == "suspended" and parked.request is not None
+        assert parked.request.kind == "timer" and parked.request.tool == ""
+        assert parked.request.expires_at == pytest.approx(time.time() + 3600, abs=60)
+        assert len(server.requests) == 1
+        await rt.timers.fire_due(rt.store, now=time.time() + 3700)  # type: ignore[arg-type]
+        deadline = time.monotonic() + 20
+        while (record := await session._store.turn(parked.turn_id)) is not None:
+            if record.status == "completed" or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.02)
+        assert record is not None and record.status == "completed" and record.text == "Made it."
+    assert len(server.requests) == 2
+    (retry,) = [e for e in sink.events if e.type == "step.retry"]
+    assert retry.step_id == "model:1" and "HTTP 429" in retry.error
 
 
 async def test_a_client_error_is_not_retried(server: FakeProvider, tmp_path: Path) -> None:

@@ -42,9 +42,17 @@ def server() -> Iterator[FakeProvider]:
         yield provider
 
 
-def calc(server: FakeProvider, **options: Any) -> turnkit.Agent:
+def calc(
+    server: FakeProvider, *, model_retry: turnkit.Retry | None = None, **options: Any
+) -> turnkit.Agent:
     model = openai("gpt-test", api_key="test-key", base_url=server.url + "/v1", **options)
-    return turnkit.Agent(name="calc", model=model, instructions="Be brief.", tools=[add, note])
+    return turnkit.Agent(
+        name="calc",
+        model=model,
+        instructions="Be brief.",
+        tools=[add, note],
+        model_retry=model_retry,
+    )
 
 
 async def run_turn(
@@ -265,7 +273,9 @@ async def test_what_the_retries_leave_fails_the_step_before_commit(
 ) -> None:
     server.add(*[wire.error(429, "Rate limit reached", code="rate_limit_exceeded")] * 2)
     db = tmp_path / "t.db"
-    failed, messages, _ = await run_turn(calc(server, max_retries=1), db, turn_id="t1")
+    once = turnkit.Retry(attempts=1)  # no durable wait after the SDK's own retries
+    agent = calc(server, max_retries=1, model_retry=once)
+    failed, messages, _ = await run_turn(agent, db, turn_id="t1")
     assert len(server.requests) == 2 and [m.role for m in messages] == ["user"]
     label = f"openai-compatible server {server.url}/v1/"
     assert failed.error == f"model error: {label}: HTTP 429 rate_limit_exceeded: Rate limit reached"

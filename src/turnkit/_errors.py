@@ -16,6 +16,7 @@ TurnkitError
     ├── ResumeAuthorizationError  a resume by someone who may not answer
     ├── InvalidAnswerError    a resume whose answer breaks the request's schema
     ├── ModelError            an adapter's failure (SDK error, broken stream)
+    │   ├── ModelOverloadedError  the provider refused for load (429, 503, 529)
     │   └── ContextWindowError  the request was longer than the model's context window
     ├── StoreError            the store refused or lost a write
     │   ├── TurnMoveError     a turn move the rules forbid, or one another process beat
@@ -151,6 +152,16 @@ class ModelError(TurnError):
     The engine records it as the turn's error text (``model error: …``); callers see
     a failed ``TurnResult``, not this exception.
     """
+
+
+class ModelOverloadedError(ModelError):
+    """The provider refused the call for load (HTTP 429, 503, 529), saying when to
+    come back (``retry_after``, seconds) or not. The engine parks the turn on a
+    timer until then and asks again (``Agent(model_retry=...)``), holding no worker."""
+
+    def __init__(self, message: str, *, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 class ContextWindowError(ModelError):

@@ -14,6 +14,7 @@ from .agent_version import check_version, fingerprint
 from .history import HistoryPolicy
 from .limits import NO_LIMITS, Limits
 from .output import OutputContract, check_retries
+from .retries import Retry
 from .tool_sources import ToolSource
 from .tools import Tool, check_tool_name
 
@@ -63,6 +64,10 @@ class Agent:
     #: ``(VersionChange) -> "continue" | "refuse" | Rewrite`` (plain or async).
     #: ``None``: continue when nothing the turn recorded conflicts, else refuse.
     on_version_change: VersionHook | None = None
+    #: How a model step the provider refused for load (HTTP 429, 503, 529) is asked
+    #: again: the turn parks on a timer for its ``retry-after`` (or the backoff) and
+    #: holds no worker meanwhile. ``None``: ``Retry(attempts=5, backoff=10)``.
+    model_retry: Retry | None = None
     _output: OutputContract | None = field(init=False, repr=False, compare=False)
     _by_name: dict[str, Tool] = field(init=False, repr=False, compare=False)
     _specs: tuple[ToolSpec, ...] = field(init=False, repr=False, compare=False)
@@ -107,6 +112,11 @@ class Agent:
                 f"agent {self.name!r}: history must be a history policy (LastTurns, "
                 f"TokenBudget, SummarizeOlder, or an object with window(view)), "
                 f"got {self.history!r}"
+            )
+        if self.model_retry is not None and not isinstance(self.model_retry, Retry):
+            raise ConfigurationError(
+                f"agent {self.name!r}: model_retry must be a turnkit.Retry, "
+                f"got {self.model_retry!r}"
             )
         if (
             not isinstance(self.max_parallel_tools, int)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from pydantic_core import from_json, to_json
 
-from .._errors import ContextWindowError, ModelError
+from .._errors import ContextWindowError, ModelError, ModelOverloadedError
 from .._seams.model import ModelDelta, ModelDone, ReasoningDelta, TextDelta, ToolSpec
 from .._values.messages import JsonObject, Message, ModelReply, StopReason, ToolCall
 from .._values.turns import TurnCancelled, TurnFailure
@@ -113,8 +113,19 @@ async def stream_reply(
     return reply
 
 
+class ModelBusy(TurnFailure):
+    """A model step the provider refused for load (``ModelOverloadedError``): the
+    step parks on a timer and asks again, while its ``Retry`` allows."""
+
+    def __init__(self, message: str, error: ModelOverloadedError) -> None:
+        super().__init__(message)
+        self.error = error
+
+
 def _step_failure(exc: Exception) -> TurnFailure:
     """A model step's wording for a failed call."""
+    if isinstance(exc, ModelOverloadedError):
+        return ModelBusy(f"model error: {exc}", exc)
     if isinstance(exc, ContextWindowError):
         return window_failure(str(exc))
     if isinstance(exc, ModelError):

@@ -19,9 +19,11 @@ from .._values.writes import AppendMessage, PutStep, Write
 from .context_window import ContextWindows
 from .delivery import Delivery, stored_turn
 from .known_transcript import KnownTranscript
-from .model_call import Sent, ask_model
+from .model_call import ModelBusy, Sent, ask_model
 from .output import answer_tail
 from .replies import assistant_message, error_of, reply_events
+from .retries import model_retry_wait
+from .tool_steps import Park
 
 
 class ModelSteps:
@@ -55,14 +57,22 @@ class ModelSteps:
         self, index: int, step_id: str, span: StepSpan, windows: ContextWindows, sent: Sent
     ) -> None:
         d = self._d
-        reply, record = await ask_model(
-            d.agent,
-            sent,
-            self._text_delta,
-            self._reasoning_delta,
-            d.cancel_reason,
-            tools=d.tools.specs_for(d.policy),
-        )
+        try:
+            reply, record = await ask_model(
+                d.agent,
+                sent,
+                self._text_delta,
+                self._reasoning_delta,
+                d.cancel_reason,
+                tools=d.tools.specs_for(d.policy),
+            )
+        except ModelBusy as busy:
+            wait = model_retry_wait(
+                d.agent.model_retry, busy.error, turn_id=d.turn_id, step_id=step_id, steps=d.steps
+            )
+            if wait is None:
+                raise
+            raise Park((wait,)) from None  # asked again when the timer fires
         span.replied(reply)
         message = assistant_message(reply, d.turn_id, reply.tool_calls)
         # What follows the reply in the same commit (a typed answer's result, or a

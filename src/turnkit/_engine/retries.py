@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from .._errors import ConfigurationError, RetryableError
+from .._errors import ConfigurationError, ModelOverloadedError, RetryableError
 from .._values.inputs import Expiry, InputRequest
 from .._values.step_ids import call_input_id, input_step_id
 from .context import ToolContext
@@ -66,6 +66,8 @@ class Retry:
 
 #: The policy of a tool that has none but raised ``RetryableError``.
 DEFAULT_RETRY = Retry()
+#: The policy of an agent that has none, for a model call refused for load.
+MODEL_RETRY = Retry(attempts=5, backoff=10.0)
 
 
 def retry_wait(
@@ -126,3 +128,34 @@ def retry_waits(requests: Iterable[InputRequest]) -> Iterator[tuple[InputRequest
         step_id, _, failures = request.id[len(_PREFIX) :].rpartition(":")
         if step_id and failures.isdigit():
             yield request, step_id, int(failures)
+
+
+def model_retry_wait(
+    retry: Retry | None,
+    exc: ModelOverloadedError,
+    *,
+    turn_id: str,
+    step_id: str,
+    steps: Mapping[str, Any],
+) -> InputRequest | None:
+    """The timer a model step (``step_id``) the provider refused for load waits on
+    before it asks again; ``None`` once the agent's ``model_retry`` is spent."""
+    policy = retry if retry is not None else MODEL_RETRY
+    failures = 1
+    while input_step_id(turn_id, retry_id(step_id, failures)) in steps:
+        failures += 1
+    if failures >= policy.attempts:
+        return None
+    now = time.time()
+    delay = exc.retry_after if exc.retry_after is not None else policy.delay(failures, exc)
+    return InputRequest(
+        id=retry_id(step_id, failures),
+        prompt=f"attempt {failures} of {policy.attempts} of the model call failed ({exc})",
+        turn_id=turn_id,
+        call_id="",
+        tool="",
+        kind="timer",
+        expires_at=now + delay,
+        on_expiry=Expiry(action="answer", value=None),
+        asked_at=now,
+    )

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from typing import cast
 
-from .._errors import ConfigurationError, ContextWindowError, ModelError
+from .._errors import ConfigurationError, ContextWindowError, ModelError, ModelOverloadedError
 from .._seams.model import (
     ModelDelta,
     ModelDone,
@@ -38,7 +38,7 @@ from .._values.messages import (
     ToolMessage,
 )
 from .._values.usage import Usage
-from ._common import INPUT_ERROR, missing_sdk, result_text, too_long
+from ._common import INPUT_ERROR, OVERLOADED, missing_sdk, result_text, retry_after, too_long
 
 try:
     import anthropic as sdk
@@ -318,6 +318,8 @@ def _model_error(exc: sdk.AnthropicError) -> ModelError:
         said = exc.api_message or exc.message
         if too_long(exc.status_code, None, said):
             return ContextWindowError(text)
+        if exc.status_code in OVERLOADED:
+            return ModelOverloadedError(text, retry_after=retry_after(exc.response.headers))
     return ModelError(text)
 
 

@@ -6,8 +6,10 @@ Kept free of SDK imports so ``turnkit.models`` imports without any extra install
 
 from __future__ import annotations
 
+import email.utils
 import json
 import re
+import time
 from typing import Any
 
 from .._values.messages import JsonObject, ToolCall
@@ -31,6 +33,36 @@ def too_long(status: int, code: str | None, message: str) -> bool:
     if code == "context_length_exceeded":
         return True
     return status in (400, 413) and _TOO_LONG.search(message) is not None
+
+
+#: The HTTP statuses a provider answers with when it is too busy for the call: rate
+#: limited (429), unavailable (503), overloaded (Anthropic's 529).
+OVERLOADED = frozenset({429, 503, 529})
+
+
+def retry_after(headers: Any) -> float | None:
+    """Seconds the provider asked to wait, from ``retry-after-ms`` or ``retry-after``
+    (seconds, or an HTTP date); ``None`` when it said nothing usable."""
+    if headers is None:
+        return None
+    millis = headers.get("retry-after-ms")
+    try:
+        if millis is not None:
+            return max(0.0, float(millis) / 1000)
+    except ValueError:
+        pass
+    value = headers.get("retry-after")
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
 
 
 def missing_sdk(package: str, extra: str) -> str:

@@ -13,7 +13,7 @@ import os
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
-from .._errors import ConfigurationError, ContextWindowError, ModelError
+from .._errors import ConfigurationError, ContextWindowError, ModelError, ModelOverloadedError
 from .._seams.model import (
     ModelDelta,
     ModelDone,
@@ -32,7 +32,14 @@ from .._values.messages import (
     ToolMessage,
 )
 from .._values.usage import Usage
-from ._common import arguments_call, missing_sdk, result_text, too_long
+from ._common import (
+    OVERLOADED,
+    arguments_call,
+    missing_sdk,
+    result_text,
+    retry_after,
+    too_long,
+)
 from ._strict_schema import strict_schema
 
 try:
@@ -315,6 +322,8 @@ def _model_error(exc: sdk.OpenAIError, label: str) -> ModelError:
         code = exc.code if isinstance(exc.code, str) else None
         if too_long(exc.status_code, code, _message(exc.body) or exc.message):
             return ContextWindowError(text)
+        if exc.status_code in OVERLOADED:
+            return ModelOverloadedError(text, retry_after=retry_after(exc.response.headers))
     return ModelError(text)
 
 
