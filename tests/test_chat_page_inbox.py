@@ -1,0 +1,152 @@
+"""The chat page's inbox for someone other than a session's owner, in real Chromium:
+``create_app(chat_page=True)`` with an ``X-User`` principal, one person's turn asking
+another to decide. The decider sees the question in the inbox and approves or
+rejects it there, without the session, which is not theirs to read."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+
+CHROMIUM = Path("/usr/bin/chromium")
+if not CHROMIUM.exists() and not os.environ.get("CI"):
+    pytest.skip(
+        f"the chat page tests need Debian's chromium at {CHROMIUM} "
+        "(apt-get install chromium); in CI (CI set) they always run",
+        allow_module_level=True,
+    )
+
+from playwright.sync_api import Browser, expect, sync_playwright  # noqa: E402
+from server_support import by_header  # noqa: E402
+from test_chat_page import CHROMIUM_ARGS, TIMEOUT_MS  # noqa: E402
+
+import turnkit  # noqa: E402
+from turnkit import ActionContext, Answerers, Approval, Decision, define_action  # noqa: E402
+from turnkit.server import create_app  # noqa: E402
+from turnkit.stores import SqliteStore  # noqa: E402
+from turnkit.testing import ScriptedModel, ScriptedReply, tool_call  # noqa: E402
+
+ALICE = {"X-User": "alice"}
+
+
+def refund_agent() -> turnkit.Agent:
+    def run(data: dict[str, Any], actx: ActionContext) -> str:
+        return f"refunded {data['order']}"
+
+    refund = define_action(
+        name="refund",
+        description="Refund an order.",
+        input_schema={"type": "object", "properties": {"order": {"type": "string"}}},
+        run=run,
+        approval=Approval(
+            allowed=("approve", "reject"),
+            answerers=Answerers.user("bo"),
+            prompt=lambda args: f"Refund {args['order']}?",
+        ),
+    )
+
+    def respond(transcript: list[turnkit.Message]) -> ScriptedReply:
+        last = transcript[-1]
+        if isinstance(last, turnkit.UserMessage):
+            return ScriptedReply(tool_calls=[tool_call("refund", {"order": last.text})])
+        assert isinstance(last, turnkit.ToolMessage)
+        return ScriptedReply(text=f"Tool said: {last.result}")
+
+    return turnkit.Agent(name="shop", model=ScriptedModel(respond=respond), tools=[refund])
+
+
+@contextmanager
+def served(db: Path) -> Iterator[str]:
+    """The app, with the chat page, on a loopback port in a thread of its own."""
+    runtime = turnkit.Runtime(refund_agent(), store=SqliteStore(db))
+    app = create_app(runtime, authenticate=by_header, chat_page=True, own_runtime=True)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(64)
+    server = uvicorn.Server(
+        uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5)
+    )
+    thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])))
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=20)
+        sock.close()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield launched
+        launched.close()
+
+
+def settled(client: httpx.Client, session: str) -> dict[str, Any]:
+    """Alice's view of her session once its turn is no longer running."""
+    deadline = time.monotonic() + 20
+    while True:
+        body: dict[str, Any] = client.get(
+            f"/agents/shop/sessions/{session}/transcript", headers=ALICE
+        ).json()
+        if body["status"] == "idle" or time.monotonic() > deadline:
+            return body
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize(
+    ("button", "decision", "says"),
+    [
+        ("inbox-approve", Decision.approve(), "Tool said: refunded A-1"),
+        ("inbox-reject", Decision.reject(), "rejected it."),
+    ],
+)
+def test_a_decider_answers_from_the_inbox_a_session_they_may_not_read(
+    tmp_path: Path, browser: Browser, button: str, decision: Decision, says: str
+) -> None:
+    with served(tmp_path / "s.db") as url, httpx.Client(base_url=url, timeout=30) as client:
+        asked = client.post("/agents/shop/sessions/s1/chat", json={"text": "A-1"}, headers=ALICE)
+        assert asked.json()["status"] == "suspended", asked.text
+        assert (
+            client.get("/agents/shop/sessions/s1/transcript", headers={"X-User": "bo"}).status_code
+            == 404
+        )
+        context = browser.new_context(extra_http_headers={"X-User": "bo"})
+        page = context.new_page()
+        page.set_default_timeout(TIMEOUT_MS)
+        errors: list[str] = []
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        try:
+            page.goto(url)
+            entry = page.get_by_test_id("inbox-entry")
+            expect(entry).to_have_count(1)
+            expect(entry.get_by_test_id("inbox-prompt")).to_have_text("Refund A-1?")
+            entry.get_by_test_id(button).click()
+            expect(page.get_by_test_id("inbox-entry")).to_have_count(0)
+            expect(page.get_by_test_id("inbox-empty")).to_be_visible()
+        finally:
+            context.close()
+        assert errors == [], errors
+        body = settled(client, "s1")
+        assert body["status"] == "idle"
+        assert says in body["messages"][-1]["text"]
+        (record,) = client.get("/agents/shop/sessions/s1/answers", headers=ALICE).json()["answers"]
+        assert (record["by"], record["source"]) == ("bo", "http")
+        assert record["decision"] == decision.to_dict()
