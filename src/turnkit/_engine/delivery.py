@@ -35,6 +35,8 @@ class Delivery(Protocol):
     turn_id: str
     session_id: str
     event: InboundEvent | None
+    #: Whose turn it is (``TurnRecord.tenant``): the stored turn's once it is stored.
+    tenant: str
     children: ChildTurns | None
     generation: int
     store_id: str

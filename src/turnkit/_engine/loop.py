@@ -116,6 +116,7 @@ class TurnRunner:
         self.turn_id = request.turn_id
         self.session_id = store.session_id
         self.event = request.event
+        self.tenant = request.tenant
         self.transcript: list[Message] = []
         self.steps: dict[str, Any] = {}
         self.next_seq = 1
@@ -221,6 +222,7 @@ class TurnRunner:
         if record is not None:
             # A redelivery replays the turn as it was opened, whatever the caller passed.
             self.event = InboundEvent.from_dict(record.event) if record.event else None
+            self.tenant = record.tenant
             self._durable_cancel = record.cancel_reason
         self.policy = self._resolve_policy()
         self._resuming = record is not None and not queued

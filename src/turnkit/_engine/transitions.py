@@ -113,6 +113,7 @@ async def plan_opening(
         event=d.event.to_dict() if d.event else None,
         created_at=time.time(),
         version=d.agent.turn_version,
+        tenant=d.tenant,
     )
     seq = count(d.next_seq)
     sid = d.session_id

@@ -154,4 +154,5 @@ def replay_request(
         event=event,
         policy=checkpoint.policy,
         announce=announce,
+        tenant=record.tenant,
     )

@@ -23,6 +23,7 @@ from .._values.events import InputRequestedEvent, TurnEvent
 from .._values.records import SessionInfo, TurnRecord
 from .._values.text import unstorable
 from .._values.turns import TurnResult
+from .._values.tenancy import UNCAPPED, Concurrency
 from .approvals import GrantSealer
 from .children import RuntimeChildren
 from .inbox import InboxPage, OpenTo, pending_inputs
@@ -58,6 +59,7 @@ class Runtime:
         run_turns: bool = True,
         remote_poll: float = 0.5,
         retention: Retention | None = None,
+        concurrency: Concurrency | None = None,
     ) -> None:
         listed = [agents] if isinstance(agents, Agent) else list(agents)
         #: Deliveries stopped because another process took their turn over (their
@@ -108,6 +110,15 @@ class Runtime:
             raise ConfigurationError(f"remote_poll must be more than 0, got {remote_poll!r}")
         #: Whether turns run in this process (``False``: workers elsewhere run them).
         self.run_turns = run_turns
+        if concurrency is not None and not isinstance(concurrency, Concurrency):
+            raise ConfigurationError(
+                f"concurrency must be a turnkit.Concurrency, got {type(concurrency).__name__}"
+            )
+        #: The per-tenant caps on how many sessions run at once (docs/tenants.md):
+        #: enforced by each claim on a shared store, and by this process's deliveries
+        #: on a store only it runs turns from.
+        self.concurrency: Concurrency = concurrency if concurrency is not None else UNCAPPED
+        self._tenant_gates: dict[str, asyncio.Semaphore] = {}
         #: The longest wait, in seconds, between two reads of a turn run elsewhere.
         self.remote_poll = float(remote_poll)
         if retention is not None and not isinstance(retention, Retention):
@@ -223,6 +234,17 @@ class Runtime:
         if self._loop is None:
             raise ConfigurationError("the Runtime is not open: use `async with Runtime(...)`")
         return self._loop
+
+    def tenant_gate(self, tenant: str) -> asyncio.Semaphore | None:
+        """What this process's deliveries of ``tenant``'s turns wait on to respect its
+        cap when no claim does (``None``: uncapped, or workers claim the turns)."""
+        cap = self.concurrency.cap(tenant)
+        if cap is None or self.claims_turns:
+            return None
+        gate = self._tenant_gates.get(tenant)
+        if gate is None:
+            gate = self._tenant_gates[tenant] = asyncio.Semaphore(cap)
+        return gate
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         """Run a helper task that the runtime cancels when it closes."""

@@ -47,6 +47,7 @@ from .._values.messages import (
     message_from_dict,
 )
 from .._values.records import TERMINAL_TURN_STATUSES, TurnRecord
+from .._values.tenancy import DEFAULT_TENANT, check_tenant
 from .._values.step_ids import policy_step_id, tool_step_id
 from .._values.text import unstorable
 from .._values.turn_rules import new_turn
@@ -145,6 +146,7 @@ class AgentSession(SessionView):
         replace: bool = False,
         turn_id: str | None = None,
         owner: str | None = None,
+        tenant: str | None = None,
     ) -> str:
         """Queue a turn in this process and return its id at once (fire and forget).
 
@@ -166,9 +168,15 @@ class AgentSession(SessionView):
         creates the session records it as ``owner``'s, and one on a session with
         another owner (or none) fails with ``SessionOwnerError``, storing nothing.
         ``None``, for code acting on its own, checks and records no owner.
+
+        ``tenant`` is whose turn it is (docs/tenants.md): its fair share of workers,
+        its concurrency cap and its budget are the tenant's. ``None``: the default
+        tenant ``""``.
         """
         self._check_start(text, event, trigger, turn_id, owner)
-        return self._start(text, event, trigger, replace, turn_id, frozenset(), owner)
+        return self._start(
+            text, event, trigger, replace, turn_id, frozenset(), owner, tenant=_tenant(tenant)
+        )
 
     async def submit(
         self,
@@ -179,6 +187,7 @@ class AgentSession(SessionView):
         replace: bool = False,
         turn_id: str | None = None,
         owner: str | None = None,
+        tenant: str | None = None,
     ) -> str:
         """Queue a turn durably and return its id once the store holds it.
 
@@ -192,14 +201,18 @@ class AgentSession(SessionView):
         retry: it stores nothing and returns the id, so the caller follows the turn
         already there, as it was stored (this process delivers it again if it runs
         turns and the turn is not delivering here). Concurrent calls are
-        acknowledged, stored and run in the order they were made.
+        acknowledged, stored and run in the order they were made. ``tenant``: see
+        ``start``; a retry keeps the tenant the turn was stored with.
         """
         self._check_start(text, event, trigger, turn_id, owner)
+        tenant = _tenant(tenant)
         async with self._submitting:
             if turn_id is not None and (stored := await self._store.turn(turn_id)) is not None:
                 return self._resent(stored, text, event, trigger, replace, owner)
             try:
-                return await self._submit_new(text, event, trigger, replace, turn_id, owner)
+                return await self._submit_new(
+                    text, event, trigger, replace, turn_id, owner, tenant
+                )
             except StoreError:
                 # Another process may have stored the same id since it was looked up:
                 # then this is a retry that raced its original, not a failure.
@@ -220,7 +233,16 @@ class AgentSession(SessionView):
         its stored opening is the turn's, whatever ``text`` says now."""
         if not self.runtime.run_turns or self.delivering(stored.turn_id):
             return stored.turn_id
-        return self._start(text, event, trigger, replace, stored.turn_id, frozenset(), owner)
+        return self._start(
+            text,
+            event,
+            trigger,
+            replace,
+            stored.turn_id,
+            frozenset(),
+            owner,
+            tenant=stored.tenant,
+        )
 
     async def _submit_new(
         self,
@@ -230,6 +252,7 @@ class AgentSession(SessionView):
         replace: bool,
         turn_id: str | None,
         owner: str | None,
+        tenant: str,
     ) -> str:
         if self._known.messages is None or owner is not None:
             # (Without an owner to check, a delivery here has checked the agent.)
@@ -247,7 +270,9 @@ class AgentSession(SessionView):
             raise SessionSuspendedError(
                 _parked_refusal(self.session_id, parked.turn_id, parked.held_by)
             )
-        request = self._request(text, event, trigger, turn_id, frozenset(), owner, queued=True)
+        request = self._request(
+            text, event, trigger, turn_id, frozenset(), owner, queued=True, tenant=tenant
+        )
         record = TurnRecord(
             session_id=self.session_id,
             turn_id=request.turn_id,
@@ -257,6 +282,7 @@ class AgentSession(SessionView):
             event=event.to_dict() if event is not None else None,
             created_at=time.time(),
             version=self.agent.turn_version,
+            tenant=tenant,
         )
         policy = opening_policy(self.agent, request, event).to_dict()
         # A replace cancels the turns before it in the same commit, so no process can
@@ -314,7 +340,7 @@ class AgentSession(SessionView):
         """Open (or redeliver) turn ``turn_id`` as a child of another turn's tool call:
         ``trigger`` names the parent agent and ``deny`` carries the parent's denied
         tools. ``turnkit.subagent`` runs child turns through this."""
-        return self._start(task, None, trigger, False, turn_id, deny, None)
+        return self._start(task, None, trigger, False, turn_id, deny, None, child=True)
 
     def _start(
         self,
@@ -325,6 +351,9 @@ class AgentSession(SessionView):
         turn_id: str | None,
         deny: frozenset[str],
         owner: str | None,
+        *,
+        tenant: str = "",
+        child: bool = False,
     ) -> str:
         """``start`` after its checks; ``deny`` adds tools a new turn may not use (a
         subagent's child inherits its parent's denials)."""
@@ -335,7 +364,9 @@ class AgentSession(SessionView):
             )
         if self._parked is not None and turn_id != self._parked:
             raise SessionSuspendedError(_parked_refusal(self.session_id, self._parked))
-        request = self._request(text, event, trigger, turn_id, deny, owner, queued=False)
+        request = self._request(
+            text, event, trigger, turn_id, deny, owner, queued=False, tenant=tenant, child=child
+        )
         if replace:
             self._replace(keep=request.turn_id)
         return self._enqueue(request)
@@ -350,6 +381,8 @@ class AgentSession(SessionView):
         owner: str | None,
         *,
         queued: bool,
+        tenant: str = "",
+        child: bool = False,
     ) -> TurnRequest:
         tid = turn_id or uuid.uuid4().hex
         opening: OpeningMessage = (
@@ -366,6 +399,8 @@ class AgentSession(SessionView):
             inherited_deny=deny,
             owner=owner,
             queued=queued,
+            tenant=tenant,
+            child=child,
         )
 
     def _replace(self, *, keep: str) -> None:
@@ -418,7 +453,9 @@ class AgentSession(SessionView):
         (another process may have resumed it since). ``Worker`` and recovery use it."""
         self._parked = None
         text = str(record.opening.get("text", ""))
-        return self._start(text, None, None, False, record.turn_id, frozenset(), None)
+        return self._start(
+            text, None, None, False, record.turn_id, frozenset(), None, tenant=record.tenant
+        )
 
     def run_stored_reset(self) -> asyncio.Future[ResetResult]:
         """Carry out in this process a reset the store holds as pending (its process
@@ -464,11 +501,12 @@ class AgentSession(SessionView):
         replace: bool = False,
         turn_id: str | None = None,
         owner: str | None = None,
+        tenant: str | None = None,
     ) -> str:
         """Submit a turn (durably, see ``submit``) and wait for its answer; raise
         ``TurnFailedError`` if it fails, ``TurnSuspendedError`` (carrying the request)
         if it parks for input and ``TurnCancelledError`` if it is cancelled."""
-        result = await self._turn_result(text, event, trigger, replace, turn_id, owner)
+        result = await self._turn_result(text, event, trigger, replace, turn_id, owner, tenant)
         return result.text or ""
 
     async def turn_output(
@@ -481,6 +519,7 @@ class AgentSession(SessionView):
         replace: bool = False,
         turn_id: str | None = None,
         owner: str | None = None,
+        tenant: str | None = None,
     ) -> _T:
         """``turn``, for an agent with an ``output_type``: wait for the answer and return
         it parsed, typed as ``output_type``, which must be the agent's own
@@ -491,7 +530,7 @@ class AgentSession(SessionView):
                 f"turn_output({getattr(output_type, '__name__', output_type)}): agent "
                 f"{self.agent.name!r} answers with output_type={self.agent.output_type!r}"
             )
-        result = await self._turn_result(text, event, trigger, replace, turn_id, owner)
+        result = await self._turn_result(text, event, trigger, replace, turn_id, owner, tenant)
         return result.output_as(output_type)
 
     async def _turn_result(
@@ -502,10 +541,17 @@ class AgentSession(SessionView):
         replace: bool,
         turn_id: str | None,
         owner: str | None,
+        tenant: str | None = None,
     ) -> TurnResult:
         """Submit a turn and wait for it to complete, raising for any other ending."""
         tid = await self.submit(
-            text, event=event, trigger=trigger, replace=replace, turn_id=turn_id, owner=owner
+            text,
+            event=event,
+            trigger=trigger,
+            replace=replace,
+            turn_id=turn_id,
+            owner=owner,
+            tenant=tenant,
         )
         result = await self.result(tid)
         if result.status == "suspended" and result.request is not None:
@@ -728,8 +774,13 @@ class AgentSession(SessionView):
             known=self._known,
             tracer=self.runtime.tracer,
         )
+        gate = None if request.child else self.runtime.tenant_gate(request.tenant)
         try:
-            result = await runner.run()
+            if gate is None:
+                result = await runner.run()
+            else:
+                async with gate:
+                    result = await runner.run()
             self._known.messages = runner.transcript
             self._known.generation = runner.generation
             final = result.status in ("completed", "cancelled")
@@ -1016,6 +1067,11 @@ def _owner_refusal(session_id: str, owner: str) -> str:
         f"session {session_id} was not opened by {owner!r}; a turn for one "
         "owner cannot run in a session another owner (or code) opened"
     )
+
+
+def _tenant(tenant: object) -> str:
+    """The tenant a turn is stored under: the one given, or the default."""
+    return DEFAULT_TENANT if tenant is None else check_tenant(tenant)
 
 
 def _parked_refusal(session_id: str, turn_id: str, held_by: str | None = None) -> str:

@@ -197,7 +197,11 @@ class Worker:
         serving = Serving(own=self._own_versions(), serves=self.serve_versions, retry_held=sweep)
         try:
             records = await self.queue.claim(
-                sorted(self.runtime.agents), limit=free, skip=skip, serving=serving
+                sorted(self.runtime.agents),
+                limit=free,
+                skip=skip,
+                serving=serving,
+                concurrency=self.runtime.concurrency,
             )
         except StoreError as exc:
             log.warning("claiming turns failed (trying again in %gs): %s", self.poll, exc)

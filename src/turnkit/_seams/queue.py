@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from .._values.records import TurnRecord
+from .._values.tenancy import UNCAPPED, Concurrency
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,7 @@ class TurnQueue(Protocol):
         limit: int,
         skip: Collection[str] = (),
         serving: Serving | None = None,
+        concurrency: Concurrency = UNCAPPED,
     ) -> list[TurnRecord | PendingReset]:
         """Claim at most ``limit`` sessions of ``agents`` that no process holds (and
         not in ``skip``), oldest runnable turn first, and return each one's runnable
@@ -79,7 +81,10 @@ class TurnQueue(Protocol):
         versions it serves, and may take held turns to try again (see ``Serving``;
         ``None``: every version, no held turn). Each session returned is this process's
         until the next ``writer()`` of it ends (or ``unclaim``); two claims anywhere
-        never return one session at once."""
+        never return one session at once. Claims are fair across tenants (the
+        tenants with the fewest sessions running go first), and a tenant never runs
+        more sessions at once, across every claimer, than ``concurrency`` caps it
+        to (see docs/tenants.md)."""
         ...
 
     def unclaim(self, session_id: str) -> None:

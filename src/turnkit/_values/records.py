@@ -50,6 +50,10 @@ class TurnRecord:
     #: reminder, the end of a sleep or of a retry's backoff), seconds since the epoch;
     #: ``None`` otherwise. Set by ``turn_rules.move`` from ``pending``.
     wake_at: float | None = None
+    #: Whose turn this is, for fair claims, concurrency caps and budgets (see
+    #: docs/tenants.md): set when the turn is stored and never changed. ``""`` is the
+    #: default tenant, shared by every turn nobody gave one.
+    tenant: str = ""
 
     def __post_init__(self) -> None:
         clean_fields(self, ("opening", "event", "text", "error", "pending", "cancel_reason"))

@@ -57,6 +57,11 @@ class TurnRequest:
     #: The trace context of the code that asked for this delivery (W3C Trace Context
     #: headers), so its spans sit under that code's span wherever the turn runs.
     trace: dict[str, str] | None = None
+    #: The tenant the turn is stored under (``TurnRecord.tenant``): ``""``, the default.
+    tenant: str = ""
+    #: A subagent's child turn, run inside its parent's tool call: it takes no
+    #: tenant slot of its own (its parent's holds one already).
+    child: bool = False
     cancel: CancelSignal = field(default_factory=CancelSignal, compare=False)
 
 

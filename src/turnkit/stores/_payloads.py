@@ -171,6 +171,7 @@ class Payloads:
             version=row[12],
             held_by=row[13],
             wake_at=row[14],
+            tenant=row[15] if len(row) > 15 and row[15] is not None else "",
         )
 
     def seal_turn(self, record: TurnRecord) -> TurnRecord:

@@ -46,7 +46,7 @@ def new_turn(order: str) -> str:
     already taken inserts nothing (and reports no row)."""
     return (
         "INSERT INTO turnkit_turns (session_id, turn_id, agent, status, opening, event, "
-        f"version, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, {order}) "
+        f"version, tenant, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, {order}) "
         "ON CONFLICT (session_id, turn_id) DO NOTHING"
     )
 

@@ -10,7 +10,7 @@ from ._payloads import Payloads
 
 TURN_COLUMNS = (
     "session_id, turn_id, agent, status, opening, event, text, error, created_at, finished_at, "
-    "pending, cancel_reason, version, held_by, wake_at"
+    "pending, cancel_reason, version, held_by, wake_at, tenant"
 )
 
 
@@ -30,6 +30,7 @@ def new_turn_values(
         payloads.dump(session_id, "opening", record.opening),
         payloads.dump(session_id, "inbound", event) if event is not None else None,
         record.version,
+        record.tenant,
         *clock,
         session_id,
     )

@@ -179,6 +179,8 @@ MIGRATIONS: list[tuple[str, ...]] = [
     # v14: the oldest schema version whose turnkit may still use this database,
     # recorded by each migration run (``READABLE_FROM``).
     ("ALTER TABLE turnkit_schema ADD COLUMN readable_from INTEGER",),
+    # v15: whose turn it is (docs/tenants.md); '' is the default tenant.
+    ("ALTER TABLE turnkit_turns ADD COLUMN tenant TEXT NOT NULL DEFAULT ''",),
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -17,10 +17,12 @@ from ._statements import TURN_COLUMNS_T
 #: Wakes the workers listening on this database (payload: the schema).
 CHANNEL = "turnkit_queue"
 
-#: The sessions whose writer lock some connection holds, as lock keys.
-_HELD = (
-    "SELECT (l.classid::bigint << 32) | l.objid::bigint AS k FROM pg_locks l "
-    "WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted "
+#: Every advisory lock granted in this database: ``n`` 1 for a session's writer lock
+#: (one bigint key, ``a``/``b`` its halves), 2 for a tenant's slot (``a`` the
+#: tenant's key as an unsigned 32-bit number, ``b`` the slot).
+_LOCKS = (
+    "SELECT l.classid::bigint AS a, l.objid::bigint AS b, l.objsubid AS n FROM pg_locks l "
+    "WHERE l.locktype = 'advisory' AND l.granted "
     "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
 )
 
@@ -45,32 +47,75 @@ def served(alias: str) -> str:
     )
 
 
-#: Parameters, CTE by CTE. ``c`` (runnable turns): the agents this worker runs (a
-#: JSON array), the sessions it skips (a JSON array), the versions it serves twice
-#: (see ``served``), how many sessions it takes at most. ``r`` (pending resets): the
-#: agents, the skipped sessions, the most. ``h`` (held turns to try again, by a worker
-#: whose version is none of those that held them: see ``TurnRecord.held_by``): whether
-#: to look at all (a boolean: the worker sweeps them now and then), the worker's own
-#: version of each agent (a JSON object), the agents, the skipped sessions, the
-#: served versions twice, the most. Then the most in all. Each session's runnable
-#: turn is its oldest runnable one, so its turns run one at a time in submission
-#: order; a session with a pending reset and nothing runnable left is claimed for
-#: the reset; a session whose turn is held by another version than this worker's
-#: (and has nothing runnable) is claimed for that turn. Rows: the session id (what
-#: the lock connection reads first), its agent, then its turn's columns (all NULL
-#: for a reset).
+#: The claim, fair across tenants (docs/tenants.md). ``tn`` walks the tenants that
+#: have runnable turns (a loose scan of ``turnkit_turns_tenant_queue``: one index
+#: probe per tenant); ``q`` gives each its cap and how many of its sessions run now
+#: (its slot locks, read from ``pg_locks``); ``c`` takes each tenant's oldest
+#: runnable turns of sessions nobody holds, no more than its free slots; ``k`` ranks
+#: them within their tenant. A candidate's place is its tenant's running count plus
+#: its rank, so the claim fills the least-served tenants first and goes round the
+#: tenants one turn each (oldest turn first among equals); ``f`` numbers each
+#: tenant's free slots, and the r-th candidate of a tenant takes its r-th free slot.
+#: Every row kept takes its slot lock and then its session's writer lock (a slot
+#: taken for a session another claim locked first is let go at once), so the slots
+#: held are the tenant's running sessions, across every process, and a capped
+#: tenant never has more slots than its cap. The lock connection holds both until
+#: the delivery ends (or dies with it).
+#:
+#: Parameters, CTE by CTE. ``q``: the per-tenant caps (a JSON object), the default
+#: cap (NULL: none). ``c`` (runnable turns): the agents this worker runs (a JSON
+#: array), the sessions it skips (a JSON array), the versions it serves twice (see
+#: ``served``), how many sessions it takes at most. ``f``: the most again. ``r``
+#: (pending resets): the agents, the skipped sessions, the most. ``h`` (held turns to
+#: try again, by a worker whose version is none of those that held them: see
+#: ``TurnRecord.held_by``): whether to look at all (a boolean: the worker sweeps
+#: them now and then), the worker's own version of each agent (a JSON object), the
+#: agents, the skipped sessions, the served versions twice, the most. Then the most
+#: in all. A session's runnable turn is its oldest runnable one, so its turns run one
+#: at a time in submission order; a session with a pending reset and nothing
+#: runnable left is claimed for the reset; a session whose turn is held by another
+#: version than this worker's (and has nothing runnable) is claimed for that turn
+#: (neither takes a slot). Rows: the session id (what the lock connection reads
+#: first), its agent, its turn's columns (all NULL for a reset), then its tenant's
+#: key and slot (NULL without one).
 CLAIM_SQL = (
-    f"WITH held AS ({_HELD}), c AS ("
+    f"WITH RECURSIVE locks AS MATERIALIZED ({_LOCKS}), "
+    "held AS (SELECT (a << 32) | b AS k FROM locks WHERE n = 1), "
+    "slots AS (SELECT a AS tk, b AS slot FROM locks WHERE n = 2), "
+    "tn(tenant) AS ("
+    f"(SELECT t.tenant FROM turnkit_turns t WHERE {claimable('t')} ORDER BY t.tenant LIMIT 1) "
+    "UNION ALL SELECT (SELECT t.tenant FROM turnkit_turns t "
+    f"WHERE {claimable('t')} AND t.tenant > tn.tenant ORDER BY t.tenant LIMIT 1) "
+    "FROM tn WHERE tn.tenant IS NOT NULL), "
+    "q AS (SELECT tn.tenant, z.key, z.tk, z.cap, "
+    "(SELECT count(*) FROM slots s WHERE s.tk = z.tk) AS busy FROM tn "
+    "CROSS JOIN LATERAL (SELECT turnkit_tenant_key(tn.tenant) AS key, "
+    "turnkit_tenant_key(tn.tenant)::bigint & 4294967295 AS tk, "
+    "coalesce((?::json ->> tn.tenant)::integer, ?::integer) AS cap) z "
+    "WHERE tn.tenant IS NOT NULL), "
+    "c AS (SELECT q.tenant, q.key, q.busy, x.* FROM q CROSS JOIN LATERAL ("
     "SELECT t.session_id, t.turn_id, t.created_at FROM turnkit_turns t "
-    f"WHERE {runnable('t')} "
+    f"WHERE t.tenant = q.tenant AND {runnable('t')} "
     "AND t.agent IN (SELECT json_array_elements_text(?::json)) "
     "AND t.session_id NOT IN (SELECT json_array_elements_text(?::json)) "
     f"AND {served('t')} "
     "AND NOT EXISTS (SELECT 1 FROM turnkit_turns e WHERE e.session_id = t.session_id "
     f"AND {runnable('e')} AND (e.created_at, e.turn_id) < (t.created_at, t.turn_id)) "
     "AND turnkit_lock_key(t.session_id) NOT IN (SELECT k FROM held) "
-    "ORDER BY t.created_at LIMIT ? FOR NO KEY UPDATE OF t SKIP LOCKED), "
-    "r AS (SELECT s.session_id, NULL::text AS turn_id, s.reset_requested AS created_at "
+    "ORDER BY t.created_at "
+    "LIMIT GREATEST(0, LEAST(?::integer, coalesce(q.cap - q.busy, 2147483647))) "
+    "FOR NO KEY UPDATE OF t SKIP LOCKED) x), "
+    "k AS (SELECT c.*, row_number() OVER (PARTITION BY c.tenant "
+    "ORDER BY c.created_at, c.turn_id) AS r FROM c), "
+    "f AS (SELECT q.tenant, g.slot, row_number() OVER (PARTITION BY q.tenant "
+    "ORDER BY g.slot) AS r FROM q CROSS JOIN LATERAL generate_series(0, "
+    "LEAST(coalesce(q.cap, 2147483647)::bigint, q.busy + ?::integer) - 1) g(slot) "
+    "WHERE q.tenant IN (SELECT tenant FROM c) "
+    "AND NOT EXISTS (SELECT 1 FROM slots b WHERE b.tk = q.tk AND b.slot = g.slot)), "
+    "w AS (SELECT k.session_id, k.turn_id, k.created_at, k.key, f.slot::integer AS slot, "
+    "k.busy + k.r AS place FROM k JOIN f ON f.tenant = k.tenant AND f.r = k.r), "
+    "r AS (SELECT s.session_id, NULL::text AS turn_id, s.reset_requested AS created_at, "
+    "NULL::integer AS key, NULL::integer AS slot, 0::bigint AS place "
     "FROM turnkit_sessions s WHERE s.reset_requested IS NOT NULL "
     "AND s.agent IN (SELECT json_array_elements_text(?::json)) "
     "AND s.session_id NOT IN (SELECT json_array_elements_text(?::json)) "
@@ -78,7 +123,8 @@ CLAIM_SQL = (
     f"AND {runnable('e')}) "
     "AND turnkit_lock_key(s.session_id) NOT IN (SELECT k FROM held) "
     "ORDER BY s.reset_requested LIMIT ?), "
-    "h AS (SELECT t.session_id, t.turn_id, t.created_at FROM turnkit_turns t "
+    "h AS (SELECT t.session_id, t.turn_id, t.created_at, NULL::integer AS key, "
+    "NULL::integer AS slot, 0::bigint AS place FROM turnkit_turns t "
     "WHERE ?::boolean AND t.status = 'suspended' AND t.held_by IS NOT NULL "
     "AND t.cancel_reason IS NULL "
     "AND NOT ((?::json ->> t.agent) = ANY (string_to_array(t.held_by, ','))) "
@@ -89,13 +135,18 @@ CLAIM_SQL = (
     f"AND {runnable('e')}) "
     "AND turnkit_lock_key(t.session_id) NOT IN (SELECT k FROM held) "
     "ORDER BY t.created_at LIMIT ? FOR NO KEY UPDATE OF t SKIP LOCKED), "
-    "p AS (SELECT * FROM c UNION ALL SELECT * FROM r UNION ALL SELECT * FROM h "
-    "ORDER BY created_at LIMIT ?) "
-    # Every row of ``p`` is tried (no LIMIT out here), so no lock is taken and lost.
-    f"SELECT p.session_id, s.agent, {TURN_COLUMNS_T} FROM p "
+    "p AS (SELECT * FROM w UNION ALL SELECT * FROM r UNION ALL SELECT * FROM h "
+    "ORDER BY place, created_at LIMIT ?) "
+    # Every row of ``p`` is tried (no LIMIT out here), so no lock is taken and lost;
+    # CASE fixes the order: the slot first, then the session (or the slot goes back).
+    f"SELECT p.session_id, s.agent, {TURN_COLUMNS_T}, p.key, p.slot FROM p "
     "JOIN turnkit_sessions s ON s.session_id = p.session_id "
     "LEFT JOIN turnkit_turns t ON t.session_id = p.session_id AND t.turn_id = p.turn_id "
-    "WHERE pg_try_advisory_lock(turnkit_lock_key(p.session_id)) ORDER BY p.created_at"
+    "WHERE CASE WHEN p.slot IS NULL THEN pg_try_advisory_lock(turnkit_lock_key(p.session_id)) "
+    "WHEN pg_try_advisory_lock(p.key, p.slot) THEN "
+    "(pg_try_advisory_lock(turnkit_lock_key(p.session_id)) "
+    "OR (pg_advisory_unlock(p.key, p.slot) AND false)) "
+    "ELSE false END ORDER BY p.place, p.created_at"
 )
 
 #: Seconds a worker counts as alive after it last said so (it says so every

@@ -302,6 +302,21 @@ MIGRATIONS: list[tuple[str, ...]] = [
             seen_at double precision NOT NULL
         )""",
     ),
+    # v20: whose turn it is (docs/tenants.md; '' is the default tenant: a constant
+    # default adds the column without rewriting the table), and the claim's way in:
+    # the runnable turns by tenant, oldest first, which the claim walks one tenant at
+    # a time to take turns fairly across tenants.
+    (
+        "ALTER TABLE turnkit_turns ADD COLUMN tenant text NOT NULL DEFAULT ''",
+        f"CREATE INDEX turnkit_turns_tenant_queue ON turnkit_turns (tenant, created_at) "
+        f"WHERE {claimable()}",
+        # A tenant's concurrency slots are advisory locks keyed (this, slot number):
+        # the two-int form, apart from the sessions' one-bigint writer locks.
+        """CREATE FUNCTION turnkit_tenant_key(tenant text) RETURNS integer
+        LANGUAGE sql IMMUTABLE AS $fn$
+            SELECT ('x' || substr(md5('{schema}/tenant/' || tenant), 1, 8))::bit(32)::integer
+        $fn$""",
+    ),
 ]
 
 

@@ -132,6 +132,13 @@ def lock_key(schema: str, session_id: str) -> int:
     return int.from_bytes(digest[:8], "big", signed=True)
 
 
+def tenant_key(schema: str, tenant: str) -> int:
+    """The first key of a tenant's slot locks: what ``turnkit_tenant_key`` computes."""
+    where = f"{quoted_schema(schema)}/tenant/{tenant}"
+    digest = hashlib.md5(where.encode(), usedforsecurity=False).digest()
+    return int.from_bytes(digest[:4], "big", signed=True)
+
+
 def connection_lost(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
     return bool(conn.closed or conn.broken)
 
@@ -222,6 +229,7 @@ def turn_row(res: PGresult, row: int, first: int, payloads: Payloads) -> TurnRec
             _float(v[9]),
             *(as_text(x) for x in v[10:14]),
             _float(v[14]),
+            as_text(v[15]),
         ]
     )
 

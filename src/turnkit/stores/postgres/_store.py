@@ -55,6 +55,7 @@ from ..._values.records import (
     SessionStatus,
     TurnRecord,
 )
+from ..._values.tenancy import UNCAPPED, Concurrency
 from ..._values.writes import Write
 from .. import _archive_sql as archive_sql
 from .. import _retention_sql as retention_sql
@@ -783,6 +784,7 @@ class PostgresStore:
         limit: int,
         skip: Collection[str] = (),
         serving: Serving | None = None,
+        concurrency: Concurrency = UNCAPPED,
     ) -> list[TurnRecord | PendingReset]:
         self._listener.work.clear()  # a notification from now on wakes the next wait
         if limit < 1 or not agents:
@@ -791,15 +793,18 @@ class PostgresStore:
         names, skipped = json.dumps(list(agents)), json.dumps(list(skip))
         serves = None if serving.serves is None else json.dumps(sorted(serving.serves))
         own = json.dumps(dict(serving.own))
+        caps = json.dumps(dict(concurrency.tenants))
         params = (
+            *(caps, concurrency.per_tenant),  # tenants' caps
             *(names, skipped, serves, serves, limit),  # runnable turns
+            limit,  # free slots
             *(names, skipped, limit),  # pending resets
             *(serving.retry_held, own, names, skipped, serves, serves, limit),  # held turns
             limit,
         )
         statement = wire.Query(pg_wire(CLAIM_SQL, self.schema), wire.values(params))
         try:
-            res = await self._writers.claim(statement)
+            res = await self._writers.claim(statement, slot_column=2 + TURN_COLUMN_COUNT)
         except StoreError as exc:
             raise StoreError(f"claiming turns failed: {exc}") from exc
         return [

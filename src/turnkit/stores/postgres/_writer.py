@@ -51,6 +51,8 @@ _CLAIM_SQL = (
     "holder = excluded.holder, since = excluded.since"
 )
 _UNLOCK_SQL = "SELECT pg_advisory_unlock(?::bigint)"
+#: Give back a tenant's concurrency slot (see ``_queue.CLAIM_SQL``).
+_UNLOCK_SLOT_SQL = "SELECT pg_advisory_unlock(?::integer, ?::integer)"
 #: Prepared on the lock connection when it opens.
 _PREPARED = {
     b"turnkit_acquire": _ACQUIRE_SQL,
@@ -58,6 +60,7 @@ _PREPARED = {
     b"turnkit_claim": _CLAIM_SQL,
     b"turnkit_load": LOAD_SQL,
     b"turnkit_unlock": _UNLOCK_SQL,
+    b"turnkit_unlock_slot": _UNLOCK_SLOT_SQL,
     b"turnkit_ping": "SELECT 1",
 }
 
@@ -266,6 +269,8 @@ class Writers:
         self._held: dict[str, Sender] = {}
         #: Sessions a claim locked for a delivery that has not begun to hold them.
         self._claimed: set[str] = set()
+        #: The tenant slot (key, number) each claimed session holds, with its sender.
+        self._slots: dict[str, tuple[int, int, Sender]] = {}
 
     @asynccontextmanager
     async def hold(self, session_id: str) -> AsyncIterator[None]:
@@ -289,11 +294,14 @@ class Writers:
                     # (A lock whose connection is gone went with it.)
                     key = lock_key(self._schema, session_id)
                     self.channel.post(wire.execute(b"turnkit_unlock", (key,)))
+                self._free_slot(session_id)
 
-    async def claim(self, statement: wire.Statement) -> PGresult:
+    async def claim(self, statement: wire.Statement, *, slot_column: int | None = None) -> PGresult:
         """Run a claim (a statement that takes the writer locks of the sessions it
         returns, first column their ids) on the lock connection, and hold each
-        session it returns for the delivery that will hold its ``writer()`` next."""
+        session it returns for the delivery that will hold its ``writer()`` next.
+        With ``slot_column``, that column and the next are the tenant slot lock each
+        row took too (NULL: none), given back with the session."""
         res, sender = await self.channel.run_here(statement)
         for row in range(res.ntuples):
             session_id = res.get_value(row, 0)
@@ -301,7 +309,20 @@ class Writers:
             sid = session_id.decode()
             self._held[sid] = sender
             self._claimed.add(sid)
+            if slot_column is not None:
+                key, slot = res.get_value(row, slot_column), res.get_value(row, slot_column + 1)
+                if key is not None and slot is not None:
+                    self._slots[sid] = (int(key), int(slot), sender)
         return res
+
+    def _free_slot(self, session_id: str) -> None:
+        """Give back the tenant slot a claim took with the session, if any."""
+        taken = self._slots.pop(session_id, None)
+        if taken is None:
+            return
+        key, slot, sender = taken
+        if sender is self.channel.sender and not sender.suspect:
+            self.channel.post(wire.execute(b"turnkit_unlock_slot", (key, slot)))
 
     def unclaim(self, session_id: str) -> None:
         """Release a claimed session whose delivery never held it (no-op otherwise)."""
@@ -312,6 +333,7 @@ class Writers:
         if sender is not None and sender is self.channel.sender and not sender.suspect:
             key = lock_key(self._schema, session_id)
             self.channel.post(wire.execute(b"turnkit_unlock", (key,)))
+        self._free_slot(session_id)
 
     def must_lock(self, session_id: str) -> bool:
         """Whether the caller holds ``writer()`` of this session and its lock is not
