@@ -429,7 +429,7 @@ async def test_turnkit_migrate_checks_and_applies_on_sqlite(tmp_path: Path) -> N
 
     db = tmp_path / "old.db"
     conn = sqlite3.connect(db, isolation_level=None)
-    previous = sqlite_migrations.MIGRATIONS[:-1]
+    previous = sqlite_migrations.MIGRATIONS[: _before_readable_from(sqlite_migrations.MIGRATIONS)]
     sqlite_migrations.migrate(conn, previous)  # as the previous release left it
     conn.execute(
         "INSERT INTO turnkit_turns (session_id, turn_id, agent, status, opening, created_at) "
@@ -439,12 +439,13 @@ async def test_turnkit_migrate_checks_and_applies_on_sqlite(tmp_path: Path) -> N
     conn.close()
     check = turnkit_cli("migrate", "--check", "--store", str(db), cwd=tmp_path)
     assert check.returncode == 1, check.stderr
-    last = len(previous) + 1
+    first, last = len(previous) + 1, len(sqlite_migrations.MIGRATIONS)
     assert f"is at schema version {len(previous)}; this turnkit's is {last}" in check.stdout
-    assert f"  {last}: ALTER TABLE turnkit_schema ADD COLUMN readable_from INTEGER" in check.stdout
+    assert f"  {first}: ALTER TABLE turnkit_schema ADD COLUMN readable_from INTEGER" in check.stdout
     applied = turnkit_cli("migrate", "--apply", "--store", str(db), cwd=tmp_path)
     assert applied.returncode == 0, applied.stderr
-    assert f"applied migration(s) {last}; now at schema version {last}" in applied.stdout
+    numbers = ", ".join(str(n) for n in range(first, last + 1))
+    assert f"applied migration(s) {numbers}; now at schema version {last}" in applied.stdout
     again = turnkit_cli("migrate", "--check", "--json", "--store", str(db), cwd=tmp_path)
     assert again.returncode == 0, again.stderr
     state = json.loads(again.stdout)
@@ -458,10 +459,16 @@ async def test_turnkit_migrate_checks_and_applies_on_sqlite(tmp_path: Path) -> N
         await store.close()
 
 
+def _before_readable_from(migrations: list[tuple[str, ...]]) -> int:
+    """How many migrations came before the one that records ``readable_from``: the
+    previous release's schema, which these tests upgrade from."""
+    return next(i for i, m in enumerate(migrations) if "readable_from" in m[0])
+
+
 def test_turnkit_migrate_checks_and_applies_on_postgresql(
     pg_dsn: str, pg_schema: str, tmp_path: Path
 ) -> None:
-    previous = pg_migrations.MIGRATIONS[:-1]
+    previous = pg_migrations.MIGRATIONS[: _before_readable_from(pg_migrations.MIGRATIONS)]
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         pg_migrations.migrate(conn, pg_schema, previous)
     dsn = f"{pg_dsn}?options=-csearch_path%3D{pg_schema}"
@@ -469,7 +476,8 @@ def test_turnkit_migrate_checks_and_applies_on_postgresql(
     assert check.returncode == 1, check.stderr
     state = json.loads(check.stdout)
     assert state["version"] == len(previous) and state["readable_from"] is None
-    assert [p["version"] for p in state["pending"]] == [len(previous) + 1]
+    pending = list(range(len(previous) + 1, len(pg_migrations.MIGRATIONS) + 1))
+    assert [p["version"] for p in state["pending"]] == pending
     assert "CREATE TABLE turnkit_workers" in state["pending"][0]["statements"]
     applied = turnkit_cli("migrate", "--apply", "--store", dsn, cwd=tmp_path)
     assert applied.returncode == 0, applied.stderr

@@ -506,9 +506,9 @@ class _StopsDuringItsClaim(PostgresStore):
     claims = 0
 
     async def claim(
-        self, agents: Any, *, limit: int, skip: Any = (), serving: Any = None
+        self, agents: Any, *, limit: int, skip: Any = (), serving: Any = None, **more: Any
     ) -> list[Any]:
-        records = await super().claim(agents, limit=limit, skip=skip, serving=serving)
+        records = await super().claim(agents, limit=limit, skip=skip, serving=serving, **more)
         self.claims += 1
         # The second claim: the first is followed by the listener's own wake-up.
         if self.claims == 2 and self.worker is not None:

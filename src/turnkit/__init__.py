@@ -116,6 +116,7 @@ from ._values.messages import (
     message_from_dict,
 )
 from ._values.policy import SurfacePolicy, TurnPolicy
+from ._values.tenancy import Concurrency
 from ._values.turns import ResetResult, TurnResult
 from ._values.usage import Usage
 from ._values.versions import Rewrite, VersionChange, VersionDecision
@@ -136,6 +137,7 @@ __all__ = [
     "Channel",
     "ChannelContext",
     "Codec",
+    "Concurrency",
     "ConfigurationError",
     "ContextWindowError",
     "Decision",

@@ -21,9 +21,9 @@ from .._seams.timers import TimerStore
 from .._seams.tracer import NO_TRACER, Tracer
 from .._values.events import InputRequestedEvent, TurnEvent
 from .._values.records import SessionInfo, TurnRecord
+from .._values.tenancy import UNCAPPED, Concurrency
 from .._values.text import unstorable
 from .._values.turns import TurnResult
-from .._values.tenancy import UNCAPPED, Concurrency
 from .approvals import GrantSealer
 from .children import RuntimeChildren
 from .inbox import InboxPage, OpenTo, pending_inputs

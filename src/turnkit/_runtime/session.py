@@ -47,8 +47,8 @@ from .._values.messages import (
     message_from_dict,
 )
 from .._values.records import TERMINAL_TURN_STATUSES, TurnRecord
-from .._values.tenancy import DEFAULT_TENANT, check_tenant
 from .._values.step_ids import policy_step_id, tool_step_id
+from .._values.tenancy import DEFAULT_TENANT, check_tenant
 from .._values.text import unstorable
 from .._values.turn_rules import new_turn
 from .._values.turns import ResetResult, TurnRequest, TurnResult
@@ -90,6 +90,8 @@ class SessionHost(ViewHost, Protocol):
     def claims_turns(self) -> bool: ...
 
     def _require_loop(self) -> asyncio.AbstractEventLoop: ...
+
+    def tenant_gate(self, tenant: str) -> asyncio.Semaphore | None: ...
 
     def session(self, agent_name: str, session_id: str) -> AgentSession: ...
 
@@ -210,9 +212,7 @@ class AgentSession(SessionView):
             if turn_id is not None and (stored := await self._store.turn(turn_id)) is not None:
                 return self._resent(stored, text, event, trigger, replace, owner)
             try:
-                return await self._submit_new(
-                    text, event, trigger, replace, turn_id, owner, tenant
-                )
+                return await self._submit_new(text, event, trigger, replace, turn_id, owner, tenant)
             except StoreError:
                 # Another process may have stored the same id since it was looked up:
                 # then this is a retry that raced its original, not a failure.

@@ -1,0 +1,197 @@
+"""Tenants: every turn is stored with its tenant; claims on PostgreSQL are fair across
+tenants and respect ``Concurrency(per_tenant=...)`` across every worker holding its
+own connections (as separate processes do); a runtime that runs its own turns
+respects the cap on every store."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import pytest
+
+import turnkit
+from turnkit import ToolContext, UserMessage, tool
+from turnkit.stores import MemoryStore, PostgresStore, SqliteStore
+from turnkit.testing import ScriptedModel, ScriptedReply, tool_call
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], what: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not await check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+class Gate:
+    """What the agent's tool reports to and waits on: how many calls run per tenant
+    right now, the most ever seen, and the event that lets them finish."""
+
+    def __init__(self) -> None:
+        self.running: Counter[str] = Counter()
+        self.most: Counter[str] = Counter()
+        self.release = asyncio.Event()
+
+    def agent(self) -> turnkit.Agent:
+        @tool
+        async def work(ctx: ToolContext, tenant: str) -> str:
+            """Do the tenant's work (waits for the test to release it)."""
+            self.running[tenant] += 1
+            self.most[tenant] = max(self.most[tenant], self.running[tenant])
+            try:
+                await self.release.wait()
+            finally:
+                self.running[tenant] -= 1
+            return "done"
+
+        def reply(messages: list[turnkit.Message]) -> str | ScriptedReply:
+            last = messages[-1]
+            if isinstance(last, UserMessage):
+                return ScriptedReply(tool_calls=[tool_call("work", {"tenant": last.text})])
+            return "ok"
+
+        return turnkit.Agent(
+            name="t", model=ScriptedModel(respond=reply, record_calls=False), tools=[work]
+        )
+
+
+@asynccontextmanager
+async def worker(
+    dsn: str, schema: str, agent: turnkit.Agent, caps: turnkit.Concurrency, slots: int = 8
+) -> AsyncIterator[turnkit.Worker]:
+    """A ``Worker`` in a runtime of its own, on a store (and connections) of its own."""
+    store = PostgresStore(dsn, schema=schema, busy_timeout=30.0)
+    async with turnkit.Runtime(agent, store=store, concurrency=caps) as rt:
+        w = turnkit.Worker(rt, poll=0.2, concurrency=slots)
+        running = asyncio.ensure_future(w.run())
+        try:
+            yield w
+        finally:
+            w.stop()
+            await asyncio.wait_for(running, 30)
+
+
+@asynccontextmanager
+async def node(dsn: str, schema: str, agent: turnkit.Agent) -> AsyncIterator[turnkit.Runtime]:
+    store = PostgresStore(dsn, schema=schema, busy_timeout=30.0)
+    async with turnkit.Runtime(agent, store=store, run_turns=False) as rt:
+        yield rt
+
+
+async def test_a_submitted_turn_is_stored_with_its_tenant_on_every_store(tmp_path: Path) -> None:
+    agent = turnkit.Agent(name="t", model=ScriptedModel(respond=lambda m: "hi"))
+    for store in (MemoryStore(), SqliteStore(tmp_path / "t.db")):
+        async with turnkit.Runtime(agent, store=store) as rt:
+            s = rt.session("t", "s1")
+            tid = await s.submit("hello", tenant="acme")
+            await s.result(tid)
+            other = await s.submit("again")
+            await s.result(other)
+            first = await store.session("s1").turn(tid)
+            second = await store.session("s1").turn(other)
+            assert first is not None and first.tenant == "acme", store
+            assert second is not None and second.tenant == "", store
+    with pytest.raises(turnkit.ConfigurationError, match="tenant must be a str"):
+        async with turnkit.Runtime(agent, store=MemoryStore()) as rt:
+            await rt.session("t", "s2").submit("x", tenant=3)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+async def test_a_runtime_that_runs_its_own_turns_keeps_each_tenant_under_its_cap(
+    kind: str, tmp_path: Path
+) -> None:
+    gate = Gate()
+    store = MemoryStore() if kind == "memory" else SqliteStore(tmp_path / "caps.db")
+    caps = turnkit.Concurrency(per_tenant=2, tenants={"big": 3})
+    async with turnkit.Runtime(gate.agent(), store=store, concurrency=caps) as rt:
+        turns = []
+        for i in range(6):
+            s = rt.session("t", f"a{i}")
+            turns.append((s, await s.submit("a", tenant="a")))
+        for i in range(5):
+            s = rt.session("t", f"big{i}")
+            turns.append((s, await s.submit("big", tenant="big")))
+        for i in range(2):
+            s = rt.session("t", f"b{i}")
+            turns.append((s, await s.submit("b", tenant="b")))
+
+        async def full() -> bool:
+            return gate.running == Counter({"a": 2, "big": 3, "b": 2})
+
+        await eventually(full, "every tenant at its cap")
+        gate.release.set()
+        for s, tid in turns:
+            assert (await s.result(tid)).status == "completed"
+    assert gate.most == Counter({"a": 2, "big": 3, "b": 2})
+
+
+async def test_claims_are_fair_across_tenants_and_capped_across_workers(
+    pg_dsn: str, pg_schema: str
+) -> None:
+    """Tenant A queues 12 sessions before B and C queue 2 each. Two workers, each on
+    its own connections, 8 slots each, cap 3 per tenant: A never runs more than 3 at
+    once, B and C run at once (not behind A's backlog), and a third claimer with the
+    same caps finds nothing to take while every tenant is at its cap."""
+    gate = Gate()
+    agent = gate.agent()
+    caps = turnkit.Concurrency(per_tenant=3)
+    async with node(pg_dsn, pg_schema, agent) as rt:
+        turns = []
+        for tenant, n in (("A", 12), ("B", 2), ("C", 2)):
+            for i in range(n):
+                s = rt.session("t", f"{tenant}{i}")
+                turns.append((tenant, s, await s.submit(tenant, tenant=tenant)))
+        async with (
+            worker(pg_dsn, pg_schema, agent, caps) as w1,
+            worker(pg_dsn, pg_schema, agent, caps) as w2,
+        ):
+
+            async def busy() -> bool:
+                return gate.running == Counter({"A": 3, "B": 2, "C": 2})
+
+            await eventually(busy, "A at its cap, B and C running")
+            third = PostgresStore(pg_dsn, schema=pg_schema)
+            await third.open()
+            try:
+                assert await third.claim(["t"], limit=10, concurrency=caps) == []
+                # Without the cap a claim would take A's queued turns.
+                taken = await third.claim(["t"], limit=2)
+                assert {r.session_id[0] for r in taken} == {"A"} and len(taken) == 2
+                for r in taken:
+                    third.unclaim(r.session_id)
+            finally:
+                await third.close()
+            assert w1.running + w2.running == 7
+            gate.release.set()
+            for _, s, tid in turns:
+                assert (await s.result(tid)).status == "completed"
+    assert gate.most == Counter({"A": 3, "B": 2, "C": 2})
+
+
+async def test_a_claim_goes_round_the_tenants_least_served_first(
+    pg_dsn: str, pg_schema: str
+) -> None:
+    """The claim's order, read directly: A's 10 turns are older than B's and C's, yet
+    a claim of 5 takes B's and C's oldest beside A's; then, with A running 2 and B
+    and C 1 each, the next claim of 2 takes B's and C's second turns, not A's third."""
+    agent = turnkit.Agent(name="t", model=ScriptedModel(respond=lambda m: "hi"))
+    async with node(pg_dsn, pg_schema, agent) as rt:
+        for tenant, n in (("A", 10), ("B", 3), ("C", 3)):
+            for i in range(n):
+                await rt.session("t", f"{tenant}{i}").submit(tenant, tenant=tenant)
+        claimer = PostgresStore(pg_dsn, schema=pg_schema)
+        await claimer.open()
+        try:
+            first = await claimer.claim(["t"], limit=5)
+            # Place = tenant's running + rank: A0 B0 C0 (1), then A1 B1 (2, oldest first).
+            assert [r.session_id for r in first] == ["A0", "B0", "C0", "A1", "B1"]
+            second = await claimer.claim(["t"], limit=3, skip=[r.session_id for r in first])
+            # Now A and B run 2, C 1: C1 first, then A2 and B2.
+            assert [r.session_id for r in second] == ["C1", "A2", "B2"]
+        finally:
+            await claimer.close()
