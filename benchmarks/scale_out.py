@@ -95,6 +95,10 @@ class Cluster:
     pool_size: int = 4
     workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
     started: int = 0
+    #: The ``src`` directory whose turnkit the workers import (``None``: this one's).
+    source: str | None = None
+    #: More ``turnkit worker`` arguments.
+    worker_args: list[str] = field(default_factory=list)
 
     @property
     def worker_dsn(self) -> str:
@@ -104,7 +108,7 @@ class Cluster:
     def start_worker(self) -> subprocess.Popen[bytes]:
         env = {k: v for k, v in os.environ.items() if k not in _MODEL_VARIABLES}
         # The workers import the turnkit this process imported.
-        source = str(Path(turnkit.__file__).resolve().parents[1])
+        source = self.source or str(Path(turnkit.__file__).resolve().parents[1])
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [source, env.get("PYTHONPATH")]))
         proc = subprocess.Popen(
             [
@@ -121,6 +125,7 @@ class Cluster:
                 str(self.poll),
                 "--pool-size",
                 str(self.pool_size),
+                *self.worker_args,
             ],
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,

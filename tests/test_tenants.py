@@ -6,6 +6,7 @@ respects the cap on every store."""
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -195,3 +196,29 @@ async def test_a_claim_goes_round_the_tenants_least_served_first(
             assert [r.session_id for r in second] == ["C1", "A2", "B2"]
         finally:
             await claimer.close()
+
+
+async def test_a_turn_over_http_is_its_principals_tenants(tmp_path: Path) -> None:
+    from server_support import serving
+    from starlette.requests import Request
+
+    from turnkit.server import Principal
+
+    def by_tenant(request: Request) -> Principal | None:
+        user = request.headers.get("X-User")
+        return Principal(id=user, tenant=request.headers.get("X-Tenant")) if user else None
+
+    agent = turnkit.Agent(name="t", model=ScriptedModel(respond=lambda m: "hi"))
+    store = SqliteStore(tmp_path / "http.db")
+    async with turnkit.Runtime(agent, store=store) as rt, serving(rt, authenticate=by_tenant) as s:
+        for session, headers in (
+            ("s1", {"X-User": "ann", "X-Tenant": "acme"}),
+            ("s2", {"X-User": "bob"}),
+        ):
+            done = await s.client.post(
+                s.path("t", session, "chat"), json={"text": "x"}, headers=headers
+            )
+            assert done.json()["status"] == "completed", done.text
+    with sqlite3.connect(tmp_path / "http.db") as db:
+        rows = db.execute("SELECT session_id, tenant FROM turnkit_turns ORDER BY 1").fetchall()
+    assert rows == [("s1", "acme"), ("s2", "")]

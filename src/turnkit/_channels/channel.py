@@ -73,17 +73,24 @@ class ChannelContext:
         replace: bool = False,
         turn_id: str | None = None,
         owner: str | None = None,
+        tenant: str | None = None,
     ) -> TurnStream:
         """Start a turn and return its events as they happen.
 
         The turn is queued at once (it runs whether or not the stream is read);
         the stream is already listening, and ends on ``turn.completed``,
-        ``turn.failed``, ``turn.cancelled`` or ``input.requested``. ``owner`` is as
-        for ``AgentSession.start``.
+        ``turn.failed``, ``turn.cancelled`` or ``input.requested``. ``owner`` and
+        ``tenant`` are as for ``AgentSession.start``.
         """
         agent_session = self.session(session)
         tid = agent_session.start(
-            text, event=event, trigger=trigger, replace=replace, turn_id=turn_id, owner=owner
+            text,
+            event=event,
+            trigger=trigger,
+            replace=replace,
+            turn_id=turn_id,
+            owner=owner,
+            tenant=tenant,
         )
         return agent_session.observe(tid)
 
@@ -97,13 +104,20 @@ class ChannelContext:
         replace: bool = False,
         turn_id: str | None = None,
         owner: str | None = None,
+        tenant: str | None = None,
     ) -> TurnStream:
         """``run_stream``, returning only once the store holds the turn (see
         ``AgentSession.submit``): a crash from then on loses nothing, and a refusal
         read from the store (a parked session, say) is raised here."""
         agent_session = self.session(session)
         tid = await agent_session.submit(
-            text, event=event, trigger=trigger, replace=replace, turn_id=turn_id, owner=owner
+            text,
+            event=event,
+            trigger=trigger,
+            replace=replace,
+            turn_id=turn_id,
+            owner=owner,
+            tenant=tenant,
         )
         # Nothing ran in between: the delivery yields once before its first step, so
         # the stream is listening before the turn emits anything.

@@ -34,6 +34,7 @@ from .._runtime.runtime import Runtime
 from .._seams.model import Model
 from .._seams.store import Store
 from .._seams.tracer import Tracer
+from .._values.tenancy import Concurrency
 from .._values.turns import TurnResult
 from ._agent_dir import answer_target, bundled_example, default_session, run_target
 from ._folder_model import choose_model
@@ -487,6 +488,13 @@ def _add_worker(commands: Any) -> None:
         "Old and new workers then share one store during a deploy (docs/deploying.md)",
     )
     worker.add_argument(
+        "--per-tenant",
+        type=int,
+        metavar="N",
+        help="run at most N sessions of one tenant at once, across every worker given "
+        "the same cap (docs/tenants.md); default: no cap",
+    )
+    worker.add_argument(
         "--idle-timeout",
         type=_seconds,
         default=10.0,
@@ -570,6 +578,7 @@ async def _worker(args: argparse.Namespace, progress: Progress) -> int:
         store_label=describe_store(args.store),
         retention=_retention(args),
         serve_versions=args.serve_versions,
+        tenants=Concurrency(per_tenant=args.per_tenant),
     )
     hooks = []
     if args.ops_port is not None:

@@ -21,6 +21,7 @@ from .._runtime.retention import Retention
 from .._runtime.runtime import Runtime
 from .._runtime.worker import Worker
 from .._seams.store import Store
+from .._values.tenancy import UNCAPPED, Concurrency
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -36,6 +37,8 @@ class WorkerOptions:
     retention: Retention | None = None
     #: The agent versions whose turns it takes (``None``: every version).
     serve_versions: frozenset[str] | None = None
+    #: The per-tenant caps its claims enforce (docs/tenants.md).
+    tenants: Concurrency = UNCAPPED
 
 
 #: Called with the running worker once it claims turns, returning what to undo when
@@ -47,7 +50,9 @@ async def serve_worker(
     agents: Sequence[Agent], store: Store, options: WorkerOptions, hooks: Sequence[WorkerHook] = ()
 ) -> int:
     """Run a worker until ``SIGTERM`` or ``SIGINT``; the exit status."""
-    async with Runtime(list(agents), store=store, retention=options.retention) as runtime:
+    async with Runtime(
+        list(agents), store=store, retention=options.retention, concurrency=options.tenants
+    ) as runtime:
         worker = Worker(
             runtime,
             concurrency=options.concurrency,

@@ -560,6 +560,7 @@ class _Api:
                 # The session must still be the one authorized: a new one becomes the
                 # caller's, and the engine refuses if another owner got there first.
                 owner=target.owner if target.exists else principal.id,
+                tenant=principal.tenant,
             )
         except SessionSuspendedError as exc:
             raise HttpError(409, "session_suspended", str(exc)) from None

@@ -32,6 +32,9 @@ class Principal:
     #: Other ids the same caller goes by: a session owned by one, or a question that
     #: names one as its answerer, is the caller's too (answered under that name).
     aliases: tuple[str, ...] = ()
+    #: The tenant whose turns this caller's turns are (docs/tenants.md): their fair
+    #: share of workers, concurrency cap and budget. ``None``: the default tenant.
+    tenant: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.id, str) or not self.id:
