@@ -11,7 +11,7 @@ import json
 import logging
 import socket
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -261,7 +261,9 @@ class Stage:
 
 
 @asynccontextmanager
-async def staged(tmp_path: Path, agent: turnkit.Agent, **options: Any) -> AsyncIterator[Stage]:
+async def staged(
+    tmp_path: Path, agent: turnkit.Agent, others: Sequence[turnkit.Agent] = (), **options: Any
+) -> AsyncIterator[Stage]:
     fake = FakeSlack()
     api = Starlette(routes=[Route("/api/{method}", fake.handle, methods=["POST"])])
     async with uvicorn_on(api) as api_url:
@@ -272,7 +274,8 @@ async def staged(tmp_path: Path, agent: turnkit.Agent, **options: Any) -> AsyncI
             update_interval=0.0,
             **options,
         )
-        async with turnkit.Runtime([agent], store=SqliteStore(tmp_path / "s.db")) as runtime:
+        store = SqliteStore(tmp_path / "s.db")
+        async with turnkit.Runtime([agent, *others], store=store) as runtime:
             ctx = turnkit.mount_agent(agent, runtime, channels=[channel])
             app = Starlette()
             app.mount("/slack", channel.app(ctx))

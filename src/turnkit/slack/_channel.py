@@ -40,6 +40,7 @@ from .._errors import (
     ResumeConflictError,
     SessionSuspendedError,
 )
+from .._runtime.runtime import Runtime
 from .._seams.store import NO_MESSAGES
 from .._values.events import TurnEvent
 from .._values.inbound import InboundEvent, User
@@ -58,6 +59,7 @@ from ._payloads import (
     ValidationError,
     ViewSubmission,
 )
+from ._reminders import ReminderPoster
 from ._render import (
     APPROVE,
     DECIDE,
@@ -113,6 +115,25 @@ class SlackChannel:
         #: Shared by every reply this channel renders: Slack's limit is per channel.
         self.pacer = pacer if pacer is not None else EditPacer(update_interval)
         self.authorize = authorize
+        #: The poster of each runtime whose reminders this channel posts (by id).
+        self._reminders: dict[int, ReminderPoster] = {}
+
+    def post_reminders(self, runtime: Runtime, *, agent: str | None = None) -> ReminderPoster:
+        """Post each ``input.reminder`` of ``runtime`` (of a Slack session of ``agent``,
+        or of any agent) in the thread that asked, as one message saying the question
+        is still open and when it is due. The event comes to the sink of the process
+        that fires the store's timers (a process that runs turns), so that process
+        must call this: ``app(ctx)`` calls it for its runtime; a deployment whose
+        turns and timers run in workers calls it in each worker (one of them fires).
+        Called again for the same runtime, it widens the one poster (one message
+        per reminder however often it is called)."""
+        poster = self._reminders.get(id(runtime))
+        if poster is None or poster.runtime is not runtime:
+            poster = ReminderPoster(self.client, runtime, agent)
+            self._reminders[id(runtime)] = poster
+        else:
+            poster.widen(agent)
+        return poster
 
     def _reply(self, thread: SlackThread) -> SlackReply:
         """A renderer of one turn into ``thread``, paced with the channel's other replies."""
@@ -164,8 +185,11 @@ class SlackChannel:
     def app(self, ctx: ChannelContext) -> Starlette:
         """The routes Slack calls, for ``ctx``'s agent: ``POST /events`` (the Events
         API request URL) and ``POST /interactivity`` (the interactivity request URL).
-        Mount it where the app settings point, e.g. ``app.mount("/slack", …)``."""
+        Mount it where the app settings point, e.g. ``app.mount("/slack", …)``.
+        Reminders of the agent's open questions are posted in their threads from
+        this process's runtime (see ``post_reminders``)."""
         handler = _Handler(self, ctx)
+        self.post_reminders(ctx.runtime, agent=ctx.agent.name)
         return Starlette(
             routes=[
                 Route("/events", handler.events, methods=["POST"]),
