@@ -106,6 +106,8 @@ async def test_another_owners_session_is_a_missing_one_on_every_route(
             ("POST", "resume", {"turn_id": "t", "input_id": "i", "value": None}, None),
             ("POST", "reset", None, None),
             ("POST", "cancel", None, None),
+            ("POST", "wake", None, None),
+            ("POST", "wake", {"turn_id": turn_id}, None),
         ]
         before = dump(db_of(runtime))
         for session in ("mine", "code", "ghost"):

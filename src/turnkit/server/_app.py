@@ -59,6 +59,7 @@ from ._bodies import (
     read_object,
     resume_body,
     turn_body,
+    wake_body,
 )
 from ._body_limit import BodyLimit
 from ._console import Console
@@ -213,6 +214,7 @@ def create_app(
         Route(f"{session}/reset", guard(api.reset), methods=["POST"]),
         Route(session, guard(api.erase), methods=["DELETE"]),
         Route(f"{session}/cancel", guard(api.cancel), methods=["POST"]),
+        Route(f"{session}/wake", guard(api.wake), methods=["POST"]),
         Route(f"{session}/pending", guard(api.pending), methods=["GET"]),
         Route(f"{session}/answers", guard(api.answers), methods=["GET"]),
         Route(f"{session}/transcript", guard(api.transcript), methods=["GET"]),
@@ -651,6 +653,21 @@ class _Api:
         empty_body(await self.body(request, optional=True), "cancel")
         target = await self._target(request, principal, "turn")
         return JSONResponse({"cancelled": await self.cancel_turns(target)})
+
+    async def wake(self, request: Request, principal: Principal) -> Response:
+        """End the parked turn's waits on the clock now (``session.wake``), recorded
+        as woken by the principal; ``woken`` says whether there was a wait to end.
+        On an HTTP node the woken turn is left to the workers, like an answer."""
+        turn_id = wake_body(await self.body(request, optional=True))
+        target = await self._target(request, principal, "wake")
+        if not target.exists:
+            raise unknown_session(target.agent, target.session_id)
+        session = self._writable(target).session(target.session_id)
+        if turn_id is None:
+            parked = await parked_turn(target.store)
+            turn_id = parked.turn_id if parked is not None else None
+        woken = turn_id is not None and await session.wake(turn_id, by=principal.id)
+        return JSONResponse({"woken": woken, "turn_id": turn_id if woken else None})
 
     async def cancel_turns(self, target: Target) -> list[str]:
         """Cancel every unfinished turn of ``target`` (which ``authorize`` allowed to

@@ -20,9 +20,10 @@ from ._principal import Principal
 #: What a request does to a session: ``read`` (transcript, pending request, event
 #: feed), ``turn`` (start or replay a turn, which creates a new session), ``resume``
 #: (answer its parked turn), ``reset`` (archive its history), ``list`` (see it in
-#: the agent's session list), ``erase`` (delete its contents for good).
-Action: TypeAlias = Literal["read", "turn", "resume", "reset", "list", "erase"]
-ACTIONS: frozenset[str] = frozenset({"read", "turn", "resume", "reset", "list", "erase"})
+#: the agent's session list), ``erase`` (delete its contents for good), ``wake``
+#: (end its parked turn's waits on the clock early).
+Action: TypeAlias = Literal["read", "turn", "resume", "reset", "list", "erase", "wake"]
+ACTIONS: frozenset[str] = frozenset({"read", "turn", "resume", "reset", "list", "erase", "wake"})
 
 Authorize: TypeAlias = Callable[[Principal, "SessionAccess"], "bool | Awaitable[bool]"]
 

@@ -152,6 +152,14 @@ def resume_body(data: dict[str, Any]) -> ResumeBody:
     return ResumeBody(turn_id=turn_id, input_id=input_id, value=data["value"])
 
 
+def wake_body(data: dict[str, Any]) -> str | None:
+    """``{"turn_id"?}`` of ``/wake``: the parked turn to wake (default: the session's)."""
+    _refuse_unknown(data, {"turn_id"})
+    if "turn_id" not in data:
+        return None
+    return identifier(data["turn_id"], "turn_id")
+
+
 def empty_body(data: dict[str, Any], what: str) -> None:
     """A body that takes no fields (``/reset``): ``{}`` or nothing."""
     if data:
