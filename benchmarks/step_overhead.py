@@ -9,6 +9,7 @@ Run from the repo root::
     .venv/bin/python benchmarks/step_overhead.py --tracer sdk   # with OpenTelemetry spans
     .venv/bin/python benchmarks/step_overhead.py --history      # history policies' cost
     .venv/bin/python benchmarks/step_overhead.py --codec aes    # encryption's cost
+    .venv/bin/python benchmarks/step_overhead.py --blobs        # blobs' cost, small payloads
 
 Each case is ONE turn on a fresh session and store: a zero-latency model calls a
 no-op tool once per model step for N steps and then answers with text, so the turn
@@ -24,6 +25,12 @@ the median of ``--runs`` runs.
 the same store sealing every payload with ``turnkit.crypto.EnvelopeCodec`` (AES-GCM
 envelopes, a ``KeyRing`` holding one key), and reports encryption's cost per pair as
 the median of the runs' differences. The bar: at most 30 µs a pair on SQLite.
+
+``--blobs`` does the same with and without a blob store (``FileBlobStore`` on
+SQLite, ``blobs=True`` on PostgreSQL, ``MemoryBlobStore`` on the memory store). The
+payloads here are small, so nothing spills: it is what turning blobs on costs every
+step that carries no large payload (``benchmarks/large_payloads.py`` times the ones
+that do).
 
 ``--history`` times the history policy instead: sessions of ``--history-turns``
 turns under each policy (see ``_history_bench.py``), per model step, first and last
@@ -82,7 +89,7 @@ from turnkit import (
     ToolSpec,
     TurnEvent,
 )
-from turnkit.stores import MemoryStore, SqliteStore, Store
+from turnkit.stores import FileBlobStore, MemoryBlobStore, MemoryStore, SqliteStore, Store
 from turnkit.stores._sqlite_schema import MIGRATIONS, migrate
 
 StoreKind = Literal["memory", "sqlite", "postgres"]
@@ -179,6 +186,8 @@ class Where:
     tracer: str = "none"
     #: ``--codec``: none, or aes (an EnvelopeCodec over one key).
     codec: str = "none"
+    #: ``--blobs``: whether the store keeps large payloads as blobs.
+    blobs: bool = False
 
 
 def _codec(kind: str) -> turnkit.Codec | None:
@@ -199,15 +208,17 @@ async def _fresh_store(kind: StoreKind, where: Where) -> AsyncIterator[Store]:
     """A fresh, empty store for every run: one turn on one new session."""
     codec = _codec(where.codec)
     if kind == "memory":
-        yield MemoryStore(codec=codec)
+        yield MemoryStore(codec=codec, blobs=MemoryBlobStore() if where.blobs else None)
     elif kind == "sqlite":
-        yield SqliteStore(where.tmp / f"bench-{next(_db_numbers)}.db", codec=codec)
+        n = next(_db_numbers)
+        blobs = FileBlobStore(where.tmp / f"bench-{n}-blobs") if where.blobs else None
+        yield SqliteStore(where.tmp / f"bench-{n}.db", codec=codec, blobs=blobs)
     else:
         from turnkit.stores import PostgresStore
 
         schema = _floor.fresh_schema()
         try:
-            yield PostgresStore(where.dsn, schema=schema, codec=codec)
+            yield PostgresStore(where.dsn, schema=schema, codec=codec, blobs=where.blobs)
         finally:
             await asyncio.to_thread(_floor.drop_schema, where.dsn, schema)
 
@@ -329,8 +340,12 @@ class CodecCase:
 async def run_codec_cases(
     args: argparse.Namespace, stores: Sequence[StoreKind], where: Where
 ) -> list[CodecCase]:
-    """Each case on the plain store and on the sealed one, run by run in turn."""
-    sealed = Where(tmp=where.tmp, dsn=where.dsn, tracer=where.tracer, codec="aes")
+    """Each case on the plain store and on the sealed one (or, with ``--blobs``, the
+    one with blobs), run by run in turn."""
+    if args.blobs:
+        sealed = Where(tmp=where.tmp, dsn=where.dsn, tracer=where.tracer, blobs=True)
+    else:
+        sealed = Where(tmp=where.tmp, dsn=where.dsn, tracer=where.tracer, codec="aes")
     out: list[CodecCase] = []
     for store in stores:
         for tool in args.tools:
@@ -370,13 +385,19 @@ def _codec_case(
     )
 
 
-def print_codec_table(cases: list[CodecCase]) -> bool:
-    """The table of encryption's cost, and whether SQLite's stays within the bar."""
-    print("encryption's cost (EnvelopeCodec: AES-GCM, a data key per session), µs per pair:")
-    print("wall = turn time / steps; cpu = the process's CPU time / steps (the bar's figure)")
+def print_codec_table(cases: list[CodecCase], blobs: bool = False) -> bool:
+    """The table of encryption's (or blobs') cost, and whether SQLite's stays within
+    the bar (encryption's; blobs have none)."""
+    if blobs:
+        print("blobs' cost on small payloads (nothing spills), µs per pair:")
+        print("wall = turn time / steps; cpu = the process's CPU time / steps")
+    else:
+        print("encryption's cost (EnvelopeCodec: AES-GCM, a data key per session), µs per pair:")
+        print("wall = turn time / steps; cpu = the process's CPU time / steps (the bar's figure)")
+    other = "blobs" if blobs else "sealed"
     print(
-        f"{'store':<9}{'tool':<7}{'steps':>6}{'wall plain':>12}{'sealed':>9}{'cost':>8}"
-        f"{'cpu plain':>11}{'sealed':>9}{'cost':>8}"
+        f"{'store':<9}{'tool':<7}{'steps':>6}{'wall plain':>12}{other:>9}{'cost':>8}"
+        f"{'cpu plain':>11}{other:>9}{'cost':>8}"
     )
     for c in cases:
         print(
@@ -385,6 +406,8 @@ def print_codec_table(cases: list[CodecCase]) -> bool:
             f"{c.plain_cpu_us_per_pair:>11.1f}{c.sealed_cpu_us_per_pair:>9.1f}"
             f"{c.cpu_cost_us_per_pair:>8.1f}"
         )
+    if blobs:
+        return True
     sqlite = [c.cpu_cost_us_per_pair for c in cases if c.store == "sqlite"]
     ok = all(cost <= CODEC_BAR_US for cost in sqlite) if sqlite else None
     worst = f"{max(sqlite):.1f} µs" if sqlite else "-"
@@ -407,12 +430,13 @@ def codec_main(args: argparse.Namespace, stores: Sequence[StoreKind]) -> int:
                 "sqlite", max(args.steps), args.runs, args.window, _sqlite_timer(tmp)
             )
     print(
-        f"turnkit encryption cost: python {platform.python_version()}, sqlite "
+        f"turnkit {'blobs' if args.blobs else 'encryption'} cost: "
+        f"python {platform.python_version()}, sqlite "
         f"{sqlite3.sqlite_version}, {platform.machine()}, {os.cpu_count()} CPUs, "
         f"median of {args.runs} runs"
     )
     print()
-    ok = print_codec_table(cases)
+    ok = print_codec_table(cases, blobs=args.blobs)
     if floor is not None:
         print(
             f"SQLite floor (WAL, synchronous=NORMAL): one bare commit {floor.commit_3rows_us:.1f} "
@@ -798,6 +822,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default="none",
         help="aes: time every case plain and with every payload sealed (EnvelopeCodec)",
     )
+    p.add_argument(
+        "--blobs",
+        action="store_true",
+        help="time every case without and with a blob store (small payloads: nothing spills)",
+    )
     p.add_argument("--warmup", type=int, default=1, help="untimed turns per store/tool first")
     p.add_argument("--no-gc", action="store_true", help="disable the cyclic GC while timing")
     p.add_argument("--no-floor", action="store_true", help="skip the SQLite and PostgreSQL floors")
@@ -930,7 +959,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     stores, pg_info = _resolve_stores(args)
     if args.history:
         return history_main(args, stores)
-    if args.codec == "aes":
+    if args.codec == "aes" or args.blobs:
         return codec_main(args, stores)
     started = time.perf_counter()
     if args.no_gc:

@@ -63,6 +63,7 @@ from ._runtime.retention import PruneReport, Retention
 from ._runtime.runtime import Runtime
 from ._runtime.session import AgentSession
 from ._runtime.worker import Worker
+from ._seams.blobs import BlobStore
 from ._seams.codec import Codec, PayloadKind
 from ._seams.model import (
     Model,
@@ -134,6 +135,7 @@ __all__ = [
     "Answerers",
     "Approval",
     "AssistantMessage",
+    "BlobStore",
     "Channel",
     "ChannelContext",
     "Codec",

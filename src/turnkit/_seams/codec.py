@@ -12,7 +12,9 @@ from typing import Literal, Protocol, runtime_checkable
 
 #: Which field of a session a payload is: a codec binds a payload to it (and to the
 #: session), so a stored payload cannot be moved to another session or field.
-PayloadKind = Literal["message", "step", "event", "opening", "inbound", "pending", "text", "error"]
+PayloadKind = Literal[
+    "message", "step", "event", "opening", "inbound", "pending", "text", "error", "blob"
+]
 
 
 @runtime_checkable

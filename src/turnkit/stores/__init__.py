@@ -48,6 +48,7 @@ from .._values.writes import (
     Write,
 )
 from ._takeover import Takeover
+from .blobs import FileBlobStore, MemoryBlobStore
 from .memory import MemoryStore
 from .sqlite import SqliteStore
 
@@ -70,8 +71,10 @@ __all__ = [
     "DropReset",
     "EraseSession",
     "Erasure",
+    "FileBlobStore",
     "InboxStore",
     "LogEvent",
+    "MemoryBlobStore",
     "MemoryStore",
     "PendingReset",
     "PostgresStore",

@@ -13,8 +13,10 @@ kept in one of two forms, both recognised on read beside rows stored in the clea
 from __future__ import annotations
 
 import binascii
+import functools
 import json
 import re
+import secrets
 from base64 import b64decode, b64encode
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -25,6 +27,8 @@ from pydantic_core import to_json
 from .._errors import ConfigurationError, StoreError
 from .._seams.codec import Codec, PayloadKind
 from .._values.records import TurnRecord
+from . import _spill as spill
+from ._spill import GetBlob, PutBlob
 
 #: How a sealed payload's text form begins: a JSON string whose first character is NUL.
 SEALED_PREFIX = '"\\u0000'
@@ -39,7 +43,7 @@ def dumps(value: Any) -> str:
         raise StoreError(f"cannot store a value as JSON: {exc}") from exc
 
 
-def _plain_dump(session_id: str, kind: PayloadKind, value: Any) -> str:
+def _plain_dump(session_id: str, kind: PayloadKind, value: Any, turn_id: str = "") -> str:
     """``Payloads.dump`` without a codec: the value's JSON text."""
     try:
         return to_json(value).decode()
@@ -64,22 +68,125 @@ class Payloads:
     ``*_text`` do the same for the columns that hold text rather than JSON (a turn's
     answer and error). A sealed payload met without a codec is refused with a
     ``StoreError``, never shown as its ciphertext.
+
+    With a ``threshold`` and ``get_blob``, a message, step or event whose JSON is over
+    ``threshold`` bytes leaves its large parts as blobs (``_spill``): ``dumper(put)``
+    makes the dump that does it, and every read resolves a reference through
+    ``get_blob``, opening and checking each blob.
     """
 
-    __slots__ = ("binary", "codec", "dump")
+    __slots__ = ("binary", "codec", "dump", "get_blob", "threshold")
 
     #: ``value`` as its column keeps it (sealed when there is a codec); a plain
     #: function without one, so the default path costs what it did before codecs.
-    dump: Callable[[str, PayloadKind, Any], str | bytes]
+    dump: Callable[..., str | bytes]
 
-    def __init__(self, codec: Codec | None = None, *, binary: bool = False) -> None:
+    def __init__(
+        self,
+        codec: Codec | None = None,
+        *,
+        binary: bool = False,
+        threshold: int | None = None,
+        get_blob: GetBlob | None = None,
+    ) -> None:
         self.dump = _plain_dump if codec is None else self._sealed_dump
         if codec is not None and not isinstance(codec, Codec):
             raise ConfigurationError(
                 f"a store's codec needs encode and decode methods, got {type(codec).__name__}"
             )
+        if threshold is not None and (isinstance(threshold, bool) or threshold < 1):
+            raise ConfigurationError(
+                f"a store's blob_threshold must be a positive number of bytes, got {threshold!r}"
+            )
         self.codec = codec
         self.binary = binary
+        #: Payloads whose JSON is longer than this many bytes go to blobs (``None``: none).
+        self.threshold = threshold if get_blob is not None else None
+        self.get_blob = get_blob
+
+    def dumper(self, put: PutBlob | None) -> Callable[[str, PayloadKind, Any, str], str | bytes]:
+        """The dump of a transaction whose blobs go to ``put``: ``dump`` itself when
+        nothing spills, so a store without blobs runs the code it ran before."""
+        if self.threshold is None or put is None:
+            return self.dump
+        return functools.partial(self._spilling_dump, put, {})
+
+    def _spilling_dump(
+        self,
+        put: PutBlob,
+        names: dict[str, str],
+        session_id: str,
+        kind: PayloadKind,
+        value: Any,
+        turn_id: str,
+    ) -> str | bytes:
+        try:
+            encoded = to_json(value)
+        except Exception as exc:
+            raise StoreError(f"cannot store a value as JSON: {exc}") from exc
+        threshold = self.threshold
+        if threshold is not None and len(encoded) > threshold:
+            encoded = self.spill(put, names, session_id, turn_id, value, encoded)
+        if self.codec is None:
+            return encoded.decode()
+        sealed = self._encode(session_id, kind, encoded)
+        return b"\x00" + sealed if self.binary else self._as_text(sealed)
+
+    def spill(
+        self,
+        put: PutBlob,
+        names: dict[str, str],
+        session_id: str,
+        turn_id: str,
+        value: Any,
+        encoded: bytes,
+    ) -> bytes:
+        """The JSON a row keeps for ``value`` (``encoded``, over the threshold): its
+        large parts put as blobs, a reference to them.
+
+        A blob's name is its SHA-256, except under a codec: then the name is random
+        (a digest of the plaintext would let whoever lists the blobs confirm a guess
+        of it), the digest travels in the sealed reference, and ``names`` (one
+        transaction's, by digest) lets the copies in one commit share one blob."""
+        assert self.threshold is not None
+        rest, parts = spill.split(value, encoded, self.threshold)
+        blobs: list[tuple[str | None, str, int, str]] = []
+        for field, plaintext in parts:
+            digest = spill.blob_name(plaintext)
+            if self.codec is None:
+                put(session_id, turn_id, digest, plaintext)
+                blobs.append((field, digest, len(plaintext), digest))
+                continue
+            name = names.get(digest)
+            if name is None:
+                name = names[digest] = secrets.token_hex(32)
+                put(session_id, turn_id, name, self.seal(session_id, "blob", plaintext))
+            blobs.append((field, name, len(plaintext), digest))
+        return to_json(spill.reference(turn_id, blobs, rest))
+
+    def _blob(self, session_id: str, turn_id: str, name: str, digest: str, kind: str) -> bytes:
+        """A blob's JSON: fetched, opened if sealed, and checked against its digest."""
+        get = self.get_blob
+        stored = get(session_id, turn_id, name) if get is not None else None
+        if stored is None:
+            raise spill.missing(session_id, kind, turn_id, name)
+        if stored[:1] == b"\x00":
+            try:
+                plaintext = self._decode(session_id, "blob", stored[1:])
+            except StoreError as exc:
+                raise spill.damaged(session_id, kind, turn_id, name, str(exc)) from exc
+        else:
+            plaintext = stored
+        if spill.blob_name(plaintext) != digest:
+            why = "its bytes do not match their SHA-256"
+            raise spill.damaged(session_id, kind, turn_id, name, why)
+        return plaintext
+
+    def _resolve(self, session_id: str, kind: PayloadKind, ref: str) -> Any:
+        def fetch(turn_id: str, name: str, digest: str, what: str) -> bytes:
+            return self._blob(session_id, turn_id, name, digest, what)
+
+        return spill.resolve(session_id, kind, ref, fetch)
 
     def _encode(self, session_id: str, kind: PayloadKind, plaintext: bytes) -> bytes:
         codec = self.codec
@@ -106,7 +213,9 @@ class Payloads:
             raise StoreError(f"session {session_id}: a stored {kind} is damaged: {exc}") from exc
         return self._decode(session_id, kind, data)
 
-    def _sealed_dump(self, session_id: str, kind: PayloadKind, value: Any) -> str | bytes:
+    def _sealed_dump(
+        self, session_id: str, kind: PayloadKind, value: Any, turn_id: str = ""
+    ) -> str | bytes:
         try:
             encoded = to_json(value)
         except Exception as exc:
@@ -123,13 +232,19 @@ class Payloads:
     def value(self, session_id: str, kind: PayloadKind, parsed: Any) -> Any:
         """A payload parsed from its column's JSON, opened if it was sealed."""
         if isinstance(parsed, str) and parsed[:1] == "\x00":
-            return json.loads(self._open_text(session_id, kind, parsed))
+            if parsed[1:2] == "~":
+                return self._resolve(session_id, kind, parsed)
+            return self.value(
+                session_id, kind, json.loads(self._open_text(session_id, kind, parsed))
+            )
         return parsed
 
     def load(self, session_id: str, kind: PayloadKind, stored: str | bytes) -> Any:
         """A payload from its column's value."""
         if isinstance(stored, bytes) and stored[:1] == b"\x00":
-            return json.loads(self._decode(session_id, kind, stored[1:]))
+            return self.value(
+                session_id, kind, json.loads(self._decode(session_id, kind, stored[1:]))
+            )
         return self.value(session_id, kind, json.loads(stored))
 
     def dump_text(self, session_id: str, kind: PayloadKind, text: str | None) -> str | bytes | None:

@@ -41,6 +41,17 @@ _ARCHIVED = (
 )
 
 
+#: The turns of one archived generation (session, generation, the generation again)
+#: that are in no other generation, live or archived: their blobs go with it.
+GENERATION_ONLY_TURNS = (
+    "SELECT a.turn_id FROM turnkit_archived_turns a WHERE a.session_id = ? "
+    "AND a.generation = ? AND NOT EXISTS (SELECT 1 FROM turnkit_turns t "
+    "WHERE t.session_id = a.session_id AND t.turn_id = a.turn_id) "
+    "AND NOT EXISTS (SELECT 1 FROM turnkit_archived_turns o "
+    "WHERE o.session_id = a.session_id AND o.turn_id = a.turn_id AND o.generation <> ?)"
+)
+
+
 def drop_generation_statements(
     session_id: str, generation: int
 ) -> list[tuple[str, tuple[object, ...]]]:

@@ -19,7 +19,8 @@ from typing import Any, TypeVar
 
 from pydantic_core import from_json, to_json
 
-from .._errors import StoreError, TurnMoveError
+from .._errors import ConfigurationError, StoreError, TurnMoveError
+from .._seams.blobs import BlobStore
 from .._seams.codec import Codec, PayloadKind
 from .._seams.store import NoHandle, ToolStep
 from .._values.events import TurnEvent, event_from_dict
@@ -41,6 +42,7 @@ from ._apply import apply_writes
 from ._locks import SessionLocks
 from ._off_loop import on_thread
 from ._payloads import Payloads
+from ._spill import DEFAULT_BLOB_THRESHOLD
 
 T = TypeVar("T")
 
@@ -85,6 +87,8 @@ class _SessionData:
     archived_at: dict[int, float] = field(default_factory=dict)
     #: Ended turns whose events retention has cut to their last one.
     trimmed: frozenset[str] = frozenset()
+    #: The turns each archived generation retired (their blobs go with it).
+    archived_turns: dict[int, frozenset[str]] = field(default_factory=dict)
 
 
 def _encode(value: Any, what: str) -> bytes:
@@ -107,10 +111,22 @@ class _MemoryTransaction:
     """Applies each write at once and keeps how to undo it, so that a commit whose work
     raises leaves the session as it found it (``rollback``), as a SQL store would."""
 
-    def __init__(self, data: _SessionData, session_id: str, payloads: Payloads) -> None:
+    def __init__(
+        self,
+        data: _SessionData,
+        session_id: str,
+        payloads: Payloads,
+        blobs: BlobStore | None = None,
+    ) -> None:
         self._data = data
         self._session_id = session_id
         self._payloads = payloads
+        self._blobs = blobs
+        self._put = blobs.put if blobs is not None and payloads.threshold is not None else None
+        #: Blob deletions to make once the commit has applied every write.
+        self.after: list[Callable[[], None]] = []
+        #: The blobs this commit put, by digest (see ``Payloads.spill``).
+        self._names: dict[str, str] = {}
         #: The session's fields as the commit found them (its scalars, and which
         #: containers are live: a reset swaps them), kept before the first write to one.
         self._fields: dict[str, Any] | None = None
@@ -127,9 +143,12 @@ class _MemoryTransaction:
         if self._fields is None:
             self._fields = dict(vars(self._data))
 
-    def _encode(self, kind: PayloadKind, value: Any, what: str) -> bytes:
+    def _encode(self, kind: PayloadKind, value: Any, what: str, turn_id: str) -> bytes:
         encoded = _encode(value, what)
         payloads = self._payloads
+        put = self._put
+        if put is not None and payloads.threshold is not None and len(encoded) > payloads.threshold:
+            encoded = payloads.spill(put, self._names, self._session_id, turn_id, value, encoded)
         return encoded if payloads.codec is None else payloads.seal(self._session_id, kind, encoded)
 
     def _put_turn(self, record: TurnRecord) -> None:
@@ -148,14 +167,14 @@ class _MemoryTransaction:
                 f"position {len(self._data.messages)}"
             )
         messages = self._data.messages
-        messages.append(self._encode("message", message.to_dict(), "a message"))
+        messages.append(self._encode("message", message.to_dict(), "a message", message.turn_id))
         self._undo.append(messages.pop)
 
     def put_step(self, step_id: str, turn_id: str, result: Any) -> None:
         steps = self._data.steps
         if step_id in steps:
             raise StoreError(f"session {self._session_id}: step {step_id} is already stored")
-        encoded = self._encode("step", result, f"step {step_id}")
+        encoded = self._encode("step", result, f"step {step_id}", turn_id)
         steps[step_id] = (turn_id, encoded)
         self._undo.append(partial(steps.pop, step_id))
         mine = self._data.turn_steps.setdefault(turn_id, {})
@@ -166,7 +185,7 @@ class _MemoryTransaction:
         events = self._data.events
         if event.seq is None or (events and event.seq <= events[-1][0]):
             raise StoreError(f"session {self._session_id}: event seq {event.seq} is not increasing")
-        body = self._encode("event", event.to_dict(), "an event")
+        body = self._encode("event", event.to_dict(), "an event", event.turn_id)
         events.append((event.seq, event.turn_id, body))
         self._undo.append(events.pop)
 
@@ -192,6 +211,8 @@ class _MemoryTransaction:
         d.archived_seq = d.events[-1][0] if d.events else d.archived_seq
         # Queued turns (and their steps) stay: they run in the new generation.
         queued = {t: r for t, r in d.turns.items() if r.status == "queued"}
+        retired = frozenset(t for t in d.turns if t not in queued)
+        d.archived_turns = {**d.archived_turns, generation: retired}
         d.steps = {s: v for s, v in d.steps.items() if v[0] in queued}
         d.turn_steps = {t: v for t, v in d.turn_steps.items() if t in queued}
         d.messages, d.events, d.turns, d.trimmed = [], [], queued, frozenset()
@@ -208,19 +229,27 @@ class _MemoryTransaction:
         d.archived_seq = d.events[-1][0] if d.events else d.archived_seq
         d.messages, d.events, d.turns, d.archive = [], [], {}, {}
         d.trimmed = frozenset()
-        d.steps, d.turn_steps, d.archived_at = {}, {}, {}
+        d.steps, d.turn_steps, d.archived_at, d.archived_turns = {}, {}, {}, {}
         d.generation += 1
         d.reset_requested = None
         d.erased = Erasure(by, time.time())
         self._touch("new")
+        if self._blobs is not None:
+            self.after.append(partial(self._blobs.delete_session, self._session_id))
 
     def drop_generation(self, generation: int) -> None:
         d = self._data
         if generation not in d.archive:
             return
-        self._keep_fields()  # both dicts are replaced, never changed in place
+        self._keep_fields()  # the dicts are replaced, never changed in place
         d.archive = {g: m for g, m in d.archive.items() if g != generation}
         d.archived_at = {g: t for g, t in d.archived_at.items() if g != generation}
+        retired = d.archived_turns.get(generation, frozenset())
+        d.archived_turns = {g: t for g, t in d.archived_turns.items() if g != generation}
+        if self._blobs is not None:
+            elsewhere = set(d.turns).union(*d.archived_turns.values())
+            only = sorted(retired - elsewhere)
+            self.after.append(partial(self._blobs.delete_turns, self._session_id, only))
 
     def trim_events(self, turn_id: str) -> None:
         d = self._data
@@ -239,6 +268,8 @@ class _MemoryTransaction:
             return
         self._keep_fields()
         vars(d).update(vars(_SessionData()))  # as if never seen
+        if self._blobs is not None:
+            self.after.append(partial(self._blobs.delete_session, self._session_id))
 
     def request_reset(self) -> None:
         d = self._data
@@ -325,15 +356,17 @@ class _MemorySession:
         locks: SessionLocks,
         store_id: str,
         payloads: Payloads,
+        blobs: BlobStore | None = None,
     ) -> None:
         self._session_id = session_id
         self._data = data
         self._locks = locks
         self._store_id = store_id
         self._payloads = payloads
+        self._blobs = blobs
 
     def _load(self, kind: PayloadKind, kept: bytes) -> Any:
-        if self._payloads.codec is None:
+        if self._payloads.codec is None and self._payloads.threshold is None:
             return from_json(kept)
         return self._payloads.load(self._session_id, kind, kept)
 
@@ -370,12 +403,14 @@ class _MemorySession:
         )
 
     async def commit(self, writes: Sequence[Write]) -> None:
-        tx = _MemoryTransaction(self._data, self._session_id, self._payloads)
+        tx = _MemoryTransaction(self._data, self._session_id, self._payloads, self._blobs)
         try:
             apply_writes(tx, writes)
         except BaseException:
             tx.rollback()
             raise
+        for delete in tx.after:
+            delete()
 
     async def run_tool(self, step: ToolStep[T]) -> T:
         # The tool runs on a worker thread, so blocking in it stalls no other
@@ -418,10 +453,28 @@ class _MemorySession:
 
 class MemoryStore:
     """Every session in a dict. Fast, and gone when the process exits. ``codec`` seals
-    each payload as a durable store would (for testing a ``turnkit.Codec``)."""
+    each payload as a durable store would (for testing a ``turnkit.Codec``); ``blobs``
+    keeps payloads over ``blob_threshold`` bytes apart, as a durable store would (for
+    testing a ``turnkit.BlobStore``)."""
 
-    def __init__(self, *, codec: Codec | None = None) -> None:
-        self._payloads = Payloads(codec, binary=True)
+    def __init__(
+        self,
+        *,
+        codec: Codec | None = None,
+        blobs: BlobStore | None = None,
+        blob_threshold: int = DEFAULT_BLOB_THRESHOLD,
+    ) -> None:
+        if blobs is not None and not isinstance(blobs, BlobStore):
+            raise ConfigurationError(
+                f"MemoryStore blobs must be a BlobStore, got {type(blobs).__name__}"
+            )
+        self.blobs = blobs
+        self._payloads = Payloads(
+            codec,
+            binary=True,
+            threshold=blob_threshold,
+            get_blob=blobs.get if blobs is not None else None,
+        )
         self._sessions: dict[str, _SessionData] = {}
         self._locks = SessionLocks()
         #: This store's identity: random, for as long as the object (its data) lives.
@@ -435,7 +488,9 @@ class MemoryStore:
 
     def session(self, session_id: str) -> _MemorySession:
         data = self._sessions.setdefault(session_id, _SessionData())
-        return _MemorySession(session_id, data, self._locks, self.store_id, self._payloads)
+        return _MemorySession(
+            session_id, data, self._locks, self.store_id, self._payloads, self.blobs
+        )
 
     async def _infos(self) -> list[SessionInfo]:
         return [

@@ -12,17 +12,19 @@ transaction, and the step's rows commit in it.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import re
 import sqlite3
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager, contextmanager
 from typing import Any, TypeVar, cast
 
 from .._errors import ConfigurationError, FatalToolError, StoreError, TurnMoveError
+from .._seams.blobs import BlobStore
 from .._seams.codec import Codec
 from .._seams.store import ToolStep
 from .._values.events import TurnEvent, event_from_dict
@@ -45,9 +47,11 @@ from ._apply import apply_writes
 from ._host_locks import HostSessionLocks
 from ._off_loop import on_thread
 from ._payloads import Payloads
+from ._spill import DEFAULT_BLOB_THRESHOLD
 from ._sql_rows import move_values, new_turn_values, refused_move, session_info
 from ._sqlite_schema import migrate, read_store_id
 from ._sqlite_writer import SqliteWriter
+from .blobs import FileBlobStore
 
 T = TypeVar("T")
 log = logging.getLogger("turnkit.stores.sqlite")
@@ -213,28 +217,39 @@ def _commit_failed(session_id: str, exc: BaseException) -> BaseException:
 
 
 class _SqliteTransaction:
-    def __init__(self, conn: sqlite3.Connection, session_id: str, payloads: Payloads) -> None:
+    def __init__(
+        self,
+        conn: sqlite3.Connection,
+        session_id: str,
+        payloads: Payloads,
+        blobs: BlobStore | None = None,
+    ) -> None:
         self._conn = conn
         self._sid = session_id
         self._payloads = payloads
-        self._dump = payloads.dump
+        self._blobs = blobs
+        self._dump = payloads.dumper(blobs.put if blobs is not None else None)
         #: Whether this transaction records a cancellation (others are then told).
         self.cancels = False
+        #: Blob deletions to make once the rows that refer to them are gone (committed).
+        self.after: list[Callable[[], None]] = []
 
     def append_message(self, index: int, message: Message) -> None:
         _check_open(self._conn)
-        body = self._dump(self._sid, "message", message.to_dict())
-        self._conn.execute(sql.INSERT_MESSAGE, (self._sid, index, message.turn_id, body))
+        turn_id = message.turn_id
+        body = self._dump(self._sid, "message", message.to_dict(), turn_id)
+        self._conn.execute(sql.INSERT_MESSAGE, (self._sid, index, turn_id, body))
 
     def put_step(self, step_id: str, turn_id: str, result: Any) -> None:
         _check_open(self._conn)
-        stored = self._dump(self._sid, "step", result)
+        stored = self._dump(self._sid, "step", result, turn_id)
         self._conn.execute(sql.INSERT_STEP, (self._sid, turn_id, step_id, stored))
 
     def log_event(self, event: TurnEvent) -> None:
         _check_open(self._conn)
-        body = self._dump(self._sid, "event", event.to_dict())
-        self._conn.execute(sql.INSERT_EVENT, (self._sid, event.seq, event.turn_id, body))
+        turn_id = event.turn_id
+        body = self._dump(self._sid, "event", event.to_dict(), turn_id)
+        self._conn.execute(sql.INSERT_EVENT, (self._sid, event.seq, turn_id, body))
 
     def request_cancel(self, turn_id: str, reason: str) -> None:
         _check_open(self._conn)
@@ -261,9 +276,17 @@ class _SqliteTransaction:
         _check_open(self._conn)
         for statement, params in erase_sql.erase_statements(self._sid, by, time.time()):
             self._conn.execute(statement, params)
+        if self._blobs is not None:
+            self.after.append(functools.partial(self._blobs.delete_session, self._sid))
 
     def drop_generation(self, generation: int) -> None:
         _check_open(self._conn)
+        if self._blobs is not None:
+            rows = self._conn.execute(
+                retention_sql.GENERATION_ONLY_TURNS, (self._sid, generation, generation)
+            ).fetchall()
+            turns = [r[0] for r in rows]
+            self.after.append(functools.partial(self._blobs.delete_turns, self._sid, turns))
         for statement, params in retention_sql.drop_generation_statements(self._sid, generation):
             self._conn.execute(statement, params)
 
@@ -274,8 +297,11 @@ class _SqliteTransaction:
 
     def prune_session(self, idle_before: float) -> None:
         _check_open(self._conn)
-        for statement, params in retention_sql.prune_session_statements(self._sid, idle_before):
-            self._conn.execute(statement, params)
+        statements = retention_sql.prune_session_statements(self._sid, idle_before)
+        for statement, params in statements:
+            cur = self._conn.execute(statement, params)
+            if statement is statements[0][0] and cur.rowcount == 1 and self._blobs is not None:
+                self.after.append(functools.partial(self._blobs.delete_session, self._sid))
 
     def request_reset(self) -> None:
         _check_open(self._conn)
@@ -310,6 +336,18 @@ class _SqliteTransaction:
             self._conn.execute(sql.PUT_SESSION, row)
         elif expect is None:
             self._conn.execute(sql.SESSION_SEEN, (sid, record.agent, now, now, owner))
+
+
+def _delete_blobs(session_id: str, deletions: list[Callable[[], None]]) -> None:
+    """Delete the blobs a committed erasure or retention pass left without rows."""
+    for delete in deletions:
+        try:
+            delete()
+        except StoreError as exc:
+            raise StoreError(
+                f"session {session_id}: its rows are deleted, but not all its blobs: {exc} "
+                "(delete them by hand, or run the erasure again)"
+            ) from exc
 
 
 class _SqliteSession:
@@ -386,7 +424,7 @@ class _SqliteSession:
         try:
             conn = writer.conn
             await self._begin(conn)
-            tx = _SqliteTransaction(conn, self._sid, self._store._payloads)
+            tx = _SqliteTransaction(conn, self._sid, self._store._payloads, self._store.blobs)
             try:
                 apply_writes(tx, writes)
                 conn.execute("COMMIT")
@@ -400,6 +438,7 @@ class _SqliteSession:
         finally:
             writer.turns.release()
         self._store._committed()
+        _delete_blobs(self._sid, tx.after)
         if tx.cancels:
             self._store._locks.signal()
 
@@ -434,10 +473,11 @@ class _SqliteSession:
             if handle.failed is not None:  # the tool caught it; the step cannot land
                 raise handle.failed
             if handle.conn is not None:
-                apply_writes(
-                    _SqliteTransaction(handle.conn, self._sid, self._store._payloads), writes
-                )
+                store = self._store
+                tx = _SqliteTransaction(handle.conn, self._sid, store._payloads, store.blobs)
+                apply_writes(tx, writes)
                 handle.conn.execute("COMMIT")
+                _delete_blobs(self._sid, tx.after)
             return result, writes
         except BaseException as exc:
             conn = handle.conn
@@ -536,6 +576,17 @@ def _configure(conn: sqlite3.Connection) -> None:
     conn.execute(f"PRAGMA journal_size_limit = {JOURNAL_SIZE_LIMIT}")
 
 
+def _blob_store(blobs: BlobStore | str | os.PathLike[str] | None) -> BlobStore | None:
+    """``blobs`` as a ``BlobStore``: a path names a ``FileBlobStore`` directory."""
+    if blobs is None or isinstance(blobs, BlobStore):
+        return blobs
+    if isinstance(blobs, (str, os.PathLike)):
+        return FileBlobStore(blobs)
+    raise ConfigurationError(
+        f"SqliteStore blobs must be a BlobStore or a directory, got {type(blobs).__name__}"
+    )
+
+
 def _not_open() -> StoreError:
     return StoreError(
         "SqliteStore is not open: use it through `async with Runtime(...)` "
@@ -573,6 +624,8 @@ class SqliteStore:
         tool_threads: int = 8,
         writer_timeout: float = 30.0,
         codec: Codec | None = None,
+        blobs: BlobStore | str | os.PathLike[str] | None = None,
+        blob_threshold: int = DEFAULT_BLOB_THRESHOLD,
     ) -> None:
         if isinstance(tool_threads, bool) or not isinstance(tool_threads, int) or tool_threads < 1:
             raise ConfigurationError(
@@ -583,8 +636,15 @@ class SqliteStore:
         self.busy_timeout = busy_timeout
         self.tool_threads = tool_threads
         self.writer_timeout = writer_timeout
+        #: Where payloads over ``blob_threshold`` bytes go (see ``BlobStore``).
+        self.blobs = _blob_store(blobs)
         #: What every payload goes through on its way in and out (see ``Codec``).
-        self._payloads = Payloads(codec, binary=True)
+        self._payloads = Payloads(
+            codec,
+            binary=True,
+            threshold=blob_threshold,
+            get_blob=self.blobs.get if self.blobs is not None else None,
+        )
         #: Reads, on the event loop's thread (``connection``).
         self._conn: sqlite3.Connection | None = None
         #: Every write, taken in turn by the loop's commits and the tool threads.

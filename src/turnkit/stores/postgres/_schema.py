@@ -317,6 +317,12 @@ MIGRATIONS: list[tuple[str, ...]] = [
             SELECT ('x' || substr(md5('{schema}/tenant/' || tenant), 1, 8))::bit(32)::integer
         $fn$""",
     ),
+    # v21: large payloads (``blobs=True``): each kept once per turn, by its SHA-256,
+    # referred to from its rows; deleted with its session or its turn's generation.
+    (
+        "CREATE TABLE turnkit_blobs (session_id text NOT NULL, turn_id text NOT NULL, "
+        "name text NOT NULL, data text NOT NULL, PRIMARY KEY (session_id, turn_id, name))",
+    ),
 ]
 
 

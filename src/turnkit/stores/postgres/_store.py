@@ -63,8 +63,10 @@ from .. import _sql as sql
 from .._apply import apply_writes
 from .._off_loop import on_thread
 from .._payloads import Payloads
+from .._spill import DEFAULT_BLOB_THRESHOLD
 from .._sql_rows import session_info
 from .._takeover import Takeover
+from ._blobs import BlobReader
 from ._election import PgElection
 from ._faults import PgFaults
 from ._listen import CancelListener, announce
@@ -381,7 +383,10 @@ class PostgresStore:
     ``takeover`` sets how soon PostgreSQL frees the sessions of a
     process that went silent (see ``Takeover``). ``codec`` (a ``turnkit.Codec``, such
     as ``turnkit.crypto.EnvelopeCodec``) seals every payload the tables keep (see
-    docs/security.md); the relay's live events are not sealed.
+    docs/security.md); the relay's live events are not sealed. ``blobs=True`` keeps
+    the large parts of messages, step results and events over ``blob_threshold``
+    bytes in ``turnkit_blobs``, once per turn, with a reference in their rows (see
+    docs/stores.md).
 
     It is also a ``TurnQueue``: workers (``turnkit.Worker``) claim the turns it holds.
     """
@@ -399,6 +404,8 @@ class PostgresStore:
         relay_events: bool = True,
         takeover: Takeover | None = None,
         codec: Codec | None = None,
+        blobs: bool = False,
+        blob_threshold: int = DEFAULT_BLOB_THRESHOLD,
     ) -> None:
         if not SCHEMA_NAME.match(schema):
             raise ConfigurationError(
@@ -415,8 +422,14 @@ class PostgresStore:
             )
         self.dsn = dsn
         self.schema = schema
+        #: Reads what payloads over ``blob_threshold`` bytes left in ``turnkit_blobs``.
+        self._blobs = BlobReader(self._connect_blobs, schema) if blobs else None
         #: What every payload goes through on its way in and out (see ``Codec``).
-        self._payloads = Payloads(codec)
+        self._payloads = Payloads(
+            codec,
+            threshold=blob_threshold,
+            get_blob=self._blobs.get if self._blobs is not None else None,
+        )
         self.min_size = min_size
         self.max_size = max_size
         self.connect_timeout = connect_timeout
@@ -563,7 +576,12 @@ class PostgresStore:
             raise StoreError(f"PostgresStore: cannot connect: {exc}") from exc
         self._pool = pool
 
+    def _connect_blobs(self) -> psycopg.Connection[Any]:
+        return psycopg.Connection.connect(self.dsn, **self._connect_kwargs())
+
     async def close(self) -> None:
+        if self._blobs is not None:
+            self._blobs.close()
         await self._listener.stop()
         if self._relay is not None:
             await self._relay.stop()

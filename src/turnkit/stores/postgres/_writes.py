@@ -26,6 +26,7 @@ from .. import _retention_sql as retention_sql
 from .. import _sql as sql
 from .._payloads import Payloads
 from .._sql_rows import move_values, new_turn_values, refused_move
+from . import _blobs as blob_sql
 from . import _wire as wire
 from ._queue import CHANNEL as WAKE_CHANNEL
 from ._queue import WAKE_SQL
@@ -58,7 +59,7 @@ class _Writes:
         self._sid = session_id
         self.schema = schema
         self._payloads = payloads
-        self._dump = payloads.dump
+        self._dump = payloads.dumper(self._put_blob)
         self.writes: list[_Write] = []
         #: The turns whose cancellation this commit records (announced once it lands).
         self.cancels: list[str] = []
@@ -70,22 +71,28 @@ class _Writes:
             self._wakes = True
             self.writes.append((WAKE_SQL, (WAKE_CHANNEL, self.schema)))
 
+    def _put_blob(self, session_id: str, turn_id: str, name: str, data: bytes) -> None:
+        """A blob goes in with the rows that refer to it, in the same transaction."""
+        self.writes.append((blob_sql.PUT, (session_id, turn_id, name, blob_sql.as_text(data))))
+
     def statements(self) -> list[wire.Statement]:
         """Every write as one statement, its values bound."""
         schema = self.schema
         return [wire.Query(pg_wire(q, schema), wire.values(p)) for q, p in self.writes]
 
     def append_message(self, index: int, message: Message) -> None:
-        body = self._dump(self._sid, "message", message.to_dict())
-        self.writes.append((sql.INSERT_MESSAGE, (self._sid, index, message.turn_id, body)))
+        turn_id = message.turn_id
+        body = self._dump(self._sid, "message", message.to_dict(), turn_id)
+        self.writes.append((sql.INSERT_MESSAGE, (self._sid, index, turn_id, body)))
 
     def put_step(self, step_id: str, turn_id: str, result: Any) -> None:
-        stored = self._dump(self._sid, "step", result)
+        stored = self._dump(self._sid, "step", result, turn_id)
         self.writes.append((sql.INSERT_STEP, (self._sid, turn_id, step_id, stored)))
 
     def log_event(self, event: TurnEvent) -> None:
-        body = self._dump(self._sid, "event", event.to_dict())
-        self.writes.append((sql.INSERT_EVENT, (self._sid, event.seq, event.turn_id, body)))
+        turn_id = event.turn_id
+        body = self._dump(self._sid, "event", event.to_dict(), turn_id)
+        self.writes.append((sql.INSERT_EVENT, (self._sid, event.seq, turn_id, body)))
 
     def request_cancel(self, turn_id: str, reason: str) -> None:
         self.cancels.append(turn_id)
@@ -99,8 +106,12 @@ class _Writes:
 
     def erase_session(self, by: str | None) -> None:
         self.writes += erase_sql.erase_statements(self._sid, by, time.time())
+        self.writes.append((blob_sql.ERASE, (self._sid,)))
 
     def drop_generation(self, generation: int) -> None:
+        # Its blobs first: which turns are the generation's is read from its rows.
+        sid = self._sid
+        self.writes.append((blob_sql.DROP_GENERATION, (sid, sid, generation, generation)))
         self.writes += retention_sql.drop_generation_statements(self._sid, generation)
 
     def trim_events(self, turn_id: str) -> None:
@@ -108,6 +119,7 @@ class _Writes:
 
     def prune_session(self, idle_before: float) -> None:
         self.writes += retention_sql.prune_session_statements(self._sid, idle_before)
+        self.writes.append((blob_sql.PRUNE, (self._sid, self._sid)))
 
     def request_reset(self) -> None:
         self.writes += archive_sql.request_reset_statements(self._sid, time.time())
@@ -168,15 +180,18 @@ class LoopTransaction(_Writes):
     # multi-row INSERT (see ``statements``).
 
     def append_message(self, index: int, message: Message) -> None:
-        body = self._dump(self._sid, "message", message.to_dict())
-        self.rows.messages += (self._sid, index, message.turn_id, body)
+        turn_id = message.turn_id
+        body = self._dump(self._sid, "message", message.to_dict(), turn_id)
+        self.rows.messages += (self._sid, index, turn_id, body)
 
     def put_step(self, step_id: str, turn_id: str, result: Any) -> None:
-        self.rows.steps += (self._sid, turn_id, step_id, self._dump(self._sid, "step", result))
+        stored = self._dump(self._sid, "step", result, turn_id)
+        self.rows.steps += (self._sid, turn_id, step_id, stored)
 
     def log_event(self, event: TurnEvent) -> None:
-        body = self._dump(self._sid, "event", event.to_dict())
-        self.rows.events += (self._sid, event.seq, event.turn_id, body)
+        turn_id = event.turn_id
+        body = self._dump(self._sid, "event", event.to_dict(), turn_id)
+        self.rows.events += (self._sid, event.seq, turn_id, body)
 
     def statements(self) -> list[wire.Statement]:
         return [*self.rows.statements(self.schema), *super().statements()]

@@ -1,0 +1,108 @@
+"""Large payloads (``BlobStore``): which parts of a payload leave its row, the
+reference the row keeps instead, and how a blob is named and checked.
+
+A payload whose JSON is over the store's threshold is split: each top-level field of
+a JSON object whose own JSON is over half the threshold becomes a blob (a tool
+result's ``result``, a reply's ``tool_calls``, a message's ``text``), or, when no
+field is that large or the payload is not an object, the whole payload does. The
+row keeps a *reference*: the JSON of a string that starts with NUL and ``~``
+(``"\\u0000~{...}"``, which no stored value can be: turnkit's values hold no NUL),
+carrying the turn, each blob's field, name, size and SHA-256, and the rest of the
+payload.
+
+A blob's name is the SHA-256 of its JSON (random under a codec: see
+``Payloads.spill``), so the step, message and event that carry one tool result write
+it once, and a read checks the bytes it got against the digest the reference keeps.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from typing import Any
+
+from pydantic_core import to_json
+
+from .._errors import StoreError
+
+#: A store's default ``blob_threshold``: payloads whose JSON is longer go to its blobs.
+DEFAULT_BLOB_THRESHOLD = 256 * 1024
+
+#: How a reference's string begins (after the JSON quote, NUL is ``\\u0000``).
+REF = "\x00~"
+
+#: ``put(session_id, turn_id, name, stored_bytes)``: keeps a blob for the commit being built.
+PutBlob = Callable[[str, str, str, bytes], None]
+#: ``get(session_id, turn_id, name)``: a blob's stored bytes, or ``None``.
+GetBlob = Callable[[str, str, str], "bytes | None"]
+
+
+def blob_name(plaintext: bytes) -> str:
+    """The name of a blob: the hex SHA-256 of its JSON."""
+    return hashlib.sha256(plaintext).hexdigest()
+
+
+def split(value: Any, encoded: bytes, threshold: int) -> tuple[Any, list[tuple[str | None, bytes]]]:
+    """``value``'s large parts, each as (field, its JSON), and what stays in the row
+    (the object with those fields ``None``, or ``None`` when the whole value goes)."""
+    if isinstance(value, dict):
+        limit = threshold // 2
+        parts: list[tuple[str | None, bytes]] = []
+        for key, field in value.items():
+            if isinstance(field, str):
+                if len(field) * 6 + 2 <= limit:  # cannot be over the limit as JSON
+                    continue
+            elif not isinstance(field, (list, dict)):
+                continue
+            data = to_json(field)
+            if len(data) > limit:
+                parts.append((key, data))
+        if parts:
+            spilled = {key for key, _ in parts}
+            rest = {k: (None if k in spilled else v) for k, v in value.items()}
+            return rest, parts
+    return None, [(None, encoded)]
+
+
+def reference(turn_id: str, blobs: list[tuple[str | None, str, int, str]], rest: Any) -> str:
+    """The string a row keeps for a payload whose large parts are ``blobs``
+    (field, name, size, SHA-256) and whose other fields are ``rest``."""
+    return REF + to_json({"t": turn_id, "b": blobs, "v": rest}).decode()
+
+
+def resolve(
+    session_id: str,
+    kind: str,
+    ref: str,
+    fetch: Callable[[str, str, str, str], bytes],
+) -> Any:
+    """The payload a reference stands for; ``fetch(turn_id, name, digest, kind)``
+    returns a blob's JSON, checked against its digest."""
+    try:
+        spec = json.loads(ref[len(REF) :])
+        turn_id, blobs, rest = spec["t"], spec["b"], spec["v"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise StoreError(
+            f"session {session_id}: a stored {kind}'s blob reference is damaged"
+        ) from exc
+    for field, name, _size, digest in blobs:
+        value = json.loads(fetch(turn_id, name, digest, kind))
+        if field is None:
+            return value
+        rest[field] = value
+    return rest
+
+
+def missing(session_id: str, kind: str, turn_id: str, name: str) -> StoreError:
+    return StoreError(
+        f"session {session_id}: a stored {kind} of turn {turn_id} refers to blob {name}, "
+        "which the blob store does not have (deleted outside turnkit, or this store was "
+        "opened with another blob store than the one it was written with)"
+    )
+
+
+def damaged(session_id: str, kind: str, turn_id: str, name: str, why: str) -> StoreError:
+    return StoreError(
+        f"session {session_id}: blob {name} (a stored {kind} of turn {turn_id}) is damaged: {why}"
+    )
