@@ -6,7 +6,8 @@ Run from the repo root::
     .venv/bin/python benchmarks/large_payloads.py --stores sqlite --runs 7 --size 1000000
 
 Each run is ONE turn on a fresh store: a zero-latency model calls a tool ``--pairs``
-times, each call returning a different ``--size``-byte document, then answers. The
+times, each call returning a different ``--size``-byte document (random base64 text,
+which compresses little), then answers. The
 tool's result is kept three times (its step, its tool message and its
 ``action.completed`` event), so without blobs every call writes its document into
 three rows; with ``blobs`` the rows keep a reference and the document is written once.
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import os
 import statistics
 import sys
@@ -183,7 +185,8 @@ async def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--stores", nargs="+", default=["sqlite", "postgres", "memory"])
     p.add_argument("--dsn", default=os.environ.get("TURNKIT_BENCH_POSTGRES_DSN", DEFAULT_DSN))
     args = p.parse_args(argv)
-    _DOC[0] = "x" * (args.size - 8)
+    # Random base64: text that compresses little (PostgreSQL compresses what it keeps).
+    _DOC[0] = base64.b64encode(os.urandom(args.size)).decode()[: args.size - 8]
     stores = [s for s in args.stores if s != "postgres" or _postgres_reachable(args.dsn)]
     if len(stores) < len(args.stores):
         print(f"postgres skipped: {args.dsn} is not reachable", file=sys.stderr)

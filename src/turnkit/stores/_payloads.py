@@ -109,12 +109,12 @@ class Payloads:
         nothing spills, so a store without blobs runs the code it ran before."""
         if self.threshold is None or put is None:
             return self.dump
-        return functools.partial(self._spilling_dump, put, {})
+        return functools.partial(self._spilling_dump, put, spill.Seen())
 
     def _spilling_dump(
         self,
         put: PutBlob,
-        names: dict[str, str],
+        seen: spill.Seen,
         session_id: str,
         kind: PayloadKind,
         value: Any,
@@ -126,7 +126,7 @@ class Payloads:
             raise StoreError(f"cannot store a value as JSON: {exc}") from exc
         threshold = self.threshold
         if threshold is not None and len(encoded) > threshold:
-            encoded = self.spill(put, names, session_id, turn_id, value, encoded)
+            encoded = self.spill(put, seen, session_id, turn_id, value, encoded)
         if self.codec is None:
             return encoded.decode()
         sealed = self._encode(session_id, kind, encoded)
@@ -135,33 +135,34 @@ class Payloads:
     def spill(
         self,
         put: PutBlob,
-        names: dict[str, str],
+        seen: spill.Seen,
         session_id: str,
         turn_id: str,
         value: Any,
         encoded: bytes,
     ) -> bytes:
         """The JSON a row keeps for ``value`` (``encoded``, over the threshold): its
-        large parts put as blobs, a reference to them.
+        large parts put as blobs, a reference to them. ``seen`` is the transaction's:
+        a part it has put already is not put again.
 
         A blob's name is its SHA-256, except under a codec: then the name is random
         (a digest of the plaintext would let whoever lists the blobs confirm a guess
-        of it), the digest travels in the sealed reference, and ``names`` (one
-        transaction's, by digest) lets the copies in one commit share one blob."""
+        of it), and the digest travels in the sealed reference."""
         assert self.threshold is not None
-        rest, parts = spill.split(value, encoded, self.threshold)
+        rest, parts = spill.split(value, encoded, self.threshold, seen)
         blobs: list[tuple[str | None, str, int, str]] = []
         for field, plaintext in parts:
-            digest = spill.blob_name(plaintext)
-            if self.codec is None:
-                put(session_id, turn_id, digest, plaintext)
-                blobs.append((field, digest, len(plaintext), digest))
-                continue
-            name = names.get(digest)
-            if name is None:
-                name = names[digest] = secrets.token_hex(32)
-                put(session_id, turn_id, name, self.seal(session_id, "blob", plaintext))
-            blobs.append((field, name, len(plaintext), digest))
+            known = seen.blobs.get(plaintext)
+            if known is None:
+                digest = spill.blob_name(plaintext)
+                if self.codec is None:
+                    name, stored = digest, plaintext
+                else:
+                    name = secrets.token_hex(32)
+                    stored = self.seal(session_id, "blob", plaintext)
+                put(session_id, turn_id, name, stored)
+                known = seen.blobs[plaintext] = (name, digest)
+            blobs.append((field, known[0], len(plaintext), known[1]))
         return to_json(spill.reference(turn_id, blobs, rest))
 
     def _blob(self, session_id: str, turn_id: str, name: str, digest: str, kind: str) -> bytes:

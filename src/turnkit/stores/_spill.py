@@ -43,7 +43,30 @@ def blob_name(plaintext: bytes) -> str:
     return hashlib.sha256(plaintext).hexdigest()
 
 
-def split(value: Any, encoded: bytes, threshold: int) -> tuple[Any, list[tuple[str | None, bytes]]]:
+class Seen:
+    """What one transaction has spilled so far, so the copies of one payload in one
+    commit (a tool result's step, message and event) cost one encoding, one digest
+    and one ``put``: field encodings by the field object (kept, so its id stays its
+    own), and each blob put, by its bytes, with its name and digest."""
+
+    __slots__ = ("blobs", "fields")
+
+    def __init__(self) -> None:
+        self.fields: dict[int, tuple[Any, bytes]] = {}
+        self.blobs: dict[bytes, tuple[str, str]] = {}
+
+    def encoded(self, field: Any) -> bytes:
+        known = self.fields.get(id(field))
+        if known is not None and known[0] is field:
+            return known[1]
+        data = to_json(field)
+        self.fields[id(field)] = (field, data)
+        return data
+
+
+def split(
+    value: Any, encoded: bytes, threshold: int, seen: Seen
+) -> tuple[Any, list[tuple[str | None, bytes]]]:
     """``value``'s large parts, each as (field, its JSON), and what stays in the row
     (the object with those fields ``None``, or ``None`` when the whole value goes)."""
     if isinstance(value, dict):
@@ -55,7 +78,7 @@ def split(value: Any, encoded: bytes, threshold: int) -> tuple[Any, list[tuple[s
                     continue
             elif not isinstance(field, (list, dict)):
                 continue
-            data = to_json(field)
+            data = seen.encoded(field)
             if len(data) > limit:
                 parts.append((key, data))
         if parts:

@@ -42,7 +42,7 @@ from ._apply import apply_writes
 from ._locks import SessionLocks
 from ._off_loop import on_thread
 from ._payloads import Payloads
-from ._spill import DEFAULT_BLOB_THRESHOLD
+from ._spill import DEFAULT_BLOB_THRESHOLD, Seen
 
 T = TypeVar("T")
 
@@ -125,8 +125,8 @@ class _MemoryTransaction:
         self._put = blobs.put if blobs is not None and payloads.threshold is not None else None
         #: Blob deletions to make once the commit has applied every write.
         self.after: list[Callable[[], None]] = []
-        #: The blobs this commit put, by digest (see ``Payloads.spill``).
-        self._names: dict[str, str] = {}
+        #: What this commit has spilled so far (see ``Payloads.spill``).
+        self._seen = Seen()
         #: The session's fields as the commit found them (its scalars, and which
         #: containers are live: a reset swaps them), kept before the first write to one.
         self._fields: dict[str, Any] | None = None
@@ -148,7 +148,7 @@ class _MemoryTransaction:
         payloads = self._payloads
         put = self._put
         if put is not None and payloads.threshold is not None and len(encoded) > payloads.threshold:
-            encoded = payloads.spill(put, self._names, self._session_id, turn_id, value, encoded)
+            encoded = payloads.spill(put, self._seen, self._session_id, turn_id, value, encoded)
         return encoded if payloads.codec is None else payloads.seal(self._session_id, kind, encoded)
 
     def _put_turn(self, record: TurnRecord) -> None:
