@@ -195,6 +195,14 @@ def add_console(commands: Any, store_option: StoreOption) -> None:
     store_option(console)
     console.add_argument("--host", default="127.0.0.1", help="a loopback address")
     console.add_argument("--port", type=int, default=8377, help="the port (0: a free one)")
+    console.add_argument(
+        "--metrics",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="a worker's Prometheus /metrics URL (its --ops-port), whose step latencies "
+        "and takeovers the live view sums (repeatable)",
+    )
     console.set_defaults(handler=console_command)
 
 
@@ -220,5 +228,10 @@ async def console_command(args: argparse.Namespace, progress: Progress) -> int:
     store = await writable_store(args.store)
     runtime = Runtime(agents, store=store, run_turns=not is_postgres_dsn(args.store))
     return await serve_console(
-        runtime, host=args.host, port=args.port, store_label=describe_store(args.store), user=user
+        runtime,
+        host=args.host,
+        port=args.port,
+        store_label=describe_store(args.store),
+        user=user,
+        metrics=args.metrics,
     )

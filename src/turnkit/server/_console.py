@@ -13,6 +13,7 @@ HTML and JavaScript (``static/console.html``), no build step.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -42,6 +43,7 @@ from .._runtime.recorded import read_recorded
 from .._runtime.runtime import Runtime
 from .._runtime.session import AgentSession
 from .._seams.store import NO_MESSAGES
+from .._seams.worker_view import WorkerView
 from .._values.records import SessionKey
 from .._values.turn_rules import move
 from ._authorize import Action, Authorize, SessionAccess, allowed
@@ -53,6 +55,7 @@ from ._console_data import (
     session_row,
     session_rows,
 )
+from ._console_live import step_latency, workers_now
 from ._hosts import HostGuard
 from ._mounts import Authenticated, principal_of
 from ._principal import Authenticate, Principal
@@ -87,7 +90,9 @@ class ConsoleAudit:
 
 class Console:
     """The operator console's options; ``create_app(..., console=Console())`` serves
-    it at ``path``. ``audit`` is called with a ``ConsoleAudit`` for every action."""
+    it at ``path``. ``audit`` is called with a ``ConsoleAudit`` for every action;
+    ``metrics`` are the Prometheus ``/metrics`` URLs of the workers (their ops
+    ports), whose step latencies and takeovers the live view sums."""
 
     def __init__(
         self,
@@ -95,6 +100,7 @@ class Console:
         path: str = "/console",
         audit: Callable[[ConsoleAudit], None] | None = None,
         page_size: int = 50,
+        metrics: Sequence[str] = (),
     ) -> None:
         if not isinstance(path, str) or not path.startswith("/") or path.endswith("/"):
             raise ConfigurationError(f"console path must start with / and not end with /: {path!r}")
@@ -102,9 +108,16 @@ class Console:
             raise ConfigurationError("console audit must be a function of a ConsoleAudit")
         if not isinstance(page_size, int) or not 1 <= page_size <= 500:
             raise ConfigurationError(f"console page_size must be 1 to 500, got {page_size!r}")
+        if isinstance(metrics, str) or not all(
+            isinstance(u, str) and u.startswith(("http://", "https://")) for u in metrics
+        ):
+            raise ConfigurationError(
+                f"console metrics must be a list of http(s) URLs of /metrics, got {metrics!r}"
+            )
         self.path = path
         self.audit = audit
         self.page_size = page_size
+        self.metrics = tuple(metrics)
 
     def asgi(self, runtime: Runtime, authorize: Authorize) -> Starlette:
         """The console's routes, relative to where it is mounted; each request must
@@ -121,6 +134,7 @@ class Console:
                 Route("/", index, methods=["GET"]),
                 Route("/api/sessions", handlers.guard(handlers.sessions), methods=["GET"]),
                 Route("/api/live", handlers.guard(handlers.live), methods=["GET"]),
+                Route("/api/metrics", handlers.guard(handlers.metrics), methods=["GET"]),
                 Route("/api/sessions/{session}", handlers.guard(handlers.session), methods=["GET"]),
                 Route(
                     "/api/sessions/{session}/{action}",
@@ -197,14 +211,21 @@ class _Handlers:
         )
 
     async def live(self, request: Request, principal: Principal) -> Response:
-        return JSONResponse(await live_counts(self.runtime.store))
+        store = self.runtime.store
+        counts, workers = await asyncio.gather(live_counts(store), workers_now(store))
+        return JSONResponse({**counts, "workers": workers})
+
+    async def metrics(self, request: Request, principal: Principal) -> Response:
+        return JSONResponse(await step_latency(self.runtime, self.console.metrics))
 
     async def session(self, request: Request, principal: Principal) -> Response:
         session_id = request.path_params["session"]
         agent = await self._allowed(principal, session_id, "read")
         store = self.runtime.store.session(session_id)
         recorded = await read_recorded(store)
-        detail = session_detail(recorded, await store.status(), await store.generations())
+        shared = self.runtime.store
+        writers = await shared.event_writers(session_id) if isinstance(shared, WorkerView) else None
+        detail = session_detail(recorded, await store.status(), await store.generations(), writers)
         detail["loaded"] = agent in self.runtime.agents
         return JSONResponse(to_jsonable_python(detail))
 

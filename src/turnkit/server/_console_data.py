@@ -10,7 +10,7 @@ step's start and end.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,12 +20,16 @@ from .._values.events import (
     ActionCompletedEvent,
     ActionRequestedEvent,
     InputAnsweredEvent,
+    InputExpiredEvent,
+    InputReminderEvent,
     InputRequestedEvent,
     MessageCompletedEvent,
+    StepRetryEvent,
     TurnCancelledEvent,
     TurnCompletedEvent,
     TurnEvent,
     TurnFailedEvent,
+    TurnHeldEvent,
     TurnStartedEvent,
 )
 from .._values.records import SessionInfo, SessionKey, TurnRecord
@@ -110,16 +114,20 @@ async def live_counts(store: Store) -> dict[str, Any]:
         "running": counts.get("running", 0),
         "parked": counts.get("suspended", 0),
         "running_turns": [
-            {"session_id": r.session_id, "turn_id": r.turn_id, "agent": r.agent} for r in running
+            {"session_id": r.session_id, "turn_id": r.turn_id, "agent": r.agent, "tenant": r.tenant}
+            for r in running
         ],
     }
 
 
 def session_detail(
-    recorded: RecordedSession, status: str, generations: list[int]
+    recorded: RecordedSession,
+    status: str,
+    generations: list[int],
+    writers: Mapping[int, str] | None = None,
 ) -> dict[str, Any]:
     """One session for its page: the transcript, and each turn with its record,
-    steps and timeline (newest turn first)."""
+    steps and timeline (newest turn first); ``writers`` as in ``timeline``."""
     by_turn: dict[str, list[TurnEvent]] = {}
     for event in recorded.events:
         by_turn.setdefault(event.turn_id, []).append(event)
@@ -137,7 +145,8 @@ def session_detail(
                 "finished": rfc3339(record.finished_at) if record else None,
                 "pending": _pending(record),
                 "steps": sorted(turn.steps),
-                "timeline": timeline(by_turn.get(turn.turn_id, [])),
+                "tenant": record.tenant if record else None,
+                "timeline": timeline(by_turn.get(turn.turn_id, []), writers),
             }
         )
     return {
@@ -146,6 +155,7 @@ def session_detail(
         "owner": recorded.owner,
         "status": status,
         "generations": generations,
+        "workers_recorded": writers is not None,
         "messages": [{"index": i, **m.to_dict()} for i, m in enumerate(recorded.messages)],
         "turns": turns,
     }
@@ -158,24 +168,71 @@ def _pending(record: TurnRecord | None) -> list[dict[str, Any]]:
     return [r for r in listed if isinstance(r, dict)]
 
 
-def timeline(events: Sequence[TurnEvent]) -> list[dict[str, Any]]:
+#: Events a delivery logs (not a resume's answer or a timer's firing), whose
+#: writer tells which process ran the turn at that point.
+_DELIVERED = (
+    TurnStartedEvent,
+    MessageCompletedEvent,
+    ActionRequestedEvent,
+    ActionCompletedEvent,
+    InputRequestedEvent,
+    StepRetryEvent,
+    TurnHeldEvent,
+    TurnCompletedEvent,
+    TurnFailedEvent,
+    TurnCancelledEvent,
+)
+#: Events after which no delivery runs the turn until something resumes (or
+#: retries) it: the next one may be any process's, and is no takeover.
+_DELIVERY_ENDS = (
+    InputRequestedEvent,
+    StepRetryEvent,
+    TurnHeldEvent,
+    TurnCompletedEvent,
+    TurnFailedEvent,
+    TurnCancelledEvent,
+)
+
+
+def timeline(
+    events: Sequence[TurnEvent], writers: Mapping[int, str] | None = None
+) -> list[dict[str, Any]]:
     """The turn's steps on a time axis: each a ``kind`` (``model``, ``tool``,
-    ``park``, ``end``), a ``label``, ``start``/``end`` (seconds since the epoch),
-    ``error`` for a failure, and ``by`` for who answered a park."""
+    ``park``, ``retry``, ``reminder``, ``takeover``, ``end``), a ``label``,
+    ``start``/``end`` (seconds since the epoch), ``error`` for a failure, ``by`` for
+    who answered a park, and ``worker``: the process that committed it, from
+    ``writers`` (``{seq: holder}``, see ``WorkerView.event_writers``; ``None`` where
+    the store does not record it). A ``takeover`` is where a delivery event was
+    written by another process than the one running the turn before it, with no
+    park between: that process died or stalled, and this one took the turn on."""
+    writers = writers or {}
     items: list[dict[str, Any]] = []
     calls: dict[str, dict[str, Any]] = {}
     park: dict[str, Any] | None = None
     mark: float | None = None  # where the next model step starts
+    running_on: str | None = None  # the process delivering the turn now
+    last_at: float | None = None  # the last event's time
     for event in events:
         at = event.at
         if at is None:
             continue
+        worker = writers.get(event.seq) if event.seq is not None else None
+        if worker is not None and isinstance(event, _DELIVERED):
+            if running_on is not None and worker != running_on:
+                taken = _item(
+                    "takeover", f"taken over by {worker}", last_at or at, at, worker=worker
+                )
+                taken["from"] = running_on
+                items.append(taken)
+            running_on = None if isinstance(event, _DELIVERY_ENDS) else worker
+        last_at = at
         if isinstance(event, TurnStartedEvent):
             mark = at
         elif isinstance(event, MessageCompletedEvent):
             calls_made = [c.name for c in event.message.tool_calls]
             label = "model → " + (", ".join(calls_made) if calls_made else "answer")
-            items.append(_item("model", label, mark if mark is not None else at, at))
+            start = mark if mark is not None else at
+            items.append(_item("model", label, start, at, worker=worker))
             mark = at
         elif isinstance(event, ActionRequestedEvent):
             item = _item("tool", event.call.name, at, None)
@@ -188,33 +245,73 @@ def timeline(events: Sequence[TurnEvent]) -> list[dict[str, Any]]:
                 items.append(item)
             item["end"] = at
             item["error"] = event.error
+            item["worker"] = worker
             mark = at
+        elif isinstance(event, StepRetryEvent):
+            # Logged after the park it waits in: that park is this retry's wait.
+            fresh = park is not None and park["kind"] == "park" and park.get("timer")
+            wait = park if fresh else None
+            if wait is None:
+                wait = _item("retry", "", at, None, worker=worker)
+                items.append(wait)
+            wait.update(
+                kind="retry",
+                label=f"retry {event.attempt} of {event.step_id}",
+                error=event.error,
+                retry_at=event.retry_at,
+            )
         elif isinstance(event, InputRequestedEvent):
             if park is None:
                 ids = ", ".join(r.id for r in event.requests)
-                park = _item("park", f"waiting for {ids}", at, None)
+                park = _item("park", f"waiting for {ids}", at, None, worker=worker)
+                park["timer"] = all(r.kind == "timer" for r in event.requests)
                 items.append(park)
-        elif isinstance(event, InputAnsweredEvent):
+        elif isinstance(event, InputAnsweredEvent | InputExpiredEvent):
             if park is not None:
                 park["end"] = at
-                park["by"] = event.by
+                if isinstance(event, InputAnsweredEvent):
+                    park["by"] = event.by
+                else:
+                    timer = park.get("timer")
+                    park["by"] = "timer" if timer else "deadline"
+                    park["label"] += (
+                        " · timer fired" if timer else f" · deadline passed ({event.action})"
+                    )
+                    park["late_by"] = event.late_by
                 park = None
             mark = at
+        elif isinstance(event, InputReminderEvent):
+            items.append(_item("reminder", f"reminder {event.reminder}: {event.input_id}", at, at))
         elif isinstance(event, TurnFailedEvent | TurnCompletedEvent | TurnCancelledEvent):
             error = event.error if isinstance(event, TurnFailedEvent) else None
             for item in calls.values():  # what the ending cut short
                 item["end"], item["error"] = at, error
             calls.clear()
             if isinstance(event, TurnFailedEvent):
-                items.append(_item("end", "failed", at, at, error=event.error))
+                end = _item("end", "failed", at, at, error=event.error, worker=worker)
             elif isinstance(event, TurnCompletedEvent):
-                items.append(_item("end", "completed", at, at))
+                end = _item("end", "completed", at, at, worker=worker)
             else:
-                items.append(_item("end", f"cancelled ({event.reason})", at, at))
+                end = _item("end", f"cancelled ({event.reason})", at, at, worker=worker)
+            items.append(end)
     return items
 
 
 def _item(
-    kind: str, label: str, start: float, end: float | None, *, error: str | None = None
+    kind: str,
+    label: str,
+    start: float,
+    end: float | None,
+    *,
+    error: str | None = None,
+    worker: str | None = None,
 ) -> dict[str, Any]:
-    return {"kind": kind, "label": label, "start": start, "end": end, "error": error, "by": None}
+    return {
+        "kind": kind,
+        "label": label,
+        "start": start,
+        "end": end,
+        "error": error,
+        "by": None,
+        "worker": worker,
+    }

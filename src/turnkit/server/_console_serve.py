@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import socket
+from collections.abc import Sequence
 
 import uvicorn
 
@@ -17,7 +18,7 @@ from .._channels.local_user import LocalUser
 from .._channels.printable import printable
 from .._runtime.runtime import Runtime
 from ._authorize import SessionAccess
-from ._console import console_app
+from ._console import Console, console_app
 from ._dev import _DevServer, _listen
 from ._hosts import LOOPBACK_NAMES
 from ._principal import Principal, loopback_as
@@ -30,7 +31,13 @@ def operator(principal: Principal, access: SessionAccess) -> bool:
 
 
 async def serve_console(
-    runtime: Runtime, *, host: str, port: int, store_label: str, user: LocalUser
+    runtime: Runtime,
+    *,
+    host: str,
+    port: int,
+    store_label: str,
+    user: LocalUser,
+    metrics: Sequence[str] = (),
 ) -> int:
     """Serve until SIGINT or SIGTERM; print the URL once listening."""
     listener: socket.socket = _listen(host, port)
@@ -40,6 +47,7 @@ async def serve_console(
         authorize=operator,
         allowed_hosts=[*LOOPBACK_NAMES, host],
         own_runtime=True,
+        console=Console(metrics=metrics),
     )
     config = uvicorn.Config(
         app, interface="asgi3", log_level="warning", timeout_graceful_shutdown=2

@@ -185,6 +185,24 @@ UNSERVED_SQL = (
     "GROUP BY t.agent, t.version ORDER BY t.agent, t.version"
 )
 
+#: The workers seen within the last ``?`` seconds (the console's live view).
+LIVE_WORKERS_SQL = (
+    "SELECT holder, agents, serves, seen_at FROM turnkit_workers "
+    "WHERE seen_at > extract(epoch FROM clock_timestamp())::double precision - ? "
+    "ORDER BY holder"
+)
+#: The oldest ``?`` running turns (from the partial index on running turns), each
+#: with the process that last took its session's writer lock.
+HELD_SESSIONS_SQL = (
+    "SELECT t.session_id, t.turn_id, t.agent, t.tenant, w.holder, w.since "
+    "FROM turnkit_turns t LEFT JOIN turnkit_writers w ON w.session_id = t.session_id "
+    "WHERE t.status = 'running' ORDER BY t.created_at LIMIT ?"
+)
+#: Which process wrote each logged event of a session (where it is known).
+EVENT_WRITERS_SQL = (
+    "SELECT seq, holder FROM turnkit_events WHERE session_id = ? AND holder IS NOT NULL"
+)
+
 #: Sent inside a commit that makes a turn runnable (a submission, a resume, a
 #: cancellation of a parked turn): delivered when, and only if, it commits. The
 #: channel is a parameter: the schema qualifier ``pg`` puts on turnkit's names

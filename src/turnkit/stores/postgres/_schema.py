@@ -323,6 +323,17 @@ MIGRATIONS: list[tuple[str, ...]] = [
         "CREATE TABLE turnkit_blobs (session_id text NOT NULL, turn_id text NOT NULL, "
         "name text NOT NULL, data text NOT NULL, PRIMARY KEY (session_id, turn_id, name))",
     ),
+    # v22: which process wrote each logged event (its ``PostgresStore.holder``), for
+    # the console's timeline to show the worker of each step and takeovers. Every
+    # connection of a store names its holder in the ``turnkit.holder`` setting, and
+    # the column's default reads it, so no insert changes; rows logged before, or by
+    # a turnkit that does not name itself, keep NULL. Added without a default and
+    # given one after, so existing rows are not rewritten.
+    (
+        "ALTER TABLE turnkit_events ADD COLUMN holder text",
+        "ALTER TABLE turnkit_events ALTER COLUMN holder "
+        "SET DEFAULT nullif(current_setting('turnkit.holder', true), '')",
+    ),
 ]
 
 

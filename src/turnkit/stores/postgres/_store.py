@@ -45,6 +45,7 @@ from ..._errors import ConfigurationError, StoreError
 from ..._seams.codec import Codec
 from ..._seams.queue import PendingReset, Serving
 from ..._seams.store import ToolStep
+from ..._seams.worker_view import HeldSession, LiveWorker
 from ..._values.events import TurnEvent, event_from_dict
 from ..._values.messages import Message, message_from_dict
 from ..._values.records import (
@@ -86,6 +87,9 @@ from . import _wire as wire
 from ._commit import GroupCommitter
 from ._queue import (
     CLAIM_SQL,
+    EVENT_WRITERS_SQL,
+    HELD_SESSIONS_SQL,
+    LIVE_WORKERS_SQL,
     UNSERVED_SQL,
     WORKER_ALIVE,
     WORKER_FORGOTTEN,
@@ -464,13 +468,15 @@ class PostgresStore:
             given = conninfo.conninfo_to_dict(self.dsn)
             path = f"{self.schema},public" if self.schema != "public" else "public"
             theirs = str(given.get("options") or os.environ.get("PGOPTIONS") or "").strip()
+            # The holder names the process on every event it logs (events.holder).
+            ours = f"-c search_path={path} -c turnkit.holder={self.holder}"
             name = given.get("application_name") or os.environ.get("PGAPPNAME")
             self._kwargs = {
                 # TCP keepalives, unless the DSN chose its own.
                 **{k: v for k, v in self.takeover.client_settings().items() if k not in given},
                 "autocommit": True,
                 "client_encoding": "utf8",
-                "options": f"{theirs} -c search_path={path}".strip(),
+                "options": f"{theirs} {ours}".strip(),
                 "application_name": str(name or f"turnkit-{self.schema}"[:63]),
                 "connect_timeout": max(1, int(self.connect_timeout)),
             }
@@ -852,6 +858,40 @@ class PostgresStore:
     async def unserved_turns(self) -> list[tuple[str, str, int]]:
         rows = await self._select("unserved turns", UNSERVED_SQL, (WORKER_ALIVE,), tuple)
         return [(str(agent), str(version), int(n)) for agent, version, n in rows]
+
+    # -- the WorkerView protocol -------------------------------------------------
+
+    async def live_workers(self) -> list[LiveWorker]:
+        rows = await self._select("the live workers", LIVE_WORKERS_SQL, (WORKER_ALIVE,), tuple)
+        return [
+            LiveWorker(
+                holder=str(holder),
+                agents={str(k): str(v) for k, v in json.loads(agents).items()},
+                serves=None if serves is None else tuple(str(v) for v in json.loads(serves)),
+                seen_at=float(seen),
+            )
+            for holder, agents, serves, seen in rows
+        ]
+
+    async def held_sessions(self, *, limit: int) -> list[HeldSession]:
+        rows = await self._select("the running turns", HELD_SESSIONS_SQL, (limit,), tuple)
+        return [
+            HeldSession(
+                session_id=str(sid),
+                turn_id=str(tid),
+                agent=str(agent),
+                tenant=str(tenant),
+                holder=None if holder is None else str(holder),
+                since=None if since is None else float(since),
+            )
+            for sid, tid, agent, tenant, holder, since in rows
+        ]
+
+    async def event_writers(self, session_id: str) -> dict[int, str]:
+        rows = await self._select(
+            f"the writers of session {session_id}", EVENT_WRITERS_SQL, (session_id,), tuple
+        )
+        return {int(seq): str(holder) for seq, holder in rows}
 
     async def wait_for_turns(self, timeout: float) -> None:
         with contextlib.suppress(TimeoutError):
