@@ -95,7 +95,9 @@ def test_what_turnkit_run_parks_is_read_answered_and_continued_on_the_dev_page(
         stop(proc)
     shown = turnkit("show", "cli:deployer", cwd=tmp_path)
     assert shown.returncode == 0, shown.stderr
-    assert shown.stdout.count(f"answered approve by {ME} at ") == 2
+    # Each answer with the channel it came through: the page (http), then the terminal.
+    vias = re.findall(rf"answered approve by {re.escape(ME)} via (\w+) at ", shown.stdout)
+    assert vias == ["http", "cli"], shown.stdout
     assert re.search(rf"^owner +{re.escape(ME)}$", shown.stdout, re.M)
 
 
