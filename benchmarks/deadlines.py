@@ -77,7 +77,7 @@ def deadline_agent(dsn: str, schema: str, at: float) -> turnkit.Agent:
 
 async def run_worker(dsn: str, schema: str, at: float) -> None:
     """One worker process: runs turns until SIGTERM."""
-    store = PostgresStore(dsn, schema=schema, max_size=4)
+    store = PostgresStore(dsn, schema=schema)
     async with turnkit.Runtime(deadline_agent(dsn, schema, at), store=store) as runtime:
         worker = turnkit.Worker(runtime, concurrency=64)
         loop = asyncio.get_running_loop()
