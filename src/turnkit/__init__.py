@@ -26,6 +26,7 @@ from ._engine.limits import Limits
 from ._engine.retries import Retry
 from ._engine.tool_sources import ToolSource
 from ._engine.tools import ActionContext, Tool, define_action, tool
+from ._engine.wait_tool import wait_tool
 from ._errors import (
     ConfigurationError,
     ContextWindowError,
@@ -264,6 +265,7 @@ __all__ = [
     "schedule",
     "subagent",
     "tool",
+    "wait_tool",
 ]
 
 
