@@ -38,6 +38,7 @@ SLOW_AGENT = ROOT / "tests" / "fixtures" / "slow_agent"
 FORM_AGENT = ROOT / "tests" / "fixtures" / "form_agent"
 DECISION_AGENT = ROOT / "tests" / "fixtures" / "decision_agent"
 ECHO_AGENT = ROOT / "tests" / "fixtures" / "echo_agent"
+TIMER_AGENT = ROOT / "tests" / "fixtures" / "timer_agent"
 #: Who ``turnkit dev`` says answered: its loopback principal, the local user ``local:<login>``.
 BY_ME = r"local:\S+"
 CHROMIUM_ARGS = [
@@ -1011,6 +1012,38 @@ def test_a_proposed_call_is_approved_with_edits_rejected_or_answered_instead(
     expect(outcomes.nth(2)).to_have_text(
         re.compile(rf"^Responded by {BY_ME}: Ask for a photo first\.$")
     )
+
+
+def test_a_wait_shows_when_it_ends_wakes_early_or_ends_by_itself(
+    servers: list[DevServer], tmp_path: Path, page: Page
+) -> None:
+    _, url = serve(servers, tmp_path, TIMER_AGENT)
+    page.goto(url)
+    say(page, "wait 600")
+    card = page.get_by_test_id("timer")
+    expect(card).to_have_attribute("data-state", "open")
+    expect(card.get_by_test_id("timer-until")).to_have_text(re.compile(r"^Waiting until \S"))
+    expect(page.get_by_test_id("send")).to_be_disabled()
+    page.reload()  # the wait comes back from …/pending, Wake button and all
+    card = page.get_by_test_id("timer")
+    expect(card).to_have_attribute("data-state", "open")
+    card.get_by_test_id("wake").click()
+    wait_for_turns(page, "completed", 1)
+    expect(page.get_by_test_id("assistant-message")).to_have_text("Woken early.")
+    woken = re.compile(rf"^Woken early by {BY_ME}$")
+    expect(card.get_by_test_id("approval-outcome")).to_have_text(woken)
+    expect(page.get_by_test_id("send")).to_be_enabled()
+    page.screenshot(path="/tmp/turnkit-chat-woken.png")
+
+    # A short wait ends by itself, and the page opens the session again to show it.
+    say(page, "wait 0.02")
+    expect(page.get_by_test_id("assistant-message").last).to_have_text("Waited.")
+    outcomes = page.get_by_test_id("approval-outcome")
+    expect(outcomes).to_have_count(2)
+    expect(outcomes.nth(0)).to_have_text(woken)
+    expect(outcomes.nth(1)).to_have_text(re.compile(r"^Waited until \S"))
+    expect(page.get_by_test_id("wake")).to_have_count(0)
+    expect(page.get_by_test_id("send")).to_be_enabled()
 
 
 def test_the_inbox_lists_questions_of_other_sessions_and_opens_them(
