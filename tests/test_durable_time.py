@@ -487,3 +487,23 @@ async def test_a_deadline_whose_process_was_killed_fires_once_in_another(
     finally:
         await store.close()
     assert logged.count("input.expired") == 1 and logged.count("input.answered") == 1
+
+
+async def test_a_runtime_with_timers_off_leaves_them_to_another(tmp_path: Path) -> None:
+    """A one-shot command's runtime (``timers=False``) parks a sleep; the runtime
+    serving the same SQLite file fires it and runs the turn on."""
+    from turnkit.stores import SqliteStore
+
+    done: list[str] = []
+    agent = sleeping_agent(done, 0.3)
+    db = tmp_path / "t.db"
+    async with turnkit.Runtime(agent, store=SqliteStore(db)) as serving:
+        async with turnkit.Runtime(agent, store=SqliteStore(db), timers=False) as one_shot:
+            assert one_shot.run_timers is False
+            parked = await one_shot.session("a", "s1").result(
+                one_shot.session("a", "s1").start("o-1")
+            )
+            assert parked.status == "suspended"
+        final = await ended(serving.session("a", "s1"), parked.turn_id)
+        assert final.status == "completed" and done == ["o-1"]
+        assert serving.timers.fired == 1 and one_shot.timers.fired == 0

@@ -46,6 +46,10 @@ class Runtime:
     (``submit``, ``resume``, ``cancel`` and ``reset`` all work) for the workers
     (``turnkit.Worker``) on the same store, and follows them through the store,
     reading it at most ``remote_poll`` seconds apart: an HTTP node's runtime.
+
+    A runtime that runs turns also fires the store's timers (deadlines, reminders,
+    sleeps, retry backoffs; see docs/durable-time.md), one process per store at a
+    time; ``timers=False`` leaves them to others (a one-shot command).
     """
 
     def __init__(
@@ -60,6 +64,7 @@ class Runtime:
         remote_poll: float = 0.5,
         retention: Retention | None = None,
         concurrency: Concurrency | None = None,
+        timers: bool = True,
     ) -> None:
         listed = [agents] if isinstance(agents, Agent) else list(agents)
         #: Deliveries stopped because another process took their turn over (their
@@ -140,6 +145,12 @@ class Runtime:
         #: (see ``turnkit._runtime.timers``); it runs while the runtime is open and
         #: runs turns, on a store that can list them (every built-in one).
         self.timers = TimerLoop(self)
+        if not isinstance(timers, bool):
+            raise ConfigurationError(f"timers must be a bool, got {timers!r}")
+        #: Whether this runtime fires the store's timers while it is open: when it
+        #: runs turns and ``timers`` was not turned off (a one-shot command's runtime,
+        #: which should not take on other sessions' deadlines as it ends).
+        self.run_timers = timers and run_turns
         #: Whether a ``Worker`` delivers this runtime's runnable turns by claiming
         #: them from the store: then a turn the timers wake is left to the claims.
         self.claims_turns = False
@@ -158,7 +169,7 @@ class Runtime:
         relay = self.relay
         if relay is not None:
             self._unrelay = self.sink.subscribe(relay.publish)
-        if self.run_turns and isinstance(self.store, TimerStore):
+        if self.run_timers and isinstance(self.store, TimerStore):
             self._untimer = self.sink.subscribe(self._nudge_timers)
             self.spawn(self.timers.run())
         return self

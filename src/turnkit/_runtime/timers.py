@@ -24,6 +24,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
+from .._errors import TurnMoveError
 from .._seams.election import ElectingStore
 from .._seams.store import Store
 from .._seams.timers import TimerStore
@@ -116,6 +117,10 @@ class TimerLoop:
                 try:
                     if await self.runtime.settle(record, now) is not None:
                         self.fired += 1
+                except TurnMoveError:
+                    # Answered, cancelled or fired by another process meanwhile: the
+                    # compare-and-set refused this firing whole, as it should.
+                    log.debug("turn %s moved before its timer fired here", record.turn_id)
                 except Exception as exc:
                     log.warning(
                         "turn %s of %s: firing its timer failed (tried again soon): %s",

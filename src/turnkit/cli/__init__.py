@@ -272,7 +272,9 @@ async def _run_turn(args: argparse.Namespace, tracer: Tracer | None) -> int:
     target = run_target(args.words)
     terminal = TerminalChannel()  # a bad TURNKIT_USER stops here, before the store opens
     agent, session, store = await _terminal_agent(args, target.folder)
-    async with Runtime([agent], store=store, tracer=tracer) as runtime:
+    # A terminal conversation fires no other session's timers: it would run their
+    # turns here and make the command wait for them as it ends.
+    async with Runtime([agent], store=store, tracer=tracer, timers=False) as runtime:
         await runtime.recover()
         ctx = mount_agent(agent, runtime, channels=[terminal])
         result = await terminal.converse(ctx, target.text, session=session)
@@ -284,7 +286,7 @@ async def _answer(args: argparse.Namespace, progress: Progress) -> int:
     target = answer_target(args.words)
     terminal = TerminalChannel()
     agent, session, store = await _terminal_agent(args, target.folder)
-    async with Runtime([agent], store=store) as runtime:
+    async with Runtime([agent], store=store, timers=False) as runtime:
         ctx = mount_agent(agent, runtime, channels=[terminal])
         try:
             result = await terminal.answer(ctx, session=session, given=target.answer)
