@@ -92,7 +92,8 @@ async def settle_due(
         rest = replace(
             checkpoint, request=plan.open[0], call_id=plan.open[0].call_id, requests=plan.open
         )
-        plan.writes.append(move(record, "suspended", pending=rest.to_dict()))
+        still = move(record, "suspended", pending=rest.to_dict(), held_by=record.held_by)
+        plan.writes.append(still)
         if plan.answered:  # some questions went: tell who shows them what is left
             plan.events.append(
                 InputRequestedEvent(
