@@ -12,7 +12,9 @@ console`` serves it from a process of its own, and each request the page makes i
 timed over HTTP from this process, ``--runs`` times: the page itself, the first page
 of sessions (50, by key from ``Store.session_page``), one agent's, a page half way
 down the list (an age filter), the parked sessions only (a status filter: a bounded
-scan), the live counts, and one session's detail. Last, headless Chromium loads the
+scan), one tenant's (1 session in 50: a page of sessions and one tenant read per
+500), the live counts with the workers panel (none on SQLite), the step-latency
+histogram, and one session's detail. Last, headless Chromium loads the
 page ``--runs`` times, timed from navigation start until its first 50 rows are
 shown (when playwright and /usr/bin/chromium are there). Medians and 95th
 percentiles in milliseconds.
@@ -40,7 +42,8 @@ from turnkit.stores import AppendMessage, SqliteStore, TurnRecord, turn_rules
 
 
 async def fill(store: SqliteStore, sessions: int) -> None:
-    """``sessions`` sessions of agent ``ops`` (and every tenth of ``billing``)."""
+    """``sessions`` sessions of agent ``ops`` (and every tenth of ``billing``), each
+    turn of one of 50 tenants (``t0``…``t49``)."""
     started = time.perf_counter()
     for n in range(sessions):
         sid = f"s{n:06d}"
@@ -51,6 +54,7 @@ async def fill(store: SqliteStore, sessions: int) -> None:
             turn_id=tid,
             agent=agent,
             status="running",
+            tenant=f"t{n % 50}",
             opening={"role": "user", "turn_id": tid, "text": f"deploy service {n}"},
         )
         writes: list[Any] = [
@@ -126,7 +130,7 @@ def browser_loads(url: str, runs: int, rows: int) -> list[float] | None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sessions", type=int, default=100_000)
-    parser.add_argument("--db", type=Path, default=Path("/tmp/turnkit-console-bench.db"))
+    parser.add_argument("--db", type=Path, default=Path("/tmp/turnkit-console-bench-tenants.db"))
     parser.add_argument("--runs", type=int, default=30)
     args = parser.parse_args()
 
@@ -163,7 +167,9 @@ def main() -> None:
             "sessions of agent billing": "/api/sessions?agent=billing",
             "sessions, half way down (age)": f"/api/sessions?older_than={time.time() - middle:.3f}",
             "sessions, parked only": "/api/sessions?status=parked",
-            "live counts": "/api/live",
+            "sessions of tenant t7 (1 in 50)": "/api/sessions?tenant=t7",
+            "live counts and workers": "/api/live",
+            "step latency (this process)": "/api/metrics",
             "one session's detail": "/api/sessions/s000007",
         }
         for path in paths.values():  # warm up

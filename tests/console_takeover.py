@@ -12,9 +12,11 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TypeVar
 
 from test_cli import OFFLINE_ENV
 
@@ -43,6 +45,7 @@ def demo_model():
 import asyncio
 import os
 from pathlib import Path
+from typing import Any, TypeVar
 
 from turnkit import tool
 
@@ -66,6 +69,7 @@ async def step(task: str) -> str:
 WORKER = [sys.executable, "-m", "turnkit.cli", "worker"]
 HOLDER = re.compile(r" as (\S+)")
 TIMEOUT = 60.0
+T = TypeVar("T")
 
 
 def agent_folder(root: Path) -> Path:
@@ -121,7 +125,7 @@ class Deployment:
             proc.wait(timeout=30)
 
     def submit(self, session_id: str, text: str) -> str:
-        return asyncio.run(self._submit(session_id, text))
+        return _run(lambda: self._submit(session_id, text))
 
     async def _submit(self, session_id: str, text: str) -> str:
         node = turnkit.Runtime(
@@ -139,7 +143,14 @@ class Deployment:
                 record = await store.session(session_id).turn(turn_id)
                 return None if record is None else record.status
 
-        return asyncio.run(read())
+        return _run(read)
+
+
+def _run(coroutine: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """Run a coroutine to its end from sync code, even code inside an event loop
+    (Playwright's sync API runs one): on a thread of its own."""
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(lambda: asyncio.run(coroutine())).result(timeout=TIMEOUT)
 
 
 @dataclass(frozen=True)

@@ -12,12 +12,15 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from console_takeover import Deployment, agent_folder, hold, release, take_over
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 from test_chat_page import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS, _pump
 from test_cli import OFFLINE_ENV
+from test_ops import free_port
 
 CONSOLE = [sys.executable, "-m", "turnkit.cli", "console"]
 URL = re.compile(r"turnkit console: (http://127\.0\.0\.1:\d+/)")
@@ -106,11 +109,18 @@ def console(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     assert parked.returncode == 3, parked.stderr
     failed = cli("run", str(agent), "db", "--session", "s-fail", "--store", str(db), cwd=tmp_path)
     assert failed.returncode == 1 and "locked down" in failed.stderr
-    log = tmp_path / "console.err"
+    with serve_console(str(agent), "--store", str(db), cwd=tmp_path) as url:
+        yield url, agent
+
+
+@contextmanager
+def serve_console(*args: str, cwd: Path) -> Iterator[str]:
+    """``turnkit console ARGS --port 0`` running; its URL once it printed it."""
+    log = cwd / "console.err"
     with log.open("w") as stderr:
         proc = subprocess.Popen(
-            [*CONSOLE, str(agent), "--store", str(db), "--port", "0"],
-            cwd=tmp_path,
+            [*CONSOLE, *args, "--port", "0"],
+            cwd=cwd,
             env={**OFFLINE_ENV, "PYTHONUNBUFFERED": "1"},
             stdout=subprocess.PIPE,
             stderr=stderr,
@@ -129,7 +139,7 @@ def console(tmp_path: Path) -> Iterator[tuple[str, Path]]:
         url = found.group(1) if found else None
     try:
         assert url is not None, f"turnkit console printed no URL:\n{log.read_text()}"
-        yield url, agent
+        yield url
     finally:
         proc.terminate()
         proc.wait(timeout=20)
@@ -194,3 +204,53 @@ def test_an_operator_answers_a_park_and_retries_a_failed_turn(
     page.get_by_test_id("filter-status").select_option("suspended")
     expect(rows).to_have_count(0)
     page.screenshot(path="/tmp/turnkit-console-retried.png")
+
+
+@pytest.mark.slow
+def test_a_takeover_in_the_timeline_and_the_workers_live(
+    pg_dsn: str, pg_schema: str, tmp_path: Path, page: Page
+) -> None:
+    """On PostgreSQL with real ``turnkit worker`` processes: the first is SIGKILLed in
+    the middle of a tool call and the second takes the turn over; the console shows
+    each step's worker and the takeover, the surviving worker holding a session, and
+    the step-latency histogram scraped from the worker's ops port."""
+    deployment = Deployment(agent_folder(tmp_path), pg_dsn, pg_schema)
+    port = free_port()
+    try:
+        done = take_over(deployment, "--ops-port", str(port))
+        held_turn = hold(deployment)
+        metrics = f"http://127.0.0.1:{port}/metrics"
+        args = (str(deployment.folder), "--store", deployment.cli_dsn, "--metrics", metrics)
+        with serve_console(*args, cwd=tmp_path) as url:
+            page.goto(url)
+            expect(page.get_by_test_id("live-takeovers")).to_have_text("1")
+            second = page.locator(f'[data-testid="worker"][data-holder="{done.second}"]')
+            expect(second.get_by_test_id("held-session")).to_have_attribute(
+                "data-session", "s-held"
+            )
+            expect(page.get_by_test_id("live-running")).to_have_text("1")
+            model_bars = page.locator(
+                '[data-testid="histogram-bar"][data-kind="model"]:not([data-count="0"])'
+            )
+            expect(model_bars.first).to_be_attached()
+
+            page.locator('[data-testid="session-row"][data-session="s-takeover"]').click()
+            turn = page.get_by_test_id("turn")
+            expect(turn).to_have_attribute("data-status", "completed")
+            steps = turn.get_by_test_id("step")
+            expect(steps).to_have_count(5)
+            kinds = [steps.nth(i).get_attribute("data-kind") for i in range(5)]
+            assert kinds == ["model", "tool", "takeover", "model", "end"]
+            workers = [steps.nth(i).get_attribute("data-worker") for i in range(5)]
+            assert workers == [done.first, *[done.second] * 4]
+            taken = turn.locator('[data-testid="step"][data-kind="takeover"]')
+            expect(taken).to_contain_text(f"taken over by {done.second}")
+            expect(taken).to_contain_text(f"from {done.first}")
+            expect(page.get_by_test_id("transcript")).to_contain_text("crash done")
+            page.screenshot(path="/tmp/turnkit-console-takeover.png")
+
+            release(deployment, held_turn)
+            expect(page.get_by_test_id("held-session")).to_have_count(0)
+            expect(page.get_by_test_id("live-running")).to_have_text("0")
+    finally:
+        deployment.stop()

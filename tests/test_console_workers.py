@@ -22,6 +22,7 @@ import turnkit
 from turnkit.server import Console
 from turnkit.server._console_data import timeline
 from turnkit.stores import PostgresStore
+from turnkit.testing import ScriptedModel
 
 
 def steps(detail: dict[str, Any]) -> list[dict[str, Any]]:
@@ -171,3 +172,39 @@ def test_console_metrics_urls_are_checked() -> None:
         Console(metrics="http://127.0.0.1:9100/metrics")
     with pytest.raises(turnkit.ConfigurationError, match="http\\(s\\) URLs"):
         Console(metrics=["127.0.0.1:9100"])
+
+
+async def test_sessions_filter_by_tenant(open_runtime: Any) -> None:
+    """A session is listed under each tenant it has a turn of; the filter reads a
+    page of sessions and asks the store about them at once, and pages by key."""
+    agent = turnkit.Agent(name="a", model=ScriptedModel(respond=lambda m: "ok"))
+    rt = await open_runtime(agent)
+    for n in range(5):
+        await rt.session("a", f"acme-{n}").turn("hi", tenant="acme")
+        await rt.session("a", f"globex-{n}").turn("hi", tenant="globex")
+    await rt.session("a", "globex-0").turn("again", tenant="acme")  # now both
+    await rt.session("a", "nobody").turn("hi")
+    async with serving(
+        rt, authenticate=by_role, authorize=operators, console=Console(page_size=4)
+    ) as srv:
+
+        async def listed(**params: Any) -> tuple[list[str], Any]:
+            got = await srv.client.get("/console/api/sessions", params=params, headers=VIEWER)
+            assert got.status_code == 200, got.text
+            body = got.json()
+            return [s["session_id"] for s in body["sessions"]], body["next"]
+
+        first, after = await listed(tenant="acme")
+        assert first == ["globex-0", "acme-4", "acme-3", "acme-2"]
+        rest, end = await listed(tenant="acme", after=after)
+        assert (rest, end) == (["acme-1", "acme-0"], None)
+        assert (await listed(tenant="globex", status="idle"))[0] == [
+            "globex-0",
+            "globex-4",
+            "globex-3",
+            "globex-2",
+        ]
+        assert (await listed(tenant=""))[0] == ["nobody"]  # the default tenant
+        assert (await listed(tenant="initech"))[0] == []
+        detail = await srv.client.get("/console/api/sessions/globex-0", headers=VIEWER)
+        assert [t["tenant"] for t in detail.json()["turns"]] == ["acme", "globex"]

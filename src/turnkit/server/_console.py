@@ -43,6 +43,7 @@ from .._runtime.recorded import read_recorded
 from .._runtime.runtime import Runtime
 from .._runtime.session import AgentSession
 from .._seams.store import NO_MESSAGES
+from .._seams.tenant_view import TenantView
 from .._seams.worker_view import WorkerView
 from .._values.records import SessionKey
 from .._values.turn_rules import move
@@ -187,9 +188,13 @@ class _Handlers:
             status = "suspended"
         if status is not None and status not in STATUSES:
             raise _Refused(400, "bad_status", f"status must be one of {sorted(STATUSES)}")
+        tenant = q.get("tenant")
+        if tenant is not None and not isinstance(self.runtime.store, TenantView):
+            raise _Refused(400, "no_tenants", "this store cannot list sessions by tenant")
         wanted = SessionFilter(
             agent=q.get("agent") or None,
             status=status,
+            tenant=tenant,
             newer_than=_seconds(q.get("newer_than"), "newer_than"),
             older_than=_seconds(q.get("older_than"), "older_than"),
             limit=self.console.page_size,

@@ -16,6 +16,7 @@ from typing import Any
 
 from .._runtime.recorded import RecordedSession
 from .._seams.store import Store
+from .._seams.tenant_view import TenantView
 from .._values.events import (
     ActionCompletedEvent,
     ActionRequestedEvent,
@@ -44,11 +45,13 @@ STATUSES = frozenset({"new", "running", "suspended", "idle"})
 
 @dataclass(frozen=True, kw_only=True)
 class SessionFilter:
-    """A session-list request: ``agent``, session ``status``, and age by last update
-    (``newer_than``/``older_than``, seconds before now)."""
+    """A session-list request: ``agent``, session ``status``, ``tenant`` (sessions
+    with a turn of it), and age by last update (``newer_than``/``older_than``,
+    seconds before now)."""
 
     agent: str | None = None
     status: str | None = None
+    tenant: str | None = None
     newer_than: float | None = None
     older_than: float | None = None
     limit: int = 50
@@ -59,21 +62,30 @@ async def session_rows(
 ) -> tuple[list[SessionInfo], SessionKey | None, int]:
     """Up to ``wanted.limit`` sessions that pass the filter, newest first, after the
     key ``after``; the key to go on from (``None``: the end) and how many rows
-    were read. Paging is by key, so a page costs the same at any depth."""
+    were read. Paging is by key, so a page costs the same at any depth. A status
+    or tenant filter reads pages until it has ``limit`` rows or has read
+    ``SCAN_BUDGET``; the tenant is asked of the store once a page (``TenantView``)."""
     now = time.time() if now is None else now
     if after is None and wanted.older_than is not None:
         after = (now - wanted.older_than, "")
     floor = None if wanted.newer_than is None else now - wanted.newer_than
     found: list[SessionInfo] = []
     scanned = 0
-    chunk = wanted.limit if wanted.status is None else _PAGE
+    narrowed = wanted.status is not None or wanted.tenant is not None
+    chunk = _PAGE if narrowed else wanted.limit
     while True:
         page = await store.session_page(agent=wanted.agent, limit=chunk, after=after)
         scanned += len(page)
+        tenants: set[str] | None = None
+        if wanted.tenant is not None and isinstance(store, TenantView):
+            ids = [i.session_id for i in page]
+            tenants = await store.sessions_of_tenant(wanted.tenant, ids) if ids else set()
         for info in page:
             after = (info.updated_at, info.session_id)
             if floor is not None and info.updated_at < floor:
                 return found, None, scanned
+            if tenants is not None and info.session_id not in tenants:
+                continue
             if wanted.status is None or info.status == wanted.status:
                 found.append(info)
                 if len(found) == wanted.limit:

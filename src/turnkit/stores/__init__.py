@@ -21,7 +21,9 @@ from .._seams.store import (
     parked_turn,
     transcript,
 )
+from .._seams.tenant_view import TenantView
 from .._seams.timers import TimerStore
+from .._seams.worker_view import HeldSession, LiveWorker, WorkerView
 from .._values import turn_rules
 from .._values.records import (
     Erasure,
@@ -72,7 +74,9 @@ __all__ = [
     "EraseSession",
     "Erasure",
     "FileBlobStore",
+    "HeldSession",
     "InboxStore",
+    "LiveWorker",
     "LogEvent",
     "MemoryBlobStore",
     "MemoryStore",
@@ -93,6 +97,7 @@ __all__ = [
     "Store",
     "StoreHandle",
     "Takeover",
+    "TenantView",
     "TimerStore",
     "ToolStep",
     "TrimEvents",
@@ -100,6 +105,7 @@ __all__ = [
     "TurnRecord",
     "TurnStatus",
     "WorkerRegistry",
+    "WorkerView",
     "Write",
     "all_sessions",
     "parked_turn",

@@ -126,6 +126,11 @@ NEXT_WAKE = (
 )
 
 #: How many turns are queued, running and parked, store-wide (for monitoring).
+#: Which of a page of sessions (a JSON array) have a turn of a tenant.
+SESSIONS_OF_TENANT = (
+    "SELECT DISTINCT session_id FROM turnkit_turns WHERE tenant = ? "
+    "AND session_id IN (SELECT value FROM json_each(?))"
+)
 TURN_COUNTS = (
     "SELECT status, count(*) FROM turnkit_turns "
     "WHERE status IN ('queued', 'running', 'suspended') GROUP BY status"

@@ -604,6 +604,15 @@ class MemoryStore:
         )
         return found[:limit]
 
+    async def sessions_of_tenant(self, tenant: str, session_ids: Sequence[str]) -> set[str]:
+        """See ``turnkit.stores.TenantView``."""
+        found = set()
+        for session_id in session_ids:
+            data = self._sessions.get(session_id)
+            if data is not None and any(t.tenant == tenant for t in data.turns.values()):
+                found.add(session_id)
+        return found
+
     async def turn_counts(self) -> dict[str, int]:
         """How many turns are ``queued``, ``running`` and ``suspended`` (for monitoring)."""
         counts = {"queued": 0, "running": 0, "suspended": 0}

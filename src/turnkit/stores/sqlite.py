@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import logging
 import os
 import re
@@ -895,6 +896,13 @@ class SqliteStore:
                 retention_sql.ENDED_TURNS, (before, *start, limit)
             ).fetchall()
         return [(float(at), str(sid), str(tid)) for at, sid, tid in rows]
+
+    async def sessions_of_tenant(self, tenant: str, session_ids: Sequence[str]) -> set[str]:
+        """See ``turnkit.stores.TenantView``."""
+        params = (tenant, json.dumps(list(session_ids)))
+        with _reading(f"the sessions of tenant {tenant!r}"):
+            rows = self.connection.execute(sql.SESSIONS_OF_TENANT, params).fetchall()
+        return {str(row[0]) for row in rows}
 
     async def turn_counts(self) -> dict[str, int]:
         """How many turns are ``queued``, ``running`` and ``suspended`` (for monitoring)."""

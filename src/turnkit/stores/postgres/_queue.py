@@ -198,6 +198,11 @@ HELD_SESSIONS_SQL = (
     "FROM turnkit_turns t LEFT JOIN turnkit_writers w ON w.session_id = t.session_id "
     "WHERE t.status = 'running' ORDER BY t.created_at LIMIT ?"
 )
+#: Which of a page of sessions (a JSON array) have a turn of a tenant.
+SESSIONS_OF_TENANT_SQL = (
+    "SELECT DISTINCT session_id FROM turnkit_turns WHERE tenant = ? "
+    "AND session_id IN (SELECT json_array_elements_text(?::json))"
+)
 #: Which process wrote each logged event of a session (where it is known).
 EVENT_WRITERS_SQL = (
     "SELECT seq, holder FROM turnkit_events WHERE session_id = ? AND holder IS NOT NULL"

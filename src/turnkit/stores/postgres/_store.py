@@ -90,6 +90,7 @@ from ._queue import (
     EVENT_WRITERS_SQL,
     HELD_SESSIONS_SQL,
     LIVE_WORKERS_SQL,
+    SESSIONS_OF_TENANT_SQL,
     UNSERVED_SQL,
     WORKER_ALIVE,
     WORKER_FORGOTTEN,
@@ -886,6 +887,13 @@ class PostgresStore:
             )
             for sid, tid, agent, tenant, holder, since in rows
         ]
+
+    async def sessions_of_tenant(self, tenant: str, session_ids: Sequence[str]) -> set[str]:
+        """See ``turnkit.stores.TenantView``."""
+        params = (tenant, json.dumps(list(session_ids)))
+        what = f"the sessions of tenant {tenant!r}"
+        rows = await self._select(what, SESSIONS_OF_TENANT_SQL, params, tuple)
+        return {str(row[0]) for row in rows}
 
     async def event_writers(self, session_id: str) -> dict[int, str]:
         rows = await self._select(
