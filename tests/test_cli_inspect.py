@@ -589,6 +589,53 @@ async def test_show_says_what_was_decided_by_whom_and_through_what() -> None:
     assert booked == [{"room": "B"}]
 
 
+async def test_show_gives_a_questions_deadline_and_a_waits_end() -> None:
+    @tk.tool
+    async def deploy(service: str, ctx: tk.ToolContext) -> str:
+        """Deploy once someone agrees, or by itself in two hours; then wait a day."""
+        yes = await ctx.request_input(
+            "approve",
+            f"Deploy {service}?",
+            schema={"type": "boolean"},
+            expires_in=2 * 3600,
+            on_expiry=True,
+            remind_every=1800,
+        )
+        await ctx.sleep(86_400 + 3600)
+        return "deployed" if yes else "kept"
+
+    script = [ScriptedReply(tool_calls=[tool_call("deploy", {"service": "api"})]), "ok"]
+    agent = tk.Agent(name="a", model=ScriptedModel(script), tools=[deploy])
+    store = MemoryStore()
+    async with tk.Runtime(agent, store=store) as runtime:
+        session = runtime.session("a", "s1")
+        parked = await session.result(session.start("deploy api"))
+        asked = parked.request
+        assert asked is not None and asked.expires_at is not None and asked.remind_at is not None
+        view = await read_session(store, "s1", Progress(io.StringIO()), where="memory")
+        out = render_session(view, store="memory", store_flag="", now=asked.expires_at - 5400)
+        due = rf"^  answer by +{UTC_TIME} \(in 1 h 30 min\)$"
+        assert re.search(due, out, re.MULTILINE), out
+        assert re.search(r"^  then +answered true \(by deadline\)$", out, re.MULTILINE), out
+        assert re.search(rf"^  reminders +every 30 min, next {UTC_TIME}$", out, re.MULTILINE), out
+        late = render_session(view, store="memory", store_flag="", now=asked.expires_at + 120)
+        assert re.search(r"^  answer by .*\(passed 2 min ago\)$", late, re.MULTILINE), late
+        # The deadline answers; the tool then sleeps, and show gives the wait's end.
+        await runtime.timers.fire_due(store, now=asked.expires_at + 1)
+        slept = await session.result(parked.turn_id)
+        timer = slept.request
+        assert timer is not None and timer.kind == "timer" and timer.expires_at is not None
+        view = await read_session(store, "s1", Progress(io.StringIO()), where="memory")
+        out = render_session(view, store="memory", store_flag="", now=timer.expires_at - 90_000)
+        assert "waiting on the clock" in out and "parked input" not in out
+        assert re.search(rf"^  until +{UTC_TIME} \(in 1 d 1 h\)$", out, re.MULTILINE), out
+        wake = rf"^  to wake +await runtime.session\('a', 's1'\).wake\('{parked.turn_id}'\)$"
+        assert re.search(wake, out, re.MULTILINE), out
+        assert "POST /agents/a/sessions/s1/wake" in out
+        [request] = session_json(view, "memory")["parked_requests"]
+        assert request["kind"] == "timer" and request["expires_at"] == timer.expires_at
+
+
 @pytest.mark.parametrize(
     ("dsn", "schema"),
     [

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -77,18 +78,28 @@ def render_sessions(sessions: Sequence[SessionInfo]) -> str:
 
 
 def render_session(
-    view: SessionView, *, store: str, store_flag: str, you: Sequence[str] = ()
+    view: SessionView,
+    *,
+    store: str,
+    store_flag: str,
+    you: Sequence[str] = (),
+    now: float | None = None,
 ) -> str:
     """``turnkit show SESSION``: header, transcript, turns and steps, park, archive.
     ``you`` are the names of the person at this terminal (see ``local_user``): a
-    question they may answer says how to answer it here."""
+    question they may answer says how to answer it here. Deadlines and the ends of
+    waits say how far they are from ``now`` (default: the clock)."""
     parts = [
         _header(view, store),
         _transcript(view.messages, view.turns),
         _turns(view.turns),
     ]
+    now = time.time() if now is None else now
     for n, request in enumerate(view.requests, start=1):
-        parts.append(_parked(request, view, store_flag, you, n, len(view.requests)))
+        if request.kind == "timer":
+            parts.append(_waiting(request, view, now))
+        else:
+            parts.append(_parked(request, view, store_flag, you, now, n, len(view.requests)))
     if view.generations:
         parts.append(_archived(view, store_flag))
     return printable("\n\n".join(parts))
@@ -296,6 +307,7 @@ def _parked(
     view: SessionView,
     store_flag: str,
     you: Sequence[str],
+    now: float,
     n: int = 1,
     of: int = 1,
 ) -> str:
@@ -314,6 +326,7 @@ def _parked(
             ("decisions", ", ".join(request.decision.allowed)),
             ("to decide", 'e.g. {"decision": "approve"}; see docs/approvals.md'),
         ]
+    rows += _deadline(request, now)
     hints = _how_to_answer(request, view.session_id, view.agent or "AGENT", store_flag, you)
     rows += [("to answer" if n == 0 else "", hint) for n, hint in enumerate(hints)]
     body = table(("", ""), [(f"  {k}", v) for k, v in rows]).split("\n", 1)[1]
@@ -322,6 +335,69 @@ def _parked(
     else:
         head = "parked input (the session waits for an answer)"
     return f"{head}\n{body}"
+
+
+def _deadline(request: InputRequest, now: float) -> list[tuple[str, str]]:
+    """A question's deadline, what happens then, and its reminders, if it has them."""
+    rows: list[tuple[str, str]] = []
+    if request.expires_at is not None:
+        rows.append(
+            ("answer by", f"{utc(request.expires_at)} ({_from_now(request.expires_at, now)})")
+        )
+        expiry = request.on_expiry
+        if expiry is not None:
+            then = {
+                "answer": f"answered {compact(expiry.value, 80)} (by deadline)",
+                "cancel": "the turn is cancelled",
+                "fail": "the turn fails",
+            }[expiry.action]
+            rows.append(("then", then))
+    if request.remind_every and request.remind_at is not None:
+        every = _span(request.remind_every)
+        rows.append(("reminders", f"every {every}, next {utc(request.remind_at)}"))
+    return rows
+
+
+def _waiting(request: InputRequest, view: SessionView, now: float) -> str:
+    """A wait on the clock (``ctx.sleep``, the wait tool, a retry's backoff): when it
+    ends, and how to end it sooner."""
+    session, agent = view.session_id, view.agent or "AGENT"
+    until = request.expires_at
+    rows = [
+        ("turn", request.turn_id),
+        ("tool", f"{request.tool} (call {request.call_id})"),
+        ("timer", request.id),
+        ("until", "-" if until is None else f"{utc(until)} ({_from_now(until, now)})"),
+        (
+            "to wake",
+            f"await runtime.session({agent!r}, {session!r}).wake({request.turn_id!r})",
+        ),
+        ("", f"or over HTTP: POST /agents/{agent}/sessions/{session}/wake"),
+    ]
+    body = table(("", ""), [(f"  {k}", v) for k, v in rows]).split("\n", 1)[1]
+    return f"waiting on the clock (the turn goes on by itself then)\n{body}"
+
+
+def _from_now(at: float, now: float) -> str:
+    """``in 2 h 5 min``, or ``passed 3 min ago`` for a time gone by."""
+    ahead = at - now
+    return f"in {_span(ahead)}" if ahead >= 0 else f"passed {_span(-ahead)} ago"
+
+
+def _span(seconds: float) -> str:
+    """A duration in its two largest units: ``3 d 4 h``, ``2 h 5 min``, ``40 s``."""
+    whole = round(seconds)
+    units = [("d", 86_400), ("h", 3600), ("min", 60), ("s", 1)]
+    parts: list[str] = []
+    for name, size in units:
+        if whole >= size or (name == "s" and not parts):
+            count, whole = divmod(whole, size)
+            parts.append(f"{count} {name}")
+        if len(parts) == 2:
+            break
+        if parts and whole == 0:
+            break
+    return " ".join(parts)
 
 
 def _answerers(answerers: Sequence[Answerer]) -> str:
