@@ -19,7 +19,7 @@ import pytest
 from turnkit import TurnEvent
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md"))]
 #: Fence languages that are Python: every such block is run.
 PYTHON = {"python", "py", "python3"}
 #: Fence languages that are not Python (shell sessions, output, file trees, data, SQL,
@@ -100,3 +100,25 @@ def test_the_readme_names_every_event_type_and_links_the_table() -> None:
     table = (ROOT / "docs" / "server.md").read_text().split("### The events", 1)[1]
     rows = re.findall(r"^\| `([a-z]+\.[a-z_.]+)` \|", table, re.MULTILINE)
     assert sorted(rows) == sorted(types)
+
+
+def _packages() -> list[str]:
+    """Every package and public module at the top of ``src/turnkit``, as the layer
+    maps name them: ``stores/``, ``_values/``, ``crypto``, ``_errors``."""
+    source = ROOT / "src" / "turnkit"
+    packages = [f"{p.parent.name}/" for p in source.glob("*/__init__.py")]
+    modules = [p.stem for p in source.glob("*.py") if p.stem != "__init__"]
+    return sorted(packages + modules)
+
+
+def test_the_layer_maps_name_every_package() -> None:
+    """architecture.md's diagram and CONTRIBUTING.md's table: a package added
+    without a place on them fails here."""
+    architecture = (ROOT / "docs" / "architecture.md").read_text()
+    diagram = architecture.split("## Layers", 1)[1].split("```text", 1)[1].split("```", 1)[0]
+    table = (ROOT / "CONTRIBUTING.md").read_text().split("## The layers", 1)[1]
+    table = table.split("\n## ", 1)[0]
+    for name in _packages():
+        assert re.search(rf"(?<![\w/]){re.escape(name)}(?!\w)", diagram), f"diagram: {name}"
+        bare = name.rstrip("/")
+        assert f"`{bare}`" in table or f"`{bare} " in table, f"CONTRIBUTING.md: {name}"
