@@ -147,10 +147,7 @@ class Runtime:
         self.timers = TimerLoop(self)
         if not isinstance(timers, bool):
             raise ConfigurationError(f"timers must be a bool, got {timers!r}")
-        #: Whether this runtime fires the store's timers while it is open: when it
-        #: runs turns and ``timers`` was not turned off (a one-shot command's runtime,
-        #: which should not take on other sessions' deadlines as it ends).
-        self.run_timers = timers and run_turns
+        self._timers_wanted = timers
         #: Whether a ``Worker`` delivers this runtime's runnable turns by claiming
         #: them from the store: then a turn the timers wake is left to the claims.
         self.claims_turns = False
@@ -186,6 +183,13 @@ class Runtime:
         (the timer loop's call; see ``AgentSession.settle_clock``)."""
         session = self.session(record.agent, record.session_id)
         return await session.settle_clock(record.turn_id, now)
+
+    @property
+    def run_timers(self) -> bool:
+        """Whether this runtime fires the store's timers while it is open: when it
+        runs turns (read as it opens) and ``timers`` was not turned off (a one-shot
+        command's runtime, which should not take on other sessions' deadlines)."""
+        return self._timers_wanted and self.run_turns
 
     @property
     def relay(self) -> EventRelay | None:
