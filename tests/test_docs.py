@@ -122,3 +122,19 @@ def test_the_layer_maps_name_every_package() -> None:
         assert re.search(rf"(?<![\w/]){re.escape(name)}(?!\w)", diagram), f"diagram: {name}"
         bare = name.rstrip("/")
         assert f"`{bare}`" in table or f"`{bare} " in table, f"CONTRIBUTING.md: {name}"
+
+
+def test_the_seam_tables_name_every_protocol_of_the_seams() -> None:
+    """A protocol added to ``turnkit/_seams`` gets a row (or a mention) in
+    architecture.md's seam tables."""
+    source = ROOT / "src" / "turnkit" / "_seams"
+    protocols = sorted(
+        name
+        for path in source.glob("*.py")
+        for name in re.findall(r"^class (\w+)\([^)]*Protocol\)", path.read_text(), re.M)
+    )
+    assert "SessionStore" in protocols and "TurnQueue" in protocols
+    section = (ROOT / "docs" / "architecture.md").read_text().split("## The seams", 1)[1]
+    section = section.split("\n## ", 1)[0]
+    missing = [p for p in protocols if not re.search(rf"`(\w+\.)*{p}[`(]", section)]
+    assert missing == []
