@@ -383,3 +383,26 @@ async def test_a_large_first_message_spills_and_its_session_still_lists(kept: Ke
         assert info.preview is None if kept.kind != "memory" else MARK in (info.preview or "")
         (first, _) = (await store.session("s1").load()).messages
         assert first.to_dict()["text"] == big("nu")
+
+
+@pytest.mark.parametrize("store_kind", ["sqlite", "postgres"])  # memory is never reopened
+async def test_a_store_opened_without_blobs_says_so_or_reads_them_from_its_table(
+    kept: Kept,
+) -> None:
+    async with turnkit.Runtime(blob_agent(), store=kept.store()) as rt:
+        session = rt.session("a", "s1")
+        await session.result(session.start("fetch omicron"))
+    plain: Store
+    if kept.kind == "sqlite":
+        plain = SqliteStore(kept.db)
+    else:
+        from turnkit.stores import PostgresStore
+
+        plain = PostgresStore(kept.dsn, schema=kept.schema)  # the table is the schema's
+    async with turnkit.Runtime(blob_agent(), store=plain):
+        if kept.kind == "sqlite":
+            with pytest.raises(StoreError, match="this store was opened without blobs"):
+                await plain.session("s1").load()
+        else:
+            snap = await plain.session("s1").load()
+            assert any(MARK in str(m.to_dict()) for m in snap.messages)

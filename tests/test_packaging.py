@@ -33,6 +33,7 @@ INTEGRATIONS = {
     "metrics",
     "crypto",
     "a2a",
+    "s3",
 }
 
 

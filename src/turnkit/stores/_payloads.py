@@ -168,7 +168,9 @@ class Payloads:
     def _blob(self, session_id: str, turn_id: str, name: str, digest: str, kind: str) -> bytes:
         """A blob's JSON: fetched, opened if sealed, and checked against its digest."""
         get = self.get_blob
-        stored = get(session_id, turn_id, name) if get is not None else None
+        if get is None:
+            raise spill.missing(session_id, kind, turn_id, name, opened_without=True)
+        stored = get(session_id, turn_id, name)
         if stored is None:
             raise spill.missing(session_id, kind, turn_id, name)
         if stored[:1] == b"\x00":

@@ -117,11 +117,18 @@ def resolve(
     return rest
 
 
-def missing(session_id: str, kind: str, turn_id: str, name: str) -> StoreError:
+def missing(
+    session_id: str, kind: str, turn_id: str, name: str, *, opened_without: bool = False
+) -> StoreError:
+    where = f"session {session_id}: a stored {kind} of turn {turn_id} refers to blob {name}"
+    if opened_without:
+        return StoreError(
+            f"{where}, and this store was opened without blobs (give it the blob store "
+            "it was written with)"
+        )
     return StoreError(
-        f"session {session_id}: a stored {kind} of turn {turn_id} refers to blob {name}, "
-        "which the blob store does not have (deleted outside turnkit, or this store was "
-        "opened with another blob store than the one it was written with)"
+        f"{where}, which the blob store does not have (deleted outside turnkit, or this "
+        "store was opened with another blob store than the one it was written with)"
     )
 
 

@@ -23,8 +23,15 @@ from .._errors import ConfigurationError, StoreError
 _NAME = frozenset("0123456789abcdef")
 
 
-def _key(text: str) -> str:
+def blob_key(text: str) -> str:
+    """A session's or turn's id as a safe, fixed-length path component."""
     return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
+
+
+def check_name(session_id: str, name: str) -> None:
+    """Refuse what is not a blob name (64 lowercase hex digits) before it names a path."""
+    if len(name) != 64 or not _NAME.issuperset(name):
+        raise StoreError(f"session {session_id}: {name!r} is not a blob name")
 
 
 class FileBlobStore:
@@ -44,13 +51,12 @@ class FileBlobStore:
         return f"FileBlobStore({str(self.directory)!r})"
 
     def _session_dir(self, session_id: str) -> Path:
-        key = _key(session_id)
+        key = blob_key(session_id)
         return self.directory / key[:2] / key
 
     def _path(self, session_id: str, turn_id: str, name: str) -> Path:
-        if len(name) != 64 or not _NAME.issuperset(name):
-            raise StoreError(f"session {session_id}: {name!r} is not a blob name")
-        return self._session_dir(session_id) / _key(turn_id) / name
+        check_name(session_id, name)
+        return self._session_dir(session_id) / blob_key(turn_id) / name
 
     def put(self, session_id: str, turn_id: str, name: str, data: bytes) -> None:
         path = self._path(session_id, turn_id, name)
@@ -84,7 +90,7 @@ class FileBlobStore:
     def delete_turns(self, session_id: str, turn_ids: Iterable[str]) -> None:
         session = self._session_dir(session_id)
         for turn_id in turn_ids:
-            _remove(session / _key(turn_id))
+            _remove(session / blob_key(turn_id))
 
     def delete_session(self, session_id: str) -> None:
         _remove(self._session_dir(session_id))

@@ -428,12 +428,12 @@ class PostgresStore:
         self.dsn = dsn
         self.schema = schema
         #: Reads what payloads over ``blob_threshold`` bytes left in ``turnkit_blobs``.
-        self._blobs = BlobReader(self._connect_blobs, schema) if blobs else None
+        #: It reads them whether or not this store writes any (``blobs``), so a
+        #: store opened without ``blobs=True`` still reads rows that refer to them.
+        self._blobs = BlobReader(self._connect_blobs, schema)
         #: What every payload goes through on its way in and out (see ``Codec``).
         self._payloads = Payloads(
-            codec,
-            threshold=blob_threshold,
-            get_blob=self._blobs.get if self._blobs is not None else None,
+            codec, threshold=blob_threshold if blobs else None, get_blob=self._blobs.get
         )
         self.min_size = min_size
         self.max_size = max_size
@@ -587,8 +587,7 @@ class PostgresStore:
         return psycopg.Connection.connect(self.dsn, **self._connect_kwargs())
 
     async def close(self) -> None:
-        if self._blobs is not None:
-            self._blobs.close()
+        self._blobs.close()
         await self._listener.stop()
         if self._relay is not None:
             await self._relay.stop()
