@@ -16,7 +16,9 @@ For each store it reports, as medians of ``--runs`` runs (the modes run by turns
 by run, so drift on a shared machine hits them alike):
 
 - ``ms/pair``: the turn's wall time divided by its pairs (the model+tool step pair
-  that carries one large result, fixed per-turn costs included);
+  that carries one large result, fixed per-turn costs included), and ``cpu/pair``:
+  this process's CPU time over the turn, divided the same way (what other processes'
+  load inflates least; PostgreSQL's own work is not in it);
 - ``load ms``: a fresh store (as a new process) reading the session back, the way a
   resumed or replayed turn does (``load(turn_id)``: every message and the turn's steps);
 - ``MB kept``: what the store holds afterwards (SQLite: the database file, its WAL and
@@ -145,16 +147,17 @@ class Case:
                 conn.execute(f'DROP SCHEMA IF EXISTS "{self.schema}" CASCADE')
 
 
-async def one_run(case: Case, pairs: int) -> tuple[float, float, int]:
-    """(ms per pair, load ms, bytes kept) of one turn on a fresh store."""
+async def one_run(case: Case, pairs: int) -> tuple[float, float, float, int]:
+    """(ms per pair, CPU ms per pair, load ms, bytes kept) of one turn on a fresh store."""
     case.fresh()
     agent = turnkit.Agent(name="a", model=FetchingModel(pairs), tools=[fetch])
     try:
         async with turnkit.Runtime(agent, store=case.store()) as rt:
             session = rt.session("a", "bench")
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             result = await session.result(session.start("go"))
             turn_s = time.perf_counter() - start
+            cpu_s = time.process_time() - cpu
             assert result.status == "completed", result
         store = case.store()
         async with turnkit.Runtime(agent, store=store):
@@ -162,7 +165,7 @@ async def one_run(case: Case, pairs: int) -> tuple[float, float, int]:
             snap = await store.session("bench").load(result.turn_id)
             load_s = time.perf_counter() - start
             assert len(snap.messages) == 2 * pairs + 2 and len(snap.steps) >= 2 * pairs
-        return turn_s / pairs * 1e3, load_s * 1e3, case.kept_bytes()
+        return turn_s / pairs * 1e3, cpu_s / pairs * 1e3, load_s * 1e3, case.kept_bytes()
     finally:
         case.drop()
 
@@ -194,21 +197,20 @@ async def main(argv: Sequence[str] | None = None) -> None:
         f"{args.pairs} pairs a turn, each tool result {args.size:,} bytes; "
         f"medians of {args.runs} runs (python {sys.version.split()[0]})"
     )
-    print(f"{'store':<9}{'mode':<15}{'ms/pair':>9}{'load ms':>9}{'MB kept':>9}")
+    print(f"{'store':<9}{'mode':<15}{'ms/pair':>9}{'cpu/pair':>9}{'load ms':>9}{'MB kept':>9}")
     with tempfile.TemporaryDirectory(prefix="turnkit-blobs-bench-") as tmp:
         for kind in stores:
             modes = ["rows", "blobs"] + (["blobs-nofsync"] if kind == "sqlite" else [])
             cases = [Case(kind, mode, Path(tmp), args.dsn) for mode in modes]
             await one_run(cases[0], 1)  # warm-up: imports, first connections
-            results: dict[str, list[tuple[float, float, int]]] = {m: [] for m in modes}
+            results: dict[str, list[tuple[float, float, float, int]]] = {m: [] for m in modes}
             for _ in range(args.runs):
                 for case in cases:
                     results[case.mode].append(await one_run(case, args.pairs))
             for mode in modes:
-                pair, load, kept = (
-                    statistics.median(r[i] for r in results[mode]) for i in range(3)
-                )
-                print(f"{kind:<9}{mode:<15}{pair:>9.2f}{load:>9.2f}{kept / 1e6:>9.1f}")
+                runs = results[mode]
+                pair, cpu, load, kept = (statistics.median(r[i] for r in runs) for i in range(4))
+                print(f"{kind:<9}{mode:<15}{pair:>9.2f}{cpu:>9.2f}{load:>9.2f}{kept / 1e6:>9.1f}")
 
 
 if __name__ == "__main__":
