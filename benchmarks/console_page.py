@@ -4,6 +4,11 @@ Run from the repo root::
 
     .venv/bin/python benchmarks/console_page.py                      # 100,000 sessions
     .venv/bin/python benchmarks/console_page.py --sessions 20000 --db /tmp/c.db --runs 20
+    .venv/bin/python benchmarks/console_page.py --postgres postgresql://127.0.0.1/test
+
+With ``--postgres DSN`` the store is PostgreSQL, in the schema ``--schema``
+(``turnkit_console_bench``; filled once, like ``--db``), and the live view also
+reads the worker registry and each session's event writers.
 
 The store is filled through the store seam (each session one commit: a turn opened,
 its user message and answer, the turn completed; one session in a hundred parked on
@@ -29,7 +34,6 @@ import asyncio
 import http.client
 import json
 import re
-import sqlite3
 import statistics
 import subprocess
 import sys
@@ -38,10 +42,10 @@ from pathlib import Path
 from typing import Any
 
 from turnkit import AssistantMessage, InputRequest, UserMessage
-from turnkit.stores import AppendMessage, SqliteStore, TurnRecord, turn_rules
+from turnkit.stores import AppendMessage, PostgresStore, SqliteStore, Store, TurnRecord, turn_rules
 
 
-async def fill(store: SqliteStore, sessions: int) -> None:
+async def fill(store: Store, sessions: int) -> None:
     """``sessions`` sessions of agent ``ops`` (and every tenth of ``billing``), each
     turn of one of 50 tenants (``t0``…``t49``)."""
     started = time.perf_counter()
@@ -132,25 +136,34 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=100_000)
     parser.add_argument("--db", type=Path, default=Path("/tmp/turnkit-console-bench-tenants.db"))
     parser.add_argument("--runs", type=int, default=30)
+    parser.add_argument("--postgres", metavar="DSN", help="use PostgreSQL at DSN")
+    parser.add_argument("--schema", default="turnkit_console_bench")
     args = parser.parse_args()
-
-    async def prepare() -> None:
+    if args.postgres:
+        store: Store = PostgresStore(args.postgres, schema=args.schema)
+        where = f"{args.postgres}?options=-csearch_path%3D{args.schema}"
+    else:
         store = SqliteStore(args.db)
-        await store.open()
-        if not await store.session_page(limit=1):
-            print(f"filling {args.db} with {args.sessions:,} sessions…", flush=True)
-            await fill(store, args.sessions)
-        await store.close()
+        where = str(args.db)
 
-    asyncio.run(prepare())
-    with sqlite3.connect(args.db) as conn:
-        total, middle = conn.execute(
-            "SELECT count(*), (SELECT updated_at FROM turnkit_sessions ORDER BY updated_at "
-            "LIMIT 1 OFFSET (SELECT count(*) / 2 FROM turnkit_sessions)) FROM turnkit_sessions"
-        ).fetchone()
+    async def prepare() -> tuple[int, float]:
+        await store.open()  # type: ignore[attr-defined]
+        if not await store.session_page(limit=1):
+            print(f"filling {where} with {args.sessions:,} sessions…", flush=True)
+            await fill(store, args.sessions)
+        stamps: list[float] = []  # newest first, as the list shows them
+        after = None
+        while page := await store.session_page(limit=5000, after=after):
+            stamps += [info.updated_at for info in page]
+            after = (page[-1].updated_at, page[-1].session_id)
+        total, middle = len(stamps), stamps[len(stamps) // 2]
+        await store.close()  # type: ignore[attr-defined]
+        return total, middle
+
+    total, middle = asyncio.run(prepare())
     # The real ``turnkit console``, in a process of its own, as an operator runs it.
     server = subprocess.Popen(
-        [sys.executable, "-m", "turnkit.cli", "console", "--store", str(args.db), "--port", "0"],
+        [sys.executable, "-m", "turnkit.cli", "console", "--store", where, "--port", "0"],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -180,7 +193,7 @@ def main() -> None:
                 results[name].append(http_get(conn, path))
         conn.request("GET", "/api/sessions?status=parked")
         parked = json.loads(conn.getresponse().read())
-        print(f"store: {args.db}: {total:,} sessions")
+        print(f"store: {where}: {total:,} sessions")
         print(
             f"parked filter: {len(parked['sessions'])} rows after reading "
             f"{parked['scanned']:,} (more: {'yes' if parked['next'] else 'no'})"

@@ -191,8 +191,11 @@ def test_an_operator_answers_a_park_and_retries_a_failed_turn(
     expect(page.get_by_test_id("turn")).to_have_attribute("data-status", "completed")
     expect(page.get_by_test_id("transcript")).to_contain_text("finished:")
 
-    # Fork it before its first model step: the fork runs that step (and the rest) again.
-    page.get_by_test_id("fork-at").fill("model:1")
+    # Fork it before its first model step (the step's own fork button names it): the
+    # fork runs that step (and the rest) again.
+    first_model = failed.locator('[data-testid="step"][data-kind="model"]').first
+    first_model.get_by_test_id("fork-here").click()
+    expect(page.get_by_test_id("fork-at")).to_have_value("model:1")
     page.get_by_test_id("fork-to").fill("s-fail-again")
     page.get_by_test_id("fork").click()
     expect(page.locator("#detail h2")).to_contain_text("s-fail-again")

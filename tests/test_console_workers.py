@@ -61,6 +61,15 @@ async def test_a_timeline_shows_retries_deadlines_and_reminders(
         assert wait["by"] == "timer" and wait["end"] >= wait["start"]
         assert wait["retry_at"] > wait["start"]  # when it was due (the test fired it late)
         assert retried[1]["error"] is None and retried[1]["end"] is not None  # ran again, fine
+        # Each model and tool step names its fork point (the reply's position).
+        call_id = retried[1]["call_id"]
+        assert [i["fork_at"] for i in retried] == [
+            "model:1",
+            f"tool:1:{call_id}",
+            None,
+            "model:3",
+            None,
+        ]
 
         got = await srv.client.get("/console/api/sessions/s-ask", headers=VIEWER)
         asked_steps = steps(got.json())

@@ -33,6 +33,7 @@ from .._values.events import (
     TurnHeldEvent,
     TurnStartedEvent,
 )
+from .._values.messages import AssistantMessage
 from .._values.records import SessionInfo, SessionKey, TurnRecord
 from .._values.times import rfc3339
 
@@ -143,9 +144,18 @@ def session_detail(
     by_turn: dict[str, list[TurnEvent]] = {}
     for event in recorded.events:
         by_turn.setdefault(event.turn_id, []).append(event)
+    replies: dict[str, list[int]] = {}  # each turn's model replies' positions
+    asked_at: dict[str, int] = {}  # each tool call's reply's position
+    for index, message in enumerate(recorded.messages):
+        if isinstance(message, AssistantMessage):
+            replies.setdefault(message.turn_id, []).append(index)
+            for call in message.tool_calls:
+                asked_at[call.id] = index
     turns = []
     for turn in reversed(recorded.turns):
         record = turn.record
+        steps_of = timeline(by_turn.get(turn.turn_id, []), writers)
+        _fork_points(steps_of, replies.get(turn.turn_id, []), asked_at)
         turns.append(
             {
                 "turn_id": turn.turn_id,
@@ -158,7 +168,7 @@ def session_detail(
                 "pending": _pending(record),
                 "steps": sorted(turn.steps),
                 "tenant": record.tenant if record else None,
-                "timeline": timeline(by_turn.get(turn.turn_id, []), writers),
+                "timeline": steps_of,
             }
         )
     return {
@@ -171,6 +181,21 @@ def session_detail(
         "messages": [{"index": i, **m.to_dict()} for i, m in enumerate(recorded.messages)],
         "turns": turns,
     }
+
+
+def _fork_points(items: list[dict[str, Any]], replies: list[int], asked_at: dict[str, int]) -> None:
+    """Give each model and tool step its fork point (``fork_at``, as ``fork_session``
+    takes it): the n-th model step of a turn is its n-th reply in the transcript,
+    a tool call is cut at the reply that asked for it. A step the transcript no
+    longer holds (compacted away, say) gets none."""
+    models = iter(replies)
+    for item in items:
+        item["fork_at"] = None
+        if item["kind"] == "model":
+            index = next(models, None)
+            item["fork_at"] = None if index is None else f"model:{index}"
+        elif item["kind"] == "tool" and item.get("call_id") in asked_at:
+            item["fork_at"] = f"tool:{asked_at[item['call_id']]}:{item['call_id']}"
 
 
 def _pending(record: TurnRecord | None) -> list[dict[str, Any]]:
@@ -248,12 +273,14 @@ def timeline(
             mark = at
         elif isinstance(event, ActionRequestedEvent):
             item = _item("tool", event.call.name, at, None)
+            item["call_id"] = event.call.id
             calls[event.call.id] = item
             items.append(item)
         elif isinstance(event, ActionCompletedEvent):
             item = calls.pop(event.call_id, {})
             if not item:
                 item = _item("tool", event.name, at, None)
+                item["call_id"] = event.call_id
                 items.append(item)
             item["end"] = at
             item["error"] = event.error
