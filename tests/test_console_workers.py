@@ -217,3 +217,26 @@ async def test_sessions_filter_by_tenant(open_runtime: Any) -> None:
         assert (await listed(tenant="initech"))[0] == []
         detail = await srv.client.get("/console/api/sessions/globex-0", headers=VIEWER)
         assert [t["tenant"] for t in detail.json()["turns"]] == ["acme", "globex"]
+
+
+async def test_each_event_names_the_process_that_wrote_it(pg_dsn: str, pg_schema: str) -> None:
+    """PostgreSQL fills ``turnkit_events.holder`` from the connection's setting, even
+    for a host name libpq must escape; the events a resume writes name its process."""
+    store = PostgresStore(pg_dsn, schema=pg_schema)
+    store.holder = "odd host\\name:1:x"
+    answering = PostgresStore(pg_dsn, schema=pg_schema)
+    answers: list[Any] = []
+    async with (
+        turnkit.Runtime([asking_agent(answers)], store=store) as rt,
+        turnkit.Runtime([asking_agent(answers)], store=answering) as other,
+    ):
+        result = await parked(rt.session("a", "s1"))
+        await other.session("a", "s1").resume(result.turn_id, "ok", {"approved": True})
+        assert (await ended(other.session("a", "s1"), result.turn_id)).status == "completed"
+        writers = await store.event_writers("s1")
+        events = await rt.session("a", "s1").events()
+        by_type = {e.type: writers.get(e.seq or -1) for e in events}
+        assert by_type["turn.started"] == "odd host\\name:1:x"
+        assert by_type["input.requested"] == "odd host\\name:1:x"
+        assert by_type["input.answered"] == answering.holder
+        assert by_type["turn.completed"] == answering.holder

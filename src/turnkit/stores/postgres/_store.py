@@ -470,7 +470,8 @@ class PostgresStore:
             path = f"{self.schema},public" if self.schema != "public" else "public"
             theirs = str(given.get("options") or os.environ.get("PGOPTIONS") or "").strip()
             # The holder names the process on every event it logs (events.holder).
-            ours = f"-c search_path={path} -c turnkit.holder={self.holder}"
+            named = self.holder.replace("\\", "\\\\").replace(" ", "\\ ")  # libpq's escapes
+            ours = f"-c search_path={path} -c turnkit.holder={named}"
             name = given.get("application_name") or os.environ.get("PGAPPNAME")
             self._kwargs = {
                 # TCP keepalives, unless the DSN chose its own.
