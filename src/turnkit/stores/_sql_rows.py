@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from .._seams.codec import PayloadKind
 from .._values.records import SessionInfo, TurnRecord, preview_of
 from ._payloads import Payloads
 
@@ -15,20 +16,27 @@ TURN_COLUMNS = (
 
 
 def new_turn_values(
-    session_id: str, record: TurnRecord, now: float | None, payloads: Payloads
+    session_id: str,
+    record: TurnRecord,
+    now: float | None,
+    payloads: Payloads,
+    dump: Callable[[str, PayloadKind, Any, str], str | bytes] | None = None,
 ) -> tuple[Any, ...]:
     """The values of ``_sql.new_turn`` for ``record``: with the writer's time ``now``
     on SQLite, without it (``None``) on PostgreSQL, whose own clock orders the turn.
-    ``record.created_at`` is not used: a node's clock never orders turns."""
+    ``record.created_at`` is not used: a node's clock never orders turns. ``dump`` is
+    the transaction's (``Payloads.dumper``: it may spill to blobs), else ``payloads``'."""
     clock = () if now is None else (now,)
     event = record.event
+    dump = dump or payloads.dump
+    tid = record.turn_id
     return (
         session_id,
         record.turn_id,
         record.agent,
         record.status,
-        payloads.dump(session_id, "opening", record.opening),
-        payloads.dump(session_id, "inbound", event) if event is not None else None,
+        dump(session_id, "opening", record.opening, tid),
+        dump(session_id, "inbound", event, tid) if event is not None else None,
         record.version,
         record.tenant,
         *clock,
@@ -37,16 +45,21 @@ def new_turn_values(
 
 
 def move_values(
-    session_id: str, record: TurnRecord, expect: str, payloads: Payloads
+    session_id: str,
+    record: TurnRecord,
+    expect: str,
+    payloads: Payloads,
+    dump: Callable[[str, PayloadKind, Any, str], str | bytes] | None = None,
 ) -> tuple[Any, ...]:
     """The values of ``_sql.MOVE_TURN``: ``record``'s moving fields, then the turn's
-    key and the status it must still be in."""
+    key and the status it must still be in (``dump`` as for ``new_turn_values``)."""
     pending = record.pending
+    dump = dump or payloads.dump
     return (
         record.status,
         payloads.dump_text(session_id, "text", record.text),
         payloads.dump_text(session_id, "error", record.error),
-        payloads.dump(session_id, "pending", pending) if pending is not None else None,
+        dump(session_id, "pending", pending, record.turn_id) if pending is not None else None,
         record.finished_at,
         record.version,
         record.held_by,

@@ -325,10 +325,10 @@ class _SqliteTransaction:
         now = time.time()
         sid = self._sid
         if expect is None:
-            values = new_turn_values(sid, record, now, self._payloads)
+            values = new_turn_values(sid, record, now, self._payloads, self._dump)
             cur = self._conn.execute(sql.NEW_TURN, values)
         else:
-            values = move_values(sid, record, expect, self._payloads)
+            values = move_values(sid, record, expect, self._payloads, self._dump)
             cur = self._conn.execute(sql.MOVE_TURN, values)
         if cur.rowcount != 1:
             raise TurnMoveError(refused_move(sid, record, expect))

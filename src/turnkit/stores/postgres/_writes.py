@@ -139,10 +139,10 @@ class _Writes:
         sid, now = self._sid, time.time()
         refusal = refused_move(sid, record, expect)
         if expect is None:
-            values = new_turn_values(sid, record, None, self._payloads)
+            values = new_turn_values(sid, record, None, self._payloads, self._dump)
             self.writes.append((_NEW_TURN_CHECKED, (*values, refusal)))
         else:
-            values = move_values(sid, record, expect, self._payloads)
+            values = move_values(sid, record, expect, self._payloads, self._dump)
             self.writes.append((_MOVE_TURN_CHECKED, (*values, refusal)))
         if session_status is not None:
             row = (sid, record.agent, session_status, now, now, owner)
