@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -428,3 +430,26 @@ async def test_a_parked_turn_with_a_large_opening_reads_it_back_in_a_new_process
         session = rt.session("a", "s1")
         done = await session.result(await session.resume(parked.turn_id, "ok", "yes"))
         assert done.status == "completed" and done.text == f"saw 20000 chars of {MARK[:12]}"
+
+
+async def test_the_command_line_reads_blobs_where_turnkit_blobs_says(tmp_path: Path) -> None:
+    kept = Kept("sqlite", tmp_path, None)  # type: ignore[arg-type]
+    async with turnkit.Runtime(blob_agent(), store=kept.store()) as rt:
+        session = rt.session("a", "s1")
+        await session.result(session.start("fetch rho"))
+
+    def export(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "turnkit.cli", "export", "s1", "--store", str(kept.db)],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={k: v for k, v in os.environ.items() if k != "TURNKIT_BLOBS"} | env,
+        )
+
+    found = export({"TURNKIT_BLOBS": str(kept.dir)})
+    assert found.returncode == 0, found.stderr
+    assert big("rho") in found.stdout
+    refused = export({})
+    assert refused.returncode != 0 and "opened without blobs" in refused.stderr

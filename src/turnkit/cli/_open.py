@@ -5,6 +5,10 @@ A ``postgresql://`` or ``postgres://`` URL (or a libpq ``key=value`` string) ope
 A DSN may pick the PostgreSQL schema the way ``psql`` users already do, through its
 ``options``: ``?options=-csearch_path%3Dmyschema`` in a URL, or
 ``options='-c search_path=myschema'`` in a ``key=value`` string.
+
+``TURNKIT_BLOBS`` gives the store its large payloads' home (docs/stores.md): a SQLite
+store's blob directory, or, for a PostgreSQL store, any value (its ``turnkit_blobs``
+table is read in any case; the variable makes the store write large payloads there).
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from .._seams.store import Store
 from ..stores._takeover import Takeover
 from ..stores.sqlite import SqliteStore
 
+#: The environment variable that names where a store keeps its large payloads.
+BLOBS_VARIABLE = "TURNKIT_BLOBS"
 _POSTGRES_URL = re.compile(r"^postgres(?:ql)?://", re.IGNORECASE)
 _LIBPQ_KEYWORDS = re.compile(r"^\s*(?:host|dbname|user|port|hostaddr|service)\s*=")
 _SEARCH_PATH = re.compile(r"-c\s*search_path\s*=\s*([^\s,]+)", re.IGNORECASE)
@@ -49,9 +55,12 @@ def open_store(
                 f"--store {redact_dsn(spec)!r} is a PostgreSQL DSN, which needs "
                 "psycopg: pip install 'turnkit[postgres]'"
             ) from exc
+        blobs = bool(os.environ.get(BLOBS_VARIABLE))
         if pool_size is None:
-            return PostgresStore(spec, schema=dsn_schema(spec), takeover=takeover)
-        return PostgresStore(spec, schema=dsn_schema(spec), takeover=takeover, max_size=pool_size)
+            return PostgresStore(spec, schema=dsn_schema(spec), takeover=takeover, blobs=blobs)
+        return PostgresStore(
+            spec, schema=dsn_schema(spec), takeover=takeover, max_size=pool_size, blobs=blobs
+        )
     folder = os.path.dirname(os.path.abspath(spec))
     try:
         os.makedirs(folder, exist_ok=True)
@@ -59,7 +68,7 @@ def open_store(
         raise ConfigurationError(
             f"--store {spec!r}: cannot create its folder {folder}: {exc.strerror}"
         ) from exc
-    return SqliteStore(spec)
+    return SqliteStore(spec, blobs=os.environ.get(BLOBS_VARIABLE) or None)
 
 
 def dsn_schema(dsn: str) -> str:
