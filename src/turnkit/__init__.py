@@ -79,6 +79,7 @@ from ._seams.model import (
 from ._seams.sink import EventSink, LocalEventSink
 from ._seams.tracer import StepOutcome, StepSpan, StepTrace, Tracer, TurnSpan, TurnTrace
 from ._values.answers import AnswerRecord
+from ._values.budgets import Budget, Limit, Price, Spend
 from ._values.decisions import Decision, DecisionOptions
 from ._values.events import (
     ActionCompletedEvent,
@@ -137,6 +138,7 @@ __all__ = [
     "Approval",
     "AssistantMessage",
     "BlobStore",
+    "Budget",
     "Channel",
     "ChannelContext",
     "Codec",
@@ -167,6 +169,7 @@ __all__ = [
     "InputRequestedEvent",
     "InvalidAnswerError",
     "LastTurns",
+    "Limit",
     "Limits",
     "ListedTool",
     "LocalEventSink",
@@ -184,6 +187,7 @@ __all__ = [
     "OutputSpec",
     "PayloadKind",
     "PendingInput",
+    "Price",
     "Proactive",
     "PruneReport",
     "ReasoningDelta",
@@ -203,6 +207,7 @@ __all__ = [
     "SessionOwnerError",
     "SessionSuspendedError",
     "SlotRule",
+    "Spend",
     "StepOutcome",
     "StepRetryEvent",
     "StepSpan",

@@ -13,6 +13,7 @@ from typing import Any, Protocol
 from .._errors import StoreError
 from .._seams.store import SessionStore
 from .._seams.tracer import StepSpan, TurnSpan
+from .._values.budgets import Budget
 from .._values.events import TurnEvent
 from .._values.inbound import InboundEvent
 from .._values.messages import Message, ToolCall
@@ -37,6 +38,8 @@ class Delivery(Protocol):
     event: InboundEvent | None
     #: Whose turn it is (``TurnRecord.tenant``): the stored turn's once it is stored.
     tenant: str
+    #: Spending limits checked before each model step (``None``: none, no ledger).
+    budget: Budget | None
     children: ChildTurns | None
     generation: int
     store_id: str

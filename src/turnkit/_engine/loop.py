@@ -29,6 +29,7 @@ from .._seams.tracer import (
     TurnSpan,
     TurnTrace,
 )
+from .._values.budgets import Budget
 from .._values.events import (
     ENDING_EVENT_TYPES,
     TurnCancelledEvent,
@@ -106,8 +107,11 @@ class TurnRunner:
         children: ChildTurns | None = None,
         known: KnownTranscript | None = None,
         tracer: Tracer = NO_TRACER,
+        budget: Budget | None = None,
     ) -> None:
         self.agent = agent
+        #: The spending limits checked before each model step (docs/tenants.md).
+        self.budget = budget
         self.store = store
         self.sink = sink
         self.request = request

@@ -23,6 +23,7 @@ from .model_call import ModelBusy, Sent, ask_model
 from .output import answer_tail
 from .replies import assistant_message, error_of, reply_events
 from .retries import model_retry_wait
+from .spending import check_budget, count_usage
 from .tool_steps import Park
 
 
@@ -39,6 +40,8 @@ class ModelSteps:
         d = self._d
         # A step's result commits with its message, so this step was never answered.
         step_id = model_step_id(index)
+        if d.budget is not None and d.budget.limited:
+            await check_budget(d, d.budget, step_id)
         # The history policy's summary calls are steps of their own, with spans of
         # their own, made before this step's request (and its span) begins.
         windows = self._context_windows()
@@ -107,6 +110,8 @@ class ModelSteps:
             writes.append(AppendMessage(index + offset, later))
         if answer is not None:
             writes.append(move(stored_turn(d), "completed", text=answer))
+        if d.budget is not None and reply.usage is not None:
+            writes.append(count_usage(d.budget, d.tenant, d.agent.model, reply.usage))
         # Right before the commit: a cancel that arrived after the last delta or while
         # the stream closed still wins (nothing of the step is written).
         d.boundary()

@@ -19,6 +19,7 @@ from .._seams.sink import EventSink, LocalEventSink
 from .._seams.store import Store, all_sessions
 from .._seams.timers import TimerStore
 from .._seams.tracer import NO_TRACER, Tracer
+from .._values.budgets import Budget
 from .._values.events import InputRequestedEvent, TurnEvent
 from .._values.records import SessionInfo, TurnRecord
 from .._values.tenancy import UNCAPPED, Concurrency
@@ -65,6 +66,7 @@ class Runtime:
         retention: Retention | None = None,
         concurrency: Concurrency | None = None,
         timers: bool = True,
+        budget: Budget | None = None,
     ) -> None:
         listed = [agents] if isinstance(agents, Agent) else list(agents)
         #: Deliveries stopped because another process took their turn over (their
@@ -124,6 +126,11 @@ class Runtime:
         #: on a store only it runs turns from.
         self.concurrency: Concurrency = concurrency if concurrency is not None else UNCAPPED
         self._tenant_gates: dict[str, asyncio.Semaphore] = {}
+        if budget is not None and not isinstance(budget, Budget):
+            raise ConfigurationError(f"budget must be a turnkit.Budget, got {budget!r}")
+        #: Spending limits checked before each model step, and the usage ledger they
+        #: read (docs/tenants.md); ``None``: neither.
+        self.budget: Budget | None = budget
         #: The longest wait, in seconds, between two reads of a turn run elsewhere.
         self.remote_poll = float(remote_poll)
         if retention is not None and not isinstance(retention, Retention):

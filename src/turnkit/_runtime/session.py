@@ -37,6 +37,7 @@ from .._errors import (
 from .._seams.sink import EventSink
 from .._seams.store import NO_MESSAGES, SessionStore, Store, parked_turn
 from .._seams.tracer import Tracer
+from .._values.budgets import Budget
 from .._values.checkpoints import checkpoint_of
 from .._values.events import TurnEvent
 from .._values.inbound import InboundEvent, Proactive
@@ -92,6 +93,9 @@ class SessionHost(ViewHost, Protocol):
     def _require_loop(self) -> asyncio.AbstractEventLoop: ...
 
     def tenant_gate(self, tenant: str) -> asyncio.Semaphore | None: ...
+
+    @property
+    def budget(self) -> Budget | None: ...
 
     def session(self, agent_name: str, session_id: str) -> AgentSession: ...
 
@@ -773,6 +777,7 @@ class AgentSession(SessionView):
             children=self.runtime.children,
             known=self._known,
             tracer=self.runtime.tracer,
+            budget=self.runtime.budget,
         )
         gate = None if request.child else self.runtime.tenant_gate(request.tenant)
         try:

@@ -16,6 +16,7 @@ from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol, TypeAlias, TypeVar, runtime_checkable
 
 from .._errors import FatalToolError
+from .._values.budgets import Spend
 from .._values.events import TurnEvent
 from .._values.messages import Message
 from .._values.records import (
@@ -208,3 +209,22 @@ async def all_sessions(store: Store) -> list[SessionInfo]:
             return sorted(found, key=lambda i: i.session_id)
         last = page[-1]
         after = (last.updated_at, last.session_id)
+
+
+@runtime_checkable
+class SessionSpend(Protocol):
+    """A session store that keeps the usage ledger (``CountUsage`` writes), so budgets
+    can be checked before a model step (docs/tenants.md). Every built-in store does."""
+
+    async def spend(self, tenant: str) -> tuple[Spend, Spend]:
+        """What this session spent on model calls, and what ``tenant`` did."""
+        ...
+
+
+@runtime_checkable
+class UsageLedger(Protocol):
+    """A store whose usage ledger can be read whole: what each tenant spent."""
+
+    async def usage_by_tenant(self) -> dict[str, Spend]:
+        """Every tenant's spend, by tenant (tenants that spent nothing are left out)."""
+        ...

@@ -142,6 +142,19 @@ class TrimEvents:
     turn_id: str
 
 
+@dataclass(frozen=True, slots=True)
+class CountUsage:
+    """Add one model call's tokens and cost to the usage ledger: the session's total
+    and its tenant's (see docs/tenants.md, budgets). Written in the commit of the
+    model step it counts, so the ledger never counts a step that did not commit, nor
+    misses one that did."""
+
+    tenant: str
+    input_tokens: int
+    output_tokens: int
+    cost: float
+
+
 Write: TypeAlias = (
     AppendMessage
     | PutStep
@@ -155,4 +168,5 @@ Write: TypeAlias = (
     | DropGeneration
     | PruneSession
     | TrimEvents
+    | CountUsage
 )

@@ -18,6 +18,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from .._runtime.runtime import Runtime
 from .._seams.queue import WorkerRegistry
+from .._seams.store import UsageLedger
 from .._values.events import TERMINAL_EVENT_TYPES, TurnEvent
 
 try:
@@ -83,6 +84,25 @@ class TurnkitMetrics:
             "retired the last worker of a version its turns still wait on), by agent and "
             "version; read from the store's worker registry (PostgreSQL)",
             ["agent", "version"],
+            registry=reg,
+        )
+        self.tenant_tokens = Gauge(
+            "turnkit_tenant_tokens",
+            "Tokens each tenant's model calls used, from the store's usage ledger (kept "
+            "while the runtime has a Budget), by tenant and direction (input or output)",
+            ["tenant", "direction"],
+            registry=reg,
+        )
+        self.tenant_cost = Gauge(
+            "turnkit_tenant_cost",
+            "What each tenant's model calls cost by the Budget's prices, from the ledger",
+            ["tenant"],
+            registry=reg,
+        )
+        self.tenant_calls = Gauge(
+            "turnkit_tenant_model_calls",
+            "Model calls each tenant made, from the usage ledger",
+            ["tenant"],
             registry=reg,
         )
         self.store_up = Gauge(
@@ -170,6 +190,17 @@ class TurnkitMetrics:
             self.unserved.clear()  # a version served again drops out
             for agent, version, count in unserved:
                 self.unserved.labels(agent, version).set(count)
+        if runtime.budget is not None and isinstance(store, UsageLedger):
+            try:
+                spent = await asyncio.wait_for(store.usage_by_tenant(), STORE_TIMEOUT)
+            except Exception:
+                self.store_up.set(0)
+                return
+            for tenant, spend in spent.items():
+                self.tenant_tokens.labels(tenant, "input").set(spend.input_tokens)
+                self.tenant_tokens.labels(tenant, "output").set(spend.output_tokens)
+                self.tenant_cost.labels(tenant).set(spend.cost)
+                self.tenant_calls.labels(tenant).set(spend.calls)
 
     async def scrape(self) -> bytes:
         """The metrics as Prometheus text, read fresh."""

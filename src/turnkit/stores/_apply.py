@@ -16,6 +16,7 @@ from .._values.records import SessionStatus, TurnRecord, TurnStatus
 from .._values.writes import (
     AppendMessage,
     ArchiveGeneration,
+    CountUsage,
     DropGeneration,
     DropReset,
     EraseSession,
@@ -62,6 +63,8 @@ class WriteTarget(Protocol):
     def prune_session(self, idle_before: float) -> None: ...
 
     def trim_events(self, turn_id: str) -> None: ...
+
+    def count_usage(self, w: CountUsage) -> None: ...
 
 
 def _append(tx: WriteTarget, w: AppendMessage) -> None:
@@ -112,6 +115,10 @@ def _trim(tx: WriteTarget, w: TrimEvents) -> None:
     tx.trim_events(w.turn_id)
 
 
+def _count(tx: WriteTarget, w: CountUsage) -> None:
+    tx.count_usage(w)
+
+
 #: Each kind of write, and how a transaction makes it (looked up by exact type: one
 #: dict lookup a write, on the path of every step).
 _MAKE: dict[type[Any], Callable[[WriteTarget, Any], None]] = {
@@ -127,6 +134,7 @@ _MAKE: dict[type[Any], Callable[[WriteTarget, Any], None]] = {
     DropGeneration: _drop_generation,
     PruneSession: _prune,
     TrimEvents: _trim,
+    CountUsage: _count,
 }
 
 

@@ -181,6 +181,12 @@ MIGRATIONS: list[tuple[str, ...]] = [
     ("ALTER TABLE turnkit_schema ADD COLUMN readable_from INTEGER",),
     # v15: whose turn it is (docs/tenants.md); '' is the default tenant.
     ("ALTER TABLE turnkit_turns ADD COLUMN tenant TEXT NOT NULL DEFAULT ''",),
+    # v16: the usage ledger, what each session and tenant spent (docs/tenants.md).
+    (
+        "CREATE TABLE turnkit_usage (tenant TEXT NOT NULL, bucket TEXT NOT NULL, "
+        "input_tokens INTEGER NOT NULL, output_tokens INTEGER NOT NULL, cost REAL NOT NULL, "
+        "calls INTEGER NOT NULL, PRIMARY KEY (tenant, bucket))",
+    ),
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

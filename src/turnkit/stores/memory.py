@@ -23,6 +23,7 @@ from .._errors import ConfigurationError, StoreError, TurnMoveError
 from .._seams.blobs import BlobStore
 from .._seams.codec import Codec, PayloadKind
 from .._seams.store import NoHandle, ToolStep
+from .._values.budgets import NO_SPEND, Spend
 from .._values.events import TurnEvent, event_from_dict
 from .._values.messages import JsonObject, Message, message_from_dict
 from .._values.records import (
@@ -37,12 +38,13 @@ from .._values.records import (
     preview_of,
 )
 from .._values.turn_rules import UNFINISHED, first_cancel_reason
-from .._values.writes import Write
+from .._values.writes import CountUsage, Write
 from ._apply import apply_writes
 from ._locks import SessionLocks
 from ._off_loop import on_thread
 from ._payloads import Payloads
 from ._spill import DEFAULT_BLOB_THRESHOLD, Seen
+from ._usage_sql import session_bucket, tenant_bucket
 
 T = TypeVar("T")
 
@@ -117,8 +119,11 @@ class _MemoryTransaction:
         session_id: str,
         payloads: Payloads,
         blobs: BlobStore | None = None,
+        ledger: dict[tuple[str, str], Spend] | None = None,
     ) -> None:
         self._data = data
+        #: The store's usage ledger: ``(tenant, bucket)`` to what it spent.
+        self._ledger: dict[tuple[str, str], Spend] = ledger if ledger is not None else {}
         self._session_id = session_id
         self._payloads = payloads
         self._blobs = blobs
@@ -138,6 +143,20 @@ class _MemoryTransaction:
             undo()
         if self._fields is not None:
             vars(self._data).update(self._fields)
+
+    def count_usage(self, w: CountUsage) -> None:
+        spent = Spend(w.input_tokens, w.output_tokens, float(w.cost), 1)
+        sid = self._session_id
+        for key in ((w.tenant, session_bucket(sid)), (w.tenant, tenant_bucket(sid))):
+            before = self._ledger.get(key)
+            self._ledger[key] = (before or NO_SPEND) + spent
+            self._undo.append(partial(self._restore, key, before))
+
+    def _restore(self, key: tuple[str, str], before: Spend | None) -> None:
+        if before is None:
+            self._ledger.pop(key, None)
+        else:
+            self._ledger[key] = before
 
     def _keep_fields(self) -> None:
         if self._fields is None:
@@ -357,6 +376,7 @@ class _MemorySession:
         store_id: str,
         payloads: Payloads,
         blobs: BlobStore | None = None,
+        ledger: dict[tuple[str, str], Spend] | None = None,
     ) -> None:
         self._session_id = session_id
         self._data = data
@@ -364,6 +384,16 @@ class _MemorySession:
         self._store_id = store_id
         self._payloads = payloads
         self._blobs = blobs
+        self._ledger: dict[tuple[str, str], Spend] = ledger if ledger is not None else {}
+
+    async def spend(self, tenant: str) -> tuple[Spend, Spend]:
+        """What this session spent, and what ``tenant`` did (see ``UsageLedger``)."""
+        mine = self._ledger.get((tenant, session_bucket(self._session_id)), NO_SPEND)
+        of_tenant = NO_SPEND
+        for (t, bucket), spent in self._ledger.items():
+            if t == tenant and bucket.startswith("t:"):
+                of_tenant = of_tenant + spent
+        return mine, of_tenant
 
     def _load(self, kind: PayloadKind, kept: bytes) -> Any:
         if self._payloads.codec is None and self._payloads.threshold is None:
@@ -403,7 +433,9 @@ class _MemorySession:
         )
 
     async def commit(self, writes: Sequence[Write]) -> None:
-        tx = _MemoryTransaction(self._data, self._session_id, self._payloads, self._blobs)
+        tx = _MemoryTransaction(
+            self._data, self._session_id, self._payloads, self._blobs, self._ledger
+        )
         try:
             apply_writes(tx, writes)
         except BaseException:
@@ -476,6 +508,7 @@ class MemoryStore:
             get_blob=blobs.get if blobs is not None else None,
         )
         self._sessions: dict[str, _SessionData] = {}
+        self._ledger: dict[tuple[str, str], Spend] = {}
         self._locks = SessionLocks()
         #: This store's identity: random, for as long as the object (its data) lives.
         self.store_id = secrets.token_hex(16)
@@ -489,7 +522,7 @@ class MemoryStore:
     def session(self, session_id: str) -> _MemorySession:
         data = self._sessions.setdefault(session_id, _SessionData())
         return _MemorySession(
-            session_id, data, self._locks, self.store_id, self._payloads, self.blobs
+            session_id, data, self._locks, self.store_id, self._payloads, self.blobs, self._ledger
         )
 
     async def _infos(self) -> list[SessionInfo]:
@@ -611,6 +644,14 @@ class MemoryStore:
             data = self._sessions.get(session_id)
             if data is not None and any(t.tenant == tenant for t in data.turns.values()):
                 found.add(session_id)
+        return found
+
+    async def usage_by_tenant(self) -> dict[str, Spend]:
+        """What each tenant spent on model calls (see ``UsageLedger``)."""
+        found: dict[str, Spend] = {}
+        for (tenant, bucket), spent in sorted(self._ledger.items()):
+            if bucket.startswith("t:"):
+                found[tenant] = found.get(tenant, NO_SPEND) + spent
         return found
 
     async def turn_counts(self) -> dict[str, int]:

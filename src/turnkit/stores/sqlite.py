@@ -28,6 +28,7 @@ from .._errors import ConfigurationError, FatalToolError, StoreError, TurnMoveEr
 from .._seams.blobs import BlobStore
 from .._seams.codec import Codec
 from .._seams.store import ToolStep
+from .._values.budgets import Spend
 from .._values.events import TurnEvent, event_from_dict
 from .._values.messages import Message, message_from_dict
 from .._values.records import (
@@ -39,11 +40,12 @@ from .._values.records import (
     TurnRecord,
     TurnStatus,
 )
-from .._values.writes import Write
+from .._values.writes import CountUsage, Write
 from . import _archive_sql as archive_sql
 from . import _erase_sql as erase_sql
 from . import _retention_sql as retention_sql
 from . import _sql as sql
+from . import _usage_sql as usage_sql
 from ._apply import apply_writes
 from ._host_locks import HostSessionLocks
 from ._off_loop import on_thread
@@ -245,6 +247,11 @@ class _SqliteTransaction:
         _check_open(self._conn)
         stored = self._dump(self._sid, "step", result, turn_id)
         self._conn.execute(sql.INSERT_STEP, (self._sid, turn_id, step_id, stored))
+
+    def count_usage(self, w: CountUsage) -> None:
+        _check_open(self._conn)
+        for statement, params in usage_sql.count_statements(self._sid, w):
+            self._conn.execute(statement, params)
 
     def log_event(self, event: TurnEvent) -> None:
         _check_open(self._conn)
@@ -514,6 +521,14 @@ class _SqliteSession:
     async def turn(self, turn_id: str) -> TurnRecord | None:
         with _reading(f"turn {turn_id}"):
             return self._read_turn(self._store.connection, turn_id)
+
+    async def spend(self, tenant: str) -> tuple[Spend, Spend]:
+        """What this session spent, and what ``tenant`` did (see ``UsageLedger``)."""
+        with _reading(f"the spend of session {self._sid}"):
+            rows = self._store.connection.execute(
+                usage_sql.SPEND, usage_sql.spend_params(self._sid, tenant)
+            ).fetchall()
+        return usage_sql.split_spend(rows)
 
     async def cancel_reason(self, turn_id: str) -> str | None:
         # Every process that records a cancellation changes the lock file's mark
@@ -903,6 +918,12 @@ class SqliteStore:
         with _reading(f"the sessions of tenant {tenant!r}"):
             rows = self.connection.execute(sql.SESSIONS_OF_TENANT, params).fetchall()
         return {str(row[0]) for row in rows}
+
+    async def usage_by_tenant(self) -> dict[str, Spend]:
+        """What each tenant spent on model calls (see ``UsageLedger``)."""
+        with _reading("usage by tenant"):
+            rows = self.connection.execute(usage_sql.BY_TENANT).fetchall()
+        return {str(r[0]): usage_sql.spend_of(r) for r in rows}
 
     async def turn_counts(self) -> dict[str, int]:
         """How many turns are ``queued``, ``running`` and ``suspended`` (for monitoring)."""

@@ -54,8 +54,11 @@ def served(alias: str) -> str:
 #: runnable turns of sessions nobody holds, no more than its free slots; ``k`` ranks
 #: them within their tenant. A candidate's place is its tenant's running count plus
 #: its rank, so the claim fills the least-served tenants first and goes round the
-#: tenants one turn each (oldest turn first among equals); ``f`` numbers each
-#: tenant's free slots, and the r-th candidate of a tenant takes its r-th free slot.
+#: tenants one turn each (oldest turn first among equals). A capped tenant's slots
+#: are numbered 0 to cap - 1: ``f`` lists its free ones in a random order (so two
+#: claims at once mostly try different ones), and its r-th candidate takes the r-th.
+#: An uncapped tenant's session takes a slot numbered by its own id (a hash), so
+#: concurrent claims never contend for one; it is there to be counted.
 #: Every row kept takes its slot lock and then its session's writer lock (a slot
 #: taken for a session another claim locked first is let go at once), so the slots
 #: held are the tenant's running sessions, across every process, and a capped
@@ -93,7 +96,7 @@ CLAIM_SQL = (
     "turnkit_tenant_key(tn.tenant)::bigint & 4294967295 AS tk, "
     "coalesce((?::json ->> tn.tenant)::integer, ?::integer) AS cap) z "
     "WHERE tn.tenant IS NOT NULL), "
-    "c AS (SELECT q.tenant, q.key, q.busy, x.* FROM q CROSS JOIN LATERAL ("
+    "c AS (SELECT q.tenant, q.key, q.busy, q.cap, x.* FROM q CROSS JOIN LATERAL ("
     "SELECT t.session_id, t.turn_id, t.created_at FROM turnkit_turns t "
     f"WHERE t.tenant = q.tenant AND {runnable('t')} "
     "AND t.agent IN (SELECT json_array_elements_text(?::json)) "
@@ -108,12 +111,14 @@ CLAIM_SQL = (
     "k AS (SELECT c.*, row_number() OVER (PARTITION BY c.tenant "
     "ORDER BY c.created_at, c.turn_id) AS r FROM c), "
     "f AS (SELECT q.tenant, g.slot, row_number() OVER (PARTITION BY q.tenant "
-    "ORDER BY g.slot) AS r FROM q CROSS JOIN LATERAL generate_series(0, "
-    "LEAST(coalesce(q.cap, 2147483647)::bigint, q.busy + ?::integer) - 1) g(slot) "
-    "WHERE q.tenant IN (SELECT tenant FROM c) "
+    "ORDER BY random()) AS r FROM q CROSS JOIN LATERAL generate_series(0, "
+    "LEAST(q.cap::bigint, q.busy + ?::integer) - 1) g(slot) "
+    "WHERE q.cap IS NOT NULL AND q.tenant IN (SELECT tenant FROM c) "
     "AND NOT EXISTS (SELECT 1 FROM slots b WHERE b.tk = q.tk AND b.slot = g.slot)), "
-    "w AS (SELECT k.session_id, k.turn_id, k.created_at, k.key, f.slot::integer AS slot, "
-    "k.busy + k.r AS place FROM k JOIN f ON f.tenant = k.tenant AND f.r = k.r), "
+    "w AS (SELECT k.session_id, k.turn_id, k.created_at, k.key, "
+    "coalesce(f.slot::integer, hashtext(k.session_id)) AS slot, "
+    "k.busy + k.r AS place FROM k LEFT JOIN f ON f.tenant = k.tenant AND f.r = k.r "
+    "WHERE k.cap IS NULL OR f.slot IS NOT NULL), "
     "r AS (SELECT s.session_id, NULL::text AS turn_id, s.reset_requested AS created_at, "
     "NULL::integer AS key, NULL::integer AS slot, 0::bigint AS place "
     "FROM turnkit_sessions s WHERE s.reset_requested IS NOT NULL "

@@ -334,6 +334,12 @@ MIGRATIONS: list[tuple[str, ...]] = [
         "ALTER TABLE turnkit_events ALTER COLUMN holder "
         "SET DEFAULT nullif(current_setting('turnkit.holder', true), '')",
     ),
+    # v23: the usage ledger, what each session and tenant spent (docs/tenants.md).
+    (
+        "CREATE TABLE turnkit_usage (tenant text NOT NULL, bucket text NOT NULL, "
+        "input_tokens bigint NOT NULL, output_tokens bigint NOT NULL, "
+        "cost double precision NOT NULL, calls bigint NOT NULL, PRIMARY KEY (tenant, bucket))",
+    ),
 ]
 
 

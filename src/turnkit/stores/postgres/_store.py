@@ -46,6 +46,7 @@ from ..._seams.codec import Codec
 from ..._seams.queue import PendingReset, Serving
 from ..._seams.store import ToolStep
 from ..._seams.worker_view import HeldSession, LiveWorker
+from ..._values.budgets import Spend
 from ..._values.events import TurnEvent, event_from_dict
 from ..._values.messages import Message, message_from_dict
 from ..._values.records import (
@@ -61,6 +62,7 @@ from ..._values.writes import Write
 from .. import _archive_sql as archive_sql
 from .. import _retention_sql as retention_sql
 from .. import _sql as sql
+from .. import _usage_sql as usage_sql
 from .._apply import apply_writes
 from .._off_loop import on_thread
 from .._payloads import Payloads
@@ -297,6 +299,14 @@ class _PgSession:
             return turn_row(res, 0, 0, self._store._payloads) if res.ntuples else None
 
         return await self._store._read(f"turn {turn_id}", read, of=self._sid)
+
+    async def spend(self, tenant: str) -> tuple[Spend, Spend]:
+        """What this session spent, and what ``tenant`` did (see ``UsageLedger``)."""
+        params = usage_sql.spend_params(self._sid, tenant)
+        rows = await self._store._select(
+            f"the spend of session {self._sid}", usage_sql.SPEND, params, tuple
+        )
+        return usage_sql.split_spend(rows)
 
     async def cancel_reason(self, turn_id: str) -> str | None:
         # Announced cancellations are heard at once (see _listen); the turn's row
@@ -784,6 +794,11 @@ class PostgresStore:
         params = (before, *start, limit)
         rows = await self._select("ended turns", retention_sql.ENDED_TURNS, params, tuple)
         return [(float(at), str(sid), str(tid)) for at, sid, tid in rows]
+
+    async def usage_by_tenant(self) -> dict[str, Spend]:
+        """What each tenant spent on model calls (see ``UsageLedger``)."""
+        rows = await self._select("usage by tenant", usage_sql.BY_TENANT, (), tuple)
+        return {str(r[0]): usage_sql.spend_of(r) for r in rows}
 
     async def turn_counts(self) -> dict[str, int]:
         """How many turns are ``queued``, ``running`` and ``suspended`` (for monitoring)."""

@@ -20,10 +20,12 @@ from ..._seams.store import StoreHandle
 from ..._values.events import TurnEvent
 from ..._values.messages import Message
 from ..._values.records import SessionStatus, TurnRecord, TurnStatus
+from ..._values.writes import CountUsage
 from .. import _archive_sql as archive_sql
 from .. import _erase_sql as erase_sql
 from .. import _retention_sql as retention_sql
 from .. import _sql as sql
+from .. import _usage_sql as usage_sql
 from .._payloads import Payloads
 from .._sql_rows import move_values, new_turn_values, refused_move
 from . import _blobs as blob_sql
@@ -88,6 +90,9 @@ class _Writes:
     def put_step(self, step_id: str, turn_id: str, result: Any) -> None:
         stored = self._dump(self._sid, "step", result, turn_id)
         self.writes.append((sql.INSERT_STEP, (self._sid, turn_id, step_id, stored)))
+
+    def count_usage(self, w: CountUsage) -> None:
+        self.writes += usage_sql.count_statements(self._sid, w)
 
     def log_event(self, event: TurnEvent) -> None:
         turn_id = event.turn_id
