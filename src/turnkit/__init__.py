@@ -119,6 +119,7 @@ from ._values.messages import (
     message_from_dict,
 )
 from ._values.policy import SurfacePolicy, TurnPolicy
+from ._values.rate_limits import RateLimit
 from ._values.tenancy import Concurrency
 from ._values.turns import ResetResult, TurnResult
 from ._values.usage import Usage
@@ -190,6 +191,7 @@ __all__ = [
     "Price",
     "Proactive",
     "PruneReport",
+    "RateLimit",
     "ReasoningDelta",
     "ReasoningDeltaEvent",
     "ResetResult",

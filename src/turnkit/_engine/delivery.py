@@ -23,6 +23,7 @@ from .._values.usage import Usage
 from .._values.writes import Write
 from .agent import Agent
 from .context import ChildTurns
+from .rate_waits import RateLimiter
 from .turn_tools import TurnTools
 
 
@@ -40,6 +41,8 @@ class Delivery(Protocol):
     tenant: str
     #: Spending limits checked before each model step (``None``: none, no ledger).
     budget: Budget | None
+    #: The model rate limits each model step takes a place under (``None``: none).
+    rates: RateLimiter | None
     children: ChildTurns | None
     generation: int
     store_id: str

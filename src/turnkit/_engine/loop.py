@@ -70,6 +70,7 @@ from .position import (
     has_opening_message,
     next_step,
 )
+from .rate_waits import RateLimiter
 from .reset import carry_out_reset, runs_after_reset
 from .tool_results import error_text
 from .tool_steps import Park, ToolSteps
@@ -108,8 +109,11 @@ class TurnRunner:
         known: KnownTranscript | None = None,
         tracer: Tracer = NO_TRACER,
         budget: Budget | None = None,
+        rates: RateLimiter | None = None,
     ) -> None:
         self.agent = agent
+        #: The model rate limits, shared through the store (docs/tenants.md).
+        self.rates = rates
         #: The spending limits checked before each model step (docs/tenants.md).
         self.budget = budget
         self.store = store

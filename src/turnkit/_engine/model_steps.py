@@ -12,6 +12,7 @@ from typing import Any
 from .._seams.tracer import StepSpan
 from .._values.checkpoints import ToolStepResult
 from .._values.events import MessageDeltaEvent, ReasoningDeltaEvent
+from .._values.inputs import InputRequest
 from .._values.messages import ToolMessage
 from .._values.step_ids import model_step_id, tool_step_id
 from .._values.turn_rules import move
@@ -21,6 +22,7 @@ from .delivery import Delivery, stored_turn
 from .known_transcript import KnownTranscript
 from .model_call import ModelBusy, Sent, ask_model
 from .output import answer_tail
+from .rate_waits import Ticket
 from .replies import assistant_message, error_of, reply_events
 from .retries import model_retry_wait
 from .spending import check_budget, count_usage
@@ -42,6 +44,14 @@ class ModelSteps:
         step_id = model_step_id(index)
         if d.budget is not None and d.budget.limited:
             await check_budget(d, d.budget, step_id)
+        ticket = None
+        if d.rates is not None:
+            taken = await d.rates.take(
+                d.agent.model, turn_id=d.turn_id, step_id=step_id, steps=d.steps
+            )
+            if isinstance(taken, InputRequest):
+                raise Park((taken,))  # asked again when a place frees (nothing was asked)
+            ticket = taken
         # The history policy's summary calls are steps of their own, with spans of
         # their own, made before this step's request (and its span) begins.
         windows = self._context_windows()
@@ -50,16 +60,23 @@ class ModelSteps:
         if summaries is not None:
             d.usage = d.usage + summaries
         with d.step_span(step_id, model=d.agent.model) as span:
-            await self._ask_and_commit(index, step_id, span, windows, sent)
+            await self._ask_and_commit(index, step_id, span, windows, sent, ticket)
 
     def _traced_summary(self, step_id: str, model: Any) -> AbstractContextManager[StepSpan]:
         """The span of a summary call the history policy makes (step ``step_id``)."""
         return self._d.step_span(step_id, model=model)
 
     async def _ask_and_commit(
-        self, index: int, step_id: str, span: StepSpan, windows: ContextWindows, sent: Sent
+        self,
+        index: int,
+        step_id: str,
+        span: StepSpan,
+        windows: ContextWindows,
+        sent: Sent,
+        ticket: Ticket | None = None,
     ) -> None:
         d = self._d
+        used = 0
         try:
             reply, record = await ask_model(
                 d.agent,
@@ -69,13 +86,21 @@ class ModelSteps:
                 d.cancel_reason,
                 tools=d.tools.specs_for(d.policy),
             )
+            used = reply.usage.total_tokens if reply.usage is not None else 0
         except ModelBusy as busy:
+            if d.rates is not None and busy.error.retry_after is not None:
+                # Every process holds back from this model until the provider's time.
+                await d.rates.refused(d.agent.model, busy.error.retry_after)
             wait = model_retry_wait(
                 d.agent.model_retry, busy.error, turn_id=d.turn_id, step_id=step_id, steps=d.steps
             )
             if wait is None:
                 raise
             raise Park((wait,)) from None  # asked again when the timer fires
+        finally:
+            if ticket is not None and d.rates is not None:
+                # However the call ended: its window at the provider runs from now.
+                await d.rates.done(ticket, used)
         span.replied(reply)
         message = assistant_message(reply, d.turn_id, reply.tool_calls)
         # What follows the reply in the same commit (a typed answer's result, or a

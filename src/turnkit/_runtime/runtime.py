@@ -12,8 +12,10 @@ from types import TracebackType
 from typing import Any
 
 from .._engine.agent import Agent
+from .._engine.rate_waits import RateLimiter
 from .._engine.tool_sources import OpenedToolSource
 from .._errors import ConfigurationError
+from .._seams.rates import RateStore
 from .._seams.relay import EventRelay, RelayingStore
 from .._seams.sink import EventSink, LocalEventSink
 from .._seams.store import Store, all_sessions
@@ -21,6 +23,7 @@ from .._seams.timers import TimerStore
 from .._seams.tracer import NO_TRACER, Tracer
 from .._values.budgets import Budget
 from .._values.events import InputRequestedEvent, TurnEvent
+from .._values.rate_limits import RateLimit
 from .._values.records import SessionInfo, TurnRecord
 from .._values.tenancy import UNCAPPED, Concurrency
 from .._values.text import unstorable
@@ -28,6 +31,7 @@ from .._values.turns import TurnResult
 from .approvals import GrantSealer
 from .children import RuntimeChildren
 from .inbox import InboxPage, OpenTo, pending_inputs
+from .local_rates import LocalRates
 from .retention import PruneReport, Retention, prune
 from .session import AgentSession
 from .timers import TimerLoop
@@ -67,6 +71,7 @@ class Runtime:
         concurrency: Concurrency | None = None,
         timers: bool = True,
         budget: Budget | None = None,
+        rate_limits: Sequence[RateLimit] = (),
     ) -> None:
         listed = [agents] if isinstance(agents, Agent) else list(agents)
         #: Deliveries stopped because another process took their turn over (their
@@ -131,6 +136,19 @@ class Runtime:
         #: Spending limits checked before each model step, and the usage ledger they
         #: read (docs/tenants.md); ``None``: neither.
         self.budget: Budget | None = budget
+        limits = list(rate_limits)
+        for limit in limits:
+            if not isinstance(limit, RateLimit):
+                raise ConfigurationError(f"rate_limits takes RateLimit values, got {limit!r}")
+        if len({limit.model for limit in limits}) != len(limits):
+            raise ConfigurationError("rate_limits names one model twice")
+        #: The model rate limits, kept in the store's log where it keeps one (shared by
+        #: every process on it: PostgreSQL), else in this process (docs/tenants.md).
+        self.rates: RateLimiter | None = (
+            RateLimiter(limits, store if isinstance(store, RateStore) else LocalRates())
+            if limits
+            else None
+        )
         #: The longest wait, in seconds, between two reads of a turn run elsewhere.
         self.remote_poll = float(remote_poll)
         if retention is not None and not isinstance(retention, Retention):

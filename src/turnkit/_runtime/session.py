@@ -20,6 +20,7 @@ from .._engine.agent import Agent
 from .._engine.context import make_idempotency_key
 from .._engine.loop import KnownTranscript, TurnRunner, opening_policy
 from .._engine.position import RunTools, next_step
+from .._engine.rate_waits import RateLimiter
 from .._engine.reset import carry_out_reset
 from .._errors import (
     ConfigurationError,
@@ -96,6 +97,9 @@ class SessionHost(ViewHost, Protocol):
 
     @property
     def budget(self) -> Budget | None: ...
+
+    @property
+    def rates(self) -> RateLimiter | None: ...
 
     def session(self, agent_name: str, session_id: str) -> AgentSession: ...
 
@@ -778,6 +782,7 @@ class AgentSession(SessionView):
             known=self._known,
             tracer=self.runtime.tracer,
             budget=self.runtime.budget,
+            rates=self.runtime.rates,
         )
         gate = None if request.child else self.runtime.tenant_gate(request.tenant)
         try:

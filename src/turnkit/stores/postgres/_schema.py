@@ -340,6 +340,62 @@ MIGRATIONS: list[tuple[str, ...]] = [
         "input_tokens bigint NOT NULL, output_tokens bigint NOT NULL, "
         "cost double precision NOT NULL, calls bigint NOT NULL, PRIMARY KEY (tenant, bucket))",
     ),
+    # v24: model rate limits shared by every process (docs/tenants.md): a log of the
+    # calls still inside some limit's window (a call counts from when it was let go
+    # until a window after it ended), the provider's blocks (a 429's retry-after),
+    # and the take that checks and logs a call in one step under a per-limit
+    # transaction lock, so two takers never both get the last place.
+    (
+        "CREATE TABLE turnkit_rate_log (key text NOT NULL, ticket bigserial, "
+        "at double precision NOT NULL, done double precision, "
+        "tokens bigint NOT NULL DEFAULT 0, PRIMARY KEY (key, ticket))",
+        "CREATE TABLE turnkit_rate_blocks (key text PRIMARY KEY, until double precision NOT NULL)",
+        # A call still in flight counts as happening now, unless it began more than
+        # ``stale`` seconds ago (its process died during it): then as ended when it began.
+        """CREATE FUNCTION turnkit_rate_take(k text, max_requests integer, max_tokens bigint,
+            win double precision, slack double precision, stale double precision)
+        RETURNS TABLE (wait double precision, taken bigint)
+        LANGUAGE plpgsql AS $fn$
+        DECLARE
+            now_ double precision;
+            n bigint;
+            used bigint;
+            oldest double precision;
+            blocked double precision;
+            t bigint;
+        BEGIN
+            PERFORM pg_advisory_xact_lock(hashtext('{schema}/rate/' || k));
+            now_ := extract(epoch FROM clock_timestamp());
+            SELECT b.until INTO blocked FROM {schema}.turnkit_rate_blocks b WHERE b.key = k;
+            IF blocked IS NOT NULL AND blocked > now_ THEN
+                RETURN QUERY SELECT blocked - now_, NULL::bigint;
+                RETURN;
+            END IF;
+            DELETE FROM {schema}.turnkit_rate_log l WHERE l.key = k
+                AND coalesce(l.done, CASE WHEN l.at < now_ - stale THEN l.at END)
+                    < now_ - win - slack;
+            SELECT count(*), coalesce(sum(l.tokens), 0),
+                    min(coalesce(l.done, CASE WHEN l.at < now_ - stale THEN l.at ELSE now_ END))
+                INTO n, used, oldest
+                FROM {schema}.turnkit_rate_log l WHERE l.key = k;
+            IF max_requests IS NOT NULL AND n >= max_requests THEN
+                RETURN QUERY SELECT e.at + win + slack - now_, NULL::bigint FROM (
+                    SELECT coalesce(l.done, CASE WHEN l.at < now_ - stale THEN l.at
+                        ELSE now_ END) AS at
+                    FROM {schema}.turnkit_rate_log l WHERE l.key = k) e
+                    ORDER BY e.at OFFSET n - max_requests LIMIT 1;
+                RETURN;
+            END IF;
+            IF max_tokens IS NOT NULL AND n > 0 AND used >= max_tokens THEN
+                RETURN QUERY SELECT oldest + win + slack - now_, NULL::bigint;
+                RETURN;
+            END IF;
+            INSERT INTO {schema}.turnkit_rate_log (key, at) VALUES (k, now_)
+                RETURNING ticket INTO t;
+            RETURN QUERY SELECT 0.0::double precision, t;
+        END
+        $fn$""",
+    ),
 ]
 
 

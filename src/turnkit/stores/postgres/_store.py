@@ -795,6 +795,52 @@ class PostgresStore:
         rows = await self._select("ended turns", retention_sql.ENDED_TURNS, params, tuple)
         return [(float(at), str(sid), str(tid)) for at, sid, tid in rows]
 
+    # -- the RateStore protocol (docs/tenants.md) --------------------------------
+
+    async def rate_take(
+        self,
+        key: str,
+        requests: int | None,
+        tokens: int | None,
+        window: float,
+        slack: float,
+        stale: float,
+    ) -> tuple[float, int | None]:
+        rows = await self._rate(
+            "SELECT wait, taken FROM turnkit_rate_take(?, ?, ?, ?, ?, ?)",
+            (key, requests, tokens, float(window), float(slack), float(stale)),
+        )
+        wait, taken = rows[0]
+        return float(wait), (int(taken) if taken is not None else None)
+
+    async def rate_done(self, key: str, ticket: int, tokens: int) -> None:
+        await self._rate(
+            "UPDATE turnkit_rate_log SET tokens = ?, "
+            "done = extract(epoch FROM clock_timestamp()) WHERE key = ? AND ticket = ?",
+            (tokens, key, ticket),
+        )
+
+    async def rate_block(self, key: str, until: float) -> None:
+        await self._rate(
+            "INSERT INTO turnkit_rate_blocks AS b (key, until) VALUES (?, ?) "
+            "ON CONFLICT (key) DO UPDATE SET until = GREATEST(b.until, excluded.until)",
+            (key, float(until)),
+        )
+
+    async def _rate(self, statement: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+        """Run a rate-limit statement in a transaction of its own (a take's lock on its
+        limit is held until that transaction ends)."""
+        query = pg(statement, self.schema)
+        try:
+            pool = self.async_pool
+            async with pool.connection(timeout=self.connect_timeout) as conn, conn.transaction():
+                cur = await conn.execute(query, params)
+                return list(await cur.fetchall()) if cur.description else []
+        except psycopg.Error as exc:
+            raise StoreError(f"rate limit: {exc}") from exc
+        except Exception as exc:  # the pool's timeout
+            raise StoreError(f"rate limit: {exc}") from exc
+
     async def usage_by_tenant(self) -> dict[str, Spend]:
         """What each tenant spent on model calls (see ``UsageLedger``)."""
         rows = await self._select("usage by tenant", usage_sql.BY_TENANT, (), tuple)

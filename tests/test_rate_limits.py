@@ -1,0 +1,172 @@
+"""Model rate limits: a real OpenAI-wire server on 127.0.0.1 records when each request
+arrives, and never sees more than the limit in any sliding window, whether one
+runtime runs the turns or three workers on one PostgreSQL share the limit through
+the store. A turn over the limit waits parked on a timer, holding no worker: another
+agent's turns run meanwhile. The window is shortened from a minute to keep the test
+fast (``RateLimit(window=...)``)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fakes import openai_wire as wire
+from fakes.server import Canned, FakeProvider
+
+import turnkit
+from turnkit import RateLimit
+from turnkit.models import openai
+from turnkit.stores import PostgresStore, SqliteStore
+from turnkit.testing import ScriptedModel
+
+
+class Arrivals:
+    """When each request reached the fake provider, by the model it asked for."""
+
+    def __init__(self) -> None:
+        self.at: dict[str, list[float]] = {}
+        self._lock = threading.Lock()
+
+    def respond(self, body: Any) -> Canned:
+        with self._lock:
+            self.at.setdefault(body["model"], []).append(time.time())
+        return wire.completion("done")
+
+    def most_in_any_window(self, model: str, window: float) -> int:
+        """The most requests for ``model`` that arrived within ``window`` seconds of
+        one another (every window starting at an arrival: where the most can be)."""
+        times = sorted(self.at.get(model, []))
+        return max(
+            (sum(1 for t in times if start <= t < start + window) for start in times), default=0
+        )
+
+
+def agent(name: str, model: str, server: FakeProvider) -> turnkit.Agent:
+    return turnkit.Agent(
+        name=name, model=openai(model, api_key="test-key", base_url=server.url + "/v1")
+    )
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], what: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not await check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+def test_a_rate_limit_refuses_nonsense() -> None:
+    with pytest.raises(turnkit.ConfigurationError, match="requests_per_minute"):
+        RateLimit("m", requests_per_minute=0)
+    with pytest.raises(turnkit.ConfigurationError, match="needs requests_per_minute"):
+        RateLimit("m")
+    with pytest.raises(turnkit.ConfigurationError, match="window"):
+        RateLimit("m", requests_per_minute=1, window=0)
+    with pytest.raises(turnkit.ConfigurationError, match="names one model twice"):
+        turnkit.Runtime(
+            turnkit.Agent(name="a", model=ScriptedModel([])),
+            store=turnkit.stores.MemoryStore(),
+            rate_limits=[RateLimit("m", requests_per_minute=1)] * 2,
+        )
+
+
+async def test_a_runtime_keeps_its_model_calls_under_the_limit(tmp_path: Path) -> None:
+    arrivals = Arrivals()
+    limit = RateLimit("limited-model", requests_per_minute=3, window=1.0)
+    with FakeProvider(respond=arrivals.respond) as server:
+        store = SqliteStore(tmp_path / "rates.db")
+        async with turnkit.Runtime(
+            agent("a", "limited-model", server), store=store, rate_limits=[limit]
+        ) as rt:
+            turns = []
+            for i in range(8):
+                s = rt.session("a", f"s{i}")
+                turns.append((s, await s.submit("go")))
+
+            async def all_done() -> bool:
+                for s, tid in turns:
+                    record = await store.session(s.session_id).turn(tid)
+                    if record is None or record.status != "completed":
+                        return False
+                return True
+
+            await eventually(all_done, "every turn")
+            waited = [
+                e
+                for s, _ in turns
+                for e in await s.events()
+                if e.type == "input.requested" and "rate limit" in str(e.to_dict())
+            ]
+    assert len(arrivals.at["limited-model"]) == 8
+    assert arrivals.most_in_any_window("limited-model", 1.0) <= 3
+    assert waited, "no turn waited on the limit"
+
+
+@asynccontextmanager
+async def worker(
+    dsn: str, schema: str, agents: list[turnkit.Agent], limits: list[RateLimit]
+) -> AsyncIterator[turnkit.Worker]:
+    store = PostgresStore(dsn, schema=schema, busy_timeout=30.0)
+    async with turnkit.Runtime(agents, store=store, rate_limits=limits) as rt:
+        w = turnkit.Worker(rt, poll=0.2, concurrency=16)
+        running = asyncio.ensure_future(w.run())
+        try:
+            yield w
+        finally:
+            w.stop()
+            await asyncio.wait_for(running, 30)
+
+
+@pytest.mark.slow
+async def test_three_workers_share_one_limit_and_run_other_turns_meanwhile(
+    pg_dsn: str, pg_schema: str
+) -> None:
+    """20 turns of the limited model at 4 per second take 5 windows; the other
+    agent's 20 turns, on a model without a limit, all finish while the limited
+    ones still wait (they wait parked, not in a worker's slot)."""
+    arrivals = Arrivals()
+    limits = [RateLimit("limited-model", requests_per_minute=4, window=1.0)]
+    with FakeProvider(respond=arrivals.respond) as server:
+        agents = [agent("slow", "limited-model", server), agent("free", "free-model", server)]
+        node_store = PostgresStore(pg_dsn, schema=pg_schema, busy_timeout=30.0)
+        async with (
+            turnkit.Runtime(agents, store=node_store, run_turns=False) as node,
+            AsyncExitStack() as stack,
+        ):
+            for _ in range(3):
+                await stack.enter_async_context(worker(pg_dsn, pg_schema, agents, limits))
+            slow, free = [], []
+            for i in range(20):
+                s = node.session("slow", f"slow{i}")
+                slow.append((s, await s.submit("go", tenant="t1")))
+            for i in range(20):
+                s = node.session("free", f"free{i}")
+                free.append((s, await s.submit("go", tenant="t2")))
+
+            async def statuses(turns: list[Any]) -> list[str]:
+                found = []
+                for s, tid in turns:
+                    record = await node_store.session(s.session_id).turn(tid)
+                    found.append(record.status if record is not None else "missing")
+                return found
+
+            async def free_done() -> bool:
+                return all(x == "completed" for x in await statuses(free))
+
+            await eventually(free_done, "the unlimited agent's turns")
+            slow_now = await statuses(slow)
+            assert slow_now.count("completed") < 20, slow_now
+
+            async def slow_done() -> bool:
+                return all(x == "completed" for x in await statuses(slow))
+
+            await eventually(slow_done, "the limited agent's turns")
+    assert len(arrivals.at["limited-model"]) == 20
+    assert arrivals.most_in_any_window("limited-model", 1.0) <= 4
+    assert len(arrivals.at["free-model"]) == 20
