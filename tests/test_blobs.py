@@ -270,6 +270,10 @@ async def test_erasure_deletes_every_blob_of_the_session(kept: Kept) -> None:
         assert len(kept.blobs("s1")) == 2  # one per generation's turn
         await rt.session("a", "s1").erase(by="alice")
         assert kept.blobs("s1") == []
+        if kept.kind == "sqlite":  # nothing left owed
+            with sqlite3.connect(kept.db) as conn:
+                owed = conn.execute("SELECT count(*) FROM turnkit_blob_deletions").fetchone()
+            assert owed == (0,)
         assert len(kept.blobs("kept")) == 2
         if kept.kind != "memory":
             left = [row for row in kept.rows_with(MARK) if "s1" in row[1]]
@@ -453,3 +457,39 @@ async def test_the_command_line_reads_blobs_where_turnkit_blobs_says(tmp_path: P
     assert big("rho") in found.stdout
     refused = export({})
     assert refused.returncode != 0 and "opened without blobs" in refused.stderr
+
+
+class _DeletesFail(FileBlobStore):
+    """A blob directory that cannot delete (as a process killed right after the
+    erasure's commit would leave it: rows gone, blobs still there)."""
+
+    def delete_session(self, session_id: str) -> None:
+        raise StoreError("the directory is read-only")
+
+    def delete_turns(self, session_id: str, turn_ids: Any) -> None:
+        raise StoreError("the directory is read-only")
+
+
+async def test_blob_deletions_left_owed_are_carried_out_when_the_store_next_opens(
+    tmp_path: Path,
+) -> None:
+    db, folder = tmp_path / "t.db", tmp_path / "blobs"
+    failing = SqliteStore(db, blobs=_DeletesFail(folder), blob_threshold=THRESHOLD)
+    async with turnkit.Runtime(blob_agent(), store=failing) as rt:
+        session = rt.session("a", "s1")
+        await session.result(session.start("fetch sigma"))
+        with pytest.raises(StoreError, match="its rows are deleted, but not all its blobs yet"):
+            await session.erase(by="alice")
+        kept = Kept("sqlite", tmp_path, None)  # type: ignore[arg-type]
+        assert [b for b in kept.blobs("s1") if b"sigma" in b]  # still there, and owed
+        done = await session.result(session.start("fetch tau"))  # the session goes on
+        assert done.text == "saw 20000 chars of tau"
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("SELECT count(*) FROM turnkit_blob_deletions").fetchone() == (1,)
+    store = SqliteStore(db, blobs=FileBlobStore(folder), blob_threshold=THRESHOLD)
+    async with turnkit.Runtime(blob_agent(), store=store):  # the next process to open it
+        assert [b for b in kept.blobs("s1") if b"sigma" in b] == []
+        snap = await store.session("s1").load()  # what came after the erasure stays
+        assert any(isinstance(m, ToolMessage) and m.result["tag"] == "tau" for m in snap.messages)
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("SELECT count(*) FROM turnkit_blob_deletions").fetchone() == (0,)

@@ -187,6 +187,12 @@ MIGRATIONS: list[tuple[str, ...]] = [
         "input_tokens INTEGER NOT NULL, output_tokens INTEGER NOT NULL, cost REAL NOT NULL, "
         "calls INTEGER NOT NULL, PRIMARY KEY (tenant, bucket))",
     ),
+    # v17: blob deletions owed (``_blob_outbox``): recorded with the rows' deletion,
+    # forgotten once the blobs are gone.
+    (
+        "CREATE TABLE turnkit_blob_deletions (id INTEGER PRIMARY KEY, "
+        "session_id TEXT NOT NULL, turns TEXT)",
+    ),
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -12,14 +12,13 @@ transaction, and the step's rows commit in it.
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import logging
 import os
 import re
 import sqlite3
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager, contextmanager
 from typing import Any, TypeVar, cast
@@ -42,6 +41,7 @@ from .._values.records import (
 )
 from .._values.writes import CountUsage, Write
 from . import _archive_sql as archive_sql
+from . import _blob_outbox as blob_outbox
 from . import _erase_sql as erase_sql
 from . import _retention_sql as retention_sql
 from . import _sql as sql
@@ -234,8 +234,10 @@ class _SqliteTransaction:
         self._dump = payloads.dumper(blobs.put if blobs is not None else None)
         #: Whether this transaction records a cancellation (others are then told).
         self.cancels = False
-        #: Blob deletions to make once the rows that refer to them are gone (committed).
-        self.after: list[Callable[[], None]] = []
+        #: Blob deletions owed once the rows that refer to them are gone (committed):
+        #: (their ``turnkit_blob_deletions`` row, the turns as JSON, whether every
+        #: blob of the session goes).
+        self.after: list[tuple[int, str, bool]] = []
 
     def append_message(self, index: int, message: Message) -> None:
         _check_open(self._conn)
@@ -282,10 +284,16 @@ class _SqliteTransaction:
 
     def erase_session(self, by: str | None) -> None:
         _check_open(self._conn)
+        turns = blob_outbox.session_turns(self._conn, self._sid) if self._blobs else ""
         for statement, params in erase_sql.erase_statements(self._sid, by, time.time()):
             self._conn.execute(statement, params)
         if self._blobs is not None:
-            self.after.append(functools.partial(self._blobs.delete_session, self._sid))
+            self._owe(turns, whole=True)
+
+    def _owe(self, turns: str, *, whole: bool = False) -> None:
+        """Record a blob deletion this transaction's rows owe (see ``_blob_outbox``)."""
+        cur = self._conn.execute(blob_outbox.OWE, (self._sid, turns))
+        self.after.append((int(cur.lastrowid or 0), turns, whole))
 
     def drop_generation(self, generation: int) -> None:
         _check_open(self._conn)
@@ -293,8 +301,7 @@ class _SqliteTransaction:
             rows = self._conn.execute(
                 retention_sql.GENERATION_ONLY_TURNS, (self._sid, generation, generation)
             ).fetchall()
-            turns = [r[0] for r in rows]
-            self.after.append(functools.partial(self._blobs.delete_turns, self._sid, turns))
+            self._owe(json.dumps([r[0] for r in rows]))
         for statement, params in retention_sql.drop_generation_statements(self._sid, generation):
             self._conn.execute(statement, params)
 
@@ -305,11 +312,14 @@ class _SqliteTransaction:
 
     def prune_session(self, idle_before: float) -> None:
         _check_open(self._conn)
-        statements = retention_sql.prune_session_statements(self._sid, idle_before)
-        for statement, params in statements:
-            cur = self._conn.execute(statement, params)
-            if statement is statements[0][0] and cur.rowcount == 1 and self._blobs is not None:
-                self.after.append(functools.partial(self._blobs.delete_session, self._sid))
+        turns = blob_outbox.session_turns(self._conn, self._sid) if self._blobs else ""
+        for statement, params in retention_sql.prune_session_statements(self._sid, idle_before):
+            self._conn.execute(statement, params)
+        if self._blobs is not None:  # owed only if the session's row went
+            owe = (self._sid, turns, self._sid)
+            cur = self._conn.execute(blob_outbox.OWE_IF_PRUNED, owe)
+            if cur.rowcount == 1:
+                self.after.append((int(cur.lastrowid or 0), turns, True))
 
     def request_reset(self) -> None:
         _check_open(self._conn)
@@ -346,16 +356,23 @@ class _SqliteTransaction:
             self._conn.execute(sql.SESSION_SEEN, (sid, record.agent, now, now, owner))
 
 
-def _delete_blobs(session_id: str, deletions: list[Callable[[], None]]) -> None:
-    """Delete the blobs a committed erasure or retention pass left without rows."""
-    for delete in deletions:
+def _delete_blobs(
+    session_id: str, blobs: BlobStore | None, owed: list[tuple[int, str, bool]]
+) -> list[int]:
+    """Delete the blobs a committed erasure or retention pass left without rows (the
+    caller still holds the session's writer lock); the ``turnkit_blob_deletions`` rows
+    now done."""
+    if blobs is None:
+        return []
+    for _, turns, whole in owed:
         try:
-            delete()
+            blob_outbox.carry_out(blobs, session_id, turns, whole)
         except StoreError as exc:
             raise StoreError(
-                f"session {session_id}: its rows are deleted, but not all its blobs: {exc} "
-                "(delete them by hand, or run the erasure again)"
+                f"session {session_id}: its rows are deleted, but not all its blobs yet: "
+                f"{exc} (the store deletes them when it next opens)"
             ) from exc
+    return [row for row, _, _ in owed]
 
 
 class _SqliteSession:
@@ -446,9 +463,27 @@ class _SqliteSession:
         finally:
             writer.turns.release()
         self._store._committed()
-        _delete_blobs(self._sid, tx.after)
+        if tx.after:
+            await self._forget(_delete_blobs(self._sid, self._store.blobs, tx.after))
         if tx.cancels:
             self._store._locks.signal()
+
+    async def _forget(self, done: list[int]) -> None:
+        """Forget the blob deletions carried out (a commit of their own)."""
+        writer = self._store._write_connection
+        await writer.turns.take()
+        try:
+            conn = writer.conn
+            await self._begin(conn)
+            try:
+                conn.executemany(blob_outbox.DONE, [(row,) for row in done])
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+        finally:
+            writer.turns.release()
 
     async def run_tool(self, step: ToolStep[T]) -> T:
         """The step runs on a tool thread. If the tool used ``ctx.store``, its rows
@@ -485,7 +520,8 @@ class _SqliteSession:
                 tx = _SqliteTransaction(handle.conn, self._sid, store._payloads, store.blobs)
                 apply_writes(tx, writes)
                 handle.conn.execute("COMMIT")
-                _delete_blobs(self._sid, tx.after)
+                # Its owed rows stay until the next open's sweep: no tool step erases.
+                _delete_blobs(self._sid, store.blobs, tx.after)
             return result, writes
         except BaseException as exc:
             conn = handle.conn
@@ -793,6 +829,8 @@ class SqliteStore:
             _configure(conn)
             migrate(conn)
             self._store_id = read_store_id(conn)
+            if self.blobs is not None:  # what a process that died left owed
+                blob_outbox.sweep(conn, self.blobs)
             # From here on a locked database is waited for in ``_begin``, off the loop.
             conn.execute("PRAGMA busy_timeout = 0")
         except BaseException as exc:
