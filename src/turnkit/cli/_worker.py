@@ -13,7 +13,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from .._engine.agent import Agent
@@ -43,7 +43,7 @@ class WorkerOptions:
 
 #: Called with the running worker once it claims turns, returning what to undo when
 #: it stops: where a process adds what it serves beside the worker (a health port).
-WorkerHook = Callable[[Worker], Callable[[], None]]
+WorkerHook = Callable[[Worker], Callable[[], Awaitable[None]]]
 
 
 async def serve_worker(
@@ -76,7 +76,7 @@ async def serve_worker(
             for signum in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(signum)
             for step in reversed(undo):
-                step()
+                await step()
         if worker.handed_back:
             _exit_leaving_threads(worker.handed_back)
     print("turnkit worker: stopped", file=sys.stderr, flush=True)

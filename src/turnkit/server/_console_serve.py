@@ -12,16 +12,15 @@ import signal
 import socket
 from collections.abc import Sequence
 
-import uvicorn
-
 from .._channels.local_user import LocalUser
 from .._channels.printable import printable
 from .._runtime.runtime import Runtime
 from ._authorize import SessionAccess
 from ._console import Console, console_app
-from ._dev import _DevServer, _listen
+from ._dev import _listen
 from ._hosts import LOOPBACK_NAMES
 from ._principal import Principal, loopback_as
+from ._serving import Signals, serve_until, until_started
 
 
 def operator(principal: Principal, access: SessionAccess) -> bool:
@@ -49,23 +48,28 @@ async def serve_console(
         own_runtime=True,
         console=Console(metrics=metrics),
     )
-    config = uvicorn.Config(
-        app, interface="asgi3", log_level="warning", timeout_graceful_shutdown=2
+    signals = Signals()
+    started = asyncio.Event()
+    serving = asyncio.ensure_future(
+        serve_until(app, [listener], signals.stop, started=started, lifespan=True)
     )
-    server = _DevServer(config)
-    serving = asyncio.create_task(server.serve(sockets=[listener]))
-    while not server.started and not serving.done():
-        await asyncio.sleep(0.02)
-    if server.started:
-        bound, port = listener.getsockname()[:2]
-        shown = f"[{bound}]" if ":" in bound else bound
-        agents = ", ".join(sorted(runtime.agents)) or "none: read only"
-        print(
-            f"turnkit console: http://{shown}:{port}/ (store {store_label}, agents {agents}, "
-            f"you are {printable(user.id)})",
-            flush=True,
-        )
-    await serving
-    if server.stopped_by == signal.SIGINT:
+    with signals.handling(serving):
+        try:
+            if await until_started(serving, started):
+                bound, port = listener.getsockname()[:2]
+                shown = f"[{bound}]" if ":" in bound else bound
+                agents = ", ".join(sorted(runtime.agents)) or "none: read only"
+                print(
+                    f"turnkit console: http://{shown}:{port}/ (store {store_label}, "
+                    f"agents {agents}, you are {printable(user.id)})",
+                    flush=True,
+                )
+            await asyncio.wait({serving})
+        finally:
+            serving.cancel()  # a no-op unless this task itself was cancelled
+            listener.close()
+    if not signals.cut_short:
+        serving.result()  # the server's own failure (the runtime did not open, say)
+    if signals.stopped_by == signal.SIGINT:
         raise KeyboardInterrupt
     return 0

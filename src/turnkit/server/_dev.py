@@ -8,18 +8,15 @@ turns a previous run left open, so a page that reconnects sees them finish.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import signal
 import socket
 import sys
 import threading
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from ipaddress import ip_address
 
-import uvicorn
 from starlette.applications import Starlette
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -37,6 +34,7 @@ from ._authorize import one_person
 from ._dev_log import TurnLog, configure, log, logged_requests
 from ._hosts import LOOPBACK_NAMES
 from ._principal import loopback_as
+from ._serving import Signals, listen, serve_until, until_started
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -181,70 +179,54 @@ async def _serve(
                 }
             )
             listeners.append(slack_listener)
-        config = uvicorn.Config(
-            logged_requests(served),
-            interface="asgi3",
-            log_level="warning",
-            lifespan="off",
-            timeout_graceful_shutdown=2,
+        signals = Signals()
+        started = asyncio.Event()
+        serving = asyncio.ensure_future(
+            serve_until(logged_requests(served), listeners, signals.stop, started=started)
         )
-        server = _DevServer(config)
-        serving = asyncio.create_task(server.serve(sockets=listeners))
-        while not server.started and not serving.done():
-            await asyncio.sleep(0.02)
-        if server.started:
-            host, port = listener.getsockname()[:2]
-            shown = f"[{host}]" if ":" in host else host
-            print(
-                f"turnkit dev: http://{shown}:{port}/ (agent {agent.name}, "
-                f"store {options.store_label}, you are {printable(options.user.id)})",
-                flush=True,
-            )
-            if slack_listener is not None:
-                slack_port = slack_listener.getsockname()[1]
-                print(
-                    f"turnkit dev: Slack on http://{shown}:{slack_port}/slack/ - point a tunnel "
-                    "at it and paste https://<tunnel host>/slack/events (Event Subscriptions) "
-                    "and https://<tunnel host>/slack/interactivity (Interactivity)",
-                    flush=True,
-                )
-            if notice:
-                print(f"turnkit dev: {notice}", file=sys.stderr, flush=True)
-            runtime.spawn(_recover(runtime, turns))
-        await serving
+        with signals.handling(serving):
+            try:
+                if await until_started(serving, started):
+                    _announce(listener, slack_listener, agent, options, notice)
+                    runtime.spawn(_recover(runtime, turns))
+                await asyncio.wait({serving})
+            finally:
+                serving.cancel()  # a no-op unless this task itself was cancelled
+        if not signals.cut_short:
+            serving.result()  # the server's own failure, if it had one
     finally:
         unwatch()
-    if server.stopped_by == signal.SIGINT:
+    if signals.stopped_by == signal.SIGINT:
         raise KeyboardInterrupt  # Ctrl-C: "interrupted", 130, once all is closed
-    if server.stopped_by == signal.SIGTERM:
+    if signals.stopped_by == signal.SIGTERM:
         raise _Stopped
 
 
-class _DevServer(uvicorn.Server):
-    """uvicorn, stopping on SIGINT and SIGTERM without raising the signal again
-    afterwards, so the runtime closes (its turns recorded, its store closed) and
-    ``turnkit dev`` exits 0 on SIGTERM, 130 on Ctrl-C, as a service manager and a
-    terminal expect. A second Ctrl-C stops at once, as uvicorn's does."""
-
-    stopped_by: int | None = None
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        loop = asyncio.get_running_loop()
-        wanted = (signal.SIGINT, signal.SIGTERM)
-        for signum in wanted:
-            loop.add_signal_handler(signum, self._stop, signum)
-        try:
-            yield
-        finally:
-            for signum in wanted:
-                loop.remove_signal_handler(signum)
-
-    def _stop(self, signum: int) -> None:
-        if self.should_exit and signum == signal.SIGINT:
-            self.force_exit = True
-        self.stopped_by = self.stopped_by or signum
-        self.should_exit = True
+def _announce(
+    listener: socket.socket,
+    slack_listener: socket.socket | None,
+    agent: Agent,
+    options: DevOptions,
+    notice: str | None,
+) -> None:
+    """The lines saying where the server answers, once it does."""
+    host, port = listener.getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+    print(
+        f"turnkit dev: http://{shown}:{port}/ (agent {agent.name}, "
+        f"store {options.store_label}, you are {printable(options.user.id)})",
+        flush=True,
+    )
+    if slack_listener is not None:
+        slack_port = slack_listener.getsockname()[1]
+        print(
+            f"turnkit dev: Slack on http://{shown}:{slack_port}/slack/ - point a tunnel "
+            "at it and paste https://<tunnel host>/slack/events (Event Subscriptions) "
+            "and https://<tunnel host>/slack/interactivity (Interactivity)",
+            flush=True,
+        )
+    if notice:
+        print(f"turnkit dev: {notice}", file=sys.stderr, flush=True)
 
 
 async def _recover(runtime: Runtime, turns: TurnLog) -> None:
@@ -257,20 +239,10 @@ async def _recover(runtime: Runtime, turns: TurnLog) -> None:
 
 
 def _listen(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    # IPPROTO_TCP named, not 0: asyncio sets TCP_NODELAY only on sockets that say so,
-    # and without it a kept-alive connection waits 40 ms for a delayed ACK between
-    # a response's headers and its body.
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        sock.bind((host, port))
+        return listen(host, port)
     except OSError as exc:
-        sock.close()
         raise ConfigurationError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
-    sock.listen(128)
-    sock.set_inheritable(True)
-    return sock
 
 
 def _is_loopback(host: str) -> bool:
