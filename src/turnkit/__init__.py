@@ -33,6 +33,7 @@ from ._errors import (
     DeliveryError,
     FatalToolError,
     FencedError,
+    GenerationArchivedError,
     InvalidAnswerError,
     MessageDecodeError,
     ModelError,
@@ -53,6 +54,7 @@ from ._errors import (
     TurnkitError,
     TurnMoveError,
     TurnSuspendedError,
+    WriteConflictError,
 )
 from ._runtime.approvals import Grant, ResumeRequest
 from ._runtime.exported import ImportResult, export_session, import_session
@@ -156,6 +158,7 @@ __all__ = [
     "FatalToolError",
     "FencedError",
     "ForkResult",
+    "GenerationArchivedError",
     "Grant",
     "HistoryPolicy",
     "HistoryView",
@@ -259,6 +262,7 @@ __all__ = [
     "VersionChange",
     "VersionDecision",
     "Worker",
+    "WriteConflictError",
     "define_action",
     "event_from_dict",
     "export_session",

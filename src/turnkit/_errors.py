@@ -18,13 +18,21 @@ TurnkitError
     ├── ModelError            an adapter's failure (SDK error, broken stream)
     │   ├── ModelOverloadedError  the provider refused for load (429, 503, 529)
     │   └── ContextWindowError  the request was longer than the model's context window
-    ├── StoreError            the store refused or lost a write
+    ├── StoreError            the store refused or lost a write, or holds unreadable data
     │   ├── TurnMoveError     a turn move the rules forbid, or one another process beat
+    │   ├── WriteConflictError  a position, step, event or turn another writer took first
+    │   │   └── GenerationArchivedError  a reset's archive another reset carried out first
     │   └── SessionBusyError  another process holds the session's writer lock
     │       └── FencedError   a late commit of a delivery another process took over
     ├── MessageDecodeError    stored or wire JSON that is not a message
     ├── SessionFileError      an exported session file that cannot be read
     └── DeliveryError         a channel failed to render a turn (the turn still ran)
+
+Three public exceptions live beside what raises them, outside the tree on purpose:
+``turnkit.SubagentError`` and ``turnkit.a2a.A2AAgentError`` (a plain ``Exception``:
+a child's or a remote agent's failure, raised inside a tool, so the parent's model
+reads it as the call's error) and ``turnkit.testing.ReplayDivergenceError`` (an
+``AssertionError``: a replayed session that went another way fails a test).
 """
 
 from __future__ import annotations
@@ -178,6 +186,18 @@ class TurnMoveError(StoreError):
     """A turn's status move refused: the rules forbid it (a finished turn cannot run
     again), or the turn was not in the status the move was planned from (another
     process moved it first, or it does not exist). Nothing of the commit was kept."""
+
+
+class WriteConflictError(StoreError):
+    """A commit refused because the session already holds what it writes: a
+    transcript position, a step id, an event number or a turn id taken, because
+    another writer advanced the session first. Nothing of the commit was kept;
+    read the session again before deciding what to write."""
+
+
+class GenerationArchivedError(WriteConflictError):
+    """A reset's archive refused because the generation was archived already (another
+    reset came first): the session is in a new generation, and nothing was kept."""
 
 
 class SessionBusyError(StoreError):

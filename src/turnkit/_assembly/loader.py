@@ -140,12 +140,8 @@ class AgentFolder:
         agent_py = folder / "agent.py"
         if agent_py.exists():
             module = _import_file(agent_py)
-            try:
-                config = AgentConfig.coerce(getattr(module, "agent", {}), agent_py)
-            except ConfigurationError as exc:
-                if str(exc).startswith(str(agent_py)):
-                    raise
-                raise ConfigurationError(f"{agent_py}: {exc}") from None
+            # Every error coerce raises names agent_py already.
+            config = AgentConfig.coerce(getattr(module, "agent", {}), agent_py)
             model = getattr(module, "model", None)
             factory = getattr(module, "demo_model", None)
             demo = factory if callable(factory) else None

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
 import pydantic
+from jsonschema import ValidationError
 from mcp import Client, MCPError
 from mcp.types import (
     CONNECTION_CLOSED,
@@ -232,8 +233,9 @@ def _never_sent(conn: Connection, idempotency_key: str) -> bool:
 
 
 def _bad_structured_content(exc: Exception) -> bool:
-    """The SDK's ``RuntimeError`` for a result that breaks the tool's output schema."""
-    return isinstance(exc, RuntimeError) and str(exc).startswith("Invalid structured content")
+    """The SDK's ``RuntimeError`` for a result that breaks the tool's output schema:
+    told by its cause, the schema's ``ValidationError``, not by its words."""
+    return isinstance(exc, RuntimeError) and isinstance(exc.__cause__, ValidationError)
 
 
 def _read(result: CallToolResult) -> Any:

@@ -19,7 +19,13 @@ from typing import Any, TypeVar
 
 from pydantic_core import from_json, to_json
 
-from .._errors import ConfigurationError, StoreError, TurnMoveError
+from .._errors import (
+    ConfigurationError,
+    GenerationArchivedError,
+    StoreError,
+    TurnMoveError,
+    WriteConflictError,
+)
 from .._seams.blobs import BlobStore
 from .._seams.codec import Codec, PayloadKind
 from .._seams.store import NoHandle, ToolStep
@@ -181,7 +187,7 @@ class _MemoryTransaction:
 
     def append_message(self, index: int, message: Message) -> None:
         if index != len(self._data.messages):
-            raise StoreError(
+            raise WriteConflictError(
                 f"session {self._session_id}: message index {index} is not the next "
                 f"position {len(self._data.messages)}"
             )
@@ -192,7 +198,9 @@ class _MemoryTransaction:
     def put_step(self, step_id: str, turn_id: str, result: Any) -> None:
         steps = self._data.steps
         if step_id in steps:
-            raise StoreError(f"session {self._session_id}: step {step_id} is already stored")
+            raise WriteConflictError(
+                f"session {self._session_id}: step {step_id} is already stored"
+            )
         encoded = self._encode("step", result, f"step {step_id}", turn_id)
         steps[step_id] = (turn_id, encoded)
         self._undo.append(partial(steps.pop, step_id))
@@ -203,7 +211,9 @@ class _MemoryTransaction:
     def log_event(self, event: TurnEvent) -> None:
         events = self._data.events
         if event.seq is None or (events and event.seq <= events[-1][0]):
-            raise StoreError(f"session {self._session_id}: event seq {event.seq} is not increasing")
+            raise WriteConflictError(
+                f"session {self._session_id}: event seq {event.seq} is not increasing"
+            )
         body = self._encode("event", event.to_dict(), "an event", event.turn_id)
         events.append((event.seq, event.turn_id, body))
         self._undo.append(events.pop)
@@ -220,7 +230,7 @@ class _MemoryTransaction:
         self._keep_fields()
         d = self._data
         if generation != d.generation or generation in d.archive:
-            raise StoreError(
+            raise GenerationArchivedError(
                 f"session {self._session_id}: generation {generation} is not the live one "
                 f"({d.generation}); another reset came first"
             )

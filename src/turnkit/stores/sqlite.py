@@ -23,7 +23,14 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager, contextmanager
 from typing import Any, TypeVar, cast
 
-from .._errors import ConfigurationError, FatalToolError, StoreError, TurnMoveError
+from .._errors import (
+    ConfigurationError,
+    FatalToolError,
+    GenerationArchivedError,
+    StoreError,
+    TurnMoveError,
+    WriteConflictError,
+)
 from .._seams.blobs import BlobStore
 from .._seams.codec import Codec
 from .._seams.store import ToolStep
@@ -209,7 +216,7 @@ def _commit_failed(session_id: str, exc: BaseException) -> BaseException:
     """What a failed commit raises: the store's own SQL errors as ``StoreError``s,
     anything else (a tool's error, the engine's) unchanged."""
     if isinstance(exc, sqlite3.IntegrityError):
-        return StoreError(
+        return WriteConflictError(
             f"session {session_id}: commit failed: {exc} (another writer advanced "
             "this session; run one runtime per session at a time)"
         )
@@ -277,7 +284,7 @@ class _SqliteTransaction:
             except sqlite3.IntegrityError as exc:
                 if statement is not archive_sql.RECORD_GENERATION:
                     raise
-                raise StoreError(
+                raise GenerationArchivedError(
                     f"session {self._sid}: generation {generation} was already archived "
                     "(another reset came first)"
                 ) from exc

@@ -35,7 +35,14 @@ import pytest
 from .._engine.agent import Agent
 from .._engine.context import ToolContext
 from .._engine.tools import tool
-from .._errors import FatalToolError, SessionOwnerError, StoreError, TurnMoveError
+from .._errors import (
+    FatalToolError,
+    GenerationArchivedError,
+    SessionOwnerError,
+    StoreError,
+    TurnMoveError,
+    WriteConflictError,
+)
 from .._runtime.runtime import Runtime
 from .._seams.inbox import InboxStore
 from .._seams.retention import PrunableStore
@@ -396,9 +403,9 @@ async def test_conformance_a_taken_position_or_step_is_refused(
             PutStep("model:1", "t1", {"text": "first"}),
             PutStep("model:1", "t1", {"text": "second"}),
         ]
-        with pytest.raises(StoreError):
+        with pytest.raises(WriteConflictError):
             await session.commit(taken_position)
-        with pytest.raises(StoreError):
+        with pytest.raises(WriteConflictError):
             await session.commit(repeated_step)
         snap = await session.load("t1")
         assert snap.messages == [UserMessage(text="open t1", turn_id="t1")]
@@ -748,7 +755,7 @@ async def test_conformance_reset_archives_a_generation(conformance_store: StoreU
         assert await session.generations() == [0]
         assert await session.archived_messages(0) == [UserMessage(text="open t1", turn_id="t1")]
         assert await session.archived_messages(7) == []
-        with pytest.raises(StoreError):  # generation 0 is gone already
+        with pytest.raises(GenerationArchivedError):  # generation 0 is gone already
             await session.commit([ArchiveGeneration(0, "a")])
         assert len(await transcript(other)) == 1  # other sessions are untouched
         await _open_turn(session, "t2")  # the same address lives on

@@ -15,7 +15,14 @@ from psycopg import errors as pg_errors
 from psycopg.pq import TransactionStatus
 from psycopg_pool import ConnectionPool
 
-from ..._errors import FatalToolError, FencedError, StoreError, TurnMoveError
+from ..._errors import (
+    FatalToolError,
+    FencedError,
+    GenerationArchivedError,
+    StoreError,
+    TurnMoveError,
+    WriteConflictError,
+)
 from ..._seams.store import StoreHandle
 from ..._values.events import TurnEvent
 from ..._values.messages import Message
@@ -51,6 +58,9 @@ log = logging.getLogger("turnkit.stores.postgres")
 _Write = tuple[str, tuple[Any, ...]]
 #: A step commit's writer fence (see ``_writer``).
 FENCE = "SELECT turnkit_fence(?, ?)"
+#: The table an archive writes a generation's row to: a unique violation there is a
+#: generation another reset archived first.
+GENERATIONS = "turnkit_generations"
 
 
 class _Writes:
@@ -405,14 +415,13 @@ def commit_error(sid: str, lost: bool, exc: BaseException) -> BaseException:
             return StoreError(str(exc.diag.message_primary or exc))
         if state == MOVE_SQLSTATE:
             return TurnMoveError(str(exc.diag.message_primary or exc))
-        if isinstance(exc, pg_errors.UniqueViolation) and "turnkit_generations" in str(
-            exc.diag.table_name or ""
-        ):
-            return StoreError(
+        # Told apart by the violated table, a field of the server's diagnostics.
+        if isinstance(exc, pg_errors.UniqueViolation) and exc.diag.table_name == GENERATIONS:
+            return GenerationArchivedError(
                 f"session {sid}: this generation was already archived (another reset came first)"
             )
         if isinstance(exc, pg_errors.UniqueViolation):
-            return StoreError(
+            return WriteConflictError(
                 f"session {sid}: commit failed: {exc.diag.message_primary} "
                 "(another writer advanced this session)"
             )
