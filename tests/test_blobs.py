@@ -388,8 +388,8 @@ async def test_a_large_first_message_spills_and_its_session_still_lists(kept: Ke
             assert kept.longest_row() < THRESHOLD
         (info,) = await store.session_page(limit=10)
         assert info.session_id == "s1"
-        # SQL stores list from the row without reading blobs: no preview for it.
-        assert info.preview is None if kept.kind != "memory" else MARK in (info.preview or "")
+        # Listed from the reference's start of the text, without reading the blob.
+        assert info.preview is not None and info.preview.startswith(f"{MARK} nu yyy")
         (first, _) = (await store.session("s1").load()).messages
         assert first.to_dict()["text"] == big("nu")
 
@@ -493,3 +493,18 @@ async def test_blob_deletions_left_owed_are_carried_out_when_the_store_next_open
         assert any(isinstance(m, ToolMessage) and m.result["tag"] == "tau" for m in snap.messages)
     with sqlite3.connect(db) as conn:
         assert conn.execute("SELECT count(*) FROM turnkit_blob_deletions").fetchone() == (0,)
+
+
+def test_a_references_start_gives_the_preview_however_the_row_is_cut() -> None:
+    from pydantic_core import to_json
+
+    from turnkit.stores import _spill as spill
+
+    text = 'a "quoted" \\ line\nand é' + "z" * 50_000
+    spilled = [("text", "0" * 64, 50_000, "0" * 64)]
+    ref = spill.reference("t1", spilled, {"text": None}, {"text": text})
+    stored = to_json(ref).decode()  # the column's JSON text
+    assert spill.head(ref) == text[: spill.HEAD_CHARS]
+    heads = {spill.head_of_stored(stored[:n]) for n in range(140, 320)}
+    assert heads == {text[: spill.HEAD_CHARS]}  # every cut past the head reads it
+    assert spill.head_of_stored(stored[:40]) is None  # cut inside the head: none

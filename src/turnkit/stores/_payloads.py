@@ -163,7 +163,21 @@ class Payloads:
                 put(session_id, turn_id, name, stored)
                 known = seen.blobs[plaintext] = (name, digest)
             blobs.append((field, known[0], len(plaintext), known[1]))
-        return to_json(spill.reference(turn_id, blobs, rest))
+        return to_json(spill.reference(turn_id, blobs, rest, value))
+
+    def first_text(self, session_id: str, stored: str | bytes) -> str | None:
+        """The ``text`` of a stored message, for the session list's preview: opened if
+        sealed, but a spilled text is not fetched (its reference keeps its start)."""
+        if isinstance(stored, bytes) and stored[:1] == b"\x00":
+            parsed = json.loads(self._decode(session_id, "message", stored[1:]))
+        else:
+            parsed = json.loads(stored)
+        while isinstance(parsed, str) and parsed[:1] == "\x00":
+            if parsed[1:2] == "~":
+                return spill.head(parsed)
+            parsed = json.loads(self._open_text(session_id, "message", parsed))
+        text = parsed.get("text") if isinstance(parsed, dict) else None
+        return text if isinstance(text, str) else None
 
     def _blob(self, session_id: str, turn_id: str, name: str, digest: str, kind: str) -> bytes:
         """A blob's JSON: fetched, opened if sealed, and checked against its digest."""

@@ -88,10 +88,47 @@ def split(
     return None, [(None, encoded)]
 
 
-def reference(turn_id: str, blobs: list[tuple[str | None, str, int, str]], rest: Any) -> str:
-    """The string a row keeps for a payload whose large parts are ``blobs``
-    (field, name, size, SHA-256) and whose other fields are ``rest``."""
-    return REF + to_json({"t": turn_id, "b": blobs, "v": rest}).decode()
+#: How much of a spilled text field its reference keeps, first, for the session
+#: list's preview: read from the start of the row, without fetching the blob.
+HEAD_CHARS = 100
+_HEAD = REF + '{"h":'
+
+
+def reference(
+    turn_id: str, blobs: list[tuple[str | None, str, int, str]], rest: Any, value: Any
+) -> str:
+    """The string a row keeps for ``value``, whose large parts are ``blobs`` (field,
+    name, size, SHA-256) and whose other fields are ``rest``; a spilled ``text``
+    field's first characters lead it."""
+    spec: dict[str, Any] = {}
+    text = value.get("text") if isinstance(value, dict) else None
+    if isinstance(text, str) and rest is not None and rest.get("text") is None:
+        spec["h"] = text[:HEAD_CHARS]
+    spec.update(t=turn_id, b=blobs, v=rest)
+    return REF + to_json(spec).decode()
+
+
+def head(ref: str) -> str | None:
+    """The first characters of a reference's spilled ``text`` (``None``: it has none)."""
+    if not ref.startswith(_HEAD):
+        return None
+    try:
+        found, _ = json.JSONDecoder().raw_decode(ref, len(_HEAD))
+    except ValueError:
+        return None
+    return found if isinstance(found, str) else None
+
+
+def head_of_stored(stored: str) -> str | None:
+    """``head`` of a reference given as its column's JSON text, perhaps cut short
+    (the session list reads only the start of a row)."""
+    for cut in range(8):  # a cut may fall inside an escape: back off to a whole one
+        try:
+            ref = json.loads(stored[: len(stored) - cut] + '"')
+        except ValueError:
+            continue
+        return head(ref) if isinstance(ref, str) else None
+    return None
 
 
 def resolve(

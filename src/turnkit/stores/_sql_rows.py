@@ -7,6 +7,7 @@ from typing import Any
 
 from .._seams.codec import PayloadKind
 from .._values.records import SessionInfo, TurnRecord, preview_of
+from . import _spill as spill
 from ._payloads import Payloads
 
 TURN_COLUMNS = (
@@ -80,13 +81,20 @@ def refused_move(session_id: str, record: TurnRecord, expect: str | None) -> str
     )
 
 
+#: How a first message's column starts when it is a blob's reference (its JSON text),
+#: which the SQL stores' preview expressions pass through whole.
+REF_TEXT = '"\\u0000~'
+
+
 def session_info(row: Sequence[Any], payloads: Payloads | None = None) -> SessionInfo:
     """A ``SessionInfo`` from a row of a session list (``_sql.with_previews``); with a
-    codec (``payloads``), its last column is the first message's whole stored body."""
+    codec (``payloads``), its last column is the first message's whole stored body,
+    and without one it is the text, or a blob's reference whole (``REF_TEXT``)."""
     sid, agent, status, updated_at, owner, first_text = row
     if payloads is not None and first_text is not None:
-        first = payloads.load(sid, "message", first_text)
-        first_text = first.get("text") if isinstance(first, dict) else None
+        first_text = payloads.first_text(sid, first_text)
+    elif isinstance(first_text, str) and first_text.startswith(REF_TEXT):
+        first_text = spill.head_of_stored(first_text)
     return SessionInfo(
         session_id=sid,
         agent=agent,

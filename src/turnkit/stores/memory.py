@@ -678,5 +678,4 @@ def _preview(session_id: str, messages: list[bytes], payloads: Payloads) -> str 
     """The preview of a session whose encoded transcript is ``messages``."""
     if not messages:
         return None
-    first = payloads.load(session_id, "message", messages[0])
-    return preview_of(first.get("text") if isinstance(first, dict) else None)
+    return preview_of(payloads.first_text(session_id, messages[0]))

@@ -68,7 +68,11 @@ log = logging.getLogger("turnkit.stores.sqlite")
 
 #: The ``text`` field of a message's JSON body, in SQLite (a sealed body, a BLOB, has
 #: none a store without the codec can read: its session is listed with no preview).
-_TEXT_OF = "CASE WHEN typeof(m.body) = 'text' THEN json_extract(m.body, '$.text') END"
+_TEXT_OF = (
+    "CASE WHEN typeof(m.body) <> 'text' THEN NULL "
+    "WHEN substr(m.body, 1, 8) = '\"\\u0000~' THEN m.body "
+    "ELSE json_extract(m.body, '$.text') END"
+)
 
 #: Commits between two background WAL checkpoints (see ``SqliteStore``).
 CHECKPOINT_EVERY = 256

@@ -130,7 +130,10 @@ log = logging.getLogger("turnkit.stores.postgres")
 #: The ``text`` field of a message's JSON body, in PostgreSQL. PostgreSQL cannot
 #: extract a string holding NUL from JSON, so the escape is read as U+FFFD first: a
 #: row stored before turnkit replaced NUL on the way in must not break a listing.
-_TEXT_OF = r"(replace(m.body, '\u0000', '\ufffd')::json ->> 'text')"
+_TEXT_OF = (
+    "(CASE WHEN left(m.body, 8) = '\"\\u0000~' THEN m.body "
+    r"ELSE replace(m.body, '\u0000', '\ufffd')::json ->> 'text' END)"
+)
 
 
 #: At most how often, in seconds, a running turn reads whether another process
