@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -619,3 +620,47 @@ async def test_a_reset_whose_process_died_after_recording_it_is_carried_out(
     live, _ = await _generations(nodes, "d1")
     assert live == ["after the reset", "and again"]
     assert stop(worker) == 0
+
+
+@pytest.mark.slow
+async def test_a_per_tenant_cap_holds_across_worker_processes(
+    nodes: Cluster, pg_dsn: str, pg_schema: str
+) -> None:
+    """Two ``turnkit worker --per-tenant 2`` processes, 8 sessions each: of tenant A's
+    five held turns and B's three, two of each run at once, across both processes;
+    a third claimer with the same cap finds nothing to take; released, every turn
+    completes once."""
+    for _ in range(2):
+        nodes.start_worker("--concurrency", "8", "--per-tenant", "2")
+    agent = turnkit.load_agent(AGENT_DIR)
+    store = PostgresStore(pg_dsn, schema=pg_schema, busy_timeout=30.0)
+    async with turnkit.Runtime([agent], store=store, run_turns=False) as rt:
+        tenants: dict[str, str] = {}
+        for tenant, n in (("A", 5), ("B", 3)):
+            for i in range(n):
+                session = rt.session(AGENT, f"{tenant}{i}")
+                tenants[await session.submit(f"hold {tenant}{i}", tenant=tenant)] = tenant
+
+        def started() -> list[Path]:
+            return sorted(nodes.hold.glob("started-*"))
+
+        deadline = time.monotonic() + 60
+        while len(started()) < 4:
+            assert time.monotonic() < deadline, [p.name for p in started()]
+            await asyncio.sleep(0.05)
+        third = PostgresStore(pg_dsn, schema=pg_schema)
+        await third.open()
+        try:
+            taken = await third.claim([AGENT], limit=10, concurrency=turnkit.Concurrency(2))
+        finally:
+            await third.close()
+        assert taken == []
+        running = Counter(tenants[p.name.split("-", 2)[2]] for p in started())
+        assert running == Counter({"A": 2, "B": 2})
+        (nodes.hold / "release").touch()
+        for turn_id in tenants:
+            await nodes.wait_for(
+                "SELECT 1 FROM turnkit_turns WHERE turn_id = %s AND status = 'completed'", turn_id
+            )
+            assert len(nodes.effects(turn_id)) == 1
+    assert len(started()) == 8

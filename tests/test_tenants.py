@@ -222,3 +222,20 @@ async def test_a_turn_over_http_is_its_principals_tenants(tmp_path: Path) -> Non
     with sqlite3.connect(tmp_path / "http.db") as db:
         rows = db.execute("SELECT session_id, tenant FROM turnkit_turns ORDER BY 1").fetchall()
     assert rows == [("s1", "acme"), ("s2", "")]
+
+
+async def test_export_and_import_keep_each_turns_tenant(tmp_path: Path) -> None:
+    agent = turnkit.Agent(name="t", model=ScriptedModel(respond=lambda m: "hi"))
+    source, target = SqliteStore(tmp_path / "a.db"), MemoryStore()
+    async with turnkit.Runtime(agent, store=source) as rt:
+        s = rt.session("t", "s1")
+        first = await s.submit("one", tenant="acme")
+        await s.result(first)
+        second = await s.submit("two")
+        await s.result(second)
+        exported = await turnkit.export_session(source, "s1")
+    async with turnkit.Runtime(agent, store=target):
+        await turnkit.import_session(target, exported)
+        one, two = await target.session("s1").turn(first), await target.session("s1").turn(second)
+    assert one is not None and one.tenant == "acme"
+    assert two is not None and two.tenant == ""

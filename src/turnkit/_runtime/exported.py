@@ -30,7 +30,7 @@ FORMAT = "turnkit.session"
 VERSION = 1
 
 _STATUSES = frozenset(get_args(TurnStatus))
-_RECORD_TEXTS = ("text", "error", "cancel_reason", "version", "held_by")
+_RECORD_TEXTS = ("text", "error", "cancel_reason", "version", "held_by", "tenant")
 _RECORD_OBJECTS = ("opening", "event", "pending")
 
 
@@ -79,6 +79,7 @@ def _record_json(record: TurnRecord) -> JsonObject:
         "cancel_reason": record.cancel_reason,
         "version": record.version,
         "held_by": record.held_by,
+        "tenant": record.tenant,
     }
 
 
@@ -168,6 +169,7 @@ def _turn(raw: object, where: str, session_id: str) -> RecordedTurn:
             cancel_reason=record.get("cancel_reason"),
             version=record.get("version"),
             held_by=record.get("held_by"),
+            tenant=record.get("tenant") or "",
         ),
         steps=dict(steps),
     )
