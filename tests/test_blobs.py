@@ -28,6 +28,8 @@ from turnkit.testing import ScriptedModel, ScriptedReply, tool_call
 THRESHOLD = 4096
 MARK = "zq-blob-marker-77"
 DAY = 86400.0
+#: How many blob deletions a SQLite file owes (row 0 only marks one that kept blobs).
+OWED = "SELECT count(*) FROM turnkit_blob_deletions WHERE id > 0"
 #: Where the SQL stores keep payloads that may spill.
 PAYLOAD_COLUMNS = (
     ("turnkit_messages", "body"),
@@ -272,7 +274,7 @@ async def test_erasure_deletes_every_blob_of_the_session(kept: Kept) -> None:
         assert kept.blobs("s1") == []
         if kept.kind == "sqlite":  # nothing left owed
             with sqlite3.connect(kept.db) as conn:
-                owed = conn.execute("SELECT count(*) FROM turnkit_blob_deletions").fetchone()
+                owed = conn.execute(OWED).fetchone()
             assert owed == (0,)
         assert len(kept.blobs("kept")) == 2
         if kept.kind != "memory":
@@ -485,14 +487,14 @@ async def test_blob_deletions_left_owed_are_carried_out_when_the_store_next_open
         done = await session.result(session.start("fetch tau"))  # the session goes on
         assert done.text == "saw 20000 chars of tau"
     with sqlite3.connect(db) as conn:
-        assert conn.execute("SELECT count(*) FROM turnkit_blob_deletions").fetchone() == (1,)
+        assert conn.execute(OWED).fetchone() == (1,)
     store = SqliteStore(db, blobs=FileBlobStore(folder), blob_threshold=THRESHOLD)
     async with turnkit.Runtime(blob_agent(), store=store):  # the next process to open it
         assert [b for b in kept.blobs("s1") if b"sigma" in b] == []
         snap = await store.session("s1").load()  # what came after the erasure stays
         assert any(isinstance(m, ToolMessage) and m.result["tag"] == "tau" for m in snap.messages)
     with sqlite3.connect(db) as conn:
-        assert conn.execute("SELECT count(*) FROM turnkit_blob_deletions").fetchone() == (0,)
+        assert conn.execute(OWED).fetchone() == (0,)
 
 
 def test_a_references_start_gives_the_preview_however_the_row_is_cut() -> None:
@@ -508,3 +510,21 @@ def test_a_references_start_gives_the_preview_however_the_row_is_cut() -> None:
     heads = {spill.head_of_stored(stored[:n]) for n in range(140, 320)}
     assert heads == {text[: spill.HEAD_CHARS]}  # every cut past the head reads it
     assert spill.head_of_stored(stored[:40]) is None  # cut inside the head: none
+
+
+async def test_a_store_opened_without_its_blobs_leaves_their_deletion_owed(
+    tmp_path: Path,
+) -> None:
+    kept = Kept("sqlite", tmp_path, None)  # type: ignore[arg-type]
+    async with turnkit.Runtime(blob_agent(), store=kept.store()) as rt:
+        for sid in ("s1", "s2"):
+            session = rt.session("a", sid)
+            await session.result(session.start(f"fetch {sid}"))
+    plain = SqliteStore(kept.db)  # as the command line without TURNKIT_BLOBS
+    async with turnkit.Runtime(blob_agent(), store=plain) as rt:
+        await rt.session("a", "s1").erase(by="ops")
+    assert len(kept.blobs("s1")) == 1  # this store could not reach them
+    async with turnkit.Runtime(blob_agent(), store=kept.store()) as rt:  # one that can
+        assert kept.blobs("s1") == [] and len(kept.blobs("s2")) == 1
+    with sqlite3.connect(kept.db) as conn:
+        assert conn.execute(OWED).fetchone() == (0,)

@@ -2,7 +2,9 @@
 (an erasure, an idle session, an archived generation), carried out right after it
 commits, and forgotten once done. A process that dies in between leaves the row, and
 the next store to open the file carries it out, so no blob outlives its rows for
-longer than a restart.
+longer than a restart. A store opened without its blobs (the command line, say,
+without ``TURNKIT_BLOBS``) records what it owes the same way, for the next store
+opened with them to carry out.
 
 A row names the turns whose blobs go. Right after the commit, under the session's
 writer lock, an erasure or a pruned session deletes every blob of the session; the
@@ -33,7 +35,13 @@ SESSION_TURNS = (
     "SELECT turn_id FROM turnkit_turns WHERE session_id = ? "
     "UNION SELECT turn_id FROM turnkit_archived_turns WHERE session_id = ?"
 )
-OWED = "SELECT id, session_id, turns FROM turnkit_blob_deletions ORDER BY id LIMIT ?"
+OWED = "SELECT id, session_id, turns FROM turnkit_blob_deletions WHERE id > 0 ORDER BY id LIMIT ?"
+#: Row 0 marks a file that has kept blobs: a store opened on it without them still
+#: records the deletions its erasures and retention owe, for one with them to carry out.
+MARK_KEPT = (
+    "INSERT OR IGNORE INTO turnkit_blob_deletions (id, session_id, turns) VALUES (0, '', '[]')"
+)
+KEPT = "SELECT 1 FROM turnkit_blob_deletions WHERE id = 0"
 DONE = "DELETE FROM turnkit_blob_deletions WHERE id = ?"
 
 

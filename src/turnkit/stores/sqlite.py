@@ -237,11 +237,15 @@ class _SqliteTransaction:
         session_id: str,
         payloads: Payloads,
         blobs: BlobStore | None = None,
+        owes: bool = False,
     ) -> None:
         self._conn = conn
         self._sid = session_id
         self._payloads = payloads
         self._blobs = blobs
+        #: Whether deleting rows owes blob deletions: the store has blobs, or this
+        #: file has kept some (a store opened without them records what it owes).
+        self._owes = owes or blobs is not None
         self._dump = payloads.dumper(blobs.put if blobs is not None else None)
         #: Whether this transaction records a cancellation (others are then told).
         self.cancels = False
@@ -295,10 +299,10 @@ class _SqliteTransaction:
 
     def erase_session(self, by: str | None) -> None:
         _check_open(self._conn)
-        turns = blob_outbox.session_turns(self._conn, self._sid) if self._blobs else ""
+        turns = blob_outbox.session_turns(self._conn, self._sid) if self._owes else ""
         for statement, params in erase_sql.erase_statements(self._sid, by, time.time()):
             self._conn.execute(statement, params)
-        if self._blobs is not None:
+        if self._owes:
             self._owe(turns, whole=True)
 
     def _owe(self, turns: str, *, whole: bool = False) -> None:
@@ -308,7 +312,7 @@ class _SqliteTransaction:
 
     def drop_generation(self, generation: int) -> None:
         _check_open(self._conn)
-        if self._blobs is not None:
+        if self._owes:
             rows = self._conn.execute(
                 retention_sql.GENERATION_ONLY_TURNS, (self._sid, generation, generation)
             ).fetchall()
@@ -323,10 +327,10 @@ class _SqliteTransaction:
 
     def prune_session(self, idle_before: float) -> None:
         _check_open(self._conn)
-        turns = blob_outbox.session_turns(self._conn, self._sid) if self._blobs else ""
+        turns = blob_outbox.session_turns(self._conn, self._sid) if self._owes else ""
         for statement, params in retention_sql.prune_session_statements(self._sid, idle_before):
             self._conn.execute(statement, params)
-        if self._blobs is not None:  # owed only if the session's row went
+        if self._owes:  # owed only if the session's row went
             owe = (self._sid, turns, self._sid)
             cur = self._conn.execute(blob_outbox.OWE_IF_PRUNED, owe)
             if cur.rowcount == 1:
@@ -460,7 +464,10 @@ class _SqliteSession:
         try:
             conn = writer.conn
             await self._begin(conn)
-            tx = _SqliteTransaction(conn, self._sid, self._store._payloads, self._store.blobs)
+            store = self._store
+            tx = _SqliteTransaction(
+                conn, self._sid, store._payloads, store.blobs, store._owes_blobs
+            )
             try:
                 apply_writes(tx, writes)
                 conn.execute("COMMIT")
@@ -474,7 +481,7 @@ class _SqliteSession:
         finally:
             writer.turns.release()
         self._store._committed()
-        if tx.after:
+        if tx.after and self._store.blobs is not None:
             await self._forget(_delete_blobs(self._sid, self._store.blobs, tx.after))
         if tx.cancels:
             self._store._locks.signal()
@@ -528,7 +535,9 @@ class _SqliteSession:
                 raise handle.failed
             if handle.conn is not None:
                 store = self._store
-                tx = _SqliteTransaction(handle.conn, self._sid, store._payloads, store.blobs)
+                tx = _SqliteTransaction(
+                    handle.conn, self._sid, store._payloads, store.blobs, store._owes_blobs
+                )
                 apply_writes(tx, writes)
                 handle.conn.execute("COMMIT")
                 # Its owed rows stay until the next open's sweep: no tool step erases.
@@ -701,6 +710,9 @@ class SqliteStore:
         self.writer_timeout = writer_timeout
         #: Where payloads over ``blob_threshold`` bytes go (see ``BlobStore``).
         self.blobs = _blob_store(blobs)
+        #: Whether this file has kept blobs though this store has none: its erasures
+        #: and retention then record the deletions they owe (``_blob_outbox``).
+        self._owes_blobs = False
         #: What every payload goes through on its way in and out (see ``Codec``).
         self._payloads = Payloads(
             codec,
@@ -841,7 +853,10 @@ class SqliteStore:
             migrate(conn)
             self._store_id = read_store_id(conn)
             if self.blobs is not None:  # what a process that died left owed
+                conn.execute(blob_outbox.MARK_KEPT)
                 blob_outbox.sweep(conn, self.blobs)
+            else:
+                self._owes_blobs = conn.execute(blob_outbox.KEPT).fetchone() is not None
             # From here on a locked database is waited for in ``_begin``, off the loop.
             conn.execute("PRAGMA busy_timeout = 0")
         except BaseException as exc:
