@@ -1,10 +1,11 @@
 """The package's layers, kept true by path: who may import whom, and no import cycle.
 
 The core is ``_errors`` plus four layers, each allowed to import only those
-below it: value types, seams, the engine, the runtime. Plug-ins (stores, models,
-channels, the agent-folder loader, the server, the command line, the testing
-kit) sit beside the core and may use it; the core never imports them. Imports
-under ``TYPE_CHECKING`` and inside functions count like any other.
+below it: value types, seams, the engine, the runtime. Every other package sits
+above it in an order of its own (``PLUGIN_LAYERS``: stores and models, channels,
+access, the server, the platform channels, the command line), imports only what
+is below it, and reaches into no other plug-in's private modules. Imports under
+``TYPE_CHECKING`` and inside functions count like any other.
 """
 
 from __future__ import annotations
@@ -125,6 +126,80 @@ def test_core_layers_import_only_the_layers_below_them() -> None:
                 assert target.split(".")[0] in allowed_outside, (
                     f"{module_name(path)} imports {target}"
                 )
+
+
+#: What the core's layers are, as a set a plug-in may import whole.
+CORE = set(CORE_LAYERS)
+#: Every other package (or module) at the top of turnkit, and what it may import
+#: from turnkit besides itself: the plug-ins' order, bottom up (docs/architecture.md
+#: draws it). ``turnkit`` is the root package's ``__init__``.
+PLUGIN_LAYERS: dict[str, set[str]] = {
+    "stores": {"_errors", "_values", "_seams"},
+    "models": {"_errors", "_values", "_seams"},
+    "crypto": {"_errors", "_values", "_seams"},
+    "otel": {"_errors", "_values", "_seams"},
+    "cron": {"_errors", "_values", "_seams"},
+    "_channels": CORE,
+    "_assembly": CORE,
+    "turnkit": CORE | {"_channels", "_assembly"},
+    "testing": CORE | {"models", "stores"},
+    "examples": {"turnkit", "testing"},
+    "_access": CORE | {"_channels"},
+    "server": CORE | {"_channels", "_access"},
+    "slack": CORE | {"_channels", "_access", "server"},
+    "mcp": CORE | {"_channels", "_access", "server"},
+    "a2a": CORE | {"_channels", "_access", "server"},
+    "cli": CORE
+    | {"_channels", "_assembly", "_access", "stores", "models", "otel", "server", "slack"},
+}
+
+
+def package_of(module: str) -> str:
+    """The top-level package (or module) of ``turnkit`` a module belongs to."""
+    return layer_of(module) or "turnkit"
+
+
+def test_every_package_has_a_place_in_the_layers() -> None:
+    tops = {package_of(module_name(path)) for path in sources()}
+    assert tops == set(CORE_LAYERS) | set(PLUGIN_LAYERS)
+
+
+def test_plugins_import_only_the_packages_below_them() -> None:
+    for path in sources():
+        here = package_of(module_name(path))
+        if here in CORE_LAYERS:
+            continue
+        allowed = PLUGIN_LAYERS[here] | {here}
+        for target in imports(path):
+            if target.split(".")[0] == "turnkit":
+                there = package_of(target)
+                assert there in allowed, f"{module_name(path)} imports {target}"
+
+
+def test_no_package_reaches_into_another_plugins_private_modules() -> None:
+    """Between plug-ins, only public names: ``turnkit.server.frontend``, never
+    ``turnkit.server._story``. (The core's private layers, ``_access`` and
+    ``_channels`` are layers of their own, imported by path like any layer.)"""
+    for path in sources():
+        here = package_of(module_name(path))
+        for target in imports(path):
+            parts = target.split(".")
+            if parts[0] != "turnkit" or len(parts) < 3 or package_of(target) == here:
+                continue
+            if parts[1].startswith("_"):
+                continue
+            private = [p for p in parts[2:] if p.startswith("_")]
+            assert not private, f"{module_name(path)} imports {target}"
+
+
+def test_the_packages_import_each_other_in_no_cycle() -> None:
+    graph: dict[str, set[str]] = {}
+    for path in sources():
+        here = package_of(module_name(path))
+        targets = {package_of(t) for t in imports(path) if t.split(".")[0] == "turnkit"}
+        graph.setdefault(here, set()).update(targets - {here})
+    cycle = _find_cycle(graph)
+    assert cycle is None, "package cycle: " + " -> ".join(cycle or [])
 
 
 def test_the_package_has_no_import_cycle() -> None:

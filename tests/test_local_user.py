@@ -20,11 +20,11 @@ from test_dev_server import start_dev, stop
 
 import turnkit as tk
 from turnkit import InboundEvent, User
+from turnkit._access.authorize import one_person
+from turnkit._access.principal import loopback_as
 from turnkit._assembly.loader import AgentFolder
 from turnkit._channels.local_user import local_user
 from turnkit.server import Principal, SessionAccess, loopback_only, owner_only
-from turnkit.server._authorize import one_person
-from turnkit.server._principal import loopback_as
 from turnkit.stores import SqliteStore
 
 LOGIN = getpass.getuser()

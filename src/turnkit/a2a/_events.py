@@ -28,7 +28,7 @@ from a2a.utils.errors import InternalError
 from google.protobuf.struct_pb2 import Struct
 from pydantic_core import to_jsonable_python
 
-from ..server._story import (
+from ..server.frontend import (
     Answered,
     Asked,
     Ended,

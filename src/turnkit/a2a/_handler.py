@@ -50,15 +50,21 @@ from a2a.utils.errors import (
     UnsupportedOperationError,
 )
 
+from .._access.authorize import Action
+from .._access.principal import Principal
 from .._errors import SessionBusyError, StoreError, TurnError
 from .._runtime.observe import TurnStream
 from .._values.records import TurnRecord
-from ..server._authorize import Action
-from ..server._bodies import HttpError, identifier
-from ..server._feed import EventFeed
-from ..server._frontend import Followed, FrontendHost, Target, followed
-from ..server._principal import Principal
-from ..server._story import Story
+from ..server.frontend import (
+    EventFeed,
+    Followed,
+    FrontendHost,
+    HttpError,
+    Story,
+    Target,
+    followed,
+    identifier,
+)
 from ._events import Updates
 from ._tasks import (
     STATES,

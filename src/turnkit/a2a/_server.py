@@ -39,11 +39,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
+from .._access.principal import Principal
 from .._engine.tools import Tool
 from .._errors import ConfigurationError
-from ..server._bodies import HttpError
-from ..server._frontend import FrontendHost
-from ..server._principal import Principal
+from ..server.frontend import FrontendHost, HttpError
 from ._handler import AGENT_KEY, PRINCIPAL_KEY, TurnTasks
 
 #: The skills an agent's card lists, given the agent's name and its declared tools.

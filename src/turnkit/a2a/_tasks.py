@@ -30,7 +30,7 @@ from google.protobuf.json_format import MessageToDict
 from .._values.inputs import InputRequest
 from .._values.records import TurnRecord, TurnStatus
 from .._values.turns import result_from_record
-from ..server._bodies import MAX_ID_LENGTH
+from ..server.frontend import MAX_ID_LENGTH
 
 #: Between a task id's session and its token; the token is hex, so the last one splits.
 SEPARATOR = "~"

@@ -384,7 +384,7 @@ def _add_dev(commands: Any) -> None:
 async def _dev(args: argparse.Namespace, progress: Progress) -> int:
     del progress  # the server prints its URL when it is ready
     try:
-        from ..server._dev import DevOptions, serve_dev
+        from ..server.local import DevOptions, serve_dev
     except ImportError as exc:
         raise CliError(
             f"turnkit dev needs the server extra: pip install 'turnkit[server]' ({exc})"
@@ -413,8 +413,8 @@ def _slack_options(args: argparse.Namespace) -> Any:
     """What ``turnkit dev --slack`` needs, from the environment (never the command
     line, which other users of the machine can read)."""
     try:
-        from ..server._dev import SlackOptions
-        from ..slack import slack_channel  # noqa: F401 - only to fail early without the extra
+        from ..server.local import SlackOptions
+        from ..slack import slack_channel
     except ImportError as exc:
         raise CliError(f"turnkit dev --slack needs: pip install 'turnkit[slack]' ({exc})") from None
     missing = [n for n in ("SLACK_SIGNING_SECRET", "SLACK_BOT_TOKEN") if not os.environ.get(n)]
@@ -423,12 +423,12 @@ def _slack_options(args: argparse.Namespace) -> Any:
             f"turnkit dev --slack needs {' and '.join(missing)} in the environment "
             "(the app's signing secret and bot token; see docs/slack.md)"
         )
-    return SlackOptions(
-        port=args.slack_port,
+    channel = slack_channel(
         signing_secret=os.environ["SLACK_SIGNING_SECRET"],
         bot_token=os.environ["SLACK_BOT_TOKEN"],
-        api_url=os.environ.get("SLACK_API_URL") or "https://slack.com/api/",
+        base_url=os.environ.get("SLACK_API_URL") or "https://slack.com/api/",
     )
+    return SlackOptions(port=args.slack_port, channel=channel)
 
 
 def _port(text: str) -> int:
@@ -569,7 +569,7 @@ async def _worker(args: argparse.Namespace, progress: Progress) -> int:
         if chosen.note:
             print(printable(f"turnkit: {folder.name}: {chosen.note}"), file=sys.stderr)
         agents.append(folder.agent(chosen.model))
-    from ..stores._takeover import Takeover
+    from ..stores import Takeover
 
     takeover = Takeover(idle_timeout=args.idle_timeout, heartbeat=min(2.0, args.idle_timeout / 4))
     store = await writable_store(args.store, takeover=takeover, pool_size=args.pool_size)

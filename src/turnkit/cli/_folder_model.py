@@ -11,8 +11,7 @@ from dataclasses import dataclass
 
 from .._assembly.loader import AgentFolder
 from .._seams.model import Model
-from ..models import demo_model
-from ..models._env import configured
+from ..models import configured, demo_model
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._errors import StoreError
-from ..stores import _sqlite_schema as sqlite_schema
+from ..stores.schemas import sqlite as sqlite_schema
 from ._open import dsn_schema, is_postgres_dsn
 from ._progress import Progress
 from ._store import CliError, describe_store, one_line
@@ -135,7 +135,9 @@ def _report(state: SchemaState, applied: list[int], *, apply: bool) -> None:
 def _state(spec: str) -> SchemaState:
     where = describe_store(spec)
     if is_postgres_dsn(spec):
-        from ..stores.postgres import _schema as pg_schema
+        from ..stores import schemas
+
+        pg_schema = schemas.postgres()
 
         with _pg_connection(spec) as conn:
             version, floor = pg_schema.stored_version(conn, dsn_schema(spec))
@@ -164,7 +166,9 @@ def _state(spec: str) -> SchemaState:
 def _apply(spec: str) -> None:
     try:
         if is_postgres_dsn(spec):
-            from ..stores.postgres import _schema as pg_schema
+            from ..stores import schemas
+
+            pg_schema = schemas.postgres()
 
             with _pg_connection(spec) as conn:
                 pg_schema.migrate(conn, dsn_schema(spec))

@@ -18,7 +18,7 @@ import re
 
 from .._errors import ConfigurationError
 from .._seams.store import Store
-from ..stores._takeover import Takeover
+from ..stores import Takeover
 from ..stores.sqlite import SqliteStore
 
 #: The environment variable that names where a store keeps its large payloads.

@@ -209,7 +209,7 @@ def add_console(commands: Any, store_option: StoreOption) -> None:
 async def console_command(args: argparse.Namespace, progress: Progress) -> int:
     del progress
     try:
-        from ..server._console_serve import serve_console
+        from ..server.local import serve_console
     except ImportError as exc:
         raise CliError(f"turnkit console needs: pip install 'turnkit[server]' ({exc})") from None
     from .._assembly.loader import AgentFolder

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from .._errors import TurnkitError
 from .._seams.store import Store
-from ..stores._takeover import Takeover
+from ..stores import Takeover
 from ._open import dsn_schema, is_postgres_dsn, open_store, redact_dsn
 
 DEFAULT_STORE = os.path.join(".turnkit", "sessions.db")

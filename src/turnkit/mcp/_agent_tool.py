@@ -18,6 +18,9 @@ from typing import TYPE_CHECKING, Any
 from mcp.types import CallToolResult
 from mcp.types import Tool as McpTool
 
+from .._access.answerer import answering_as
+from .._access.authorize import Action, Authorize, SessionAccess, allowed
+from .._access.principal import Principal
 from .._channels.channel import ChannelContext, mount_agent
 from .._engine.agent import Agent
 from .._errors import (
@@ -34,10 +37,7 @@ from .._seams.store import NO_MESSAGES
 from .._values.inbound import InboundEvent, User
 from .._values.inputs import InputRequest
 from .._values.turns import TurnResult
-from ..server._answerer import answering_as
-from ..server._authorize import Action, Authorize, SessionAccess, allowed
-from ..server._bodies import HttpError, identifier
-from ..server._principal import Principal
+from ..server.frontend import HttpError, identifier
 from ._results import failure, success
 
 if TYPE_CHECKING:

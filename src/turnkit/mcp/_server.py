@@ -23,15 +23,14 @@ from mcp.types import CallToolRequestParams, CallToolResult, ListToolsResult
 from mcp.types import Tool as McpTool
 from starlette.types import ASGIApp
 
+from .._access.authorize import Authorize
+from .._access.principal import Principal, principal_of
 from .._engine.agent import Agent
 from .._engine.tool_results import error_text, to_json_result
 from .._engine.tools import ActionContext, Tool, is_async_callable
 from .._errors import ConfigurationError
 from .._runtime.runtime import Runtime
 from .._values.inbound import User
-from ..server._authorize import Authorize
-from ..server._mounts import principal_of
-from ..server._principal import Principal
 from ._agent_tool import AgentTool
 from ._results import failure, success
 from ._sessions import McpLimits, SessionGuard

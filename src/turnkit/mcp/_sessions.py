@@ -22,8 +22,8 @@ from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from .._access.principal import principal_of
 from .._errors import ConfigurationError
-from ..server._mounts import principal_of
 
 #: The header the Streamable HTTP transport names a session in.
 SESSION_HEADER = "mcp-session-id"

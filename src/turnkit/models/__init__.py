@@ -1,4 +1,5 @@
-"""Model adapters for real providers, each behind its own extra, and ``from_env``.
+"""Model adapters for real providers, each behind its own extra, ``from_env``, and
+the scripted model the demo and ``turnkit.testing`` play back.
 
 ``anthropic()`` needs ``turnkit[anthropic]`` and ``openai()`` needs ``turnkit[openai]``;
 each imports its SDK only when called, so ``import turnkit.models`` works with neither
@@ -10,7 +11,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ._demo import demo_model
-from ._env import DEFAULT_ANTHROPIC_MODEL, DEFAULT_OPENAI_MODEL, from_env
+from ._env import DEFAULT_ANTHROPIC_MODEL, DEFAULT_OPENAI_MODEL, configured, from_env
+from ._scripted import ScriptedCall, ScriptedModel, ScriptedReply, tool_call
 
 if TYPE_CHECKING:
     import anthropic as anthropic_sdk
@@ -93,8 +95,13 @@ def openai(
 __all__ = [
     "DEFAULT_ANTHROPIC_MODEL",
     "DEFAULT_OPENAI_MODEL",
+    "ScriptedCall",
+    "ScriptedModel",
+    "ScriptedReply",
     "anthropic",
+    "configured",
     "demo_model",
     "from_env",
     "openai",
+    "tool_call",
 ]

@@ -12,12 +12,12 @@ except ImportError as exc:  # pragma: no cover - exercised without the extra
         "turnkit.server needs Starlette and uvicorn: pip install 'turnkit[server]'"
     ) from exc
 
+from .._access.authorize import Action, Authorize, SessionAccess, owner_only
+from .._access.principal import Authenticate, Principal, loopback_only
 from ._app import ServerLimits, create_app
-from ._authorize import Action, Authorize, SessionAccess, owner_only
 from ._body_limit import BodyLimit
 from ._console import Console, ConsoleAudit, console_app
 from ._ops import ops_app
-from ._principal import Authenticate, Principal, loopback_only
 from ._sse import event_frame, frame
 
 __all__ = [

@@ -24,6 +24,16 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from .._access.answerer import answering_as, parked_request
+from .._access.authorize import (
+    Action,
+    Authorize,
+    SessionAccess,
+    allowed,
+    checked_authorize,
+    owner_only,
+)
+from .._access.principal import Authenticate, Principal, authenticated
 from .._channels.channel import ChannelContext, mount_agent
 from .._channels.local_user import named_answerer
 from .._engine.tools import Tool
@@ -47,8 +57,6 @@ from .._values.checkpoints import checkpoint_of
 from .._values.inbound import InboundEvent, User
 from .._values.inputs import InputRequest
 from .._values.records import SessionInfo
-from ._answerer import answering_as, parked_request
-from ._authorize import Action, Authorize, SessionAccess, allowed, checked_authorize, owner_only
 from ._bodies import (
     HttpError,
     ResumeBody,
@@ -69,7 +77,6 @@ from ._hosts import HostGuard, checked_names
 from ._inbox import inbox
 from ._mounts import Authenticated, Mountable
 from ._ops import healthz, readiness
-from ._principal import Authenticate, Principal, authenticated
 from ._sessions_page import page_of_sessions
 from ._streams import HEADERS as STREAM_HEADERS
 from ._streams import event_stream, feed_stream

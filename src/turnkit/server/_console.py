@@ -30,6 +30,8 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Mount, Route
 
+from .._access.authorize import Action, Authorize, SessionAccess, allowed
+from .._access.principal import Authenticate, Principal, principal_of
 from .._errors import (
     ConfigurationError,
     InvalidAnswerError,
@@ -47,7 +49,6 @@ from .._seams.tenant_view import TenantView
 from .._seams.worker_view import WorkerView
 from .._values.records import SessionKey
 from .._values.turn_rules import move
-from ._authorize import Action, Authorize, SessionAccess, allowed
 from ._console_data import (
     STATUSES,
     SessionFilter,
@@ -58,8 +59,7 @@ from ._console_data import (
 )
 from ._console_live import step_latency, workers_now
 from ._hosts import HostGuard
-from ._mounts import Authenticated, principal_of
-from ._principal import Authenticate, Principal
+from ._mounts import Authenticated
 
 log = logging.getLogger("turnkit.console")
 

@@ -12,14 +12,14 @@ import signal
 import socket
 from collections.abc import Sequence
 
+from .._access.authorize import SessionAccess
+from .._access.principal import Principal, loopback_as
 from .._channels.local_user import LocalUser
 from .._channels.printable import printable
 from .._runtime.runtime import Runtime
-from ._authorize import SessionAccess
 from ._console import Console, console_app
 from ._dev import _listen
 from ._hosts import LOOPBACK_NAMES
-from ._principal import Principal, loopback_as
 from ._serving import Signals, serve_until, until_started
 
 

@@ -16,11 +16,14 @@ import sys
 import threading
 from dataclasses import dataclass, field
 from ipaddress import ip_address
+from typing import Protocol
 
 from starlette.applications import Starlette
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from .._channels.channel import mount_agent
+from .._access.authorize import one_person
+from .._access.principal import loopback_as
+from .._channels.channel import ChannelContext, DeliveringChannel, mount_agent
 from .._channels.local_user import LocalUser, local_user
 from .._channels.printable import printable
 from .._channels.terminal import SOURCE as TERMINAL_SOURCE
@@ -30,21 +33,25 @@ from .._runtime.runtime import Runtime
 from .._seams.store import Store
 from .._seams.tracer import Tracer
 from ._app import create_app, recover_quietly
-from ._authorize import one_person
 from ._dev_log import TurnLog, configure, log, logged_requests
 from ._hosts import LOOPBACK_NAMES
-from ._principal import loopback_as
 from ._serving import Signals, listen, serve_until, until_started
+
+
+class ServedChannel(DeliveringChannel, Protocol):
+    """A channel that serves its platform's webhooks for an agent (``SlackChannel``):
+    ``app(ctx)`` gives the routes its platform calls."""
+
+    def app(self, ctx: ChannelContext) -> ASGIApp: ...
 
 
 @dataclass(frozen=True, kw_only=True)
 class SlackOptions:
-    """``turnkit dev --slack``: the Slack app's secrets and the port its routes use."""
+    """``turnkit dev --slack``: the Slack channel (made by the command line, which
+    reads its secrets) and the port its routes use."""
 
     port: int = 3000
-    signing_secret: str = field(repr=False)
-    bot_token: str = field(repr=False)
-    api_url: str = "https://slack.com/api/"
+    channel: ServedChannel
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -121,15 +128,12 @@ def _exit_now_if_a_tool_still_runs() -> None:
 
 def _slack_app(runtime: Runtime, agent: Agent, options: SlackOptions) -> Starlette:
     """The Slack routes under ``/slack``, for the port a tunnel points at."""
-    from ..slack import slack_channel
-
-    slack = slack_channel(
-        signing_secret=options.signing_secret, bot_token=options.bot_token, base_url=options.api_url
-    )
     app = Starlette()
     # ``turnkit run`` on the same store is the terminal's way in: its policy is expected.
-    ctx = mount_agent(agent, runtime, channels=[slack], served_elsewhere=[TERMINAL_SOURCE])
-    app.mount("/slack", slack.app(ctx))
+    ctx = mount_agent(
+        agent, runtime, channels=[options.channel], served_elsewhere=[TERMINAL_SOURCE]
+    )
+    app.mount("/slack", options.channel.app(ctx))
     return app
 
 

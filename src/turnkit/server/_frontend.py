@@ -18,6 +18,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute
 
+from .._access.authorize import Action
+from .._access.principal import Principal
 from .._engine.tools import Tool
 from .._errors import TurnError
 from .._runtime.observe import TurnStream
@@ -25,10 +27,8 @@ from .._runtime.session import AgentSession
 from .._seams.store import SessionStore
 from .._values.events import TurnEvent
 from .._values.inputs import InputRequest
-from ._authorize import Action
 from ._bodies import HttpError
 from ._feed import EventFeed
-from ._principal import Principal
 
 Handler = Callable[[Request, Principal], Awaitable[Response]]
 

@@ -11,12 +11,12 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from .._access.authorize import Authorize, SessionAccess, allowed
+from .._access.principal import Principal
 from .._runtime.inbox import MAX_LIMIT
 from .._runtime.runtime import Runtime
 from .._seams.store import NO_MESSAGES
-from ._authorize import Authorize, SessionAccess, allowed
 from ._bodies import HttpError, non_negative_int
-from ._principal import Principal
 
 
 async def inbox(

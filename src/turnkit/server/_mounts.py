@@ -11,11 +11,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from ._authorize import Authorize
-from ._principal import Authenticate, Principal, authenticated
-
-#: The scope key under which a mounted app finds the authenticated ``Principal``.
-PRINCIPAL_SCOPE_KEY = "turnkit.principal"
+from .._access.authorize import Authorize
+from .._access.principal import PRINCIPAL_SCOPE_KEY, Authenticate, authenticated
 
 
 @runtime_checkable
@@ -30,12 +27,6 @@ class Mountable(Protocol):
     def asgi(self, authorize: Authorize) -> ASGIApp: ...
 
     def running(self) -> AbstractAsyncContextManager[object]: ...
-
-
-def principal_of(scope: Scope) -> Principal | None:
-    """The principal ``create_app`` authenticated for this request, if any."""
-    found = scope.get(PRINCIPAL_SCOPE_KEY)
-    return found if isinstance(found, Principal) else None
 
 
 class Authenticated:

@@ -32,6 +32,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from .._access.authorize import Action, Authorize, SessionAccess, allowed
+from .._access.principal import Principal
 from .._channels.channel import ChannelContext, delivery_failure
 from .._errors import (
     ConfigurationError,
@@ -46,8 +48,6 @@ from .._values.events import TurnEvent
 from .._values.inbound import InboundEvent, User
 from .._values.inputs import InputRequest
 from ..server import BodyLimit
-from ..server._authorize import Action, Authorize, SessionAccess, allowed
-from ..server._principal import Principal
 from ._pacing import EditPacer
 from ._payloads import (
     BlockActions,

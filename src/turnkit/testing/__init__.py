@@ -6,7 +6,7 @@
 diverges.
 """
 
-from ..models._scripted import ScriptedCall, ScriptedModel, ScriptedReply, tool_call
+from ..models import ScriptedCall, ScriptedModel, ScriptedReply, tool_call
 from ._crashing import CrashingStore
 from ._replay import Divergence, ReplayDivergenceError, ReplayReport, replay
 from ._sinks import RecordingSink

@@ -79,7 +79,7 @@ from .._values.writes import (
     TrimEvents,
     Write,
 )
-from ..models._scripted import ScriptedModel, ScriptedReply, tool_call
+from ..models import ScriptedModel, ScriptedReply, tool_call
 from ._crashing import CrashingStore
 
 __all__ = [

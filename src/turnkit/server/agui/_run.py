@@ -31,12 +31,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
 
+from ..._access.principal import Principal
 from ..._engine.tools import Tool as TurnkitTool
 from ..._errors import TurnError
 from ..._runtime.observe import TurnStream
 from .._bodies import HttpError, identifier
 from .._frontend import FrontendHost, followed, unknown_session
-from .._principal import Principal
 from .._sse import KEEPALIVE
 from .._story import Story
 from ._decisions import decision_value

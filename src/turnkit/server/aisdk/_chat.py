@@ -18,13 +18,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
 
+from ..._access.principal import Principal
 from ..._errors import TurnError
 from ..._runtime.observe import TurnStream
 from ..._values.inputs import InputRequest
 from .._bodies import HttpError, identifier
 from .._feed import EventFeed
 from .._frontend import FrontendHost, followed, unknown_session
-from .._principal import Principal
 from .._sse import KEEPALIVE
 from .._story import Story
 from ._parts import DONE, HEADERS, encode, parts_of, start

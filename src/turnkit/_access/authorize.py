@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Literal, TypeAlias
 
 from .._errors import ConfigurationError
-from ._principal import Principal
+from .principal import Principal
 
 #: What a request does to a session: ``read`` (transcript, pending request, event
 #: feed), ``turn`` (start or replay a turn, which creates a new session), ``resume``

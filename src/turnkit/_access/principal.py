@@ -13,6 +13,7 @@ from ipaddress import ip_address
 from typing import Any
 
 from starlette.requests import Request
+from starlette.types import Scope
 
 from .._channels.local_user import LocalUser, local_user
 
@@ -94,3 +95,14 @@ def _on_this_machine(request: Request, user: LocalUser) -> Principal | None:
     except ValueError:
         return None
     return Principal(id=user.id, aliases=user.aliases) if loopback else None
+
+
+#: The scope key under which an app mounted behind ``create_app``'s ``authenticate``
+#: finds the authenticated ``Principal``.
+PRINCIPAL_SCOPE_KEY = "turnkit.principal"
+
+
+def principal_of(scope: Scope) -> Principal | None:
+    """The principal ``create_app`` authenticated for this request, if any."""
+    found = scope.get(PRINCIPAL_SCOPE_KEY)
+    return found if isinstance(found, Principal) else None

@@ -11,7 +11,7 @@ from .._channels.local_user import named_answerer
 from .._seams.store import SessionStore, parked_turn
 from .._values.checkpoints import checkpoint_of
 from .._values.inputs import InputRequest
-from ._principal import Principal
+from .principal import Principal
 
 
 async def parked_request(store: SessionStore, turn_id: str, input_id: str) -> InputRequest | None:
