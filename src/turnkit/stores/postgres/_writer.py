@@ -205,6 +205,10 @@ class _LockChannel:
             # Losing an acquisition in a server crash is harmless: a holder whose token
             # did not survive has committed nothing after it, and is fenced off.
             await conn.execute(b"SET synchronous_commit = off")
+            # The claim's plan is estimated dear (a lateral scan per tenant) though it
+            # runs in milliseconds: compiling it with JIT would cost ~100 ms a claim.
+            # Nothing this connection runs is long enough for JIT to pay.
+            await conn.execute(b"SET jit = off")
             # How soon the server frees this connection's locks if we go silent.
             await conn.execute(self._takeover.lock_settings(conn.info.server_version))
             await wire.exchange(
