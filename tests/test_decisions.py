@@ -416,9 +416,14 @@ async def test_a_decision_nobody_takes_in_time_is_taken_at_its_deadline(
             "an edit needs a person",
         ),
         ({"remind_every": "often"}, "remind_every must be"),
+        ({"allowed": ("approve", "maybe")}, "allowed takes one or more of"),
+        ({"allowed": ()}, "allowed takes one or more of"),
+        ({"allowed": "approve"}, "must be a tuple"),
+        ({"when": 3}, "Approval.when must be callable"),
+        ({"answerers": "U1"}, "answerers must be"),
     ],
 )
-def test_an_approval_deadline_that_makes_no_sense_is_refused(
+def test_an_approval_that_makes_no_sense_is_refused_when_declared(
     kwargs: dict[str, Any], problem: str
 ) -> None:
     with pytest.raises(ToolDefinitionError, match=problem):
@@ -432,23 +437,6 @@ def test_a_plain_def_tool_that_writes_through_the_store_cannot_wait_for_a_person
 
     with pytest.raises(ToolDefinitionError, match="async def"):
         tool(approval=Approval())(note)
-
-
-@pytest.mark.parametrize(
-    ("kwargs", "problem"),
-    [
-        ({"allowed": ("approve", "maybe")}, "allowed takes one or more of"),
-        ({"allowed": ()}, "allowed takes one or more of"),
-        ({"allowed": "approve"}, "must be a tuple"),
-        ({"when": 3}, "Approval.when must be callable"),
-        ({"answerers": "U1"}, "answerers must be"),
-    ],
-)
-def test_an_approval_that_makes_no_sense_is_refused_when_declared(
-    kwargs: dict[str, Any], problem: str
-) -> None:
-    with pytest.raises(ToolDefinitionError, match=problem):
-        Approval(**kwargs)
 
 
 def test_a_request_stored_before_decisions_existed_still_loads() -> None:

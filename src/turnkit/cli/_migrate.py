@@ -19,9 +19,7 @@ from .._errors import StoreError
 from ..stores.schemas import sqlite as sqlite_schema
 from ._open import dsn_schema, is_postgres_dsn
 from ._progress import Progress
-from ._store import CliError, describe_store, one_line
-
-StoreOption = Callable[[argparse.ArgumentParser], None]
+from ._store import CliError, StoreOption, describe_store, one_line
 
 
 def add_migrate(commands: Any, store_option: StoreOption) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable
 from typing import Any
 
 from .._channels.printable import printable, printable_json
@@ -18,9 +17,7 @@ from .._runtime.exported import export_session, import_session
 from .._runtime.forking import fork_session
 from ._progress import Progress
 from ._show import split_target
-from ._store import CliError, describe_store, reading_store, writable_store
-
-StoreOption = Callable[[argparse.ArgumentParser], None]
+from ._store import CliError, StoreOption, describe_store, reading_store, writable_store
 
 
 def add_fork(commands: Any, store_option: StoreOption) -> None:

@@ -8,11 +8,12 @@ becomes a ``CliError``: one line, any password in a DSN redacted.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import os
 import re
 import sqlite3
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -22,6 +23,9 @@ from ..stores import Takeover
 from ._open import dsn_schema, is_postgres_dsn, open_store, redact_dsn
 
 DEFAULT_STORE = os.path.join(".turnkit", "sessions.db")
+
+#: Adds ``--store`` to a subcommand's parser, as every command that opens a store has it.
+StoreOption = Callable[[argparse.ArgumentParser], None]
 
 #: The stores' own prefixes, dropped because the CLI's message already names the store.
 _STORE_PREFIX = re.compile(

@@ -15,7 +15,7 @@ import json
 import logging
 import re
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Annotated, Any
 from urllib.parse import parse_qs
 
@@ -468,39 +468,10 @@ class _Handler:
             field = view.state.entered[FORM_BLOCK][FORM_FIELD]
         except (ValidationError, KeyError):
             return JSONResponse({"error": "not a form turnkit made"}, status_code=400)
-        answer = metadata.model_dump()
-        user = submission.user.id
-        thread = SlackThread(channel=metadata.channel, thread_ts=metadata.thread)
-        claims = {
-            "team": submission.team.id if submission.team is not None else "",
-            "channel": thread.channel,
-        }
-        request = await self._open_question(answer)
-        if request is None:
-            return _form_error("This question was already answered.")
-        if not await self._may_answer(answer, user, claims):
-            return _form_error("You may not answer this question.")
-        try:
-            value = decision_value(metadata.kind, field.value or "")
-            stream = await self.ctx.resume_stream(
-                session=metadata.session,
-                turn_id=request.turn_id,
-                input_id=request.id,
-                value=value,
-                by=user,
-                source=SOURCE,
-            )
-        except ResumeAuthorizationError:
-            return _form_error("You may not answer this question.")
-        except ResumeConflictError:
-            return _form_error("This question was already answered.")
-        except (InvalidAnswerError, ValueError) as exc:
-            return _form_error(str(exc))
-        if metadata.question is not None:
-            await self._answered(thread, metadata.question, DECIDED[metadata.kind], user)
-        reply = self.channel._reply(thread)
-        self.ctx.runtime.spawn(self._render(reply, stream, metadata.session, request.turn_id))
-        return Response(status_code=200)
+        text = field.value or ""
+        return await self._resume_from_form(
+            submission, metadata, lambda _request: decision_value(metadata.kind, text)
+        )
 
     async def _submitted(self, submission: ViewSubmission) -> Response:
         """A form's answer: checked and stored before Slack is answered, so a wrong
@@ -513,10 +484,22 @@ class _Handler:
             field = view.state.entered[FORM_BLOCK][FORM_FIELD]
         except (ValidationError, KeyError):
             return JSONResponse({"error": "not a form turnkit made"}, status_code=400)
-        answer = metadata.model_dump()
         text = field.value or ""
+        return await self._resume_from_form(
+            submission, metadata, lambda request: form_value(request, text)
+        )
+
+    async def _resume_from_form(
+        self,
+        submission: ViewSubmission,
+        metadata: FormMetadata,
+        value_of: Callable[[InputRequest], Any],
+    ) -> Response:
+        """Store a submitted form's answer (``value_of`` the open question; a
+        ``ValueError`` it or the store raises is shown under the form's field) and render
+        the resumed turn in the thread; a decision form also marks its question decided."""
+        answer = metadata.model_dump()
         user = submission.user.id
-        session_id = metadata.session
         thread = SlackThread(channel=metadata.channel, thread_ts=metadata.thread)
         claims = {
             "team": submission.team.id if submission.team is not None else "",
@@ -529,10 +512,10 @@ class _Handler:
             return _form_error("You may not answer this question.")
         try:
             stream = await self.ctx.resume_stream(
-                session=session_id,
+                session=metadata.session,
                 turn_id=request.turn_id,
                 input_id=request.id,
-                value=form_value(request, text),
+                value=value_of(request),
                 by=user,
                 source=SOURCE,
             )
@@ -540,10 +523,12 @@ class _Handler:
             return _form_error("You may not answer this question.")
         except ResumeConflictError:
             return _form_error("This question was already answered.")
-        except InvalidAnswerError as exc:
+        except ValueError as exc:  # InvalidAnswerError among them
             return _form_error(str(exc))
+        if isinstance(metadata, DecisionMetadata) and metadata.question is not None:
+            await self._answered(thread, metadata.question, DECIDED[metadata.kind], user)
         reply = self.channel._reply(thread)
-        self.ctx.runtime.spawn(self._render(reply, stream, session_id, request.turn_id))
+        self.ctx.runtime.spawn(self._render(reply, stream, metadata.session, request.turn_id))
         return Response(status_code=200)
 
     async def _open_question(self, answer: dict[str, Any]) -> InputRequest | None:

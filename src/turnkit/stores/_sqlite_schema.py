@@ -10,6 +10,7 @@ from __future__ import annotations
 import sqlite3
 
 from .._errors import StoreError
+from ._migration_list import Migrations, describe_migration, pending_numbers
 
 MIGRATIONS: list[tuple[str, ...]] = [
     (
@@ -219,15 +220,14 @@ def stored_version(conn: sqlite3.Connection) -> tuple[int, int | None]:
     return int(row[0]), None if row[1] is None else int(row[1])
 
 
-def pending(version: int, migrations: list[tuple[str, ...]] = MIGRATIONS) -> list[int]:
+def pending(version: int, migrations: Migrations = MIGRATIONS) -> list[int]:
     """The migrations a database at ``version`` still needs, by number."""
-    return list(range(version + 1, len(migrations) + 1))
+    return pending_numbers(version, migrations)
 
 
-def describe(number: int, migrations: list[tuple[str, ...]] = MIGRATIONS) -> str:
+def describe(number: int, migrations: Migrations = MIGRATIONS) -> str:
     """Migration ``number`` in one line: what each statement does, in short."""
-    parts = [" ".join(s.split()).split(" (", 1)[0][:80] for s in migrations[number - 1]]
-    return "; ".join(parts)
+    return describe_migration(number, migrations)
 
 
 def current_version(conn: sqlite3.Connection) -> int:

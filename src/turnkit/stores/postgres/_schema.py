@@ -15,6 +15,7 @@ from psycopg import errors as pg_errors
 from psycopg import sql
 
 from ..._errors import StoreError
+from .._migration_list import Migrations, describe_migration, pending_numbers
 
 #: SQLSTATE raised by ``turnkit_fence`` when another process holds the session.
 FENCE_SQLSTATE = "TK001"
@@ -449,15 +450,14 @@ def stored_version(conn: Any, schema: str) -> tuple[int, int | None]:
     return int(row[0]), None if row[1] is None else int(row[1])
 
 
-def pending(version: int, migrations: list[tuple[str, ...]] = MIGRATIONS) -> list[int]:
+def pending(version: int, migrations: Migrations = MIGRATIONS) -> list[int]:
     """The migrations a schema at ``version`` still needs, by number."""
-    return list(range(version + 1, len(migrations) + 1))
+    return pending_numbers(version, migrations)
 
 
-def describe(number: int, migrations: list[tuple[str, ...]] = MIGRATIONS) -> str:
+def describe(number: int, migrations: Migrations = MIGRATIONS) -> str:
     """Migration ``number`` in one line: what each statement does, in short."""
-    parts = [" ".join(s.split()).split(" (", 1)[0][:80] for s in migrations[number - 1]]
-    return "; ".join(parts)
+    return describe_migration(number, migrations)
 
 
 def migrate(conn: Any, schema: str, migrations: list[tuple[str, ...]] = MIGRATIONS) -> int:
