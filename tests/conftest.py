@@ -60,6 +60,17 @@ def pg_schema(pg_dsn: str) -> Iterator[str]:
     drop_schema(pg_dsn, schema)
 
 
+@pytest.fixture(params=["sqlite", "postgres"])
+def shared_store_spec(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A durable store for several processes to share, as ``postgres_support.store_at``
+    opens it: a SQLite file, or a fresh PostgreSQL schema (``DSN#schema``)."""
+    if request.param == "sqlite":
+        return str(tmp_path / "shared.db")
+    dsn = request.getfixturevalue("pg_dsn")
+    schema = request.getfixturevalue("pg_schema")
+    return f"{dsn}#{schema}"
+
+
 @pytest.fixture
 def store_codec() -> Codec | None:
     """The codec the stores ``make_store`` makes seal their payloads with: none here;

@@ -8,6 +8,8 @@ from functools import cache
 
 import pytest
 
+from turnkit.stores import SqliteStore, Store
+
 DSN_VARIABLE = "TURNKIT_TEST_POSTGRES_DSN"
 REQUIRE_VARIABLE = "TURNKIT_REQUIRE_POSTGRES"
 #: Every schema this run creates starts with this, so a crashed run's leftovers are
@@ -58,3 +60,14 @@ def drop_schema(dsn: str, schema: str) -> None:
 
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+def store_at(spec: str) -> Store:
+    """The store a spec names: ``DSN#schema`` for PostgreSQL, else a SQLite file
+    (the form a test hands the processes it starts on one store)."""
+    if spec.startswith("postgresql://"):
+        from turnkit.stores import PostgresStore
+
+        dsn, _, schema = spec.partition("#")
+        return PostgresStore(dsn, schema=schema)
+    return SqliteStore(spec)

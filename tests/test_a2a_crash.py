@@ -15,30 +15,11 @@ from pathlib import Path
 import pytest
 from a2a.types import GetTaskRequest, SubscribeToTaskRequest, TaskState
 from a2a_support import DEADLINE, a2a_client, message
-
-from turnkit.stores import SqliteStore, Store
+from postgres_support import store_at
 
 CHILD = Path(__file__).with_name("a2a_child.py")
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def store_spec(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return str(tmp_path / "node.db")
-    dsn = request.getfixturevalue("pg_dsn")
-    schema = request.getfixturevalue("pg_schema")
-    return f"{dsn}#{schema}"
-
-
-def open_store(spec: str) -> Store:
-    if spec.startswith("postgresql://"):
-        from turnkit.stores import PostgresStore
-
-        dsn, _, schema = spec.partition("#")
-        return PostgresStore(dsn, schema=schema)
-    return SqliteStore(spec)
 
 
 class Node:
@@ -98,16 +79,16 @@ async def until_exists(path: Path) -> None:
 
 async def prepared(spec: str) -> None:
     """The store's schema made before children race to make it."""
-    store = open_store(spec)
+    store = store_at(spec)
     await store.open()
     await store.close()
 
 
 async def test_a_client_reconnects_to_a_running_task_after_its_node_was_killed(
-    store_spec: str, tmp_path: Path
+    shared_store_spec: str, tmp_path: Path
 ) -> None:
-    await prepared(store_spec)
-    async with node(store_spec, str(tmp_path), "serve") as first:
+    await prepared(shared_store_spec)
+    async with node(shared_store_spec, str(tmp_path), "serve") as first:
         url = await serving_url(first)
         async with a2a_client(url, "ann", agent="helper") as (client, _):
             stream = client.send_message(message("pack", context_id="orders"))
@@ -116,7 +97,7 @@ async def test_a_client_reconnects_to_a_running_task_after_its_node_was_killed(
             await first.kill()
             await stream.aclose()
     # Another node on the same store takes the task over and runs it on.
-    async with node(store_spec, str(tmp_path), "serve") as second:
+    async with node(shared_store_spec, str(tmp_path), "serve") as second:
         url = await serving_url(second)
         await until_exists(tmp_path / f"holding-{second.pid}")
         async with a2a_client(url, "ann", agent="helper") as (client, _):
@@ -131,7 +112,7 @@ async def test_a_client_reconnects_to_a_running_task_after_its_node_was_killed(
             assert final.message.parts[0].text == "Helper says: pack done."
             got = await client.get_task(GetTaskRequest(id=task_id))
             assert got.status.state == TaskState.TASK_STATE_COMPLETED
-    store = open_store(store_spec)
+    store = store_at(shared_store_spec)
     await store.open()
     try:
         record = await store.session("orders").turn(task_id)
@@ -142,12 +123,12 @@ async def test_a_client_reconnects_to_a_running_task_after_its_node_was_killed(
 
 
 async def test_a_caller_killed_mid_call_follows_the_same_remote_task_which_runs_once(
-    store_spec: str, tmp_path: Path
+    shared_store_spec: str, tmp_path: Path
 ) -> None:
-    await prepared(store_spec)
+    await prepared(shared_store_spec)
     caller_db = str(tmp_path / "caller.db")
     await prepared(caller_db)
-    async with node(store_spec, str(tmp_path), "serve") as remote:
+    async with node(shared_store_spec, str(tmp_path), "serve") as remote:
         url = await serving_url(remote) + "/agents/helper/a2a"
         async with node(caller_db, str(tmp_path), "call", url) as caller:
             # The remote's tool runs, and the caller has kept the remote task's id.
@@ -167,7 +148,7 @@ async def test_a_caller_killed_mid_call_follows_the_same_remote_task_which_runs_
     assert (tmp_path / "ran").read_text().splitlines() == [f"{remote.pid} ship it"]
     calls = (tmp_path / "calls").read_text().splitlines()
     assert calls.count("SendMessage") == 1 and calls[0] == "SendMessage", calls
-    store = open_store(store_spec)
+    store = store_at(shared_store_spec)
     await store.open()
     try:
         [info] = await store.session_page(limit=10)
@@ -182,7 +163,7 @@ async def until_noted(spec: str) -> dict[str, str]:
     """The remote task the caller's turn ``ask`` keeps with its call, once it does."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + DEADLINE * 3
-    store = open_store(spec)
+    store = store_at(spec)
     await store.open()
     try:
         while True:

@@ -10,43 +10,26 @@ import time
 from pathlib import Path
 
 import pytest
+from postgres_support import store_at
 
 import turnkit
 from turnkit import Runtime, SessionBusyError, ToolMessage, UserMessage
-from turnkit.stores import SqliteStore, Store, transcript
+from turnkit.stores import SqliteStore, transcript
 
 CHILD = Path(__file__).with_name("shared_session_child.py")
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def store_spec(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return str(tmp_path / "shared.db")
-    dsn = request.getfixturevalue("pg_dsn")
-    schema = request.getfixturevalue("pg_schema")
-    return f"{dsn}#{schema}"
-
-
-def open_store(spec: str) -> Store:
-    if spec.startswith("postgresql://"):
-        from turnkit.stores import PostgresStore
-
-        dsn, _, schema = spec.partition("#")
-        return PostgresStore(dsn, schema=schema)
-    return SqliteStore(spec)
-
-
 async def test_two_processes_complete_every_turn_of_one_session_in_order(
-    store_spec: str, tmp_path: Path
+    shared_store_spec: str, tmp_path: Path
 ) -> None:
     # The schema exists before the children race to create it.
-    store = open_store(store_spec)
+    store = store_at(shared_store_spec)
     await store.open()
     await store.close()
     go = tmp_path / "go"
     children = [
         subprocess.Popen(
-            [sys.executable, str(CHILD), store_spec, name, "15", str(go)],
+            [sys.executable, str(CHILD), shared_store_spec, name, "15", str(go)],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -63,7 +46,7 @@ async def test_two_processes_complete_every_turn_of_one_session_in_order(
         lines = out.split("\n")[:-1]
         assert [line.split(" ")[1] for line in lines] == ["completed"] * 15, out
 
-    store = open_store(store_spec)
+    store = store_at(shared_store_spec)
     await store.open()
     try:
         session = store.session("shared")
@@ -150,16 +133,16 @@ def start_held_turn(spec: str, signals: Path) -> subprocess.Popen[str]:
 
 @pytest.mark.parametrize("how", ["cancel", "replace"])
 async def test_a_cancel_or_replace_from_another_process_stops_the_running_turn(
-    store_spec: str, tmp_path: Path, how: str
+    shared_store_spec: str, tmp_path: Path, how: str
 ) -> None:
-    store = open_store(store_spec)
+    store = store_at(shared_store_spec)
     await store.open()
     await store.close()
-    child = start_held_turn(store_spec, tmp_path)
+    child = start_held_turn(shared_store_spec, tmp_path)
     try:
         from held_turn_child import build_agent
 
-        async with Runtime(build_agent(tmp_path), store=open_store(store_spec)) as runtime:
+        async with Runtime(build_agent(tmp_path), store=store_at(shared_store_spec)) as runtime:
             session = runtime.session("a", "shared")
             if how == "cancel":
                 assert await session.cancel() == ["held"]
@@ -189,13 +172,13 @@ async def test_a_cancel_or_replace_from_another_process_stops_the_running_turn(
 
 
 async def test_a_turn_acknowledged_then_killed_before_it_ran_completes_after_restart(
-    store_spec: str, tmp_path: Path
+    shared_store_spec: str, tmp_path: Path
 ) -> None:
-    store = open_store(store_spec)
+    store = store_at(shared_store_spec)
     await store.open()
     await store.close()
     child = subprocess.Popen(
-        [sys.executable, str(HELD_CHILD), store_spec, str(tmp_path), "then-submit"],
+        [sys.executable, str(HELD_CHILD), shared_store_spec, str(tmp_path), "then-submit"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -210,7 +193,7 @@ async def test_a_turn_acknowledged_then_killed_before_it_ran_completes_after_res
 
     from held_turn_child import build_agent
 
-    async with Runtime(build_agent(tmp_path), store=open_store(store_spec)) as runtime:
+    async with Runtime(build_agent(tmp_path), store=store_at(shared_store_spec)) as runtime:
         record = await runtime.session("a", "shared").turn_record("after")
         assert record is not None and record.status == "queued"
         results = {r.turn_id: r for r in await runtime.recover()}
@@ -233,12 +216,12 @@ PARK_CHILD = Path(__file__).with_name("park_child.py")
 
 
 async def test_a_park_made_in_another_process_is_refused_here_over_python_and_http(
-    store_spec: str,
+    shared_store_spec: str,
 ) -> None:
     # park_child names a PostgreSQL store postgres:SCHEMA:DSN.
-    spec = store_spec
-    if store_spec.startswith("postgresql://"):
-        dsn, _, schema = store_spec.partition("#")
+    spec = shared_store_spec
+    if shared_store_spec.startswith("postgresql://"):
+        dsn, _, schema = shared_store_spec.partition("#")
         spec = f"postgres:{schema}:{dsn}"
     parked = subprocess.run(
         [sys.executable, str(PARK_CHILD), spec, "park"],
@@ -256,7 +239,7 @@ async def test_a_park_made_in_another_process_is_refused_here_over_python_and_ht
     from turnkit.testing import ScriptedModel
 
     agent = Agent(name="a", model=ScriptedModel(respond=respond), tools=[refund])
-    async with Runtime(agent, store=open_store(store_spec)) as runtime:
+    async with Runtime(agent, store=store_at(shared_store_spec)) as runtime:
         session = runtime.session("a", "s1")  # this process never saw the park
         before = await snapshot(runtime)
         with pytest.raises(SessionSuspendedError, match="waiting for input on turn t-1"):
@@ -281,10 +264,10 @@ PARKED_SUBAGENT_CHILD = Path(__file__).with_name("parked_subagent_child.py")
 
 @pytest.mark.parametrize("how", ["cancel", "reset"])
 async def test_cancelling_or_resetting_a_parent_ends_its_child_parked_elsewhere(
-    store_spec: str, how: str
+    shared_store_spec: str, how: str
 ) -> None:
     parked = subprocess.run(
-        [sys.executable, str(PARKED_SUBAGENT_CHILD), store_spec],
+        [sys.executable, str(PARKED_SUBAGENT_CHILD), shared_store_spec],
         capture_output=True,
         text=True,
         timeout=120,
@@ -294,7 +277,7 @@ async def test_cancelling_or_resetting_a_parent_ends_its_child_parked_elsewhere(
 
     from parked_subagent_child import agents
 
-    async with Runtime(agents(), store=open_store(store_spec)) as runtime:
+    async with Runtime(agents(), store=store_at(shared_store_spec)) as runtime:
         children = [s for s in await runtime.sessions() if s.agent == "researcher"]
         assert [s.status for s in children] == ["suspended"]
         parent = runtime.session("boss", "s1")
@@ -319,17 +302,17 @@ async def test_cancelling_or_resetting_a_parent_ends_its_child_parked_elsewhere(
 
 
 async def test_a_turn_stored_while_a_reset_waits_runs_in_the_new_generation(
-    store_spec: str, tmp_path: Path
+    shared_store_spec: str, tmp_path: Path
 ) -> None:
     # The child runs "held"; this process resets the session, which waits for the
     # held turn to unwind; meanwhile the child stores "after" and runs it as soon as
     # "held" ends. Whichever process takes the session next, "after" must run in the
     # new generation: the reset's barrier is in the store, not in this process.
-    store = open_store(store_spec)
+    store = store_at(shared_store_spec)
     await store.open()
     await store.close()
     child = subprocess.Popen(
-        [sys.executable, str(HELD_CHILD), store_spec, str(tmp_path), "submit-on-signal"],
+        [sys.executable, str(HELD_CHILD), shared_store_spec, str(tmp_path), "submit-on-signal"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -342,7 +325,7 @@ async def test_a_turn_stored_while_a_reset_waits_runs_in_the_new_generation(
             await asyncio.sleep(0.01)
         from held_turn_child import build_agent
 
-        async with Runtime(build_agent(tmp_path), store=open_store(store_spec)) as runtime:
+        async with Runtime(build_agent(tmp_path), store=store_at(shared_store_spec)) as runtime:
             session = runtime.session("a", "shared")
             reset = asyncio.ensure_future(session.reset())
             raw = runtime.store.session("shared")
@@ -374,22 +357,22 @@ async def test_a_turn_stored_while_a_reset_waits_runs_in_the_new_generation(
 
 
 async def test_a_turn_left_running_by_a_killed_process_is_finished_before_the_next(
-    store_spec: str, tmp_path: Path
+    shared_store_spec: str, tmp_path: Path
 ) -> None:
     """Issue 28 item 9: the survivor's next turn opened before recover() ran, and
     the dead process's acknowledged turn ended failed ("interrupted: a later turn
     started before it was recovered"). The survivor holds the session's lock, so it
     finishes that turn first, then runs its own."""
-    store = open_store(store_spec)
+    store = store_at(shared_store_spec)
     await store.open()
     await store.close()
-    child = start_held_turn(store_spec, tmp_path)
+    child = start_held_turn(shared_store_spec, tmp_path)
     child.kill()  # SIGKILL, inside the held turn's tool
     child.communicate(timeout=60)
     (tmp_path / "release").touch()  # the replayed tool returns at once
     from held_turn_child import build_agent
 
-    async with Runtime(build_agent(tmp_path), store=open_store(store_spec)) as runtime:
+    async with Runtime(build_agent(tmp_path), store=store_at(shared_store_spec)) as runtime:
         session = runtime.session("a", "shared")
         assert await session.turn("next") == "answered next"
         held = await session.result("held")

@@ -62,6 +62,7 @@ from ._bodies import (
     ResumeBody,
     TurnBody,
     empty_body,
+    error_response,
     identifier,
     non_negative_int,
     read_object,
@@ -811,10 +812,6 @@ def _another_agents(session_id: str, owner: str, name: str) -> HttpError:
         "session_of_another_agent",
         f"session {session_id!r} belongs to agent {owner!r}, not {name!r}",
     )
-
-
-def error_response(status: int, code: str, message: str) -> JSONResponse:
-    return JSONResponse({"error": message, "code": code}, status_code=status)
 
 
 def _page(path: str, authenticate: Authenticate) -> Callable[[Request], Awaitable[Response]]:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from starlette.requests import Request
+from starlette.responses import JSONResponse
 
 #: Longest id (session, turn, input) accepted from a client.
 MAX_ID_LENGTH = 200
@@ -25,6 +26,11 @@ class HttpError(Exception):
         self.status = status
         self.code = code
         self.message = message
+
+
+def error_response(status: int, code: str, message: str) -> JSONResponse:
+    """The JSON body every refused request gets: the message and its ``code``."""
+    return JSONResponse({"error": message, "code": code}, status_code=status)
 
 
 @dataclass(frozen=True, kw_only=True)

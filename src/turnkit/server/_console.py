@@ -49,6 +49,7 @@ from .._seams.tenant_view import TenantView
 from .._seams.worker_view import WorkerView
 from .._values.records import SessionKey
 from .._values.turn_rules import move
+from ._bodies import HttpError, error_response
 from ._console_data import (
     STATUSES,
     SessionFilter,
@@ -149,12 +150,6 @@ class Console:
 _NO_CACHE = {"Cache-Control": "no-cache"}
 
 
-class _Refused(Exception):
-    def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(message)
-        self.status, self.code, self.message = status, code, message
-
-
 Handler = Callable[[Request, Principal], Awaitable[Response]]
 
 
@@ -168,16 +163,16 @@ class _Handlers:
         async def endpoint(request: Request) -> Response:
             principal = principal_of(request.scope)
             if principal is None:
-                return _error(401, "unauthenticated", "authentication required")
+                return error_response(401, "unauthenticated", "authentication required")
             try:
                 return await handler(request, principal)
-            except _Refused as exc:
-                return _error(exc.status, exc.code, exc.message)
+            except HttpError as exc:
+                return error_response(exc.status, exc.code, exc.message)
             except SessionBusyError as exc:
-                return _error(503, "session_busy", str(exc))
+                return error_response(503, "session_busy", str(exc))
             except StoreError as exc:
                 log.warning("console %s: the store failed: %s", request.url.path, exc)
-                return _error(503, "store_unavailable", "the store could not answer")
+                return error_response(503, "store_unavailable", "the store could not answer")
 
         return endpoint
 
@@ -187,10 +182,10 @@ class _Handlers:
         if status == "parked":
             status = "suspended"
         if status is not None and status not in STATUSES:
-            raise _Refused(400, "bad_status", f"status must be one of {sorted(STATUSES)}")
+            raise HttpError(400, "bad_status", f"status must be one of {sorted(STATUSES)}")
         tenant = q.get("tenant")
         if tenant is not None and not isinstance(self.runtime.store, TenantView):
-            raise _Refused(400, "no_tenants", "this store cannot list sessions by tenant")
+            raise HttpError(400, "no_tenants", "this store cannot list sessions by tenant")
         wanted = SessionFilter(
             agent=q.get("agent") or None,
             status=status,
@@ -238,11 +233,11 @@ class _Handlers:
         session_id = request.path_params["session"]
         action = request.path_params["action"]
         if action not in ACTIONS:
-            raise _Refused(404, "unknown_action", f"no console action {action!r}")
+            raise HttpError(404, "unknown_action", f"no console action {action!r}")
         body = await _body(request)
         try:
             agent = await self._allowed(principal, session_id, ACTIONS[action])
-        except _Refused as exc:
+        except HttpError as exc:
             self._audit(principal, action, session_id, None, False, "refused", body)
             raise exc
         try:
@@ -250,19 +245,19 @@ class _Handlers:
                 result = await self._fork(principal, agent, session_id, body)
             else:
                 result = await self._do(action, self._session(agent, session_id), principal, body)
-        except _Refused as exc:
+        except HttpError as exc:
             allowed_it = exc.status != 403  # a 403: authorize refused the new session
             self._audit(principal, action, session_id, agent, allowed_it, f"refused: {exc}", body)
             raise
         except (ResumeConflictError, ConfigurationError, ValueError) as exc:
             self._audit(principal, action, session_id, agent, True, f"conflict: {exc}", body)
-            raise _Refused(409, "conflict", str(exc)) from None
+            raise HttpError(409, "conflict", str(exc)) from None
         except InvalidAnswerError as exc:
             self._audit(principal, action, session_id, agent, True, f"invalid: {exc}", body)
-            raise _Refused(400, "invalid_answer", str(exc)) from None
+            raise HttpError(400, "invalid_answer", str(exc)) from None
         except ResumeAuthorizationError as exc:
             self._audit(principal, action, session_id, agent, True, f"not admitted: {exc}", body)
-            raise _Refused(403, "not_an_answerer", str(exc)) from None
+            raise HttpError(403, "not_an_answerer", str(exc)) from None
         self._audit(principal, action, session_id, agent, True, "done", body)
         return JSONResponse(to_jsonable_python(result))
 
@@ -281,7 +276,7 @@ class _Handlers:
         if action == "answer":
             input_id = _text(body, "input_id")
             if "value" not in body:
-                raise _Refused(400, "bad_body", "answer needs a value")
+                raise HttpError(400, "bad_body", "answer needs a value")
             await session.resume(
                 turn_id, input_id, body["value"], by=principal.id, source="console"
             )
@@ -296,7 +291,7 @@ class _Handlers:
         operator open (``turn`` on a session that does not exist)."""
         at = body.get("at") or None  # null or "": everything
         if at is not None and (isinstance(at, bool) or not isinstance(at, int | str)):
-            raise _Refused(400, "bad_body", "at must be a position, a step id or null")
+            raise HttpError(400, "bad_body", "at must be a position, a step id or null")
         if isinstance(at, str) and at.isdigit():
             at = int(at)
         new_id = _text(body, "new_session")
@@ -305,7 +300,7 @@ class _Handlers:
             agent=agent, session_id=new_id, owner=source.owner, action="turn", exists=False
         )
         if not await allowed(self.authorize, principal, access):
-            raise _Refused(403, "refused", f"you may not open session {new_id!r}")
+            raise HttpError(403, "refused", f"you may not open session {new_id!r}")
         made = await fork_session(self.runtime.store, session_id, at=at, new_session=new_id)
         if made.status == "running" and self.runtime.run_turns and agent in self.runtime.agents:
             # Carry the cut turn on here (a worker claims it on an HTTP node).
@@ -330,17 +325,17 @@ class _Handlers:
         answers as a session that does not exist."""
         snap = await self.runtime.store.session(session_id).load(from_index=NO_MESSAGES)
         if snap.agent is None:
-            raise _Refused(404, "unknown_session", f"no session {session_id!r}")
+            raise HttpError(404, "unknown_session", f"no session {session_id!r}")
         access = SessionAccess(
             agent=snap.agent, session_id=session_id, owner=snap.owner, action=action
         )
         if not await allowed(self.authorize, principal, access):
-            raise _Refused(404, "unknown_session", f"no session {session_id!r}")
+            raise HttpError(404, "unknown_session", f"no session {session_id!r}")
         return snap.agent
 
     def _session(self, agent: str, session_id: str) -> AgentSession:
         if agent not in self.runtime.agents:
-            raise _Refused(
+            raise HttpError(
                 409, "agent_not_loaded", f"agent {agent!r} is not loaded in this console"
             )
         return self.runtime.session(agent, session_id)
@@ -380,16 +375,16 @@ async def _body(request: Request) -> dict[str, Any]:
     try:
         data = json.loads(raw)
     except ValueError:
-        raise _Refused(400, "bad_json", "the body is not JSON") from None
+        raise HttpError(400, "bad_json", "the body is not JSON") from None
     if not isinstance(data, dict):
-        raise _Refused(400, "bad_body", "the body must be a JSON object")
+        raise HttpError(400, "bad_body", "the body must be a JSON object")
     return data
 
 
 def _text(body: dict[str, Any], name: str) -> str:
     value = body.get(name)
     if not isinstance(value, str) or not value:
-        raise _Refused(400, "bad_body", f"{name} must be a non-empty string")
+        raise HttpError(400, "bad_body", f"{name} must be a non-empty string")
     return value
 
 
@@ -399,9 +394,9 @@ def _seconds(text: str | None, name: str) -> float | None:
     try:
         value = float(text)
     except ValueError:
-        raise _Refused(400, "bad_age", f"{name} must be seconds, got {text!r}") from None
+        raise HttpError(400, "bad_age", f"{name} must be seconds, got {text!r}") from None
     if not value >= 0:
-        raise _Refused(400, "bad_age", f"{name} must be at least 0, got {text!r}")
+        raise HttpError(400, "bad_age", f"{name} must be at least 0, got {text!r}")
     return value
 
 
@@ -413,11 +408,7 @@ def _key(text: str | None) -> SessionKey | None:
     try:
         return (float(stamp), session_id) if sep else None
     except ValueError:
-        raise _Refused(400, "bad_cursor", f"after {text!r} is not a cursor this gave") from None
-
-
-def _error(status: int, code: str, message: str) -> JSONResponse:
-    return JSONResponse({"error": message, "code": code}, status_code=status)
+        raise HttpError(400, "bad_cursor", f"after {text!r} is not a cursor this gave") from None
 
 
 def console_app(

@@ -205,20 +205,6 @@ def _pending(record: TurnRecord | None) -> list[dict[str, Any]]:
     return [r for r in listed if isinstance(r, dict)]
 
 
-#: Events a delivery logs (not a resume's answer or a timer's firing), whose
-#: writer tells which process ran the turn at that point.
-_DELIVERED = (
-    TurnStartedEvent,
-    MessageCompletedEvent,
-    ActionRequestedEvent,
-    ActionCompletedEvent,
-    InputRequestedEvent,
-    StepRetryEvent,
-    TurnHeldEvent,
-    TurnCompletedEvent,
-    TurnFailedEvent,
-    TurnCancelledEvent,
-)
 #: Events after which no delivery runs the turn until something resumes (or
 #: retries) it: the next one may be any process's, and is no takeover.
 _DELIVERY_ENDS = (
@@ -228,6 +214,15 @@ _DELIVERY_ENDS = (
     TurnCompletedEvent,
     TurnFailedEvent,
     TurnCancelledEvent,
+)
+#: Events a delivery logs (not a resume's answer or a timer's firing), whose
+#: writer tells which process ran the turn at that point.
+_DELIVERED = (
+    TurnStartedEvent,
+    MessageCompletedEvent,
+    ActionRequestedEvent,
+    ActionCompletedEvent,
+    *_DELIVERY_ENDS,
 )
 
 
