@@ -47,9 +47,10 @@ class Arrivals:
         )
 
 
-def agent(name: str, model: str, server: FakeProvider) -> turnkit.Agent:
+def agent(name: str, model: str, server: FakeProvider, **options: Any) -> turnkit.Agent:
+    url = server.url + "/v1"
     return turnkit.Agent(
-        name=name, model=openai(model, api_key="test-key", base_url=server.url + "/v1")
+        name=name, model=openai(model, api_key="test-key", base_url=url, **options)
     )
 
 
@@ -170,3 +171,39 @@ async def test_three_workers_share_one_limit_and_run_other_turns_meanwhile(
     assert len(arrivals.at["limited-model"]) == 20
     assert arrivals.most_in_any_window("limited-model", 1.0) <= 4
     assert len(arrivals.at["free-model"]) == 20
+
+
+async def test_a_429_with_retry_after_holds_every_call_to_the_model_back() -> None:
+    """The provider refuses the first call for load, asking for 1.5 s: that turn
+    waits on its retry timer, and another session's turn, which would otherwise be
+    let go at once, waits for the same moment (the limit is blocked until then)."""
+    arrivals: list[float] = []
+    lock = threading.Lock()
+
+    def respond(body: Any) -> Canned:
+        with lock:
+            arrivals.append(time.time())
+            if len(arrivals) == 1:
+                return wire.error(429, "slow down", retry_after_ms="1500")
+        return wire.completion("done")
+
+    limit = RateLimit("m", requests_per_minute=1000)
+    with FakeProvider(respond=respond) as server:
+        store = turnkit.stores.MemoryStore()
+        # (No retries inside the SDK: the refusal reaches turnkit, as the last one would.)
+        model = agent("a", "m", server, max_retries=0)
+        async with turnkit.Runtime(model, store=store, rate_limits=[limit]) as rt:
+            first = rt.session("a", "s1")
+            one = await first.submit("go")
+            refused = await first.result(one)
+            assert refused.status == "suspended" and len(arrivals) == 1
+            second = rt.session("a", "s2")
+            two = await second.submit("go")
+
+            async def both_done() -> bool:
+                records = [await store.session(s).turn(t) for s, t in (("s1", one), ("s2", two))]
+                return all(r is not None and r.status == "completed" for r in records)
+
+            await eventually(both_done, "both turns")
+    assert len(arrivals) == 3
+    assert min(arrivals[1:]) >= arrivals[0] + 1.5

@@ -44,14 +44,6 @@ class ModelSteps:
         step_id = model_step_id(index)
         if d.budget is not None and d.budget.limited:
             await check_budget(d, d.budget, step_id)
-        ticket = None
-        if d.rates is not None:
-            taken = await d.rates.take(
-                d.agent.model, turn_id=d.turn_id, step_id=step_id, steps=d.steps
-            )
-            if isinstance(taken, InputRequest):
-                raise Park((taken,))  # asked again when a place frees (nothing was asked)
-            ticket = taken
         # The history policy's summary calls are steps of their own, with spans of
         # their own, made before this step's request (and its span) begins.
         windows = self._context_windows()
@@ -60,7 +52,7 @@ class ModelSteps:
         if summaries is not None:
             d.usage = d.usage + summaries
         with d.step_span(step_id, model=d.agent.model) as span:
-            await self._ask_and_commit(index, step_id, span, windows, sent, ticket)
+            await self._ask_and_commit(index, step_id, span, windows, sent)
 
     def _traced_summary(self, step_id: str, model: Any) -> AbstractContextManager[StepSpan]:
         """The span of a summary call the history policy makes (step ``step_id``)."""
@@ -73,9 +65,17 @@ class ModelSteps:
         span: StepSpan,
         windows: ContextWindows,
         sent: Sent,
-        ticket: Ticket | None = None,
     ) -> None:
         d = self._d
+        ticket: Ticket | None = None
+        if d.rates is not None:
+            # Taken right before the call, so nothing between could leave it unended.
+            taken = await d.rates.take(
+                d.agent.model, turn_id=d.turn_id, step_id=step_id, steps=d.steps
+            )
+            if isinstance(taken, InputRequest):
+                raise Park((taken,))  # asked again when a place frees (nothing was asked)
+            ticket = taken
         used = 0
         try:
             reply, record = await ask_model(

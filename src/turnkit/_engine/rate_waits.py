@@ -6,15 +6,19 @@ any process serving the store asks again when it fires (docs/tenants.md).
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .._errors import StoreError
 from .._seams.rates import RateStore
 from .._values.inputs import Expiry, InputRequest
 from .._values.rate_limits import RATE_SLACK, RATE_STALE, RateLimit, rate_wait_id
 from .._values.step_ids import input_step_id
+
+log = logging.getLogger("turnkit.rates")
 
 
 def model_name(model: Any) -> str | None:
@@ -82,7 +86,12 @@ class RateLimiter:
     async def done(self, ticket: Ticket, tokens: int) -> None:
         """The call of ``ticket`` is over (its window runs from now), having used
         ``tokens``."""
-        await self.log.rate_done(ticket.limit.key, ticket.number, tokens)
+        try:
+            await self.log.rate_done(ticket.limit.key, ticket.number, tokens)
+        except StoreError as exc:
+            # The call stays counted as in flight until it goes stale: stricter, never
+            # looser; the step's own outcome is what matters here.
+            log.warning("could not record the end of a call under %s: %s", ticket.limit.key, exc)
 
     async def refused(self, model: Any, retry_after: float) -> None:
         """The provider refused a call for load and said when to come back: nobody
