@@ -28,6 +28,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from _floor import drop_schema
+
 import turnkit
 from turnkit import Answerers, InputRequest
 from turnkit._values.checkpoints import SuspendCheckpoint
@@ -146,13 +148,6 @@ async def _create(store: Store) -> None:
     await store.close()
 
 
-def _drop(dsn: str, schema: str) -> None:
-    import psycopg
-
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-
-
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--parked", type=int, default=20_000)
@@ -179,7 +174,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 print(explain_postgres(args.dsn, schema))
                 asyncio.run(run_one(kind, PostgresStore(args.dsn, schema=schema), args.parked))
             finally:
-                _drop(args.dsn, schema)
+                drop_schema(args.dsn, schema)
 
 
 if __name__ == "__main__":

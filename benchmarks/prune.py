@@ -27,6 +27,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from _floor import drop_schema
+
 import turnkit
 from turnkit import Retention
 from turnkit.stores import SqliteStore, Store
@@ -135,19 +137,12 @@ def main(argv: Sequence[str] | None = None) -> None:
                 store = PostgresStore(args.dsn, schema=schema)
                 asyncio.run(run_one(kind, store, args.sessions, archived))
             finally:
-                _drop(args.dsn, schema)
+                drop_schema(args.dsn, schema)
 
 
 async def _create(store: Any) -> None:
     await store.open()
     await store.close()
-
-
-def _drop(dsn: str, schema: str) -> None:
-    import psycopg
-
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
 if __name__ == "__main__":

@@ -20,17 +20,9 @@ from pathlib import Path
 from typing import IO, Any
 
 import pytest
-
-CHROMIUM = Path("/usr/bin/chromium")
-if not CHROMIUM.exists() and not os.environ.get("CI"):
-    pytest.skip(
-        f"the chat page tests need Debian's chromium at {CHROMIUM} "
-        "(apt-get install chromium); in CI (CI set) they always run",
-        allow_module_level=True,
-    )
-
-from playwright.sync_api import Browser, Page, Route, expect, sync_playwright  # noqa: E402
-from test_cli import OFFLINE_ENV  # noqa: E402  (the model settings and TURNKIT_USER left out)
+from browser_support import chromium, watched_page
+from playwright.sync_api import Browser, Page, Route, expect
+from test_cli import OFFLINE_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "ops"
@@ -41,19 +33,9 @@ ECHO_AGENT = ROOT / "tests" / "fixtures" / "echo_agent"
 TIMER_AGENT = ROOT / "tests" / "fixtures" / "timer_agent"
 #: Who ``turnkit dev`` says answered: its loopback principal, the local user ``local:<login>``.
 BY_ME = r"local:\S+"
-CHROMIUM_ARGS = [
-    "--headless=new",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 URL = re.compile(r"http://127\.0\.0\.1:(\d+)/")
-TIMEOUT_MS = 20_000
 DEV_COMMAND = [sys.executable, "-m", "turnkit.cli", "dev"]
+VIEWPORT = {"width": 1200, "height": 800}
 
 
 class DevServer:
@@ -126,22 +108,14 @@ def _pump(stream: IO[str], lines: queue.Queue[str]) -> None:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
-    with sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+    with chromium() as launched:
         yield launched
-        launched.close()
 
 
 @pytest.fixture
-def page(browser: Browser, request: pytest.FixtureRequest) -> Iterator[Page]:
-    context = browser.new_context(viewport={"width": 1200, "height": 800})
-    page = context.new_page()
-    page.set_default_timeout(TIMEOUT_MS)
-    errors: list[str] = []
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
-    yield page
-    context.close()
-    assert errors == [], f"the page raised: {errors}"
+def page(browser: Browser) -> Iterator[Page]:
+    with watched_page(browser, viewport=VIEWPORT) as page:
+        yield page
 
 
 @pytest.fixture
@@ -657,13 +631,8 @@ def test_hostile_markdown_is_sanitized_live_and_after_a_reload(
 ) -> None:
     # One page per payload; the fixture's page is not used, so each starts clean.
     _, url = serve(servers, tmp_path, ECHO_AGENT)
-    context = browser.new_context(viewport={"width": 1200, "height": 800})
-    page = context.new_page()
-    page.set_default_timeout(TIMEOUT_MS)
-    errors: list[str] = []
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
-    dialogs = watch_for_attacks(page)
-    try:
+    with watched_page(browser, viewport=VIEWPORT) as page:
+        dialogs = watch_for_attacks(page)
         page.goto(url)
         text = f"Here it comes:\n\n{payload}\n\nand after it."
         page.get_by_test_id("message-input").fill(text)
@@ -684,9 +653,6 @@ def test_hostile_markdown_is_sanitized_live_and_after_a_reload(
             assert dialogs == [], round
             page.reload()
             wait_for_turns(page, "completed", 1)
-    finally:
-        context.close()
-    assert errors == [], errors
 
 
 def test_markdown_images_become_links_and_fetch_nothing(

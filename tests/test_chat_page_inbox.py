@@ -6,7 +6,6 @@ rejects it there, without the session, which is not theirs to read."""
 from __future__ import annotations
 
 import asyncio
-import os
 import socket
 import threading
 import time
@@ -18,24 +17,15 @@ from typing import Any
 import httpx
 import pytest
 import uvicorn
+from browser_support import chromium, watched_page
+from playwright.sync_api import Browser, expect
+from server_support import by_header
 
-CHROMIUM = Path("/usr/bin/chromium")
-if not CHROMIUM.exists() and not os.environ.get("CI"):
-    pytest.skip(
-        f"the chat page tests need Debian's chromium at {CHROMIUM} "
-        "(apt-get install chromium); in CI (CI set) they always run",
-        allow_module_level=True,
-    )
-
-from playwright.sync_api import Browser, expect, sync_playwright  # noqa: E402
-from server_support import by_header  # noqa: E402
-from test_chat_page import CHROMIUM_ARGS, TIMEOUT_MS  # noqa: E402
-
-import turnkit  # noqa: E402
-from turnkit import ActionContext, Answerers, Approval, Decision, define_action  # noqa: E402
-from turnkit.server import create_app  # noqa: E402
-from turnkit.stores import SqliteStore  # noqa: E402
-from turnkit.testing import ScriptedModel, ScriptedReply, tool_call  # noqa: E402
+import turnkit
+from turnkit import ActionContext, Answerers, Approval, Decision, define_action
+from turnkit.server import create_app
+from turnkit.stores import SqliteStore
+from turnkit.testing import ScriptedModel, ScriptedReply, tool_call
 
 ALICE = {"X-User": "alice"}
 
@@ -93,10 +83,8 @@ def served(db: Path) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
-    with sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+    with chromium() as launched:
         yield launched
-        launched.close()
 
 
 def settled(client: httpx.Client, session: str) -> dict[str, Any]:
@@ -128,12 +116,7 @@ def test_a_decider_answers_from_the_inbox_a_session_they_may_not_read(
             client.get("/agents/shop/sessions/s1/transcript", headers={"X-User": "bo"}).status_code
             == 404
         )
-        context = browser.new_context(extra_http_headers={"X-User": "bo"})
-        page = context.new_page()
-        page.set_default_timeout(TIMEOUT_MS)
-        errors: list[str] = []
-        page.on("pageerror", lambda exc: errors.append(str(exc)))
-        try:
+        with watched_page(browser, extra_http_headers={"X-User": "bo"}) as page:
             page.goto(url)
             entry = page.get_by_test_id("inbox-entry")
             expect(entry).to_have_count(1)
@@ -141,9 +124,6 @@ def test_a_decider_answers_from_the_inbox_a_session_they_may_not_read(
             entry.get_by_test_id(button).click()
             expect(page.get_by_test_id("inbox-entry")).to_have_count(0)
             expect(page.get_by_test_id("inbox-empty")).to_be_visible()
-        finally:
-            context.close()
-        assert errors == [], errors
         body = settled(client, "s1")
         assert body["status"] == "idle"
         assert says in body["messages"][-1]["text"]

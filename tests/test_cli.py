@@ -116,7 +116,9 @@ def write_agent(folder: Path) -> Path:
     return folder
 
 
-def turnkit_with_input(*args: str, cwd: Path, stdin: str) -> subprocess.CompletedProcess[str]:
+def turnkit_with_input(*args: str, cwd: Path, stdin: str = "") -> subprocess.CompletedProcess[str]:
+    """``turnkit`` offline (no model settings), reading ``stdin`` (at its end at once by
+    default, so a question it asks is never waited on)."""
     return subprocess.run(
         [sys.executable, "-m", "turnkit.cli", *args],
         cwd=cwd,

@@ -16,10 +16,11 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from browser_support import chromium, watched_page
 from console_takeover import Deployment, agent_folder, hold, release, take_over
-from playwright.sync_api import Browser, Page, expect, sync_playwright
-from test_chat_page import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS, _pump
-from test_cli import OFFLINE_ENV
+from playwright.sync_api import Browser, Page, expect
+from test_chat_page import _pump
+from test_cli import OFFLINE_ENV, turnkit_with_input
 from test_ops import free_port
 
 CONSOLE = [sys.executable, "-m", "turnkit.cli", "console"]
@@ -63,38 +64,16 @@ async def deploy(service: str, ctx: ToolContext) -> dict:
 }
 
 
-def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "turnkit.cli", *args],
-        cwd=cwd,
-        input="",
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**OFFLINE_ENV, "PYTHONUNBUFFERED": "1"},
-    )
-
-
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
-    if not CHROMIUM.exists():
-        pytest.skip(f"needs Debian's chromium at {CHROMIUM}")
-    with sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+    with chromium() as launched:
         yield launched
-        launched.close()
 
 
 @pytest.fixture
 def page(browser: Browser) -> Iterator[Page]:
-    context = browser.new_context(viewport={"width": 1400, "height": 860})
-    page = context.new_page()
-    page.set_default_timeout(TIMEOUT_MS)
-    errors: list[str] = []
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
-    yield page
-    context.close()
-    assert errors == [], f"the page raised: {errors}"
+    with watched_page(browser, viewport={"width": 1400, "height": 860}) as page:
+        yield page
 
 
 @pytest.fixture
@@ -105,9 +84,13 @@ def console(tmp_path: Path) -> Iterator[tuple[str, Path]]:
         (agent / name).parent.mkdir(parents=True, exist_ok=True)
         (agent / name).write_text(text)
     db = tmp_path / "s.db"
-    parked = cli("run", str(agent), "api", "--session", "s-park", "--store", str(db), cwd=tmp_path)
+    parked = turnkit_with_input(
+        "run", str(agent), "api", "--session", "s-park", "--store", str(db), cwd=tmp_path
+    )
     assert parked.returncode == 3, parked.stderr
-    failed = cli("run", str(agent), "db", "--session", "s-fail", "--store", str(db), cwd=tmp_path)
+    failed = turnkit_with_input(
+        "run", str(agent), "db", "--session", "s-fail", "--store", str(db), cwd=tmp_path
+    )
     assert failed.returncode == 1 and "locked down" in failed.stderr
     with serve_console(str(agent), "--store", str(db), cwd=tmp_path) as url:
         yield url, agent

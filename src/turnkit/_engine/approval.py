@@ -23,7 +23,13 @@ from .._errors import ToolDefinitionError
 from .._seams.model import ToolSpec
 from .._values.checkpoints import InputAnswer
 from .._values.decisions import Decision, DecisionKind, DecisionOptions, decision_kinds
-from .._values.inputs import Answerer, Expiry, InputRequest, as_answerers
+from .._values.inputs import (
+    Answerer,
+    Expiry,
+    InputRequest,
+    as_answerers,
+    reminder_before_deadline,
+)
 from .._values.messages import JsonObject
 from .._values.step_ids import input_step_id
 from .context import ToolContext, TurnParked
@@ -171,9 +177,7 @@ async def _decide(
     expires = _seconds_of(approval.expires_in)
     every = _seconds_of(approval.remind_every)
     expires_at = None if expires is None else now + expires
-    remind_at = None if every is None else now + every
-    if remind_at is not None and expires_at is not None and remind_at >= expires_at:
-        remind_at = None  # the deadline comes first: no reminder to give
+    remind_at = reminder_before_deadline(None if every is None else now + every, expires_at)
     raise TurnParked(
         InputRequest(
             id=input_id,

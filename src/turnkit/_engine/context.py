@@ -23,6 +23,7 @@ from .._values.inputs import (
     InputRequest,
     as_answerers,
     check_schema,
+    reminder_before_deadline,
 )
 from .._values.step_ids import call_input_id, input_step_id, note_step_id
 from .._values.turns import TurnResult
@@ -221,9 +222,7 @@ class ToolContext:
         if on_expiry is not None and expires is None:
             raise FatalToolError(f"{where}: on_expiry needs expires_in (a deadline)")
         every = None if remind_every is None else _seconds(remind_every, where, "remind_every")
-        remind_at = None if every is None else now + every
-        if remind_at is not None and expires is not None and remind_at >= expires:
-            remind_at = None  # the deadline comes first: no reminder to give
+        remind_at = reminder_before_deadline(None if every is None else now + every, expires)
         raise TurnParked(
             InputRequest(
                 id=input_id,

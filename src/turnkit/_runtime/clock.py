@@ -32,7 +32,7 @@ from .._values.events import (
     InputRequestedEvent,
     TurnEvent,
 )
-from .._values.inputs import InputRequest
+from .._values.inputs import InputRequest, reminder_before_deadline
 from .._values.records import TurnRecord
 from .._values.step_ids import input_step_id
 from .._values.turn_rules import move
@@ -192,9 +192,7 @@ class _Plan:
             following = request.remind_at + every
             while following <= self.now:  # down a while: one reminder, not a burst
                 following += every
-            if request.expires_at is not None and following >= request.expires_at:
-                following = None
-        return replace(request, remind_at=following)
+        return replace(request, remind_at=reminder_before_deadline(following, request.expires_at))
 
     def _answer(self, request: InputRequest, value: object, by: str | None) -> None:
         self._put(request, InputAnswer(value=value, by=by))

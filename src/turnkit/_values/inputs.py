@@ -207,6 +207,14 @@ class InputRequest:
             raise MessageDecodeError(f"input request: missing or malformed field {exc}") from None
 
 
+def reminder_before_deadline(remind_at: float | None, expires_at: float | None) -> float | None:
+    """``remind_at``, unless the question's deadline comes at or before it: then no
+    reminder is given (the expiry says more than a reminder would)."""
+    if remind_at is not None and expires_at is not None and remind_at >= expires_at:
+        return None
+    return remind_at
+
+
 def _seconds(data: dict[str, Any], name: str) -> float | None:
     value = data.get(name)
     if value is None:
