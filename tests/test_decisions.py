@@ -7,6 +7,7 @@ import asyncio
 import json
 import re
 import time
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -90,13 +91,37 @@ async def parked(session: turnkit.AgentSession, **kw: Any) -> turnkit.TurnResult
     return result
 
 
-async def test_a_decision_request_says_what_may_be_decided_on_what(open_runtime: Any) -> None:
+@dataclass
+class ParkedRefund:
+    """A refund proposed under an ``Approval`` and parked on its decision."""
+
+    ran: list[dict[str, Any]]  # the refunds the action carried out
+    session: turnkit.AgentSession
+    result: turnkit.TurnResult
+    request: InputRequest
+
+    async def resume(self, answer: Any, *, by: str = "U-lead", **kw: Any) -> str:
+        """Answer the parked decision; the resumed turn's id."""
+        return await self.session.resume(self.result.turn_id, self.request.id, answer, by=by, **kw)
+
+    async def decide(self, answer: Any, *, by: str = "U-lead") -> turnkit.TurnResult:
+        """Answer the parked decision and wait for the resumed turn to end."""
+        return await self.session.result(await self.resume(answer, by=by))
+
+
+async def parked_refund(open_runtime: Any, approval: Approval = ALL) -> ParkedRefund:
     ran: list[dict[str, Any]] = []
-    rt = await open_runtime(refund_action(ran, ALL))
+    rt = await open_runtime(refund_action(ran, approval))
     session = rt.session("a", "s1")
     result = await parked(session)
-    request = result.request
-    assert request is not None and ran == []
+    assert result.request is not None
+    return ParkedRefund(ran, session, result, result.request)
+
+
+async def test_a_decision_request_says_what_may_be_decided_on_what(open_runtime: Any) -> None:
+    refund = await parked_refund(open_runtime)
+    request = refund.request
+    assert refund.ran == []
     assert request.kind == "decision" and request.tool == "refund"
     assert request.id == f"approve-refund@{request.call_id}"
     assert request.decision is not None
@@ -106,39 +131,26 @@ async def test_a_decision_request_says_what_may_be_decided_on_what(open_runtime:
     assert request.answerers == (Answerers.user("U-lead"),)
     assert request.asked_at is not None and time.time() - request.asked_at < 60
     # What the store keeps reads back as the same request, through JSON.
-    assert await session.pending() == request
+    assert await refund.session.pending() == request
     assert InputRequest.from_dict(json.loads(json.dumps(request.to_dict()))) == request
 
 
 async def test_approve_runs_the_call_as_proposed(open_runtime: Any) -> None:
-    ran: list[dict[str, Any]] = []
-    rt = await open_runtime(refund_action(ran, ALL))
-    session = rt.session("a", "s1")
-    result = await parked(session)
-    assert result.request is not None
-    tid = await session.resume(
-        result.turn_id, result.request.id, Decision.approve(), by="U-lead", source="test"
-    )
-    done = await session.result(tid)
+    refund = await parked_refund(open_runtime)
+    done = await refund.session.result(await refund.resume(Decision.approve(), source="test"))
     assert done.status == "completed"
-    assert ran == [{"order_id": "A-17", "amount_cents": 1250}]
+    assert refund.ran == [{"order_id": "A-17", "amount_cents": 1250}]
     assert done.text == "result: refunded 1250 on A-17"
 
 
 async def test_an_edit_runs_the_call_with_the_edited_arguments(open_runtime: Any) -> None:
-    ran: list[dict[str, Any]] = []
-    rt = await open_runtime(refund_action(ran, ALL))
-    session = rt.session("a", "s1")
-    result = await parked(session)
-    assert result.request is not None
+    refund = await parked_refund(open_runtime)
     edited = {"order_id": "A-17", "amount_cents": 1000}
     # The JSON form (what HTTP and Slack send) is taken as the object is.
-    answer = {"decision": "edit", "arguments": edited}
-    tid = await session.resume(result.turn_id, result.request.id, answer, by="U-lead")
-    done = await session.result(tid)
-    assert ran == [edited]
+    done = await refund.decide({"decision": "edit", "arguments": edited})
+    assert refund.ran == [edited]
     assert done.text == "result: refunded 1000 on A-17"
-    (record,) = await session.answers()
+    (record,) = await refund.session.answers()
     assert record.decision == Decision.edit(edited) and record.by == "U-lead"
 
 
@@ -158,48 +170,32 @@ async def test_an_edit_runs_the_call_with_the_edited_arguments(open_runtime: Any
 async def test_a_decision_that_does_not_fit_is_refused_and_changes_nothing(
     open_runtime: Any, answer: Any, problem: str
 ) -> None:
-    ran: list[dict[str, Any]] = []
-    rt = await open_runtime(refund_action(ran, ALL))
-    session = rt.session("a", "s1")
-    result = await parked(session)
-    assert result.request is not None
+    refund = await parked_refund(open_runtime)
     with pytest.raises(InvalidAnswerError, match=re.escape(problem)):
-        await session.resume(result.turn_id, result.request.id, answer, by="U-lead")
-    assert await session.status() == "suspended" and await session.answers() == []
+        await refund.resume(answer)
+    assert await refund.session.status() == "suspended" and await refund.session.answers() == []
     # The right answer can still come.
-    await session.result(
-        await session.resume(result.turn_id, result.request.id, Decision.approve(), by="U-lead")
-    )
-    assert len(ran) == 1
+    await refund.decide(Decision.approve())
+    assert len(refund.ran) == 1
 
 
 async def test_a_decision_the_request_does_not_allow_is_refused(open_runtime: Any) -> None:
-    ran: list[dict[str, Any]] = []
-    rt = await open_runtime(refund_action(ran, Approval(answerers=Answerers.user("U-lead"))))
-    session = rt.session("a", "s1")
-    result = await parked(session)
-    assert result.request is not None and result.request.decision is not None
-    assert result.request.decision.allowed == ("approve", "reject")  # the default
+    refund = await parked_refund(open_runtime, Approval(answerers=Answerers.user("U-lead")))
+    assert refund.request.decision is not None
+    assert refund.request.decision.allowed == ("approve", "reject")  # the default
     edit = Decision.edit({"order_id": "A-17", "amount_cents": 1})
     with pytest.raises(InvalidAnswerError, match="'edit' is not allowed here"):
-        await session.resume(result.turn_id, result.request.id, edit, by="U-lead")
-    assert ran == [] and await session.status() == "suspended"
+        await refund.resume(edit)
+    assert refund.ran == [] and await refund.session.status() == "suspended"
 
 
 async def test_a_rejection_skips_the_tool_and_the_model_reads_the_reason(
     open_runtime: Any,
 ) -> None:
-    ran: list[dict[str, Any]] = []
-    rt = await open_runtime(refund_action(ran, ALL))
-    session = rt.session("a", "s1")
-    result = await parked(session)
-    assert result.request is not None
-    reject = Decision.reject("the customer already got a voucher")
-    done = await session.result(
-        await session.resume(result.turn_id, result.request.id, reject, by="U-lead")
-    )
-    assert ran == []
-    tool_results = [m for m in await session.messages() if isinstance(m, ToolMessage)]
+    refund = await parked_refund(open_runtime)
+    done = await refund.decide(Decision.reject("the customer already got a voucher"))
+    assert refund.ran == []
+    tool_results = [m for m in await refund.session.messages() if isinstance(m, ToolMessage)]
     assert len(tool_results) == 1
     assert "rejected" in tool_results[0].result
     assert "the customer already got a voucher" in tool_results[0].result
@@ -209,17 +205,10 @@ async def test_a_rejection_skips_the_tool_and_the_model_reads_the_reason(
 async def test_a_response_is_what_the_model_reads_instead_of_the_result(
     open_runtime: Any,
 ) -> None:
-    ran: list[dict[str, Any]] = []
-    rt = await open_runtime(refund_action(ran, ALL))
-    session = rt.session("a", "s1")
-    result = await parked(session)
-    assert result.request is not None
-    respond = Decision.respond("Offer a 10% voucher instead.")
-    await session.result(
-        await session.resume(result.turn_id, result.request.id, respond, by="U-lead")
-    )
-    assert ran == []
-    (message,) = [m for m in await session.messages() if isinstance(m, ToolMessage)]
+    refund = await parked_refund(open_runtime)
+    await refund.decide(Decision.respond("Offer a 10% voucher instead."))
+    assert refund.ran == []
+    (message,) = [m for m in await refund.session.messages() if isinstance(m, ToolMessage)]
     assert "Offer a 10% voucher instead." in message.result and not message.is_error
 
 
@@ -259,15 +248,11 @@ async def test_two_proposed_calls_of_one_step_are_decided_one_by_one(open_runtim
 
 
 async def test_each_decision_is_checked_against_the_answerers(open_runtime: Any) -> None:
-    ran: list[dict[str, Any]] = []
-    rt = await open_runtime(refund_action(ran, ALL))
-    session = rt.session("a", "s1")
-    result = await parked(session)
-    assert result.request is not None
+    refund = await parked_refund(open_runtime)
     for decision in (Decision.approve(), Decision.reject("no"), Decision.respond("hm")):
         with pytest.raises(ResumeAuthorizationError, match="user U-lead"):
-            await session.resume(result.turn_id, result.request.id, decision, by="U-intern")
-    assert await session.answers() == [] and ran == []
+            await refund.resume(decision, by="U-intern")
+    assert await refund.session.answers() == [] and refund.ran == []
 
 
 async def test_a_policy_answerer_decides_with_a_grant(open_runtime: Any) -> None:
