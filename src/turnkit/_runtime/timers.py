@@ -62,6 +62,10 @@ class TimerLoop:
         #: Whether this process fires the store's timers now (it leads their election,
         #: or the store holds none).
         self.leading = False
+        #: Whether a batch of due turns is being settled right now: a ``Worker`` in
+        #: this process claims nothing meanwhile, so a burst of deadlines is fired at
+        #: the pace of the firing alone and the turns it wakes run on the other workers.
+        self.firing = False
         self._nudge = asyncio.Event()
 
     def nudge(self) -> None:
@@ -110,6 +114,8 @@ class TimerLoop:
         """Settle every parked turn whose clock has come by ``now``; how many."""
         now = time.time() if now is None else now
         due = await store.due_turns(now, limit=self.batch)
+        if not due:
+            return 0
         gate = asyncio.Semaphore(self.parallel)
 
         async def one(record: TurnRecord) -> None:
@@ -129,7 +135,11 @@ class TimerLoop:
                         exc,
                     )
 
-        await asyncio.gather(*(one(r) for r in due))
+        self.firing = True
+        try:
+            await asyncio.gather(*(one(r) for r in due))
+        finally:
+            self.firing = False
         return len(due)
 
 

@@ -186,8 +186,8 @@ class Worker:
 
     async def _claim_once(self) -> int:
         free = self.concurrency - self.running
-        if free <= 0:
-            return 0
+        if free <= 0 or self.runtime.timers.firing:
+            return 0  # (while this process fires a batch of timers, the others claim)
         now = time.monotonic()
         for sid in [s for s, (at, _) in self._backoff.items() if at <= now]:
             if sid not in self._running:
