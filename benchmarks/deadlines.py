@@ -11,8 +11,8 @@ no turn itself (``run_turns=False``, an HTTP node's); ``--workers`` worker proce
 (``Runtime`` + ``Worker`` on the same schema, ``concurrency`` 64) run them. Each
 turn's tool asks a question whose deadline is the same instant for every turn
 (``--lead`` seconds after the run starts), with a default answer; after the
-answer the tool inserts one row in ``deadline_effects`` (its own psycopg
-connection, outside turnkit), so a tool that ran past the question twice would
+answer the tool inserts one row in ``deadline_effects`` (one psycopg connection
+per process, outside turnkit), so a tool that ran past the question twice would
 leave two rows.
 
 Reported, per run: how many deadlines fired (``input.expired`` events logged: one
@@ -21,6 +21,10 @@ events, the time from a turn's deadline to its firing (``late_by``) and to the
 resumed turn's completion (its ``finished_at`` minus its deadline), p50 and p99.
 The clocks are all this machine's. The timers are fired by the one worker leading
 the election ``turnkit:timers``; the resumed turns are claimed by all of them.
+
+``--firing-only`` measures the firing's own pace, the floor of the figures above:
+this process parks the turns, then settles every deadline itself with no worker
+running the woken turns (``Runtime.claims_turns``), and reports turns fired a second.
 """
 
 from __future__ import annotations
@@ -48,6 +52,19 @@ from turnkit.testing import ScriptedModel, ScriptedReply, tool_call
 DSN = os.environ.get("TURNKIT_BENCH_POSTGRES_DSN", "postgresql://127.0.0.1:5432/test")
 
 
+#: One connection per process for the effect rows (a new connection per row would
+#: make PostgreSQL start a backend per turn and time that instead).
+_EFFECTS: list[psycopg.AsyncConnection[Any]] = []
+_EFFECTS_LOCK = asyncio.Lock()
+
+
+async def _effect(dsn: str, statement: str, ctx: ToolContext) -> None:
+    async with _EFFECTS_LOCK:
+        if not _EFFECTS:
+            _EFFECTS.append(await psycopg.AsyncConnection.connect(dsn, autocommit=True))
+        await _EFFECTS[0].execute(statement, (ctx.turn_id,))
+
+
 def deadline_agent(dsn: str, schema: str, at: float) -> turnkit.Agent:
     """Each turn asks once, with a deadline at the instant ``at``, then records one
     effect row for the answer."""
@@ -58,10 +75,7 @@ def deadline_agent(dsn: str, schema: str, at: float) -> turnkit.Agent:
         answer = await ctx.request_input(
             "hold", f"Hold {order_id}?", expires_in=max(at - time.time(), 0.001), on_expiry="ship"
         )
-        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-            await conn.execute(
-                f'INSERT INTO "{schema}".deadline_effects (turn_id) VALUES (%s)', (ctx.turn_id,)
-            )
+        await _effect(dsn, f'INSERT INTO "{schema}".deadline_effects (turn_id) VALUES (%s)', ctx)
         return str(answer)
 
     def respond(messages: Any) -> Any:
@@ -162,6 +176,33 @@ async def one_run(turns: int, workers: int, lead: float) -> dict[str, Any]:
     }
 
 
+async def firing_only(turns: int) -> dict[str, Any]:
+    """Park ``turns`` turns, then fire every deadline here, running none of them."""
+    schema = f"bench_firing_{uuid.uuid4().hex[:8]}"
+    at = time.time() + 3600
+    store = PostgresStore(DSN, schema=schema)
+    try:
+        async with turnkit.Runtime(deadline_agent(DSN, schema, at), store=store) as runtime:
+            for n in range(turns):
+                session = runtime.session("a", f"s{n}")
+                await session.result(session.start(f"o-{n}", turn_id=f"t{n}"))
+            runtime.claims_turns = True  # the woken turns are left queued
+            t0, c0 = time.perf_counter(), time.process_time()
+            fired = 0
+            while batch := await runtime.timers.fire_due(store, now=at + 1):
+                fired += batch
+            wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    finally:
+        async with await psycopg.AsyncConnection.connect(DSN, autocommit=True) as conn:
+            await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+    return {
+        "fired": fired,
+        "seconds": round(wall, 3),
+        "cpu_seconds": round(cpu, 3),
+        "turns_per_second": round(fired / wall),
+    }
+
+
 def main() -> None:
     if len(sys.argv) == 4 and sys.argv[1] == "--worker":
         asyncio.run(run_worker(DSN, sys.argv[2], float(sys.argv[3])))
@@ -172,7 +213,12 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--lead", type=float, default=40.0, help="seconds to the deadline")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--firing-only", action="store_true", help="the firing's own pace")
     args = parser.parse_args()
+    if args.firing_only:
+        for _ in range(args.runs):
+            print(json.dumps(asyncio.run(firing_only(args.turns))))
+        return
     results = [asyncio.run(one_run(args.turns, args.workers, args.lead)) for _ in range(args.runs)]
     for r in results:
         print(json.dumps(r))
