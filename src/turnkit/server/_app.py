@@ -42,7 +42,6 @@ from .._errors import (
     InvalidAnswerError,
     ResumeAuthorizationError,
     ResumeConflictError,
-    SessionBusyError,
     SessionOwnerError,
     SessionSuspendedError,
     StoreError,
@@ -66,6 +65,7 @@ from ._bodies import (
     identifier,
     non_negative_int,
     read_object,
+    refusing,
     resume_body,
     turn_body,
     wake_body,
@@ -320,18 +320,7 @@ class _Guard:
                     503, "runtime_unavailable", "the runtime is not open; try again later"
                 )
             try:
-                return await handler(request, principal)
-            except HttpError as exc:
-                return error_response(exc.status, exc.code, exc.message)
-            except SessionBusyError as exc:
-                return error_response(503, "session_busy", str(exc))
-            except StoreError as exc:
-                log.warning("%s %s: the store failed: %s", request.method, request.url.path, exc)
-                # The store's words stay in the log: a database's error text can quote
-                # stored rows, name hosts or echo a query.
-                return error_response(
-                    503, "store_unavailable", "the store could not answer; try again later"
-                )
+                return await refusing(handler, request, principal)
             except TurnError as exc:
                 # The runtime closed (or the delivery was interrupted) under the request.
                 return error_response(503, "runtime_unavailable", str(exc))

@@ -7,12 +7,19 @@ the app turns it into a JSON error before anything reaches the runtime.
 from __future__ import annotations
 
 import json
+import logging
 import re
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
+
+from .._access.principal import Principal
+from .._errors import SessionBusyError, StoreError
+
+log = logging.getLogger("turnkit.server")
 
 #: Longest id (session, turn, input) accepted from a client.
 MAX_ID_LENGTH = 200
@@ -31,6 +38,28 @@ class HttpError(Exception):
 def error_response(status: int, code: str, message: str) -> JSONResponse:
     """The JSON body every refused request gets: the message and its ``code``."""
     return JSONResponse({"error": message, "code": code}, status_code=status)
+
+
+async def refusing(
+    handler: Callable[[Request, Principal], Awaitable[Response]],
+    request: Request,
+    principal: Principal,
+) -> Response:
+    """``handler``'s response, or the JSON error of its ``HttpError`` or of the store's
+    passing trouble (a busy session, an unreachable database)."""
+    try:
+        return await handler(request, principal)
+    except HttpError as exc:
+        return error_response(exc.status, exc.code, exc.message)
+    except SessionBusyError as exc:
+        return error_response(503, "session_busy", str(exc))
+    except StoreError as exc:
+        log.warning("%s %s: the store failed: %s", request.method, request.url.path, exc)
+        # The store's words stay in the log: a database's error text can quote
+        # stored rows, name hosts or echo a query.
+        return error_response(
+            503, "store_unavailable", "the store could not answer; try again later"
+        )
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -37,8 +37,6 @@ from .._errors import (
     InvalidAnswerError,
     ResumeAuthorizationError,
     ResumeConflictError,
-    SessionBusyError,
-    StoreError,
 )
 from .._runtime.forking import fork_session
 from .._runtime.recorded import read_recorded
@@ -49,7 +47,7 @@ from .._seams.tenant_view import TenantView
 from .._seams.worker_view import WorkerView
 from .._values.records import SessionKey
 from .._values.turn_rules import move
-from ._bodies import HttpError, error_response
+from ._bodies import HttpError, error_response, refusing
 from ._console_data import (
     STATUSES,
     SessionFilter,
@@ -59,6 +57,7 @@ from ._console_data import (
     session_rows,
 )
 from ._console_live import step_latency, workers_now
+from ._frontend import Handler
 from ._hosts import HostGuard
 from ._mounts import Authenticated
 
@@ -150,9 +149,6 @@ class Console:
 _NO_CACHE = {"Cache-Control": "no-cache"}
 
 
-Handler = Callable[[Request, Principal], Awaitable[Response]]
-
-
 class _Handlers:
     def __init__(self, console: Console, runtime: Runtime, authorize: Authorize) -> None:
         self.console = console
@@ -164,15 +160,7 @@ class _Handlers:
             principal = principal_of(request.scope)
             if principal is None:
                 return error_response(401, "unauthenticated", "authentication required")
-            try:
-                return await handler(request, principal)
-            except HttpError as exc:
-                return error_response(exc.status, exc.code, exc.message)
-            except SessionBusyError as exc:
-                return error_response(503, "session_busy", str(exc))
-            except StoreError as exc:
-                log.warning("console %s: the store failed: %s", request.url.path, exc)
-                return error_response(503, "store_unavailable", "the store could not answer")
+            return await refusing(handler, request, principal)
 
         return endpoint
 
