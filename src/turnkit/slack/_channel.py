@@ -16,7 +16,7 @@ import logging
 import re
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Coroutine
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 from urllib.parse import parse_qs
 
 from pydantic import Field, TypeAdapter
@@ -84,6 +84,8 @@ log = logging.getLogger("turnkit.slack")
 _DECISION_OF = {action: kind for kind, action in DECIDE.items()}
 
 SOURCE = "slack"
+#: The metadata of a form turnkit opened: an answer form, or a decision form.
+_Form = TypeVar("_Form", bound=FormMetadata)
 #: Largest request body the Slack routes read. Slack's event callbacks and
 #: interaction payloads are a few KiB; anything far larger is not Slack, and is
 #: refused (413) before it is read, signature or none.
@@ -462,15 +464,10 @@ class _Handler:
         """A decision form's decision: checked and stored before Slack is answered (a
         refused one is shown in the form: edits the tool's schema refuses, say); then
         the question says what was decided and the resumed turn renders."""
-        view = submission.view
-        try:
-            metadata = DecisionMetadata.model_validate_json(view.private_metadata)
-            field = view.state.entered[FORM_BLOCK][FORM_FIELD]
-        except (ValidationError, KeyError):
-            return JSONResponse({"error": "not a form turnkit made"}, status_code=400)
-        text = field.value or ""
         return await self._resume_from_form(
-            submission, metadata, lambda _request: decision_value(metadata.kind, text)
+            submission,
+            DecisionMetadata,
+            lambda metadata, _request, text: decision_value(metadata.kind, text),
         )
 
     async def _submitted(self, submission: ViewSubmission) -> Response:
@@ -479,25 +476,27 @@ class _Handler:
         view = submission.view
         if view.callback_id != FORM:
             return Response(status_code=200)
-        try:
-            metadata = FormMetadata.model_validate_json(view.private_metadata)
-            field = view.state.entered[FORM_BLOCK][FORM_FIELD]
-        except (ValidationError, KeyError):
-            return JSONResponse({"error": "not a form turnkit made"}, status_code=400)
-        text = field.value or ""
         return await self._resume_from_form(
-            submission, metadata, lambda request: form_value(request, text)
+            submission, FormMetadata, lambda _metadata, request, text: form_value(request, text)
         )
 
     async def _resume_from_form(
         self,
         submission: ViewSubmission,
-        metadata: FormMetadata,
-        value_of: Callable[[InputRequest], Any],
+        made: type[_Form],
+        value_of: Callable[[_Form, InputRequest, str], Any],
     ) -> Response:
-        """Store a submitted form's answer (``value_of`` the open question; a
-        ``ValueError`` it or the store raises is shown under the form's field) and render
-        the resumed turn in the thread; a decision form also marks its question decided."""
+        """Store a submitted form's answer (``value_of`` its metadata, the open question
+        and the text entered; a ``ValueError`` it or the store raises is shown under the
+        form's field) and render the resumed turn in the thread; a decision form also
+        marks its question decided. ``made``: the metadata the form was made with."""
+        view = submission.view
+        try:
+            metadata = made.model_validate_json(view.private_metadata)
+            field = view.state.entered[FORM_BLOCK][FORM_FIELD]
+        except (ValidationError, KeyError):
+            return JSONResponse({"error": "not a form turnkit made"}, status_code=400)
+        text = field.value or ""
         answer = metadata.model_dump()
         user = submission.user.id
         thread = SlackThread(channel=metadata.channel, thread_ts=metadata.thread)
@@ -515,7 +514,7 @@ class _Handler:
                 session=metadata.session,
                 turn_id=request.turn_id,
                 input_id=request.id,
-                value=value_of(request),
+                value=value_of(metadata, request, text),
                 by=user,
                 source=SOURCE,
             )
