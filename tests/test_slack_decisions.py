@@ -185,3 +185,17 @@ async def test_a_decision_with_a_deadline_says_when_it_is_due(tmp_path: Path) ->
                 }
             ],
         }
+
+
+@pytest.mark.parametrize("callback_id", ["turnkit_answer", "turnkit_decision"])
+async def test_a_submitted_form_turnkit_did_not_make_is_refused(
+    tmp_path: Path, callback_id: str
+) -> None:
+    """Metadata that is not a form's of ours (the question's fields missing) stores
+    nothing and gets 400, for an answer form and a decision form alike."""
+    async with staged(tmp_path, ship_agent()) as stage:
+        view = {"callback_id": callback_id, "private_metadata": json.dumps({"channel": "C1"})}
+        refused = await stage.submit(view, "yes", user="U1")
+        assert refused.status_code == 400
+        assert refused.json() == {"error": "not a form turnkit made"}
+        assert await stage.runtime.session("ops", SESSION).answers() == []
