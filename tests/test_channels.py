@@ -320,23 +320,29 @@ async def test_a_source_served_elsewhere_is_not_warned_about(
 # -- the terminal channel ----------------------------------------------------------
 
 
+class Typing:
+    """A person at the terminal typing ``answers`` in turn; ``prompts``: what they were asked."""
+
+    def __init__(self, *answers: str) -> None:
+        self._answers = iter(answers)
+        self.prompts: list[str] = []
+
+    def __call__(self, prompt: str) -> str:
+        self.prompts.append(prompt)
+        return next(self._answers)
+
+
 async def test_the_terminal_channel_renders_and_asks_at_the_prompt(open_runtime: Any) -> None:
     asked: list[Any] = []
     agent = approval_agent(asked)
     ctx = mount_agent(agent, await open_runtime(agent))
     out = io.StringIO()
-    answers = iter(["maybe", "yes"])
-    prompts: list[str] = []
-
-    def ask(prompt: str) -> str:
-        prompts.append(prompt)
-        return next(answers)
-
-    terminal = TerminalChannel(out=out, ask=ask, user="local:alice")
+    person = Typing("maybe", "yes")
+    terminal = TerminalChannel(out=out, ask=person, user="local:alice")
     result = await terminal.converse(ctx, "deploy api", session="cli")
     assert result.status == "completed" and asked == [True]
     # Asked at the prompt only (not printed first as well); "maybe" was asked again.
-    assert prompts == ["  ? Deploy api? (yes/no) > ", "  ? Deploy api? (yes/no) > "]
+    assert person.prompts == ["  ? Deploy api? (yes/no) > ", "  ? Deploy api? (yes/no) > "]
     shown = out.getvalue()
     assert "Deploying." in shown
     assert '→ deploy {"service": "api"}' in shown
@@ -375,18 +381,12 @@ async def test_the_terminal_offers_the_decisions_on_a_proposed_call(open_runtime
     agent = Agent(name="mail", model=model, tools=[email])
     ctx = mount_agent(agent, await open_runtime(agent))
     out = io.StringIO()
-    answers = iter(["perhaps", "respond call her", 'edit {"to": "x"}', 'edit {"to": "bo@x"}'])
-    prompts: list[str] = []
-
-    def ask(prompt: str) -> str:
-        prompts.append(prompt)
-        return next(answers)
-
-    terminal = TerminalChannel(out=out, ask=ask, user="local:alice")
+    person = Typing("perhaps", "respond call her", 'edit {"to": "x"}', 'edit {"to": "bo@x"}')
+    terminal = TerminalChannel(out=out, ask=person, user="local:alice")
     result = await terminal.converse(ctx, "mail ann", session="cli")
     assert result.status == "completed" and sent == [{"to": "bo@x"}]
     assert (
-        prompts[0]
+        person.prompts[0]
         == "  ? Allow email with these arguments? (approve | edit {json} | reject [why]) > "
     )
     shown = out.getvalue()

@@ -27,11 +27,16 @@ from turnkit import Proactive
 from turnkit.cli._open import dsn_schema, is_postgres_dsn, open_store, redact_dsn
 from turnkit.cli._progress import Progress
 from turnkit.cli._render import render_session
-from turnkit.cli._show import read_session, session_json
+from turnkit.cli._show import SessionView, read_session, session_json
 from turnkit.stores import MemoryStore, Store
 from turnkit.testing import ScriptedModel, ScriptedReply, tool_call
 
 UTC_TIME = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC"
+
+
+async def shown(store: MemoryStore) -> SessionView:
+    """What ``turnkit show s1`` reads from a store in this process."""
+    return await read_session(store, "s1", Progress(io.StringIO()), where="memory")
 
 
 async def _reset_a_session(store: Store) -> None:
@@ -501,7 +506,7 @@ async def test_show_renders_triggers_failures_cancellations_and_long_values() ->
         await started.wait()
         await session.cancel()
         await session.result(turn_id)
-        view = await read_session(store, "s1", Progress(io.StringIO()), where="memory")
+        view = await shown(store)
     out = render_session(view, store="memory", store_flag="")
     assert "[ 0] trigger    (by cron:daily) nightly" in out
     pad = " " * len("  [ 1] assistant  ")
@@ -535,7 +540,7 @@ async def test_show_says_who_answered_each_question_and_when() -> None:
         session = runtime.session("a", "s1")
         parked = await session.result(session.start("deploy api"))
         await session.result(await session.resume(parked.turn_id, "approve", True, by="ana"))
-        view = await read_session(store, "s1", Progress(io.StringIO()), where="memory")
+        view = await shown(store)
     out = render_session(view, store="memory", store_flag="")
     assert re.search(rf"^    answered approve by ana at {UTC_TIME}: true$", out, re.MULTILINE), out
     [turn] = session_json(view, "memory")["turns"]
@@ -568,7 +573,7 @@ async def test_show_says_what_was_decided_by_whom_and_through_what() -> None:
         parked = await session.result(session.start("book"))
         request = parked.request
         assert request is not None
-        view = await read_session(store, "s1", Progress(io.StringIO()), where="memory")
+        view = await shown(store)
         out = render_session(view, store="memory", store_flag="")
         assert re.search(r'^  proposed +\{"room": "A"\}$', out, re.MULTILINE), out
         assert re.search(r"^  decisions +approve, edit$", out, re.MULTILINE), out
@@ -576,7 +581,7 @@ async def test_show_says_what_was_decided_by_whom_and_through_what() -> None:
         await session.result(
             await session.resume(parked.turn_id, request.id, edit, by="ana", source="slack")
         )
-        view = await read_session(store, "s1", Progress(io.StringIO()), where="memory")
+        view = await shown(store)
     out = render_session(view, store="memory", store_flag="")
     line = rf"^    decided {re.escape(request.id)} by ana via slack at {UTC_TIME}: "
     assert re.search(line + r'approved with edits \{"room": "B"\}$', out, re.MULTILINE), out
@@ -612,7 +617,7 @@ async def test_show_gives_a_questions_deadline_and_a_waits_end() -> None:
         parked = await session.result(session.start("deploy api"))
         asked = parked.request
         assert asked is not None and asked.expires_at is not None and asked.remind_at is not None
-        view = await read_session(store, "s1", Progress(io.StringIO()), where="memory")
+        view = await shown(store)
         out = render_session(view, store="memory", store_flag="", now=asked.expires_at - 5400)
         due = rf"^  answer by +{UTC_TIME} \(in 1 h 30 min\)$"
         assert re.search(due, out, re.MULTILINE), out
@@ -625,7 +630,7 @@ async def test_show_gives_a_questions_deadline_and_a_waits_end() -> None:
         slept = await session.result(parked.turn_id)
         timer = slept.request
         assert timer is not None and timer.kind == "timer" and timer.expires_at is not None
-        view = await read_session(store, "s1", Progress(io.StringIO()), where="memory")
+        view = await shown(store)
         out = render_session(view, store="memory", store_flag="", now=timer.expires_at - 90_000)
         assert "waiting on the clock" in out and "parked input" not in out
         assert re.search(rf"^  until +{UTC_TIME} \(in 1 d 1 h\)$", out, re.MULTILINE), out
