@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import os
 import signal
 import statistics
@@ -90,7 +91,8 @@ def deadline_agent(dsn: str, schema: str, at: float) -> turnkit.Agent:
 
 
 async def run_worker(dsn: str, schema: str, at: float) -> None:
-    """One worker process: runs turns until SIGTERM."""
+    """One worker process: runs turns until SIGTERM (warnings on stderr)."""
+    logging.basicConfig(level=logging.WARNING, format=f"worker {os.getpid()} %(name)s: %(message)s")
     store = PostgresStore(dsn, schema=schema)
     async with turnkit.Runtime(deadline_agent(dsn, schema, at), store=store) as runtime:
         worker = turnkit.Worker(runtime, concurrency=64)
