@@ -482,3 +482,20 @@ def test_the_ctrl_c_tests_pass_when_the_suite_starts_with_sigint_ignored() -> No
     )
     assert done.returncode == 0, done.stdout[-2000:]
     assert "1 passed" in done.stdout
+
+
+def test_wake_ends_a_parked_turns_wait_and_runs_it_on(tmp_path: Path) -> None:
+    """``turnkit run`` parks a turn on a wait the model asked for (an hour); ``turnkit
+    wake`` ends it now, as the local user, and the turn runs to its end."""
+    timer_agent = Path(__file__).parent / "fixtures" / "timer_agent"
+    parked = turnkit_with_input("run", str(timer_agent), "wait 60", cwd=tmp_path)
+    assert parked.returncode == 3, parked.stderr  # parked: waiting
+    assert "waiting on the clock until" in parked.stderr and "turnkit wake" in parked.stderr
+    woken = turnkit("wake", str(timer_agent), cwd=tmp_path)
+    assert woken.returncode == 0, woken.stderr
+    assert "completed" in woken.stdout and "Woken early." in woken.stdout
+    again = turnkit("wake", str(timer_agent), cwd=tmp_path)
+    assert again.returncode != 0 and "not waiting on the clock" in again.stderr
+    shown = turnkit("show", "cli:later", cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    assert "Woken early." in shown.stdout

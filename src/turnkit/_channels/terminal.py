@@ -85,10 +85,12 @@ class TerminalRenderer:
             shown = event.error if event.error else json.dumps(event.result, ensure_ascii=False)
             self._line(f"{indent}  {mark} {event.name}: {shown}")
         elif event.type == "input.requested":
-            if indent or not self.asks:
-                for request in event.requests:
+            for request in event.requests:
+                if request.kind == "timer":  # a wait on the clock: nobody is asked
+                    self._line(f"{indent}  … {request.prompt}")
+                elif indent or not self.asks:
                     self._line(f"{indent}  ? {request.prompt}")
-            else:
+            if not indent and self.asks:
                 self._end_text()
         elif event.type == "turn.failed" and not indent:
             self._line(f"  ✗ turn failed: {event.error}")
@@ -323,7 +325,8 @@ class TerminalChannel:
             result = await ctx.result(turn_id, session=session)
             if result.status != "suspended" or result.request is None:
                 return result
-            mine = [r for r in result.requests if r.id not in refused]
+            # A wait on the clock is nobody's to answer: the turn stays parked on it.
+            mine = [r for r in result.requests if r.id not in refused and r.kind != "timer"]
             if not mine:
                 return result
             request = mine[0]

@@ -52,6 +52,7 @@ from ._show import (
     session_json,
     sessions_json,
     split_target,
+    utc,
 )
 from ._store import (
     DEFAULT_STORE,
@@ -80,6 +81,7 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_run(commands)
     _add_answer(commands)
+    _add_wake(commands)
     _add_sessions(commands)
     _add_show(commands)
     _add_prune(commands)
@@ -161,6 +163,26 @@ def _add_answer(commands: Any) -> None:
     answer.add_argument("--session", help="session id (default: cli:AGENT, as turnkit run uses)")
     _add_store_option(answer)
     answer.set_defaults(handler=_answer)
+
+
+def _add_wake(commands: Any) -> None:
+    wake = commands.add_parser(
+        "wake",
+        help="end a parked turn's wait on the clock now (a sleep, a retry's backoff)",
+        description="End the waits on the clock of the turn a session is parked on (its "
+        "ctx.sleep, a retry's backoff, a wait the model asked for) now instead of at their "
+        "time, and let the turn go on to its end here; questions for people stay open. "
+        "Recorded as woken by you (local:<login>, or $TURNKIT_USER).",
+    )
+    wake.add_argument(
+        "folder",
+        nargs="?",
+        metavar="AGENT_DIR",
+        help="the agent folder (default: the bundled example)",
+    )
+    wake.add_argument("--session", help="session id (default: cli:AGENT, as turnkit run uses)")
+    _add_store_option(wake)
+    wake.set_defaults(handler=_wake)
 
 
 def _add_sessions(commands: Any) -> None:
@@ -297,8 +319,37 @@ async def _answer(args: argparse.Namespace, progress: Progress) -> int:
     return _turn_status(result, session)
 
 
+async def _wake(args: argparse.Namespace, progress: Progress) -> int:
+    del progress
+    user = local_user()  # a bad TURNKIT_USER stops here, before the store opens
+    folder = Path(args.folder) if args.folder is not None else bundled_example()
+    agent, session_id, store = await _terminal_agent(args, folder)
+    async with Runtime([agent], store=store, timers=False) as runtime:
+        session = runtime.session(agent.name, session_id)
+        parked = await session.pending()
+        if parked is None or not await session.wake(parked.turn_id, by=user.id):
+            raise CliError(f"session {session_id!r} is not waiting on the clock")
+        result = await session.result(parked.turn_id)
+    print(printable(f"woke turn {result.turn_id}: {result.status}"))
+    if result.status == "completed" and result.text:
+        print(printable(result.text))
+    return _turn_status(result, session_id)
+
+
 def _turn_status(result: TurnResult, session: str) -> int:
     """The exit status of a turn the terminal showed, saying why it is not 0."""
+    if result.status == "suspended" and result.request and result.request.kind == "timer":
+        until = result.request.expires_at
+        when = utc(until) if until is not None else "its time"
+        print(
+            printable(
+                f"turnkit: the turn is waiting on the clock until {when}; a process serving "
+                f"the store (turnkit dev, a worker) runs it on then, or end the wait now with "
+                f"turnkit wake --session {shlex.quote(session)}"
+            ),
+            file=sys.stderr,
+        )
+        return 3
     if result.status == "suspended":
         print(
             printable(
