@@ -13,6 +13,8 @@ tool's cost over an ``async`` one in ``step_overhead.py`` can be read against it
 ``on_thread`` is the hop turnkit's stores make (``stores/_off_loop.py``): the same
 one-thread pool, the caller's context carried, and the outcome handed straight
 back to the loop instead of through ``run_in_executor``'s chain of futures.
+``hop_floor`` gives that hop's wall and CPU time for ``step_overhead.py`` to print
+beside a ``def`` tool's cost over an ``async`` one, measured in the same run.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import statistics
 import time
 from collections.abc import Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
+from dataclasses import dataclass
 
 from turnkit.stores._off_loop import on_thread
 
@@ -58,6 +61,39 @@ async def _on_thread(pool: Executor, n: int) -> float:
     return (time.perf_counter() - start) / n * 1e6
 
 
+@dataclass(frozen=True)
+class HopFloor:
+    """One hop as the stores make it, µs: wall and the process's CPU time (every
+    thread's), medians of the runs."""
+
+    wall_us: float
+    cpu_us: float
+
+
+async def _timed_hops(pool: Executor, n: int) -> tuple[float, float]:
+    for _ in range(100):
+        await on_thread(pool, _noop)
+    gc.collect()
+    c0, t0 = time.process_time(), time.perf_counter()
+    for _ in range(n):
+        await on_thread(pool, _noop)
+    return (time.perf_counter() - t0) / n * 1e6, (time.process_time() - c0) / n * 1e6
+
+
+def hop_floor(n: int = 5_000, runs: int = 5) -> HopFloor:
+    """What one loop -> thread -> loop hop of ``on_thread`` costs on this machine now."""
+
+    async def measured() -> list[tuple[float, float]]:
+        with ThreadPoolExecutor(1) as pool:
+            return [await _timed_hops(pool, n) for _ in range(runs)]
+
+    samples = asyncio.run(measured())
+    return HopFloor(
+        wall_us=statistics.median(w for w, _ in samples),
+        cpu_us=statistics.median(c for _, c in samples),
+    )
+
+
 async def _direct(n: int) -> float:
     start = time.perf_counter()
     for _ in range(n):
@@ -88,6 +124,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(f"µs per call, median of {args.runs} runs of {args.hops}:")
     for name, us in result.items():
         print(f"  {name:18s} {us:8.2f}")
+    floor = hop_floor(args.hops, args.runs)
+    print(f"on_thread: wall {floor.wall_us:.2f} µs, CPU {floor.cpu_us:.2f} µs (every thread's)")
 
 
 if __name__ == "__main__":
