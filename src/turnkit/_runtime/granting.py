@@ -51,7 +51,7 @@ async def grant_answer(
             policy=answerer.policy, scope=answerer.scope, by=resume.by, principal=resume.principal
         )
         if await decide(check) is True:
-            return session.runtime._grants.issue(
+            return session._grants.issue(
                 session_id=session.session_id,
                 generation=generation,
                 request=request,

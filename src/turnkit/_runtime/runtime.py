@@ -106,6 +106,7 @@ class Runtime:
         self.tracer: Tracer = tracer if tracer is not None else NO_TRACER
         # Seals the grants grant_answer issues; its key never leaves this process, and
         # it is no public attribute: a grant is made by grant_answer, never by hand.
+        # Each session is handed it as it is made.
         self._grants = GrantSealer()
         if isinstance(session_cache, bool) or not isinstance(session_cache, int):
             raise ConfigurationError(f"session_cache must be an int, got {session_cache!r}")
@@ -231,7 +232,9 @@ class Runtime:
         # (A worker cancelled before it ever ran never reaches its ``finally``: done
         # tasks are skipped, so closing cannot spin on one.)
         while workers := [
-            s._worker for s in self._busy.values() if s._worker is not None and not s._worker.done()
+            task
+            for s in self._busy.values()
+            if (task := s.draining) is not None and not task.done()
         ]:
             if exc_type is not None:
                 for task in workers:
@@ -270,10 +273,21 @@ class Runtime:
         """Whether the runtime is inside its ``async with`` (turns can run)."""
         return self._loop is not None
 
-    def _require_loop(self) -> asyncio.AbstractEventLoop:
+    def running_loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop the runtime is open on; ``ConfigurationError`` when it is
+        not open."""
         if self._loop is None:
             raise ConfigurationError("the Runtime is not open: use `async with Runtime(...)`")
         return self._loop
+
+    def mark_busy(self, session: AgentSession) -> None:
+        """Keep ``session`` (past the cache's bound) while it delivers here."""
+        self._busy[session.session_id] = session
+
+    def mark_idle(self, session: AgentSession) -> None:
+        """``session`` delivers nothing here any more: the cache's bound applies."""
+        if self._busy.get(session.session_id) is session:
+            del self._busy[session.session_id]
 
     def tenant_gate(self, tenant: str) -> asyncio.Semaphore | None:
         """What this process's deliveries of ``tenant``'s turns wait on to respect its
@@ -288,7 +302,7 @@ class Runtime:
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         """Run a helper task that the runtime cancels when it closes."""
-        task = self._require_loop().create_task(coro)
+        task = self.running_loop().create_task(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
         return task
@@ -328,7 +342,7 @@ class Runtime:
             self._sessions[session_id] = existing
             self._sessions.move_to_end(session_id)
             return existing
-        session = AgentSession(self, agent, self.store.session(session_id))
+        session = AgentSession(self, agent, self.store.session(session_id), self._grants)
         self._sessions[session_id] = session
         self._trim()
         return session
@@ -399,7 +413,7 @@ class Runtime:
         run (its agent is missing, the store fails again) is logged and skipped, so
         it never keeps the others from recovering.
         """
-        self._require_loop()
+        self.running_loop()
         if not self.run_turns:
             return []  # the workers recover them
         waits = []

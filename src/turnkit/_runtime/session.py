@@ -12,8 +12,8 @@ import asyncio
 import logging
 import time
 import uuid
-from collections import OrderedDict, deque
-from dataclasses import dataclass, replace
+from collections import OrderedDict
+from dataclasses import replace
 from typing import Any, Protocol, TypeVar
 
 from .._engine.agent import Agent
@@ -60,6 +60,7 @@ from .children import RuntimeChildren, child_session_id
 from .clock import settle_due
 from .forking import fork_session
 from .resuming import record_answer, replay_request
+from .session_queue import DeliverJob, Erase, ResetJob, SessionQueue
 from .session_view import SessionView, ViewHost
 
 log = logging.getLogger("turnkit.runtime")
@@ -80,18 +81,18 @@ class SessionHost(ViewHost, Protocol):
     def children(self) -> RuntimeChildren: ...
 
     @property
-    def _grants(self) -> GrantSealer: ...
-
-    @property
     def tracer(self) -> Tracer: ...
-
-    @property
-    def _busy(self) -> dict[str, AgentSession]: ...
 
     @property
     def claims_turns(self) -> bool: ...
 
-    def _require_loop(self) -> asyncio.AbstractEventLoop: ...
+    def running_loop(self) -> asyncio.AbstractEventLoop: ...
+
+    def mark_busy(self, session: AgentSession) -> None:
+        """Keep ``session`` while it has a delivery running here."""
+
+    def mark_idle(self, session: AgentSession) -> None:
+        """``session`` has nothing running here any more."""
 
     def tenant_gate(self, tenant: str) -> asyncio.Semaphore | None: ...
 
@@ -116,14 +117,16 @@ class AgentSession(SessionView):
 
     runtime: SessionHost
 
-    def __init__(self, runtime: SessionHost, agent: Agent, store: SessionStore) -> None:
+    def __init__(
+        self, runtime: SessionHost, agent: Agent, store: SessionStore, grants: GrantSealer
+    ) -> None:
         self.runtime = runtime
         self.agent = agent
         self._store = store
-        #: Deliveries in order; ``None`` in place of a request is a reset job (its
-        #: future comes with the live generation the reset found).
-        self._queue: deque[_Job] = deque()
-        self._current: TurnRequest | None = None
+        # Checks the grants resume is given (and grant_answer seals them); the
+        # runtime's own, never a public attribute.
+        self._grants = grants
+        self._queue = SessionQueue()
         self._resets_pending = 0
         self._known = KnownTranscript()
         self._futures: OrderedDict[str, asyncio.Future[TurnResult]] = OrderedDict()
@@ -132,9 +135,6 @@ class AgentSession(SessionView):
         #: The turn this process saw park, so start() can refuse at once; the store
         #: stays the authority (another process may have parked or resumed it).
         self._parked: str | None = None
-        #: Deliveries (and later resets) waiting to be queued behind a reset that is
-        #: still recording its cancellation; ``None`` when no reset is.
-        self._behind_reset: list[_Job] | None = None
         #: Submits of this session in this process, one at a time in call order
         #: (asyncio's lock is first come, first served): the order of the calls is
         #: the order of acknowledgement is the order in the store's queue.
@@ -428,7 +428,7 @@ class AgentSession(SessionView):
         pending = self._futures.get(tid)
         if pending is not None and not pending.done():
             return tid  # already queued or running here: one delivery is enough
-        loop = self.runtime._require_loop()
+        loop = self.runtime.running_loop()
         if request.trace is None:
             # Whoever asks for the delivery: its spans go under theirs, not under
             # whatever the session's worker task happened to start in.
@@ -436,10 +436,7 @@ class AgentSession(SessionView):
         future: asyncio.Future[TurnResult] = loop.create_future()
         future.add_done_callback(_mark_exception_seen)
         self._remember(tid, future)
-        if self._behind_reset is not None and not ahead:
-            self._behind_reset.append((request, future))  # queued once the reset is
-        else:
-            self._queue.append((request, future))
+        if self._queue.put(DeliverJob(request, future), ahead=ahead):
             self._ensure_worker()
         return tid
 
@@ -468,11 +465,16 @@ class AgentSession(SessionView):
     def run_stored_reset(self) -> asyncio.Future[ResetResult]:
         """Carry out in this process a reset the store holds as pending (its process
         died before archiving), queued like a delivery; ``Worker`` uses it."""
-        future: asyncio.Future[ResetResult] = self.runtime._require_loop().create_future()
+        future: asyncio.Future[ResetResult] = self.runtime.running_loop().create_future()
         future.add_done_callback(_mark_exception_seen)
-        self._queue.append((None, _ResetJob(None, future)))
+        self._queue.put(ResetJob(None, future), ahead=True)
         self._ensure_worker()
         return future
+
+    @property
+    def draining(self) -> asyncio.Task[None] | None:
+        """The task running this session's queue here, while there is one."""
+        return self._worker
 
     def interrupt(self) -> None:
         """Stop this process's deliveries of the session now, between two awaits,
@@ -483,9 +485,9 @@ class AgentSession(SessionView):
 
     def _ensure_worker(self) -> None:
         if self._worker is None:
-            loop = self.runtime._require_loop()
+            loop = self.runtime.running_loop()
             self._worker = loop.create_task(self._drain(), name=f"turnkit:{self.session_id}")
-            self.runtime._busy[self.session_id] = self
+            self.runtime.mark_busy(self)
 
     @property
     def idle(self) -> bool:
@@ -494,9 +496,8 @@ class AgentSession(SessionView):
         (the store keeps everything; a later ``runtime.session`` makes a new one)."""
         return (
             self._worker is None
-            and not self._queue
+            and self._queue.idle
             and not self._resets_pending
-            and self._behind_reset is None
             and all(f.done() for f in self._futures.values())
         )
 
@@ -602,7 +603,7 @@ class AgentSession(SessionView):
             )
         request = await record_answer(
             self._store,
-            self.runtime._grants,
+            self._grants,
             turn_id,
             input_id,
             value,
@@ -718,25 +719,22 @@ class AgentSession(SessionView):
 
     async def _drain(self) -> None:
         try:
-            while self._queue:
-                request, future = self._queue.popleft()
-                if isinstance(future, _ResetJob):
-                    await self._run_reset(future)
-                elif request is not None:
-                    self._current = request
-                    try:
-                        await self._deliver(request, future)
-                    finally:
-                        self._current = None
+            while (job := self._queue.pop()) is not None:
+                if isinstance(job, ResetJob):
+                    await self._run_reset(job)
+                    continue
+                self._queue.current = job.request
+                try:
+                    await self._deliver(job.request, job.future)
+                finally:
+                    self._queue.current = None
         finally:
             self._worker = None
-            if self.runtime._busy.get(self.session_id) is self:
-                del self.runtime._busy[self.session_id]
-            while self._queue:
-                request, future = self._queue.popleft()
-                what = f"turn {request.turn_id}" if request is not None else "the reset"
+            self.runtime.mark_idle(self)
+            while (job := self._queue.pop()) is not None:
+                what = f"turn {job.request.turn_id}" if isinstance(job, DeliverJob) else "the reset"
                 _settle(
-                    future.future if isinstance(future, _ResetJob) else future,
+                    job.future,
                     TurnError(
                         f"the runtime closed before {what} started; it was never stored, "
                         "so ask again"
@@ -758,7 +756,7 @@ class AgentSession(SessionView):
                 continue
             text = str(left.opening.get("text", ""))
             request = self._request(text, None, None, left.turn_id, frozenset(), None, queued=False)
-            future: asyncio.Future[TurnResult] = self.runtime._require_loop().create_future()
+            future: asyncio.Future[TurnResult] = self.runtime.running_loop().create_future()
             future.add_done_callback(_mark_exception_seen)
             self._remember(left.turn_id, future)
             log.info(
@@ -825,9 +823,8 @@ class AgentSession(SessionView):
         """Tell the running delivery and every queued one (but ``keep``) to stop at
         their next checkpoint boundary; return their turn ids."""
         signalled: list[str] = []
-        requests = [self._current] + [r for r, _ in self._queue]
-        for request in requests:
-            if request is not None and request.turn_id != keep:
+        for request in self._queue.requests():
+            if request.turn_id != keep:
                 request.cancel.cancel(reason)
                 signalled.append(request.turn_id)
         return signalled
@@ -846,12 +843,18 @@ class AgentSession(SessionView):
                 await self._store.commit([RequestCancel(record.turn_id, reason)])
             if record.status == "suspended":
                 self._parked = None
-                opening = message_from_dict(record.opening)
-                if isinstance(opening, UserMessage | TriggerMessage):
-                    request = TurnRequest(turn_id=record.turn_id, opening=opening)
-                    request.cancel.cancel(reason)
-                    self._enqueue(request, ahead=True)
+                self._close_parked(record, reason)
         return recorded
+
+    def _close_parked(self, record: TurnRecord, reason: str) -> None:
+        """Have parked turn ``record``, whose cancellation the store holds, closed as
+        cancelled: no delivery of it is running to reach a boundary, so one is queued
+        (ahead of a reset being requested) that ends it at its first."""
+        opening = message_from_dict(record.opening)
+        if isinstance(opening, UserMessage | TriggerMessage):
+            request = TurnRequest(turn_id=record.turn_id, opening=opening)
+            request.cancel.cancel(reason)
+            self._enqueue(request, ahead=True)
 
     async def _record_cancel_quietly(self, reason: str, keep: str) -> None:
         try:
@@ -947,31 +950,24 @@ class AgentSession(SessionView):
             raise ConfigurationError(f"erase(by=...) must be a non-empty str or None, got {by!r}")
         if by is not None and (bad := unstorable(by)) is not None:
             raise ConfigurationError(f"erase(by={by!r}) contains {bad}")
-        await self._reset(erase=_Erase(by))
+        await self._reset(erase=Erase(by))
 
-    async def _reset(self, *, erase: _Erase | None) -> ResetResult:
+    async def _reset(self, *, erase: Erase | None) -> ResetResult:
         self._resets_pending += 1
         # Turns started from now on queue behind this reset, even those started
-        # while its cancellation is still being recorded.
-        first = self._behind_reset is None
-        if first:
-            self._behind_reset = []
+        # while its cancellation is still being recorded; a later reset queues
+        # behind this one.
+        first = self._queue.hold()
         try:
             try:
                 self._parked = None  # a stale park is archived with everything else
                 since = await self._request_reset()
-                future: asyncio.Future[ResetResult] = self.runtime._require_loop().create_future()
-                job = _ResetJob(since, future, erase)
-                if first:
-                    self._queue.append((None, job))
-                else:
-                    assert self._behind_reset is not None
-                    self._behind_reset.append((None, job))  # behind the earlier reset
+                future: asyncio.Future[ResetResult] = self.runtime.running_loop().create_future()
+                self._queue.put(ResetJob(since, future, erase), ahead=first)
             finally:
                 if first:
-                    held, self._behind_reset = self._behind_reset or [], None
-                    self._queue.extend(held)
-                    if self._queue:
+                    self._queue.release()
+                    if len(self._queue):
                         self._ensure_worker()
             return await future
         finally:
@@ -1000,17 +996,12 @@ class AgentSession(SessionView):
         )
         for record in unfinished:
             if record.status == "suspended":
-                # Parked: there is no delivery to reach a boundary, so close it here.
-                opening = message_from_dict(record.opening)
-                if isinstance(opening, UserMessage | TriggerMessage):
-                    request = TurnRequest(turn_id=record.turn_id, opening=opening)
-                    request.cancel.cancel(record.cancel_reason or "reset")
-                    self._enqueue(request, ahead=True)
+                self._close_parked(record, record.cancel_reason or "reset")
         for child in children:
             await child.cancel("reset")
         return generation
 
-    async def _run_reset(self, job: _ResetJob) -> None:
+    async def _run_reset(self, job: ResetJob) -> None:
         since, future = job.since, job.future
         self._known.forget()
         try:
@@ -1050,26 +1041,6 @@ class AgentSession(SessionView):
             archived_generation=archived,
             generation=archived + 1,
         )
-
-
-@dataclass(frozen=True)
-class _Erase:
-    """A reset that goes on to erase the session, asked by ``by``."""
-
-    by: str | None
-
-
-@dataclass(frozen=True)
-class _ResetJob:
-    """A reset in a session's queue: the generation it found live, its result, and
-    whether it erases the session instead of archiving."""
-
-    since: int | None
-    future: asyncio.Future[ResetResult]
-    erase: _Erase | None = None
-
-
-_Job = tuple[TurnRequest | None, "asyncio.Future[Any] | _ResetJob"]
 
 
 def _owner_refusal(session_id: str, owner: str) -> str:

@@ -119,7 +119,7 @@ class Worker:
     async def run(self) -> None:
         """Claim and deliver turns until ``stop()``; then let the deliveries finish
         (for ``grace`` seconds at most, then interrupt them) and return."""
-        self.runtime._require_loop()
+        self.runtime.running_loop()
         retention = self.runtime.retention
         retaining = (
             asyncio.create_task(self._retain(retention), name="turnkit:retention")
