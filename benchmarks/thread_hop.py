@@ -10,9 +10,11 @@ times exactly that, with nothing else: ``await loop.run_in_executor(pool, f)`` f
 a function that returns at once, on a one-thread pool (as a store's tool thread)
 and on the loop's default executor, and the same call made directly, so a ``def``
 tool's cost over an ``async`` one in ``step_overhead.py`` can be read against it.
-``on_thread`` is the hop turnkit's stores make (``stores/_off_loop.py``): the same
-one-thread pool, the caller's context carried, and the outcome handed straight
-back to the loop instead of through ``run_in_executor``'s chain of futures.
+``on_thread`` is the hop turnkit's stores make (``stores/_off_loop.py``): the
+caller's context carried, the call handed to the ``ToolThreads`` thread idle last,
+and the outcome handed straight back to the loop instead of through
+``run_in_executor``'s chain of futures; ``on_thread, pool`` is the same over a
+``ThreadPoolExecutor`` (as the stores hopped before).
 ``hop_floor`` gives that hop's wall and CPU time for ``step_overhead.py`` to print
 beside a ``def`` tool's cost over an ``async`` one, measured in the same run.
 """
@@ -31,6 +33,7 @@ from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from turnkit.stores._off_loop import on_thread
+from turnkit.stores._tool_threads import ToolThreads
 
 
 def _noop() -> int:
@@ -51,13 +54,38 @@ async def _hops(executor: Executor | None, n: int, with_context: bool) -> float:
     return (time.perf_counter() - start) / n * 1e6
 
 
-async def _on_thread(pool: Executor, n: int) -> float:
+async def _on_thread(threads: ToolThreads, n: int) -> float:
     for _ in range(100):
-        await on_thread(pool, _noop)
+        await on_thread(threads, _noop)
     gc.collect()
     start = time.perf_counter()
     for _ in range(n):
-        await on_thread(pool, _noop)
+        await on_thread(threads, _noop)
+    return (time.perf_counter() - start) / n * 1e6
+
+
+async def _executor_hop(pool: Executor) -> int:
+    """The hop the stores made before ``ToolThreads``: ``on_thread``'s hand-back,
+    the call sent through ``ThreadPoolExecutor.submit``."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[int] = loop.create_future()
+    context = contextvars.copy_context()
+
+    def run() -> None:
+        value = context.run(_noop)
+        loop.call_soon_threadsafe(done.set_result, value)
+
+    pool.submit(run)
+    return await done
+
+
+async def _executor_hops(pool: Executor, n: int) -> float:
+    for _ in range(100):
+        await _executor_hop(pool)
+    gc.collect()
+    start = time.perf_counter()
+    for _ in range(n):
+        await _executor_hop(pool)
     return (time.perf_counter() - start) / n * 1e6
 
 
@@ -70,13 +98,13 @@ class HopFloor:
     cpu_us: float
 
 
-async def _timed_hops(pool: Executor, n: int) -> tuple[float, float]:
+async def _timed_hops(threads: ToolThreads, n: int) -> tuple[float, float]:
     for _ in range(100):
-        await on_thread(pool, _noop)
+        await on_thread(threads, _noop)
     gc.collect()
     c0, t0 = time.process_time(), time.perf_counter()
     for _ in range(n):
-        await on_thread(pool, _noop)
+        await on_thread(threads, _noop)
     return (time.perf_counter() - t0) / n * 1e6, (time.process_time() - c0) / n * 1e6
 
 
@@ -84,8 +112,11 @@ def hop_floor(n: int = 5_000, runs: int = 5) -> HopFloor:
     """What one loop -> thread -> loop hop of ``on_thread`` costs on this machine now."""
 
     async def measured() -> list[tuple[float, float]]:
-        with ThreadPoolExecutor(1) as pool:
-            return [await _timed_hops(pool, n) for _ in range(runs)]
+        threads = ToolThreads(4, "hop-floor")
+        try:
+            return [await _timed_hops(threads, n) for _ in range(runs)]
+        finally:
+            threads.shutdown()
 
     samples = asyncio.run(measured())
     return HopFloor(
@@ -104,14 +135,18 @@ async def _direct(n: int) -> float:
 async def measure(n: int, runs: int) -> dict[str, float]:
     samples: dict[str, list[float]] = {"direct": [], "own pool": [], "own pool + ctx": []}
     samples["default executor"] = []
+    samples["on_thread, pool"] = []
     samples["on_thread"] = []
-    with ThreadPoolExecutor(1) as pool:
+    threads = ToolThreads(4, "hop")
+    with ThreadPoolExecutor(4) as pool:
         for _ in range(runs):
             samples["direct"].append(await _direct(n))
             samples["own pool"].append(await _hops(pool, n, False))
             samples["own pool + ctx"].append(await _hops(pool, n, True))
             samples["default executor"].append(await _hops(None, n, False))
-            samples["on_thread"].append(await _on_thread(pool, n))
+            samples["on_thread, pool"].append(await _executor_hops(pool, n))
+            samples["on_thread"].append(await _on_thread(threads, n))
+    threads.shutdown()
     return {name: statistics.median(values) for name, values in samples.items()}
 
 

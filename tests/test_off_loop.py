@@ -1,52 +1,119 @@
-"""``on_thread``: a def tool's hop to a thread and back, with the caller's context,
-its outcome, and a cancellation that comes before a thread takes the call."""
+"""``on_thread`` and ``ToolThreads``: a def tool's hop to a thread and back, with the
+caller's context, its outcome, a cancellation that comes before a thread takes the
+call, and the pool's threads (reused, capped, ended)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
 import threading
-from concurrent.futures import ThreadPoolExecutor
+import time
+from collections.abc import Callable, Iterator
 
 import pytest
 
 from turnkit.stores._off_loop import on_thread
+from turnkit.stores._tool_threads import ToolThreads
 
 who: contextvars.ContextVar[str] = contextvars.ContextVar("who", default="nobody")
 
 
-async def test_the_call_runs_on_a_thread_with_the_callers_context() -> None:
+@pytest.fixture
+def threads() -> Iterator[ToolThreads]:
+    pool = ToolThreads(2, "test-tool")
+    yield pool
+    pool.shutdown()
+
+
+def _wait_for(what: str, condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"never happened within {timeout}s: {what}")
+        time.sleep(0.001)
+
+
+async def test_the_call_runs_on_a_thread_with_the_callers_context(threads: ToolThreads) -> None:
     who.set("caller")
     loop_thread = threading.get_ident()
-    with ThreadPoolExecutor(1) as pool:
-        thread, seen = await on_thread(pool, lambda x: (threading.get_ident(), who.get() + x), "!")
+    thread, seen = await on_thread(threads, lambda x: (threading.get_ident(), who.get() + x), "!")
     assert thread != loop_thread and seen == "caller!"
 
 
-async def test_what_the_call_raises_reaches_the_caller() -> None:
+async def test_what_the_call_raises_reaches_the_caller(threads: ToolThreads) -> None:
     def fails() -> None:
         raise LookupError("not here")
 
     def stops() -> None:
         raise StopIteration
 
-    with ThreadPoolExecutor(1) as pool:
-        with pytest.raises(LookupError, match="not here"):
-            await on_thread(pool, fails)
-        with pytest.raises(RuntimeError, match="StopIteration"):
-            await on_thread(pool, stops)
+    with pytest.raises(LookupError, match="not here"):
+        await on_thread(threads, fails)
+    with pytest.raises(RuntimeError, match="StopIteration"):
+        await on_thread(threads, stops)
 
 
 async def test_a_call_cancelled_before_a_thread_takes_it_never_runs() -> None:
-    release = threading.Event()
+    pool = ToolThreads(1, "test-one")
+    started, release = threading.Event(), threading.Event()
     ran: list[str] = []
-    with ThreadPoolExecutor(1) as pool:
-        busy = asyncio.ensure_future(on_thread(pool, release.wait))
+
+    def block() -> bool:
+        started.set()
+        return release.wait(10)
+
+    try:
+        busy = asyncio.ensure_future(on_thread(pool, block))
+        await asyncio.to_thread(started.wait, 10)
         queued = asyncio.ensure_future(on_thread(pool, ran.append, "queued"))
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0)  # (the call is handed to the pool: its only thread is busy)
         queued.cancel()
         with pytest.raises(asyncio.CancelledError):
             await queued
         release.set()
         assert await busy is True
-    assert ran == []
+        await on_thread(pool, ran.append, "after")  # the thread is free again
+    finally:
+        pool.shutdown()
+    assert ran == ["after"]
+
+
+async def test_calls_one_after_another_reuse_one_thread(threads: ToolThreads) -> None:
+    seen = {await on_thread(threads, threading.get_ident) for _ in range(50)}
+    assert len(seen) == 1
+
+
+async def test_no_more_threads_run_at_once_than_the_pool_has(threads: ToolThreads) -> None:
+    lock = threading.Lock()
+    running: list[int] = [0]
+    most: list[int] = [0]
+
+    def work() -> int:
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        time.sleep(0.01)  # a tool that blocks (the work, not a synchronisation)
+        with lock:
+            running[0] -= 1
+        return threading.get_ident()
+
+    idents = await asyncio.gather(*(on_thread(threads, work) for _ in range(6)))
+    assert most[0] == 2 and len(set(idents)) == 2
+
+
+def test_shutdown_ends_the_idle_threads_and_refuses_new_calls() -> None:
+    pool = ToolThreads(3, "test-shut")
+    done = threading.Event()
+    pool.submit(lambda: done.set)
+    assert done.wait(10)
+    mine = [t for t in threading.enumerate() if t.name.startswith("test-shut")]
+    assert len(mine) == 1
+    pool.shutdown()
+    _wait_for("the idle thread ended", lambda: not mine[0].is_alive())
+    with pytest.raises(RuntimeError, match="after shutdown"):
+        pool.submit(lambda: done.set)
+
+
+def test_a_pool_needs_a_thread() -> None:
+    with pytest.raises(ValueError, match="max_threads >= 1"):
+        ToolThreads(0, "none")

@@ -1,8 +1,9 @@
 """Running a local tool's step off the event loop, where the tool may block.
 
 A ``def`` tool's step costs one hop to a thread and back, and this is that hop: the
-thread hands its outcome to the loop in one ``call_soon_threadsafe``, without the
-chain of futures ``loop.run_in_executor`` builds around every call
+call goes to a ``ToolThreads`` thread, which hands its outcome to the loop in one
+``call_soon_threadsafe`` once it is free for the next call, without
+the chain of futures ``loop.run_in_executor`` builds around every call
 (``benchmarks/thread_hop.py`` times both).
 """
 
@@ -11,15 +12,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import functools
 from collections.abc import Callable
-from concurrent.futures import Executor
 from typing import Any, TypeVar
+
+from ._tool_threads import ToolThreads
 
 T = TypeVar("T")
 
 
-async def on_thread(executor: Executor, fn: Callable[..., T], *args: Any) -> T:
-    """``fn(*args)`` on ``executor``'s threads, in a copy of the caller's context
+async def on_thread(threads: ToolThreads, fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` on one of ``threads``, in a copy of the caller's context
     variables (as ``asyncio.to_thread`` does); its result, or what it raised.
 
     Cancelled before a thread takes it, ``fn`` never runs; cancelled while it runs,
@@ -29,19 +32,18 @@ async def on_thread(executor: Executor, fn: Callable[..., T], *args: Any) -> T:
     done: asyncio.Future[T] = loop.create_future()
     context = contextvars.copy_context()
 
-    def run() -> None:
+    def run() -> Callable[[], None]:
         try:
             value = context.run(fn, *args)
         except BaseException as exc:  # handed to the waiter, as run_in_executor does
-            _tell(loop, done, None, exc)
-        else:
-            _tell(loop, done, value, None)
+            return functools.partial(_tell, loop, done, None, exc)
+        return functools.partial(_tell, loop, done, value, None)
 
-    work = executor.submit(run)
+    threads.submit(run)
     try:
         return await done
     except asyncio.CancelledError:
-        work.cancel()  # (not yet taken by a thread: then it never runs)
+        threads.withdraw(run)  # (not yet taken by a thread: then it never runs)
         raise
 
 

@@ -8,10 +8,10 @@ durable store would keep it, so what passes here also survives a real store.
 
 from __future__ import annotations
 
+import os
 import secrets
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -50,6 +50,7 @@ from ._locks import SessionLocks
 from ._off_loop import on_thread
 from ._payloads import Payloads
 from ._spill import DEFAULT_BLOB_THRESHOLD, Seen
+from ._tool_threads import ToolThreads
 from ._usage_sql import session_bucket, tenant_bucket
 
 T = TypeVar("T")
@@ -57,15 +58,8 @@ T = TypeVar("T")
 _NO_HANDLE = NoHandle("the in-memory store has no transactional handle; use SqliteStore")
 
 #: The threads ``def`` tools run on, shared by every in-memory store of the process
-#: (made on first use; as many as the event loop's default executor has).
-_TOOL_THREADS: ThreadPoolExecutor | None = None
-
-
-def _tool_threads() -> ThreadPoolExecutor:
-    global _TOOL_THREADS
-    if _TOOL_THREADS is None:
-        _TOOL_THREADS = ThreadPoolExecutor(thread_name_prefix="turnkit-memory-tool")
-    return _TOOL_THREADS
+#: (started as tools need them; at most as many as the loop's default executor has).
+_TOOL_THREADS = ToolThreads(min(32, (os.cpu_count() or 1) + 4), "turnkit-memory-tool")
 
 
 @dataclass
@@ -457,7 +451,7 @@ class _MemorySession:
     async def run_tool(self, step: ToolStep[T]) -> T:
         # The tool runs on a worker thread, so blocking in it stalls no other
         # session; its step's writes are made here, on the event loop, afterwards.
-        result, writes = await on_thread(_tool_threads(), step, _NO_HANDLE)
+        result, writes = await on_thread(_TOOL_THREADS, step, _NO_HANDLE)
         await self.commit(writes)
         return result
 

@@ -61,6 +61,7 @@ from ._spill import DEFAULT_BLOB_THRESHOLD
 from ._sql_rows import move_values, new_turn_values, refused_move, session_info
 from ._sqlite_schema import migrate, read_store_id
 from ._sqlite_writer import SqliteWriter
+from ._tool_threads import ToolThreads
 from .blobs import FileBlobStore
 
 T = TypeVar("T")
@@ -725,7 +726,7 @@ class SqliteStore:
         #: Every write, taken in turn by the loop's commits and the tool threads.
         self._writer: SqliteWriter | None = None
         #: The threads local tools run on.
-        self._tool_executor: ThreadPoolExecutor | None = None
+        self._tool_threads: ToolThreads | None = None
         self._store_id: str | None = None
         self._since_checkpoint = 0
         #: The background checkpoint running or last run, on its own thread.
@@ -807,10 +808,10 @@ class SqliteStore:
         return self._writer
 
     @property
-    def _tools(self) -> ThreadPoolExecutor:
-        if self._tool_executor is None:
+    def _tools(self) -> ToolThreads:
+        if self._tool_threads is None:
             raise _not_open()
-        return self._tool_executor
+        return self._tool_threads
 
     @property
     def store_id(self) -> str:
@@ -839,9 +840,7 @@ class SqliteStore:
             raise
         self._writer = SqliteWriter(write_conn)
         self._checkpointer = ThreadPoolExecutor(1, thread_name_prefix="turnkit-sqlite-checkpoint")
-        self._tool_executor = ThreadPoolExecutor(
-            max_workers=self.tool_threads, thread_name_prefix="turnkit-sqlite-tool"
-        )
+        self._tool_threads = ToolThreads(self.tool_threads, "turnkit-sqlite-tool")
 
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(
@@ -878,11 +877,11 @@ class SqliteStore:
         return conn
 
     async def close(self) -> None:
-        executor, self._tool_executor = self._tool_executor, None
-        if executor is not None:
+        threads, self._tool_threads = self._tool_threads, None
+        if threads is not None:
             # A tool still blocking is not waited for (as on PostgreSQL): the write
             # connection closes under it, which rolls its step back.
-            executor.shutdown(wait=False, cancel_futures=True)
+            threads.shutdown()
         writer, self._writer = self._writer, None
         if writer is not None and writer.conn is not self._conn:
             writer.conn.close()

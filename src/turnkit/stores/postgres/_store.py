@@ -36,7 +36,6 @@ import socket
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
@@ -69,6 +68,7 @@ from .._payloads import Payloads
 from .._spill import DEFAULT_BLOB_THRESHOLD
 from .._sql_rows import session_info
 from .._takeover import Takeover
+from .._tool_threads import ToolThreads
 from ._blobs import BlobReader
 from ._election import PgElection
 from ._faults import PgFaults
@@ -456,7 +456,7 @@ class PostgresStore:
         self._kwargs: dict[str, Any] | None = None
         self._pool: ConnectionPool[Any] | None = None
         self._store_id: str | None = None
-        self._executor: ThreadPoolExecutor | None = None
+        self._executor: ToolThreads | None = None
         if takeover is not None and not isinstance(takeover, Takeover):
             raise ConfigurationError(
                 f"PostgresStore takeover must be a Takeover, got {type(takeover).__name__}"
@@ -544,9 +544,7 @@ class PostgresStore:
     async def open(self) -> None:
         if self._apool is not None:
             return
-        self._executor = ThreadPoolExecutor(
-            max_workers=self.max_size + 1, thread_name_prefix="turnkit-pg"
-        )
+        self._executor = ToolThreads(self.max_size + 1, "turnkit-pg")
         apool: AsyncConnectionPool[Any] | None = None
         try:
             await self._call(self._open_sync)
@@ -618,8 +616,8 @@ class PostgresStore:
         if executor is None:
             return
         if pool is not None:
-            await asyncio.get_running_loop().run_in_executor(executor, pool.close)
-        executor.shutdown(wait=False)
+            await on_thread(executor, pool.close)
+        executor.shutdown()
 
     async def _announce_cancels(self, session_id: str, turn_ids: list[str]) -> None:
         """Tell every process listening that these turns' cancellation committed; a
