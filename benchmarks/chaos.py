@@ -22,7 +22,7 @@ out would retry. Then it waits for every turn and counts:
 - ``out of order``: sessions whose turns ran in another order than acknowledged;
 - the worst takeover, from a kill to the interrupted turn's next commit.
 
-Words shown twice are checked by ``tests/test_takeover_text.py`` (each delta names
+Words shown twice are checked by ``tests/channels/test_takeover_text.py`` (each delta names
 its delivery attempt), not here: these turns stream no text.
 """
 

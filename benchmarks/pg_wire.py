@@ -22,7 +22,7 @@ connection of its own, in a fresh schema with turnkit's tables:
 - ``plain``: the same without a pipeline (a round trip per statement), for scale.
 
 It also counts round trips, in a separate short run through a counting TCP proxy
-(``tests/round_trips.py``): a round trip is each time the client speaks again
+(``tests/support/round_trips.py``): a round trip is each time the client speaks again
 after the server has answered. Figures are µs per commit, medians of ``--runs``
 (timed on a direct connection); the rule: the raw path stays only if it is more
 than 10% faster than psycopg's own.
@@ -48,7 +48,7 @@ from _floor import DEFAULT_DSN, bare_commits, drop_schema, fresh_schema, pyforma
 from turnkit.stores.postgres import _wire as wire
 from turnkit.stores.postgres._schema import migrate
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))
 from round_trips import RoundTrips  # the tests' counting proxy
 
 _SESSION = "bench"
