@@ -35,6 +35,7 @@ from .._errors import (
     TurnHeldError,
     TurnSuspendedError,
 )
+from .._seams.placing import PlacingStore
 from .._seams.sink import EventSink
 from .._seams.store import NO_MESSAGES, SessionStore, Store, parked_turn
 from .._seams.tracer import Tracer
@@ -262,6 +263,7 @@ class AgentSession(SessionView):
         owner: str | None,
         tenant: str,
     ) -> str:
+        await self._place(tenant)
         if self._known.messages is None or owner is not None:
             # (Without an owner to check, a delivery here has checked the agent.)
             snap = await self._store.load(from_index=NO_MESSAGES)
@@ -315,6 +317,13 @@ class AgentSession(SessionView):
         if replace:
             self._replace(keep=request.turn_id)
         return self._enqueue(request)
+
+    async def _place(self, tenant: str) -> None:
+        """Tell a store that places sessions by tenant (cells) whose turn comes next,
+        so a new session is written where its tenant lives."""
+        store = self.runtime.store
+        if isinstance(store, PlacingStore):
+            await store.place(self.session_id, tenant)
 
     async def _reset_ends(self, parked: TurnRecord) -> bool:
         """Whether a pending reset (recorded by any process) cancelled the parked turn:
@@ -768,6 +777,8 @@ class AgentSession(SessionView):
         # Let observers that were set up right after start() subscribe before we run:
         # with a local store a whole turn can otherwise finish without yielding once.
         await asyncio.sleep(0)
+        if not request.child:
+            await self._place(request.tenant)
         await self._finish_left_running(request.turn_id)
         for event in request.announce:
             _emit_quietly(self.runtime.sink, event)

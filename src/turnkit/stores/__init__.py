@@ -10,6 +10,7 @@ turn's status move, so code that writes to a store by hand keeps the engine's ru
 from typing import TYPE_CHECKING, Any
 
 from .._seams.inbox import InboxStore
+from .._seams.placing import PlacingStore
 from .._seams.queue import PendingReset, Serving, TurnQueue, WorkerRegistry
 from .._seams.retention import PrunableStore
 from .._seams.store import (
@@ -81,6 +82,7 @@ __all__ = [
     "MemoryBlobStore",
     "MemoryStore",
     "PendingReset",
+    "PlacingStore",
     "PostgresStore",
     "PrunableStore",
     "PruneSession",

@@ -2,8 +2,18 @@
 hosts (``turnkit[postgres]``). The store is in ``_store``; the package's other
 modules are its parts, each named for its one job."""
 
+from ._cell_directory import Placement, stable_hash
+from ._cells import Cells
 from ._faults import PgFaults
 from ._statements import qmark_to_pyformat
 from ._store import PostgresStore, SessionWriter
 
-__all__ = ["PgFaults", "PostgresStore", "SessionWriter", "qmark_to_pyformat"]
+__all__ = [
+    "Cells",
+    "PgFaults",
+    "Placement",
+    "PostgresStore",
+    "SessionWriter",
+    "qmark_to_pyformat",
+    "stable_hash",
+]

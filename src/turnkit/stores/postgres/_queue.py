@@ -47,6 +47,16 @@ def served(alias: str) -> str:
     )
 
 
+#: Parked turns whose time has come, earliest first (``TimerStore.due_turns``), less
+#: those of a tenant fenced for a move between cells: they wake in the cell the
+#: tenant moves to. Parameters: the time, the most.
+DUE_TURNS_SQL = (
+    f"SELECT {TURN_COLUMNS_T} FROM turnkit_turns t WHERE t.wake_at IS NOT NULL "
+    "AND t.wake_at <= ? AND t.status = 'suspended' AND t.cancel_reason IS NULL "
+    "AND NOT EXISTS (SELECT 1 FROM turnkit_cell_fences cf WHERE cf.tenant = t.tenant) "
+    "ORDER BY t.wake_at, t.session_id, t.turn_id LIMIT ?"
+)
+
 #: The claim, fair across tenants (docs/tenants.md). ``tn`` walks the tenants that
 #: have runnable turns (a loose scan of ``turnkit_turns_tenant_queue``: one index
 #: probe per tenant); ``q`` gives each its cap and how many of its sessions run now
@@ -95,7 +105,8 @@ CLAIM_SQL = (
     "CROSS JOIN LATERAL (SELECT turnkit_tenant_key(tn.tenant) AS key, "
     "turnkit_tenant_key(tn.tenant)::bigint & 4294967295 AS tk, "
     "coalesce((?::json ->> tn.tenant)::integer, ?::integer) AS cap) z "
-    "WHERE tn.tenant IS NOT NULL), "
+    "WHERE tn.tenant IS NOT NULL AND NOT EXISTS (SELECT 1 FROM turnkit_cell_fences cf "
+    "WHERE cf.tenant = tn.tenant)), "
     "c AS (SELECT q.tenant, q.key, q.busy, q.cap, x.* FROM q CROSS JOIN LATERAL ("
     "SELECT t.session_id, t.turn_id, t.created_at FROM turnkit_turns t "
     f"WHERE t.tenant = q.tenant AND {runnable('t')} "
@@ -126,11 +137,14 @@ CLAIM_SQL = (
     "AND s.session_id NOT IN (SELECT json_array_elements_text(?::json)) "
     "AND NOT EXISTS (SELECT 1 FROM turnkit_turns e WHERE e.session_id = s.session_id "
     f"AND {runnable('e')}) "
+    "AND NOT EXISTS (SELECT 1 FROM turnkit_turns e JOIN turnkit_cell_fences cf "
+    "ON cf.tenant = e.tenant WHERE e.session_id = s.session_id) "
     "AND turnkit_lock_key(s.session_id) NOT IN (SELECT k FROM held) "
     "ORDER BY s.reset_requested LIMIT ?), "
     "h AS (SELECT t.session_id, t.turn_id, t.created_at, NULL::integer AS key, "
     "NULL::integer AS slot, 0::bigint AS place FROM turnkit_turns t "
     "WHERE ?::boolean AND t.status = 'suspended' AND t.held_by IS NOT NULL "
+    "AND NOT EXISTS (SELECT 1 FROM turnkit_cell_fences cf WHERE cf.tenant = t.tenant) "
     "AND t.cancel_reason IS NULL "
     "AND NOT ((?::json ->> t.agent) = ANY (string_to_array(t.held_by, ','))) "
     "AND t.agent IN (SELECT json_array_elements_text(?::json)) "

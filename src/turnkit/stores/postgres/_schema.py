@@ -23,6 +23,9 @@ FENCE_SQLSTATE = "TK001"
 MISSING_SQLSTATE = "TK002"
 #: SQLSTATE raised by ``turnkit_expect_moved`` when a turn's put found no row.
 MOVE_SQLSTATE = "TK003"
+#: SQLSTATE raised by ``turnkit_cell_fence`` when a turn of a tenant moving between
+#: cells would change in a cell that does not (or no longer) serve it.
+CELL_SQLSTATE = "TK004"
 
 
 def claimable(alias: str = "") -> str:
@@ -397,6 +400,45 @@ MIGRATIONS: list[tuple[str, ...]] = [
         END
         $fn$""",
     ),
+    # v25: cells (docs/deploying.md "Cells"). In the directory's schema: where each
+    # tenant lives and each session was placed, and the moves under way. In every
+    # cell: the fences of tenants moving out or in (a fenced tenant's turns are not
+    # claimed, and its turn rows refuse changes but the ones a running turn makes
+    # while its tenant drains), and the moves whose usage totals arrived here.
+    (
+        "CREATE TABLE turnkit_cell_tenants (tenant text PRIMARY KEY, cell text NOT NULL)",
+        "CREATE TABLE turnkit_cell_sessions (session_id text PRIMARY KEY, "
+        "tenant text NOT NULL, cell text NOT NULL)",
+        "CREATE INDEX turnkit_cell_sessions_tenant ON turnkit_cell_sessions (tenant, cell)",
+        "CREATE TABLE turnkit_cell_moves (tenant text PRIMARY KEY, source text NOT NULL, "
+        "target text NOT NULL, stage text NOT NULL, move_id text NOT NULL)",
+        "CREATE TABLE turnkit_cell_fences (tenant text PRIMARY KEY, state text NOT NULL, "
+        "cell text NOT NULL)",
+        "CREATE TABLE turnkit_cell_arrivals (move_id text PRIMARY KEY, tenant text NOT NULL)",
+        """CREATE FUNCTION turnkit_cell_fence() RETURNS trigger LANGUAGE plpgsql AS $fn$
+        DECLARE
+            who text;
+            f record;
+        BEGIN
+            IF TG_OP = 'DELETE' THEN who := OLD.tenant; ELSE who := NEW.tenant; END IF;
+            SELECT c.state, c.cell INTO f FROM {schema}.turnkit_cell_fences c
+                WHERE c.tenant = who;
+            IF NOT FOUND OR current_setting('turnkit.cell_move', true) = who THEN
+                IF TG_OP = 'DELETE' THEN RETURN OLD; END IF;
+                RETURN NEW;
+            END IF;
+            IF f.state = 'draining' AND TG_OP = 'UPDATE' AND OLD.status = 'running' THEN
+                RETURN NEW;
+            END IF;
+            RAISE EXCEPTION USING ERRCODE = '{sqlstate_cell}', MESSAGE = format(
+                'tenant %L %s cell %L: its turns cannot change here; try again',
+                who, CASE f.state WHEN 'arriving' THEN 'is arriving from'
+                    WHEN 'draining' THEN 'is moving to' ELSE 'has moved to' END, f.cell);
+        END
+        $fn$""",
+        "CREATE TRIGGER turnkit_cell_fence BEFORE INSERT OR UPDATE OR DELETE ON turnkit_turns "
+        "FOR EACH ROW EXECUTE FUNCTION turnkit_cell_fence()",
+    ),
 ]
 
 
@@ -525,6 +567,7 @@ def _migrate_once(conn: Any, schema: str, migrations: list[tuple[str, ...]]) -> 
                         sqlstate=FENCE_SQLSTATE,
                         sqlstate_missing=MISSING_SQLSTATE,
                         sqlstate_move=MOVE_SQLSTATE,
+                        sqlstate_cell=CELL_SQLSTATE,
                     )
                 )
             conn.execute(

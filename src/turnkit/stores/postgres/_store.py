@@ -89,6 +89,7 @@ from . import _wire as wire
 from ._commit import GroupCommitter
 from ._queue import (
     CLAIM_SQL,
+    DUE_TURNS_SQL,
     EVENT_WRITERS_SQL,
     HELD_SESSIONS_SQL,
     LIVE_WORKERS_SQL,
@@ -751,7 +752,7 @@ class PostgresStore:
 
     async def due_turns(self, before: float, *, limit: int) -> list[TurnRecord]:
         """See ``turnkit.stores.TimerStore``."""
-        return await self._select("due turns", sql.DUE_TURNS, (before, limit), self._turn)
+        return await self._select("due turns", DUE_TURNS_SQL, (before, limit), self._turn)
 
     async def next_wake(self) -> float | None:
         """See ``turnkit.stores.TimerStore``."""
