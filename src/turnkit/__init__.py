@@ -123,6 +123,7 @@ from ._values.messages import (
 from ._values.policy import SurfacePolicy, TurnPolicy
 from ._values.rate_limits import RateLimit
 from ._values.tenancy import Concurrency
+from ._values.turn_options import TurnKeywords, TurnOptions
 from ._values.turns import ResetResult, TurnResult
 from ._values.usage import Usage
 from ._values.versions import Rewrite, VersionChange, VersionDecision
@@ -245,7 +246,9 @@ __all__ = [
     "TurnFailedEvent",
     "TurnHeldError",
     "TurnHeldEvent",
+    "TurnKeywords",
     "TurnMoveError",
+    "TurnOptions",
     "TurnPolicy",
     "TurnResult",
     "TurnSpan",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from pathlib import Path
 from types import ModuleType
@@ -45,3 +46,10 @@ def test_public_classes_and_functions_report_the_package_as_their_module() -> No
 
 def test_package_ships_type_information() -> None:
     assert (PACKAGE / "py.typed").exists()
+
+
+def test_turn_keywords_name_exactly_the_fields_of_turn_options() -> None:
+    """The keywords every turn-starting call takes are ``TurnOptions``' fields, so a
+    field added to one and not the other fails here."""
+    fields = {f.name for f in dataclasses.fields(turnkit.TurnOptions)}
+    assert set(turnkit.TurnKeywords.__annotations__) == fields

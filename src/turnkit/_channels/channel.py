@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import AsyncIterator, Callable, Iterable
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, Unpack, runtime_checkable
 
 from .._engine.agent import Agent
 from .._errors import ConfigurationError, DeliveryError
@@ -27,6 +27,7 @@ from .._runtime.session import AgentSession
 from .._values.events import DeliveryFailedEvent, TurnEvent
 from .._values.inbound import InboundEvent, Proactive
 from .._values.inputs import InputRequest
+from .._values.turn_options import TurnKeywords, TurnOptions, turn_options
 from .._values.turns import ResetResult, TurnResult
 
 log = logging.getLogger("turnkit.channels")
@@ -66,59 +67,37 @@ class ChannelContext:
     def run_stream(
         self,
         text: str,
+        options: TurnOptions | None = None,
+        /,
         *,
         session: str,
-        event: InboundEvent | None = None,
-        trigger: Proactive | None = None,
-        replace: bool = False,
-        turn_id: str | None = None,
-        owner: str | None = None,
-        tenant: str | None = None,
+        **keywords: Unpack[TurnKeywords],
     ) -> TurnStream:
         """Start a turn and return its events as they happen.
 
         The turn is queued at once (it runs whether or not the stream is read);
         the stream is already listening, and ends on ``turn.completed``,
-        ``turn.failed``, ``turn.cancelled`` or ``input.requested``. ``owner`` and
-        ``tenant`` are as for ``AgentSession.start``.
+        ``turn.failed``, ``turn.cancelled`` or ``input.requested``. The options are
+        ``AgentSession.start``'s (a ``TurnOptions``, or its fields as keywords).
         """
         agent_session = self.session(session)
-        tid = agent_session.start(
-            text,
-            event=event,
-            trigger=trigger,
-            replace=replace,
-            turn_id=turn_id,
-            owner=owner,
-            tenant=tenant,
-        )
+        tid = agent_session.start(text, turn_options(options, keywords))
         return agent_session.observe(tid)
 
     async def submit_stream(
         self,
         text: str,
+        options: TurnOptions | None = None,
+        /,
         *,
         session: str,
-        event: InboundEvent | None = None,
-        trigger: Proactive | None = None,
-        replace: bool = False,
-        turn_id: str | None = None,
-        owner: str | None = None,
-        tenant: str | None = None,
+        **keywords: Unpack[TurnKeywords],
     ) -> TurnStream:
         """``run_stream``, returning only once the store holds the turn (see
         ``AgentSession.submit``): a crash from then on loses nothing, and a refusal
         read from the store (a parked session, say) is raised here."""
         agent_session = self.session(session)
-        tid = await agent_session.submit(
-            text,
-            event=event,
-            trigger=trigger,
-            replace=replace,
-            turn_id=turn_id,
-            owner=owner,
-            tenant=tenant,
-        )
+        tid = await agent_session.submit(text, turn_options(options, keywords))
         # Nothing ran in between: the delivery yields once before its first step, so
         # the stream is listening before the turn emits anything.
         return agent_session.observe(tid)
@@ -126,18 +105,14 @@ class ChannelContext:
     async def run(
         self,
         text: str,
+        options: TurnOptions | None = None,
+        /,
         *,
         session: str,
-        event: InboundEvent | None = None,
-        trigger: Proactive | None = None,
-        replace: bool = False,
-        turn_id: str | None = None,
-        owner: str | None = None,
+        **keywords: Unpack[TurnKeywords],
     ) -> str:
         """Run a turn to its answer; raises ``TurnSuspendedError`` if it parks."""
-        return await self.session(session).turn(
-            text, event=event, trigger=trigger, replace=replace, turn_id=turn_id, owner=owner
-        )
+        return await self.session(session).turn(text, turn_options(options, keywords))
 
     def delivery_failed(self, event: DeliveryFailedEvent) -> None:
         """Report that a channel's reply to a turn failed: logged as an error on

@@ -14,7 +14,7 @@ import time
 import uuid
 from collections import OrderedDict
 from dataclasses import replace
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, Unpack
 
 from .._engine.agent import Agent
 from .._engine.context import make_idempotency_key
@@ -42,7 +42,7 @@ from .._seams.tracer import Tracer
 from .._values.budgets import Budget
 from .._values.checkpoints import checkpoint_of
 from .._values.events import TurnEvent
-from .._values.inbound import InboundEvent, Proactive
+from .._values.inbound import Proactive
 from .._values.messages import (
     OpeningMessage,
     TriggerMessage,
@@ -51,8 +51,8 @@ from .._values.messages import (
 )
 from .._values.records import TERMINAL_TURN_STATUSES, TurnRecord
 from .._values.step_ids import policy_step_id, tool_step_id
-from .._values.tenancy import DEFAULT_TENANT, check_tenant
 from .._values.text import unstorable
+from .._values.turn_options import TurnKeywords, TurnOptions, turn_options
 from .._values.turn_rules import new_turn
 from .._values.turns import ResetResult, TurnRequest, TurnResult
 from .._values.writes import EraseSession, PutStep, RequestCancel, RequestReset
@@ -151,13 +151,9 @@ class AgentSession(SessionView):
     def start(
         self,
         text: str,
-        *,
-        event: InboundEvent | None = None,
-        trigger: Proactive | None = None,
-        replace: bool = False,
-        turn_id: str | None = None,
-        owner: str | None = None,
-        tenant: str | None = None,
+        options: TurnOptions | None = None,
+        /,
+        **keywords: Unpack[TurnKeywords],
     ) -> str:
         """Queue a turn in this process and return its id at once (fire and forget).
 
@@ -182,23 +178,17 @@ class AgentSession(SessionView):
 
         ``tenant`` is whose turn it is (docs/tenants.md): its fair share of workers,
         its concurrency cap and its budget are the tenant's. ``None``: the default
-        tenant ``""``.
+        tenant ``""``. The options come as one ``TurnOptions`` or as its fields'
+        keywords (``TurnKeywords``).
         """
-        self._check_start(text, event, trigger, turn_id, owner)
-        return self._start(
-            text, event, trigger, replace, turn_id, frozenset(), owner, tenant=_tenant(tenant)
-        )
+        return self._start(_text(text), turn_options(options, keywords))
 
     async def submit(
         self,
         text: str,
-        *,
-        event: InboundEvent | None = None,
-        trigger: Proactive | None = None,
-        replace: bool = False,
-        turn_id: str | None = None,
-        owner: str | None = None,
-        tenant: str | None = None,
+        options: TurnOptions | None = None,
+        /,
+        **keywords: Unpack[TurnKeywords],
     ) -> str:
         """Queue a turn durably and return its id once the store holds it.
 
@@ -215,55 +205,31 @@ class AgentSession(SessionView):
         acknowledged, stored and run in the order they were made. ``tenant``: see
         ``start``; a retry keeps the tenant the turn was stored with.
         """
-        self._check_start(text, event, trigger, turn_id, owner)
-        tenant = _tenant(tenant)
+        opts = turn_options(options, keywords)
+        text = _text(text)
+        turn_id = opts.turn_id
         async with self._submitting:
             if turn_id is not None and (stored := await self._store.turn(turn_id)) is not None:
-                return self._resent(stored, text, event, trigger, replace, owner)
+                return self._resent(stored, text, opts)
             try:
-                return await self._submit_new(text, event, trigger, replace, turn_id, owner, tenant)
+                return await self._submit_new(text, opts)
             except StoreError:
                 # Another process may have stored the same id since it was looked up:
                 # then this is a retry that raced its original, not a failure.
                 if turn_id is None or (stored := await self._store.turn(turn_id)) is None:
                     raise
-                return self._resent(stored, text, event, trigger, replace, owner)
+                return self._resent(stored, text, opts)
 
-    def _resent(
-        self,
-        stored: TurnRecord,
-        text: str,
-        event: InboundEvent | None,
-        trigger: Proactive | None,
-        replace: bool,
-        owner: str | None,
-    ) -> str:
+    def _resent(self, stored: TurnRecord, text: str, opts: TurnOptions) -> str:
         """A turn id the store has, sent again: follow that turn (see ``submit``);
         its stored opening is the turn's, whatever ``text`` says now."""
         if not self.runtime.run_turns or self.delivering(stored.turn_id):
             return stored.turn_id
-        return self._start(
-            text,
-            event,
-            trigger,
-            replace,
-            stored.turn_id,
-            frozenset(),
-            owner,
-            tenant=stored.tenant,
-        )
+        return self._start(text, replace(opts, tenant=stored.tenant))
 
-    async def _submit_new(
-        self,
-        text: str,
-        event: InboundEvent | None,
-        trigger: Proactive | None,
-        replace: bool,
-        turn_id: str | None,
-        owner: str | None,
-        tenant: str,
-    ) -> str:
-        await self._place(tenant)
+    async def _submit_new(self, text: str, opts: TurnOptions) -> str:
+        owner, event = opts.owner, opts.event
+        await self._place(opts.tenant_key)
         if self._known.messages is None or owner is not None:
             # (Without an owner to check, a delivery here has checked the agent.)
             snap = await self._store.load(from_index=NO_MESSAGES)
@@ -280,9 +246,7 @@ class AgentSession(SessionView):
             raise SessionSuspendedError(
                 _parked_refusal(self.session_id, parked.turn_id, parked.held_by)
             )
-        request = self._request(
-            text, event, trigger, turn_id, frozenset(), owner, queued=True, tenant=tenant
-        )
+        request = self._request(text, opts, queued=True)
         record = TurnRecord(
             session_id=self.session_id,
             turn_id=request.turn_id,
@@ -292,7 +256,7 @@ class AgentSession(SessionView):
             event=event.to_dict() if event is not None else None,
             created_at=time.time(),
             version=self.agent.turn_version,
-            tenant=tenant,
+            tenant=request.tenant,
         )
         policy = opening_policy(self.agent, request, event).to_dict()
         # A replace cancels the turns before it in the same commit, so no process can
@@ -303,7 +267,7 @@ class AgentSession(SessionView):
                 for r in await self._store.unfinished()
                 if r.status != "suspended" and r.cancel_reason is None
             ]
-            if replace
+            if opts.replace
             else []
         )
 
@@ -314,7 +278,7 @@ class AgentSession(SessionView):
                 PutStep(policy_step_id(record.turn_id), record.turn_id, policy),
             ]
         )
-        if replace:
+        if opts.replace:
             self._replace(keep=request.turn_id)
         return self._enqueue(request)
 
@@ -332,44 +296,20 @@ class AgentSession(SessionView):
             return False
         return (await self._store.load(from_index=NO_MESSAGES)).reset_requested
 
-    def _check_start(
-        self, text: object, event: object, trigger: object, turn_id: object, owner: object
-    ) -> None:
-        if not isinstance(text, str):
-            raise TypeError(f"turn text must be a str, got {type(text).__name__}")
-        if event is not None and not isinstance(event, InboundEvent):
-            raise TypeError(f"event must be an InboundEvent, got {type(event).__name__}")
-        if trigger is not None and not isinstance(trigger, Proactive):
-            raise TypeError(f"trigger must be a Proactive, got {type(trigger).__name__}")
-        if event is not None and trigger is not None:
-            raise ConfigurationError("a turn has either an inbound event or a trigger, not both")
-        if turn_id is not None and (not isinstance(turn_id, str) or not turn_id):
-            raise ConfigurationError("turn_id must be a non-empty string")
-        for name, value in (("turn_id", turn_id), ("owner", owner)):
-            if isinstance(value, str) and (bad := unstorable(value)) is not None:
-                raise ConfigurationError(f"{name} {value!r} contains {bad}")
-        if owner is not None and (not isinstance(owner, str) or not owner):
-            raise ConfigurationError(f"owner must be a non-empty str or None, got {owner!r}")
-
     def open_child_turn(
         self, task: str, trigger: Proactive, turn_id: str, deny: frozenset[str]
     ) -> str:
         """Open (or redeliver) turn ``turn_id`` as a child of another turn's tool call:
         ``trigger`` names the parent agent and ``deny`` carries the parent's denied
         tools. ``turnkit.subagent`` runs child turns through this."""
-        return self._start(task, None, trigger, False, turn_id, deny, None, child=True)
+        return self._start(task, TurnOptions(trigger=trigger, turn_id=turn_id), deny, child=True)
 
     def _start(
         self,
         text: str,
-        event: InboundEvent | None,
-        trigger: Proactive | None,
-        replace: bool,
-        turn_id: str | None,
-        deny: frozenset[str],
-        owner: str | None,
+        opts: TurnOptions,
+        deny: frozenset[str] = frozenset(),
         *,
-        tenant: str = "",
         child: bool = False,
     ) -> str:
         """``start`` after its checks; ``deny`` adds tools a new turn may not use (a
@@ -379,29 +319,24 @@ class AgentSession(SessionView):
                 "this runtime hands its turns to workers (run_turns=False), so a turn "
                 "must be stored for them: use submit() (or turn()), not start()"
             )
-        if self._parked is not None and turn_id != self._parked:
+        if self._parked is not None and opts.turn_id != self._parked:
             raise SessionSuspendedError(_parked_refusal(self.session_id, self._parked))
-        request = self._request(
-            text, event, trigger, turn_id, deny, owner, queued=False, tenant=tenant, child=child
-        )
-        if replace:
+        request = self._request(text, opts, deny, queued=False, child=child)
+        if opts.replace:
             self._replace(keep=request.turn_id)
         return self._enqueue(request)
 
     @staticmethod
     def _request(
         text: str,
-        event: InboundEvent | None,
-        trigger: Proactive | None,
-        turn_id: str | None,
-        deny: frozenset[str],
-        owner: str | None,
+        opts: TurnOptions,
+        deny: frozenset[str] = frozenset(),
         *,
         queued: bool,
-        tenant: str = "",
         child: bool = False,
     ) -> TurnRequest:
-        tid = turn_id or uuid.uuid4().hex
+        tid = opts.turn_id or uuid.uuid4().hex
+        trigger = opts.trigger
         opening: OpeningMessage = (
             TriggerMessage(text=text, turn_id=tid, by=trigger.by)
             if trigger is not None
@@ -411,12 +346,12 @@ class AgentSession(SessionView):
         return TurnRequest(
             turn_id=tid,
             opening=opening,
-            event=event,
+            event=opts.event,
             source=source,
             inherited_deny=deny,
-            owner=owner,
+            owner=opts.owner,
             queued=queued,
-            tenant=tenant,
+            tenant=opts.tenant_key,
             child=child,
         )
 
@@ -467,9 +402,7 @@ class AgentSession(SessionView):
         (another process may have resumed it since). ``Worker`` and recovery use it."""
         self._parked = None
         text = str(record.opening.get("text", ""))
-        return self._start(
-            text, None, None, False, record.turn_id, frozenset(), None, tenant=record.tenant
-        )
+        return self._start(text, TurnOptions(turn_id=record.turn_id, tenant=record.tenant))
 
     def run_stored_reset(self) -> asyncio.Future[ResetResult]:
         """Carry out in this process a reset the store holds as pending (its process
@@ -513,31 +446,23 @@ class AgentSession(SessionView):
     async def turn(
         self,
         text: str,
-        *,
-        event: InboundEvent | None = None,
-        trigger: Proactive | None = None,
-        replace: bool = False,
-        turn_id: str | None = None,
-        owner: str | None = None,
-        tenant: str | None = None,
+        options: TurnOptions | None = None,
+        /,
+        **keywords: Unpack[TurnKeywords],
     ) -> str:
         """Submit a turn (durably, see ``submit``) and wait for its answer; raise
         ``TurnFailedError`` if it fails, ``TurnSuspendedError`` (carrying the request)
         if it parks for input and ``TurnCancelledError`` if it is cancelled."""
-        result = await self._turn_result(text, event, trigger, replace, turn_id, owner, tenant)
+        result = await self._turn_result(text, turn_options(options, keywords))
         return result.text or ""
 
     async def turn_output(
         self,
         text: str,
         output_type: type[_T],
-        *,
-        event: InboundEvent | None = None,
-        trigger: Proactive | None = None,
-        replace: bool = False,
-        turn_id: str | None = None,
-        owner: str | None = None,
-        tenant: str | None = None,
+        options: TurnOptions | None = None,
+        /,
+        **keywords: Unpack[TurnKeywords],
     ) -> _T:
         """``turn``, for an agent with an ``output_type``: wait for the answer and return
         it parsed, typed as ``output_type``, which must be the agent's own
@@ -548,29 +473,12 @@ class AgentSession(SessionView):
                 f"turn_output({getattr(output_type, '__name__', output_type)}): agent "
                 f"{self.agent.name!r} answers with output_type={self.agent.output_type!r}"
             )
-        result = await self._turn_result(text, event, trigger, replace, turn_id, owner, tenant)
+        result = await self._turn_result(text, turn_options(options, keywords))
         return result.output_as(output_type)
 
-    async def _turn_result(
-        self,
-        text: str,
-        event: InboundEvent | None,
-        trigger: Proactive | None,
-        replace: bool,
-        turn_id: str | None,
-        owner: str | None,
-        tenant: str | None = None,
-    ) -> TurnResult:
+    async def _turn_result(self, text: str, opts: TurnOptions) -> TurnResult:
         """Submit a turn and wait for it to complete, raising for any other ending."""
-        tid = await self.submit(
-            text,
-            event=event,
-            trigger=trigger,
-            replace=replace,
-            turn_id=turn_id,
-            owner=owner,
-            tenant=tenant,
-        )
+        tid = await self.submit(text, opts)
         result = await self.result(tid)
         if result.status == "suspended" and result.request is not None:
             raise TurnSuspendedError(result.turn_id, result.request, result.requests)
@@ -764,7 +672,7 @@ class AgentSession(SessionView):
             if self.delivering(left.turn_id):
                 continue
             text = str(left.opening.get("text", ""))
-            request = self._request(text, None, None, left.turn_id, frozenset(), None, queued=False)
+            request = self._request(text, TurnOptions(turn_id=left.turn_id), queued=False)
             future: asyncio.Future[TurnResult] = self.runtime.running_loop().create_future()
             future.add_done_callback(_mark_exception_seen)
             self._remember(left.turn_id, future)
@@ -1061,9 +969,11 @@ def _owner_refusal(session_id: str, owner: str) -> str:
     )
 
 
-def _tenant(tenant: object) -> str:
-    """The tenant a turn is stored under: the one given, or the default."""
-    return DEFAULT_TENANT if tenant is None else check_tenant(tenant)
+def _text(text: object) -> str:
+    """A turn's text, checked."""
+    if not isinstance(text, str):
+        raise TypeError(f"turn text must be a str, got {type(text).__name__}")
+    return text
 
 
 def _parked_refusal(session_id: str, turn_id: str, held_by: str | None = None) -> str:
