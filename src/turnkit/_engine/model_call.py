@@ -185,6 +185,8 @@ def stored_form(reply: ModelReply) -> tuple[ModelReply, JsonObject]:
         rebuilt = ModelReply.from_dict(stored)
         return rebuilt, rebuilt.to_dict()
     except Exception as exc:
+        for call in reply.tool_calls:  # (the reply's one JSON pass checked their inputs)
+            _check_input(call)
         raise TurnFailure(f"model error: the reply cannot be stored: {error_text(exc)}") from exc
 
 
@@ -218,8 +220,12 @@ def _check_call(call: object, seen: set[str]) -> None:
             f"model error: tool call {call.id!r} needs a str name and a dict input, got "
             f"{type(call.name).__name__} and {type(call.input).__name__}"
         )
+    seen.add(call.id)
+
+
+def _check_input(call: ToolCall) -> None:
+    """Refuse a call whose input is not JSON, naming it (``stored_form``'s wording)."""
     try:
         to_json(call.input)
     except Exception as exc:
         raise TurnFailure(f"model error: tool call {call.id!r} input is not JSON: {exc}") from exc
-    seen.add(call.id)

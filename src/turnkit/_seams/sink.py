@@ -34,10 +34,14 @@ class LocalEventSink:
 
     def __init__(self) -> None:
         self._subscribers: dict[int, Subscriber] = {}
+        #: The subscribers as emit walks them: a tuple made again on each change, so
+        #: a callback that subscribes or unsubscribes changes only later events, and
+        #: an emit (several a step) copies nothing.
+        self._current: tuple[Subscriber, ...] = ()
         self._next = 0
 
     def emit(self, event: TurnEvent) -> None:
-        for callback in tuple(self._subscribers.values()):
+        for callback in self._current:
             try:
                 callback(event)
             except Exception:
@@ -47,8 +51,10 @@ class LocalEventSink:
         key = self._next
         self._next += 1
         self._subscribers[key] = callback
+        self._current = tuple(self._subscribers.values())
 
         def unsubscribe() -> None:
-            self._subscribers.pop(key, None)
+            if self._subscribers.pop(key, None) is not None:
+                self._current = tuple(self._subscribers.values())
 
         return unsubscribe

@@ -109,6 +109,14 @@ def _kept_pending(pending: JsonObject | None) -> JsonObject | None:
     return None if pending is None else from_json(_encode(pending, "a suspend checkpoint"))
 
 
+def _forget_step(
+    steps: dict[str, tuple[str, bytes]], of_turn: dict[str, bytes], step_id: str
+) -> None:
+    """Undo a ``put_step``: the step goes from the session's and its turn's steps."""
+    del steps[step_id]
+    del of_turn[step_id]
+
+
 class _MemoryTransaction:
     """Applies each write at once and keeps how to undo it, so that a commit whose work
     raises leaves the session as it found it (``rollback``), as a SQL store would."""
@@ -128,10 +136,12 @@ class _MemoryTransaction:
         self._payloads = payloads
         self._blobs = blobs
         self._put = blobs.put if blobs is not None and payloads.threshold is not None else None
+        #: The size past which a payload spills to the blobs (``None``: none spills).
+        self._spill_over = payloads.threshold if self._put is not None else None
         #: Blob deletions to make once the commit has applied every write.
         self.after: list[Callable[[], None]] = []
-        #: What this commit has spilled so far (see ``Payloads.spill``).
-        self._seen = Seen()
+        #: What this commit has spilled so far (see ``Payloads.spill``), once it has.
+        self._seen: Seen | None = None
         #: The session's fields as the commit found them (its scalars, and which
         #: containers are live: a reset swaps them), kept before the first write to one.
         self._fields: dict[str, Any] | None = None
@@ -162,13 +172,22 @@ class _MemoryTransaction:
         if self._fields is None:
             self._fields = dict(vars(self._data))
 
-    def _encode(self, kind: PayloadKind, value: Any, what: str, turn_id: str) -> bytes:
-        encoded = _encode(value, what)
-        payloads = self._payloads
-        put = self._put
-        if put is not None and payloads.threshold is not None and len(encoded) > payloads.threshold:
-            encoded = payloads.spill(put, self._seen, self._session_id, turn_id, value, encoded)
-        return encoded if payloads.codec is None else payloads.seal(self._session_id, kind, encoded)
+    def _encode(self, kind: PayloadKind, value: Any, turn_id: str, what: str, name: str) -> bytes:
+        """``value`` as kept: its JSON, spilled and sealed as the store is set to;
+        refused, naming ``what`` (and ``name``), if it is not JSON."""
+        try:
+            encoded = to_json(value)
+        except Exception as exc:
+            raise StoreError(f"cannot store {what}{name} as JSON: {exc}") from exc
+        over = self._spill_over
+        if over is not None and len(encoded) > over:
+            assert self._put is not None  # (set with the threshold)
+            if self._seen is None:
+                self._seen = Seen()
+            sid = self._session_id
+            encoded = self._payloads.spill(self._put, self._seen, sid, turn_id, value, encoded)
+        codec = self._payloads.codec
+        return encoded if codec is None else self._payloads.seal(self._session_id, kind, encoded)
 
     def _put_turn(self, record: TurnRecord) -> None:
         turns, turn_id = self._data.turns, record.turn_id
@@ -186,7 +205,8 @@ class _MemoryTransaction:
                 f"position {len(self._data.messages)}"
             )
         messages = self._data.messages
-        messages.append(self._encode("message", message.to_dict(), "a message", message.turn_id))
+        body = self._encode("message", message.to_dict(), message.turn_id, "a message", "")
+        messages.append(body)
         self._undo.append(messages.pop)
 
     def put_step(self, step_id: str, turn_id: str, result: Any) -> None:
@@ -195,12 +215,11 @@ class _MemoryTransaction:
             raise WriteConflictError(
                 f"session {self._session_id}: step {step_id} is already stored"
             )
-        encoded = self._encode("step", result, f"step {step_id}", turn_id)
+        encoded = self._encode("step", result, turn_id, "step ", step_id)
         steps[step_id] = (turn_id, encoded)
-        self._undo.append(partial(steps.pop, step_id))
         mine = self._data.turn_steps.setdefault(turn_id, {})
         mine[step_id] = encoded
-        self._undo.append(partial(mine.pop, step_id))
+        self._undo.append(partial(_forget_step, steps, mine, step_id))
 
     def log_event(self, event: TurnEvent) -> None:
         events = self._data.events
@@ -208,7 +227,7 @@ class _MemoryTransaction:
             raise WriteConflictError(
                 f"session {self._session_id}: event seq {event.seq} is not increasing"
             )
-        body = self._encode("event", event.to_dict(), "an event", event.turn_id)
+        body = self._encode("event", event.to_dict(), event.turn_id, "an event", "")
         events.append((event.seq, event.turn_id, body))
         self._undo.append(events.pop)
 
