@@ -14,8 +14,19 @@ import pytest
 from cells_support import CellPlaces, by_region, places, second_database
 
 import turnkit
-from turnkit.stores.postgres import Cells, stable_hash
-from turnkit.testing import ScriptedModel
+from turnkit import (
+    Budget,
+    Limit,
+    Price,
+    StoreError,
+    ToolContext,
+    ToolMessage,
+    Usage,
+    UserMessage,
+    tool,
+)
+from turnkit.stores.postgres import Cells, move_tenant, stable_hash
+from turnkit.testing import ScriptedModel, ScriptedReply, tool_call
 
 __all__ = ["places", "second_database"]  # the fixtures, used by name
 
@@ -36,13 +47,14 @@ def echo() -> turnkit.Agent:
 
 
 @asynccontextmanager
-async def workers(places: CellPlaces, agent: turnkit.Agent, n: int) -> AsyncIterator[None]:
+async def workers(
+    places: CellPlaces, agent: turnkit.Agent, n: int, **options: object
+) -> AsyncIterator[None]:
     """``n`` workers, each in a runtime of its own over both cells."""
     async with AsyncExitStack() as stack:
         for _ in range(n):
-            rt = await stack.enter_async_context(
-                turnkit.Runtime(agent, store=places.cells(by_region, relay_events=False))
-            )
+            store = places.cells(by_region, relay_events=False, **options)
+            rt = await stack.enter_async_context(turnkit.Runtime(agent, store=store))
             w = turnkit.Worker(rt, poll=0.2, concurrency=4)
             task = asyncio.ensure_future(w.run())
             stack.push_async_callback(_stopped, w, task)
@@ -138,3 +150,167 @@ async def test_a_database_that_becomes_the_home_cell_keeps_its_sessions(
         assert await rt.session("echo", "old").turn("after", tenant="eu-1") == "re: after"
         assert await cells.directory.cell_of("old") == "a"
     assert places.rows("b", "SELECT count(*) FROM turnkit_turns") == [(0,)]
+
+
+# -- moving a tenant ----------------------------------------------------------------
+
+LONG = "a long reply that the store keeps as a blob. " * 20
+PRICES = {"m": Price(input_per_million=1.0, output_per_million=2.0)}
+BUDGET = Budget(per_tenant=Limit(tokens=10**9), prices=PRICES)
+BLOBS: dict[str, object] = {"blobs": True, "blob_threshold": 256}
+
+
+class Crash(Exception):
+    """The process running a move dies here."""
+
+
+def mover() -> turnkit.Agent:
+    """Answers with a long text (kept as a blob), or asks a person first."""
+
+    @tool
+    async def ask(ctx: ToolContext, question: str) -> str:
+        """Ask the person."""
+        return str(await ctx.request_input("answer", question))
+
+    def reply(messages: list[turnkit.Message]) -> ScriptedReply:
+        last = messages[-1]
+        used = Usage(input_tokens=100, output_tokens=10)
+        if isinstance(last, UserMessage) and last.text.startswith("ask"):
+            return ScriptedReply(tool_calls=[tool_call("ask", {"question": "which?"})], usage=used)
+        if isinstance(last, ToolMessage):
+            return ScriptedReply(text=f"you said {last.result}", usage=used)
+        return ScriptedReply(text=f"{LONG}({last.text})", usage=used)
+
+    model = ScriptedModel(respond=reply, record_calls=False)
+    model.model = "m"  # type: ignore[attr-defined]  # the name the prices use
+    return turnkit.Agent(name="m", model=model, tools=[ask])
+
+
+async def dump(store: Cells, sid: str) -> tuple[object, ...]:
+    """Everything the store API reads of a session."""
+    session = store.session(sid)
+    generations = await session.generations()
+    return (
+        (await session.load(from_index=0)).messages,
+        [(t.turn_id, t.status, t.tenant, t.pending) for t in await session.unfinished()],
+        await session.events(),
+        generations,
+        [await session.archived_messages(g) for g in generations],
+        await session.spend("us-1"),
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dies_at", ["copied session s2", "now lives in"])
+async def test_a_tenant_moves_with_all_it_has_and_a_move_that_died_is_finished(
+    places: CellPlaces, dies_at: str
+) -> None:
+    agent = mover()
+    async with turnkit.Runtime(agent, store=places.cells(by_region, **BLOBS), budget=BUDGET) as rt:
+        s1 = rt.session("m", "s1")
+        await s1.turn("one", tenant="us-1")
+        await s1.reset()
+        await s1.turn("two", tenant="us-1")
+        s2 = rt.session("m", "s2")
+        parked = await s2.result(await s2.submit("ask me", tenant="us-1"))
+        assert parked.status == "suspended" and parked.request is not None
+        await rt.session("m", "elsewhere").turn("hi", tenant="eu-1")  # lives in b already
+    cells = places.cells(by_region, **BLOBS)
+    async with turnkit.Runtime(agent, store=cells, run_turns=False, budget=BUDGET) as node:
+        queued = await node.session("m", "s3").submit("three", tenant="us-1")
+        before = {sid: await dump(cells, sid) for sid in ("s1", "s2", "s3")}
+        usage = await cells.usage_by_tenant()
+        blobs = "SELECT count(*) FROM turnkit_blobs"
+        (in_a,), (in_b,) = places.rows("a", blobs)[0], places.rows("b", blobs)[0]
+        assert in_a > 0 and in_b > 0
+
+        said: list[str] = []
+
+        def dying(line: str) -> None:
+            said.append(line)
+            if dies_at in line:
+                raise Crash
+
+        with pytest.raises(Crash):
+            await move_tenant(cells, "us-1", "b", progress=dying)
+        # Mid-move the tenant's new turns are refused, saying why; nothing is lost.
+        with pytest.raises(StoreError, match=r"tenant 'us-1' (has moved|is arriving)"):
+            await node.session("m", "s4").submit("refused", tenant="us-1")
+        moved = await move_tenant(cells, "us-1", "b", progress=said.append)
+        assert (moved.source, moved.target, moved.sessions) == ("a", "b", 4)  # s4 was placed
+        assert said[-1] == "cleared 4 sessions from cell 'a'"
+
+        assert {sid: await dump(cells, sid) for sid in ("s1", "s2", "s3")} == before
+        assert await cells.usage_by_tenant() == usage
+        gone = "SELECT count(*) FROM {} WHERE session_id IN ('s1', 's2', 's3')"
+        for table in ("turnkit_sessions", "turnkit_turns", "turnkit_messages", "turnkit_blobs"):
+            assert places.rows("a", gone.format(table)) == [(0,)], table
+        assert places.rows("a", "SELECT count(*) FROM turnkit_usage WHERE tenant = 'us-1'") == [
+            (0,)
+        ]
+        assert places.rows("b", blobs) == [(in_a + in_b,)]
+        assert places.rows("b", "SELECT count(*) FROM turnkit_archived_messages") == [(2,)]
+
+        # In its new cell the tenant's turns run on: the queued one, the answered one.
+        async with workers(places, agent, 1, **BLOBS):
+            done = await asyncio.wait_for(node.session("m", "s3").result(queued), 30)
+            assert done.status == "completed" and done.text == f"{LONG}(three)"
+            await node.session("m", "s2").resume(parked.turn_id, parked.request.id, "blue")
+            answered = await asyncio.wait_for(node.session("m", "s2").result(parked.turn_id), 30)
+            assert answered.text == "you said blue"
+            await node.session("m", "s5").submit("new", tenant="us-1")
+    assert places.rows("b", "SELECT tenant FROM turnkit_cell_fences") == []
+    assert places.rows("a", "SELECT tenant, state, cell FROM turnkit_cell_fences") == [
+        ("us-1", "frozen", "b")
+    ]
+    assert ("s5",) in places.rows("b", "SELECT session_id FROM turnkit_sessions")
+    assert places.rows("a", "SELECT count(*) FROM turnkit_cell_moves") == [(0,)]
+
+
+@pytest.mark.slow
+async def test_a_move_waits_for_the_tenants_running_turns_and_holds_its_new_ones(
+    places: CellPlaces,
+) -> None:
+    started, release = asyncio.Event(), asyncio.Event()
+
+    @tool
+    async def work(ctx: ToolContext) -> str:
+        """Work until the test says so."""
+        started.set()
+        await release.wait()
+        return "worked"
+
+    def reply(messages: list[turnkit.Message]) -> ScriptedReply:
+        if isinstance(messages[-1], UserMessage):
+            return ScriptedReply(tool_calls=[tool_call("work", {})])
+        return ScriptedReply(text="finished")
+
+    agent = turnkit.Agent(name="w", model=ScriptedModel(respond=reply), tools=[work])
+    cells = places.cells(by_region)
+    async with turnkit.Runtime(agent, store=cells) as rt:
+        session = rt.session("w", "busy")
+        running = await session.submit("go", tenant="us-2")
+        await asyncio.wait_for(started.wait(), 30)
+        with pytest.raises(StoreError, match=r"tenant 'us-2' still has turns running after 0.3 s"):
+            await move_tenant(cells, "us-2", "b", drain_timeout=0.3)
+        # The drain holds the tenant's new turns meanwhile (run the move again to go on).
+        with pytest.raises(StoreError, match="tenant 'us-2' is moving to cell 'b'"):
+            await rt.session("w", "new").submit("later", tenant="us-2")
+        draining = asyncio.Event()
+        moving = asyncio.ensure_future(
+            move_tenant(cells, "us-2", "b", progress=lambda line: draining.set())
+        )
+        await asyncio.wait_for(draining.wait(), 30)
+        assert not moving.done()
+        stage = "SELECT stage FROM turnkit_cell_moves"
+        assert places.rows("a", stage) == [("draining",)]
+        release.set()
+        moved = await asyncio.wait_for(moving, 30)
+        assert moved.sessions == 2  # "new" was placed before its turn was refused
+        result = await session.result(running)
+        assert result.status == "completed" and result.text == "finished"
+        assert (await cells.session("busy").turn(running)).status == "completed"  # type: ignore[union-attr]
+    assert places.rows("b", "SELECT session_id, status FROM turnkit_turns") == [
+        ("busy", "completed")
+    ]
+    assert places.rows("a", "SELECT count(*) FROM turnkit_turns") == [(0,)]

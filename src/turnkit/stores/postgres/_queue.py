@@ -90,7 +90,9 @@ DUE_TURNS_SQL = (
 #: version than this worker's (and has nothing runnable) is claimed for that turn
 #: (neither takes a slot). Rows: the session id (what the lock connection reads
 #: first), its agent, its turn's columns (all NULL for a reset), then its tenant's
-#: key and slot (NULL without one).
+#: key and slot (NULL without one). A tenant fenced for a move between cells
+#: (``turnkit_cell_fences``) has none of its turns claimed but those left running
+#: while it drains, so that they end before it is copied.
 CLAIM_SQL = (
     f"WITH RECURSIVE locks AS MATERIALIZED ({_LOCKS}), "
     "held AS (SELECT (a << 32) | b AS k FROM locks WHERE n = 1), "
@@ -105,14 +107,15 @@ CLAIM_SQL = (
     "CROSS JOIN LATERAL (SELECT turnkit_tenant_key(tn.tenant) AS key, "
     "turnkit_tenant_key(tn.tenant)::bigint & 4294967295 AS tk, "
     "coalesce((?::json ->> tn.tenant)::integer, ?::integer) AS cap) z "
-    "WHERE tn.tenant IS NOT NULL AND NOT EXISTS (SELECT 1 FROM turnkit_cell_fences cf "
-    "WHERE cf.tenant = tn.tenant)), "
+    "WHERE tn.tenant IS NOT NULL), "
     "c AS (SELECT q.tenant, q.key, q.busy, q.cap, x.* FROM q CROSS JOIN LATERAL ("
     "SELECT t.session_id, t.turn_id, t.created_at FROM turnkit_turns t "
     f"WHERE t.tenant = q.tenant AND {runnable('t')} "
     "AND t.agent IN (SELECT json_array_elements_text(?::json)) "
     "AND t.session_id NOT IN (SELECT json_array_elements_text(?::json)) "
     f"AND {served('t')} "
+    "AND NOT EXISTS (SELECT 1 FROM turnkit_cell_fences cf WHERE cf.tenant = t.tenant "
+    "AND (cf.state <> 'draining' OR t.status <> 'running')) "
     "AND NOT EXISTS (SELECT 1 FROM turnkit_turns e WHERE e.session_id = t.session_id "
     f"AND {runnable('e')} AND (e.created_at, e.turn_id) < (t.created_at, t.turn_id)) "
     "AND turnkit_lock_key(t.session_id) NOT IN (SELECT k FROM held) "
