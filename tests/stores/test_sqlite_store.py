@@ -180,16 +180,19 @@ async def test_wal_checkpoints_run_in_the_background(tmp_path: Path) -> None:
 
 
 async def test_a_background_checkpoint_rewinds_a_long_wal(tmp_path: Path) -> None:
-    from turnkit.stores.sqlite import CHECKPOINT_EVERY, RESTART_FRAMES
+    from turnkit.stores.sqlite import CHECKPOINT_BACKSTOP_PAGES, CHECKPOINT_EVERY, RESTART_FRAMES
 
     db = tmp_path / "wal.db"
     agent = turnkit.Agent(name="a", model=ScriptedModel(respond=lambda m: "ok"))
     store = SqliteStore(db)
-    # Each opening writes its text three times (message, turn row, turn.started), so
-    # the first background checkpoint finds several times RESTART_FRAMES pages (and
-    # fewer than SQLite's own backstop, which would copy them first).
-    text = "x" * (2 * 4096 * RESTART_FRAMES // CHECKPOINT_EVERY)
     turns = CHECKPOINT_EVERY // 2 + 1  # two commits per turn: one checkpoint is due
+    # Each opening writes its text four times (message, the turn row's opening and
+    # inbound event, turn.started), so the first background checkpoint finds more
+    # than RESTART_FRAMES pages: about midway to SQLite's own backstop, which would
+    # copy them first.
+    pages = (RESTART_FRAMES + CHECKPOINT_BACKSTOP_PAGES) // 2
+    assert pages > RESTART_FRAMES
+    text = "x" * (4096 * pages // (4 * turns))
     async with turnkit.Runtime(agent, store=store) as rt:
         session = rt.session("a", "s1")
         for i in range(turns):

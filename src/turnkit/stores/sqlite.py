@@ -78,8 +78,11 @@ _TEXT_OF = (
 #: Commits between two background WAL checkpoints (see ``SqliteStore``).
 CHECKPOINT_EVERY = 256
 #: WAL frames (pages) past which a background checkpoint also rewinds the WAL, so it
-#: never grows to the backstop (``RESTART``; see ``SqliteStore``).
-RESTART_FRAMES = 1024
+#: never grows to the backstop (``RESTART``; see ``SqliteStore``). A rewind holds
+#: every commit of the process back for its fsync, so it waits until the WAL has
+#: grown over several checkpoints: at 1,024 pages, commits of a few pages each
+#: crossed it between every two checkpoints and each one stalled the writers.
+RESTART_FRAMES = 4096
 #: SQLite's own automatic checkpoint threshold, in pages, kept as a backstop.
 CHECKPOINT_BACKSTOP_PAGES = 10_000
 #: Truncate the WAL file back to this many bytes after a checkpoint.
