@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import sqlite3
 import time
 from pathlib import Path
@@ -363,3 +364,27 @@ async def test_unreadable_rows_are_reported_as_store_errors(tmp_path: Path) -> N
             turnkit.StoreError, match="session s1 holds data that is not valid JSON"
         ):
             await rt.session("a", "s1").messages()
+
+
+def test_the_lock_files_mark_shows_a_change_another_process_wrote(tmp_path: Path) -> None:
+    """The change mark a delivery reads at every step boundary (through a mapping of
+    the lock file) shows what another process wrote with its own descriptor, and a
+    new file reads as no change until a signal."""
+    from turnkit.stores._host_locks import HostSessionLocks
+
+    path = str(tmp_path / "x.db-locks")
+    locks = HostSessionLocks(path, timeout=1.0)
+    locks.open()
+    try:
+        before = locks.mark()
+        assert before == bytes(8)
+        other = os.open(path, os.O_RDWR)  # as another process writes it
+        try:
+            os.pwrite(other, b"12345678", 0)
+        finally:
+            os.close(other)
+        assert locks.mark() == b"12345678"
+        locks.signal()
+        assert locks.mark() not in (b"12345678", before)
+    finally:
+        locks.close()

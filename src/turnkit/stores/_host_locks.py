@@ -13,6 +13,7 @@ import asyncio
 import errno
 import hashlib
 import logging
+import mmap
 import os
 import threading
 from collections.abc import AsyncIterator
@@ -60,6 +61,13 @@ class _LockFile:
     def __init__(self, fd: int) -> None:
         self.fd = fd
         self.local = SessionLocks()
+        # The change mark, read at every step boundary: through a shared mapping of
+        # the file's first bytes (which sees every process's pwrite) it is a memory
+        # read, not a system call. The file is made long enough to map; its new
+        # bytes are zeros, which no signal writes, so nobody takes them for one.
+        if os.fstat(fd).st_size < _MARK_BYTES:
+            os.ftruncate(fd, _MARK_BYTES)
+        self.marks = mmap.mmap(fd, _MARK_BYTES, access=mmap.ACCESS_READ)
 
     @classmethod
     def acquire(cls, path: str) -> _LockFile:
@@ -71,7 +79,11 @@ class _LockFile:
                     fd = os.open(real, os.O_RDWR | os.O_CREAT, 0o600)
                 except OSError as exc:
                     raise StoreError(f"cannot open the session lock file {real!r}: {exc}") from exc
-                file = cls(fd)
+                try:
+                    file = cls(fd)
+                except (OSError, ValueError) as exc:
+                    os.close(fd)
+                    raise StoreError(f"cannot map the session lock file {real!r}: {exc}") from exc
             cls._open[real] = (file, users + 1)
             return file
 
@@ -82,6 +94,7 @@ class _LockFile:
             file, users = cls._open[real]
             if users == 1:
                 del cls._open[real]
+                file.marks.close()
                 os.close(file.fd)
             else:
                 cls._open[real] = (file, users - 1)
@@ -129,7 +142,7 @@ class HostSessionLocks:
         same, no process has recorded a cancellation."""
         if self._file is None:
             return None
-        return os.pread(self._file.fd, _MARK_BYTES, 0)
+        return self._file.marks[:_MARK_BYTES]
 
     def held(self, session_id: str) -> bool:
         local = self._file.local if self._file is not None else self._own
