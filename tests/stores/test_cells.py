@@ -6,6 +6,10 @@ reads cover both."""
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -314,3 +318,48 @@ async def test_a_move_waits_for_the_tenants_running_turns_and_holds_its_new_ones
         ("busy", "completed")
     ]
     assert places.rows("a", "SELECT count(*) FROM turnkit_turns") == [(0,)]
+
+
+def turnkit_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """The ``turnkit`` command in a process of its own, as an operator runs it."""
+    return subprocess.run(
+        [sys.executable, "-m", "turnkit.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+
+
+@pytest.mark.slow
+async def test_the_command_line_lists_every_cell_and_moves_a_tenant(places: CellPlaces) -> None:
+    async with turnkit.Runtime(echo(), store=places.cells(by_region)) as rt:
+        await rt.session("echo", "in-a").turn("hi", tenant="us-1")
+        await rt.session("echo", "in-b").turn("hi", tenant="eu-1")
+    spec = places.spec()
+    listed = await asyncio.to_thread(turnkit_cli, "sessions", "--store", spec, "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert sorted(s["session_id"] for s in json.loads(listed.stdout)) == ["in-a", "in-b"]
+    cells = await asyncio.to_thread(turnkit_cli, "cells", "list", "--store", spec, "--json")
+    assert cells.returncode == 0, cells.stderr
+    assert json.loads(cells.stdout)["tenants"] == {"eu-1": "b", "us-1": "a"}
+
+    moved = await asyncio.to_thread(
+        turnkit_cli, "cells", "move", "us-1", "--to", "b", "--store", spec
+    )
+    assert moved.returncode == 0, moved.stderr
+    assert "copied session in-a" in moved.stdout
+    assert moved.stdout.splitlines()[-1] == "moved tenant 'us-1' (1 sessions) to cell 'b'"
+    cells = await asyncio.to_thread(turnkit_cli, "cells", "list", "--store", spec)
+    assert cells.stdout.splitlines() == [
+        "a (home): 0 sessions, 0 tenants",
+        "b: 2 sessions, 2 tenants: 'eu-1', 'us-1'",
+    ]
+    listed = await asyncio.to_thread(turnkit_cli, "sessions", "--store", spec, "--json")
+    assert sorted(s["session_id"] for s in json.loads(listed.stdout)) == ["in-a", "in-b"]
+    wrong = await asyncio.to_thread(
+        turnkit_cli, "cells", "move", "us-1", "--to", "c", "--store", spec
+    )
+    assert wrong.returncode == 2 and "no cell 'c': the cells are ['a', 'b']" in wrong.stderr
+    one = await asyncio.to_thread(turnkit_cli, "cells", "list", "--store", places.dsn_a)
+    assert one.returncode == 2 and "turnkit cells needs --store cells:" in one.stderr

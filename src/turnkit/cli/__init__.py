@@ -37,6 +37,7 @@ from .._seams.tracer import Tracer
 from .._values.tenancy import Concurrency
 from .._values.turns import TurnResult
 from ._agent_dir import answer_target, bundled_example, default_session, run_target
+from ._cells import add_cells
 from ._folder_model import choose_model
 from ._logging import log_to_stderr
 from ._migrate import add_migrate
@@ -68,7 +69,8 @@ __all__ = ["DEFAULT_STORE", "main"]
 Handler = Callable[[argparse.Namespace, Progress], Coroutine[Any, Any, int]]
 STORE_HELP = (
     "a SQLite file path or a PostgreSQL DSN (postgresql://…; pick a schema with "
-    f"options=-csearch_path=NAME); default: {DEFAULT_STORE}"
+    "options=-csearch_path=NAME), or several as cells (cells:NAME=postgresql://…,…); "
+    f"default: {DEFAULT_STORE}"
 )
 
 
@@ -92,6 +94,7 @@ def _parser() -> argparse.ArgumentParser:
     add_import(commands, _add_store_option)
     add_console(commands, _add_store_option)
     add_migrate(commands, _add_store_option)
+    add_cells(commands, _add_store_option)
     return parser
 
 
@@ -605,13 +608,13 @@ def _add_worker(commands: Any) -> None:
 
 async def _worker(args: argparse.Namespace, progress: Progress) -> int:
     del progress
-    from ._open import is_postgres_dsn
+    from ._open import is_shared_store
     from ._worker import WorkerOptions, serve_worker
 
-    if not is_postgres_dsn(args.store):
+    if not is_shared_store(args.store):
         raise CliError(
-            f"turnkit worker needs a PostgreSQL store (postgresql://…), not {args.store!r}: "
-            "workers on many hosts share one database"
+            f"turnkit worker needs a PostgreSQL store (postgresql://…, or cells:…), not "
+            f"{args.store!r}: workers on many hosts share one database"
         )
     agents = []
     for path in args.agent_dirs:

@@ -17,7 +17,7 @@ from typing import Any
 
 from .._errors import StoreError
 from ..stores.schemas import sqlite as sqlite_schema
-from ._open import dsn_schema, is_postgres_dsn
+from ._open import dsn_schema, is_cells_spec, is_postgres_dsn
 from ._progress import Progress
 from ._store import CliError, StoreOption, describe_store, one_line
 
@@ -132,6 +132,8 @@ def _report(state: SchemaState, applied: list[int], *, apply: bool) -> None:
 
 def _state(spec: str) -> SchemaState:
     where = describe_store(spec)
+    if is_cells_spec(spec):
+        raise CliError("turnkit migrate takes one database: run it on each cell's DSN")
     if is_postgres_dsn(spec):
         from ..stores import schemas
 

@@ -213,7 +213,7 @@ async def console_command(args: argparse.Namespace, progress: Progress) -> int:
     from .._channels.local_user import local_user
     from .._runtime.runtime import Runtime
     from ._folder_model import choose_model
-    from ._open import is_postgres_dsn
+    from ._open import is_shared_store
     from ._store import check_store_exists
 
     user = local_user()
@@ -223,7 +223,7 @@ async def console_command(args: argparse.Namespace, progress: Progress) -> int:
         agents.append(folder.agent(choose_model(folder).model))
     await check_store_exists(args.store)
     store = await writable_store(args.store)
-    runtime = Runtime(agents, store=store, run_turns=not is_postgres_dsn(args.store))
+    runtime = Runtime(agents, store=store, run_turns=not is_shared_store(args.store))
     return await serve_console(
         runtime,
         host=args.host,

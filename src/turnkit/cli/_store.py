@@ -20,7 +20,7 @@ from pathlib import Path
 from .._errors import TurnkitError
 from .._seams.store import Store
 from ..stores import Takeover
-from ._open import dsn_schema, is_postgres_dsn, open_store, redact_dsn
+from ._open import cell_dsns, dsn_schema, is_cells_spec, is_postgres_dsn, open_store, redact_dsn
 
 DEFAULT_STORE = os.path.join(".turnkit", "sessions.db")
 
@@ -39,7 +39,7 @@ class CliError(Exception):
 
 def describe_store(spec: str) -> str:
     """How messages name the store: the file path, or the DSN without its password."""
-    return redact_dsn(spec) if is_postgres_dsn(spec) else spec
+    return redact_dsn(spec) if is_postgres_dsn(spec) or is_cells_spec(spec) else spec
 
 
 def one_line(text: str) -> str:
@@ -50,7 +50,11 @@ def one_line(text: str) -> str:
 @asynccontextmanager
 async def reading_store(spec: str) -> AsyncIterator[Store]:
     """The store ``spec`` names, open for reading, closed afterwards."""
-    if is_postgres_dsn(spec):
+    if is_cells_spec(spec):
+        store = _store_for(spec)
+        for dsn in cell_dsns(spec).values():
+            await asyncio.to_thread(_check_postgres_tables, dsn)
+    elif is_postgres_dsn(spec):
         store = _store_for(spec)  # first: it says so if psycopg is not installed
         await asyncio.to_thread(_check_postgres_tables, spec)
     else:
@@ -69,7 +73,11 @@ async def reading_store(spec: str) -> AsyncIterator[Store]:
 async def check_store_exists(spec: str) -> None:
     """Refuse a store that holds no turnkit tables (a typo would otherwise make an
     empty one), as ``reading_store`` does, without opening it."""
-    if is_postgres_dsn(spec):
+    if is_cells_spec(spec):
+        _store_for(spec)
+        for dsn in cell_dsns(spec).values():
+            await asyncio.to_thread(_check_postgres_tables, dsn)
+    elif is_postgres_dsn(spec):
         _store_for(spec)  # says so if psycopg is not installed
         await asyncio.to_thread(_check_postgres_tables, spec)
     else:
@@ -146,4 +154,6 @@ def _check_postgres_tables(dsn: str) -> None:
 def _cannot_open(spec: str, exc: BaseException) -> CliError:
     detail = _STORE_PREFIX.sub("", one_line(str(exc)))
     kind = "PostgreSQL database" if is_postgres_dsn(spec) else "SQLite file"
+    if is_cells_spec(spec):
+        kind = "cells"
     return CliError(f"cannot open the {kind} {describe_store(spec)!r}: {detail}")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
@@ -123,10 +124,38 @@ class Directory:
             rows = await cur.fetchall()
         return {str(s): str(c) for s, c in rows}
 
-    async def tenant_cells(self) -> dict[str, str]:
-        """Every tenant the directory has pinned, and its cell."""
+    async def layout(self) -> Layout:
+        """Where every tenant and how many sessions live, and the moves under way."""
         async with self._pool().connection() as conn:
-            rows = await (
-                await conn.execute("SELECT tenant, cell FROM turnkit_cell_tenants")
-            ).fetchall()
-        return {str(t): str(c) for t, c in rows}
+            cur = await conn.execute("SELECT tenant, cell FROM turnkit_cell_tenants ORDER BY 1")
+            tenants = {str(t): str(c) for t, c in await cur.fetchall()}
+            cur = await conn.execute(
+                "SELECT cell, count(*) FROM turnkit_cell_sessions GROUP BY cell ORDER BY 1"
+            )
+            sessions = {str(c): int(n) for c, n in await cur.fetchall()}
+            cur = await conn.execute(
+                "SELECT tenant, source, target, stage FROM turnkit_cell_moves ORDER BY 1"
+            )
+            moves = [MoveUnderWay(*map(str, row)) for row in await cur.fetchall()]
+        return Layout(tenants, sessions, moves)
+
+
+@dataclass(frozen=True)
+class MoveUnderWay:
+    """A tenant's move that has not finished: where from and to, and how far it got
+    (``draining``, ``copying`` or ``switched``)."""
+
+    tenant: str
+    source: str
+    target: str
+    stage: str
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What the directory says: each tenant's cell, each cell's count of sessions
+    placed through it, and the moves under way."""
+
+    tenants: dict[str, str]
+    sessions: dict[str, int]
+    moves: list[MoveUnderWay]
