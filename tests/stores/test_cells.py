@@ -52,13 +52,17 @@ def echo() -> turnkit.Agent:
 
 @asynccontextmanager
 async def workers(
-    places: CellPlaces, agent: turnkit.Agent, n: int, **options: object
+    places: CellPlaces,
+    agent: turnkit.Agent,
+    n: int,
+    budget: turnkit.Budget | None = None,
+    **options: object,
 ) -> AsyncIterator[None]:
     """``n`` workers, each in a runtime of its own over both cells."""
     async with AsyncExitStack() as stack:
         for _ in range(n):
             store = places.cells(by_region, relay_events=False, **options)
-            rt = await stack.enter_async_context(turnkit.Runtime(agent, store=store))
+            rt = await stack.enter_async_context(turnkit.Runtime(agent, store=store, budget=budget))
             w = turnkit.Worker(rt, poll=0.2, concurrency=4)
             task = asyncio.ensure_future(w.run())
             stack.push_async_callback(_stopped, w, task)
@@ -256,7 +260,7 @@ async def test_a_tenant_moves_with_all_it_has_and_a_move_that_died_is_finished(
         assert places.rows("b", "SELECT count(*) FROM turnkit_archived_messages") == [(2,)]
 
         # In its new cell the tenant's turns run on: the queued one, the answered one.
-        async with workers(places, agent, 1, **BLOBS):
+        async with workers(places, agent, 1, BUDGET, **BLOBS):
             done = await asyncio.wait_for(node.session("m", "s3").result(queued), 30)
             assert done.status == "completed" and done.text == f"{LONG}(three)"
             await node.session("m", "s2").resume(parked.turn_id, parked.request.id, "blue")
@@ -363,3 +367,52 @@ async def test_the_command_line_lists_every_cell_and_moves_a_tenant(places: Cell
     assert wrong.returncode == 2 and "no cell 'c': the cells are ['a', 'b']" in wrong.stderr
     one = await asyncio.to_thread(turnkit_cli, "cells", "list", "--store", places.dsn_a)
     assert one.returncode == 2 and "turnkit cells needs --store cells:" in one.stderr
+
+
+async def test_a_claim_takes_a_share_from_each_cell(places: CellPlaces) -> None:
+    cells = places.cells(by_region)
+    async with turnkit.Runtime(echo(), store=cells, run_turns=False) as node:
+        for n in range(10):
+            await node.session("echo", f"us-{n}").submit("x", tenant=f"us-{n}")
+        await node.session("echo", "eu-0").submit("x", tenant="eu-0")
+        first = await cells.claim(["echo"], limit=4)
+        # The busy cell gets no more than its share while the other has work.
+        assert "eu-0" in {c.session_id for c in first} and len(first) == 4
+        second = await cells.claim(["echo"], limit=4, skip=[c.session_id for c in first])
+        assert len(second) == 4 and all(c.session_id.startswith("us-") for c in second)
+        for claimed in (*first, *second):
+            cells.unclaim(claimed.session_id)
+
+
+async def test_an_http_node_and_its_metrics_cover_both_cells(places: CellPlaces) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+    from server_support import serving
+    from starlette.requests import Request
+
+    from turnkit.server import Principal
+    from turnkit.server._metrics import metrics_for
+
+    def by_tenant(request: Request) -> Principal | None:
+        return Principal(id="ann", tenant=request.headers["X-Tenant"])
+
+    agent = mover()
+    async with (
+        turnkit.Runtime(agent, store=places.cells(by_region), run_turns=False, budget=BUDGET) as rt,
+        serving(rt, authenticate=by_tenant) as s,
+        workers(places, agent, 1, BUDGET),
+    ):
+        for session, tenant in (("web-eu", "eu-7"), ("web-us", "us-7")):
+            done = await s.client.post(
+                s.path("m", session, "chat"), json={"text": "x"}, headers={"X-Tenant": tenant}
+            )
+            assert done.json()["status"] == "completed", done.text
+        text = (await metrics_for(rt).scrape()).decode()
+    calls = {
+        sample.labels["tenant"]: sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "turnkit_tenant_model_calls"
+    }
+    assert calls == {"eu-7": 1, "us-7": 1}
+    assert places.rows("b", "SELECT session_id, tenant FROM turnkit_turns") == [("web-eu", "eu-7")]
+    assert places.rows("a", "SELECT session_id, tenant FROM turnkit_turns") == [("web-us", "us-7")]

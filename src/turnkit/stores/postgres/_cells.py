@@ -162,19 +162,28 @@ class Cells:
     ) -> list[TurnRecord | PendingReset]:
         """Claim from every cell, a fair share of ``limit`` each: the cells are asked
         in turn, starting one further each claim, each for its share of what is
-        left, so a busy cell cannot take every slot while another has work."""
+        left, so a busy cell cannot take every slot while another has work; what a
+        cell leaves of its share goes to the cells that filled theirs."""
         names = list(self.cells)
-        order = names[self._turn % len(names) :] + names[: self._turn % len(names)]
+        start = self._turn % len(names)
         self._turn += 1
+        hungry = names[start:] + names[:start]
         taken: list[TurnRecord | PendingReset] = []
-        for n, name in enumerate(order):
-            share = -(-(limit - len(taken)) // (len(order) - n))  # ceiling division
-            got = await self.cells[name].claim(
-                agents, limit=share, skip=skip, serving=serving, concurrency=concurrency
-            )
-            for item in got:
-                self.directory.saw(item.session_id, name)
-            taken += got
+        while hungry and len(taken) < limit:
+            full = []
+            for n, name in enumerate(hungry):
+                share = -(-(limit - len(taken)) // (len(hungry) - n))  # ceiling division
+                if share < 1:
+                    break
+                got = await self.cells[name].claim(
+                    agents, limit=share, skip=skip, serving=serving, concurrency=concurrency
+                )
+                for item in got:
+                    self.directory.saw(item.session_id, name)
+                taken += got
+                if len(got) == share:
+                    full.append(name)
+            hungry = full
         return taken
 
     def unclaim(self, session_id: str) -> None:
