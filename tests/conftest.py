@@ -143,7 +143,7 @@ async def plant_open_turn(
         turn_id=turn_id,
         agent=agent,
         status="running",
-        opening=opening.to_dict(),
+        opening=opening,
     )
     writes = [
         AppendMessage(existing, opening),

@@ -136,11 +136,12 @@ async def test_a_park_writes_one_checkpoint_and_announces_the_request(
     assert sink.types()[-1] == "input.requested"
     parked = await parked_turn(session._store)
     assert parked is not None and parked.pending is not None
-    assert parked.pending["call_id"] == request.call_id
-    assert parked.pending["opening_text"] == "o-1"
-    assert parked.pending["request"] == request.to_dict()
-    assert parked.pending["event"]["user"] == {"id": "U1", "attested": True}
-    assert "raw" not in parked.pending["event"]  # the platform payload is never stored
+    assert parked.pending.call_id == request.call_id
+    assert parked.pending.opening_text == "o-1"
+    assert parked.pending.request == request
+    assert parked.pending.event is not None
+    assert parked.pending.event.user == User(id="U1", attested=True)
+    assert parked.pending.event.raw is None  # the platform payload is never stored
     logged = [e.type for e in await session.events()]
     assert logged.count("input.requested") == 1
     # result() read back from the store, as another process would see it:

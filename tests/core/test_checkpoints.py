@@ -15,10 +15,14 @@ from turnkit._values.checkpoints import (
     InputAnswer,
     SuspendCheckpoint,
     ToolStepResult,
-    checkpoint_of,
+)
+from turnkit._values.messages import (
+    AssistantMessage,
+    TriggerMessage,
+    UserMessage,
+    opening_from_dict,
 )
 from turnkit._values.policy import TurnPolicy
-from turnkit._values.records import TurnRecord
 from turnkit._values.step_ids import (
     input_step_id,
     model_step_id,
@@ -120,23 +124,27 @@ def test_a_bad_checkpoint_is_named(data: Any, match: str) -> None:
         SuspendCheckpoint.from_dict(data)
 
 
-def test_checkpoint_of_a_record() -> None:
-    record = TurnRecord(
-        session_id="s1", turn_id="t1", agent="a", status="running", opening={"text": "x"}
-    )
-    assert checkpoint_of(record) is None
-    parked = SuspendCheckpoint(
-        request=REQUEST, call_id="c1", opening_text="x", event=None, policy=TurnPolicy()
-    )
-    kept = TurnRecord(
-        session_id="s1",
-        turn_id="t1",
-        agent="a",
-        status="suspended",
-        opening={"text": "x"},
-        pending=parked.to_dict(),
-    )
-    assert checkpoint_of(kept) == parked
+def test_a_stored_opening_reads_back_as_the_message_it_was() -> None:
+    trigger = TriggerMessage(text="nightly", turn_id="t1", by="cron")
+    assert opening_from_dict(trigger.to_dict(), "t1") == trigger
+    user = UserMessage(text="hi", turn_id="t1")
+    assert opening_from_dict(json.loads(json.dumps(user.to_dict())), "t1") == user
+    # What a fork of a generation whose opening was lost stored before openings were typed.
+    assert opening_from_dict({"text": ""}, "t7") == UserMessage(text="", turn_id="t7")
+
+
+@pytest.mark.parametrize(
+    ("data", "match"),
+    [
+        (AssistantMessage(text="x", turn_id="t1").to_dict(), "expected a user or trigger"),
+        ({"text": 3}, "text must be a string"),
+        ({"role": "user", "turn_id": "t1"}, "missing field 'text'"),
+        ("hi", "expected a JSON object"),
+    ],
+)
+def test_a_bad_stored_opening_is_named(data: Any, match: str) -> None:
+    with pytest.raises(MessageDecodeError, match=match):
+        opening_from_dict(data, "t1")
 
 
 @given(result=json_values, error=st.none() | st.text())

@@ -88,8 +88,8 @@ async def ended_or_parked(
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         record = await session._store.turn(turn_id)
-        pending = (record.pending or {}).get("requests") if record is not None else None
-        waiting = str(pending[0]["id"]) if pending else ""
+        pending = record.pending if record is not None else None
+        waiting = pending.request.id if pending is not None else ""
         if (
             record is not None
             and record.status == "suspended"

@@ -54,7 +54,7 @@ async def test_export_then_import_gives_the_same_session(open_runtime: Any) -> N
             b.finished_at,
         )
         steps = await rt.store.session("s1-copy").load(turn["turn_id"], from_index=NO_MESSAGES)
-        assert steps.steps == turn["steps"]
+        assert dict(steps.steps.items()) == turn["steps"]
     assert [e.to_dict() | {"session_id": "s1"} for e in await copied.events()] == exported["events"]
     # The imported park is answered like any other; lookup's result was carried.
     request = await copied.pending()

@@ -16,6 +16,7 @@ from turnkit import (
     SurfacePolicy,
     ToolContext,
     ToolMessage,
+    TurnPolicy,
     User,
     UserMessage,
     tool,
@@ -251,11 +252,11 @@ async def test_a_resumed_turn_keeps_the_policy_it_parked_with(
         assert result.status == "suspended"
         record = await session._store.turn("t1")
         assert record is not None and record.pending is not None
-        assert record.pending["policy"] == {
-            "source": "slack",
-            "system": "Base.\n\nOld overlay.",
-            "deny_tools": ["issue_refund"],
-        }
+        assert record.pending.policy == TurnPolicy(
+            source="slack",
+            system="Base.\n\nOld overlay.",
+            deny_tools=frozenset({"issue_refund"}),
+        )
 
     second_model = ScriptedModel(respond=respond_park_then_refund)
     relaxed: dict[str, Any] = {}

@@ -39,7 +39,7 @@ async def test_item2_concurrent_turn_calls_run_in_call_order(make_store: StoreFa
         users = [m.text for m in await session.messages() if isinstance(m, turnkit.UserMessage)]
         assert users == texts  # the transcript's
         stored = [await session.turn_record(t) for t in await _turn_ids(session)]
-        assert [r.opening["text"] for r in stored if r is not None] == texts  # the store's
+        assert [r.opening.text for r in stored if r is not None] == texts  # the store's
 
 
 async def _turn_ids(session: Any) -> list[str]:

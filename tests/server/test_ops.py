@@ -53,7 +53,7 @@ async def queue_turns(store: Store, session_id: str, count: int) -> None:
             turn_id=f"q{i}",
             agent="a",
             status="queued",
-            opening=turnkit.UserMessage(text="later", turn_id=f"q{i}").to_dict(),
+            opening=turnkit.UserMessage(text="later", turn_id=f"q{i}"),
         )
         await store.session(session_id).commit([turn_rules.new_turn(record)])
 

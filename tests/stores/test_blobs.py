@@ -432,7 +432,7 @@ async def test_a_parked_turn_with_a_large_opening_reads_it_back_in_a_new_process
     store = kept.store()
     async with turnkit.Runtime(blob_agent(), store=store) as rt:
         (record,) = await store.session("s1").unfinished()
-        assert record.opening["text"] == text
+        assert record.opening.text == text
         session = rt.session("a", "s1")
         done = await session.result(await session.resume(parked.turn_id, "ok", "yes"))
         assert done.status == "completed" and done.text == f"saw 20000 chars of {MARK[:12]}"

@@ -446,13 +446,13 @@ async def test_concurrent_commits_are_grouped_yet_fail_only_where_they_fail(
     await store.open()
     try:
         sessions = [store.session(f"s{i}") for i in range(30)]
-        record = {"agent": "a", "status": "running", "opening": {"role": "user", "text": "x"}}
+        said = UserMessage(text="x", turn_id="t")
 
         def opening(sid: str) -> list[Write]:
-            return [
-                AppendMessage(0, UserMessage(text="x", turn_id="t")),
-                turn_rules.new_turn(TurnRecord(session_id=sid, turn_id="t", **record)),
-            ]
+            record = TurnRecord(
+                session_id=sid, turn_id="t", agent="a", status="running", opening=said
+            )
+            return [AppendMessage(0, said), turn_rules.new_turn(record)]
 
         await asyncio.gather(*(s.commit(opening(s.session_id)) for s in sessions))
         store.faults.lose_writer("s7")  # as if another process took s7 over

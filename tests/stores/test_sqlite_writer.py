@@ -153,7 +153,7 @@ async def test_checkpoints_keep_running_while_the_event_loop_never_waits(tmp_pat
             turn_id="t1",
             agent="a",
             status="running",
-            opening=opening.to_dict(),
+            opening=opening,
             created_at=0.0,
         )
         await session.commit([AppendMessage(0, opening), turn_rules.new_turn(record)])

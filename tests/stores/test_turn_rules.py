@@ -9,10 +9,24 @@ from typing import get_args
 
 import pytest
 
-from turnkit import TurnMoveError
+from turnkit import InputRequest, TurnMoveError, UserMessage
+from turnkit._values.checkpoints import SuspendCheckpoint
 from turnkit.stores import PutTurn, TurnRecord, TurnStatus, turn_rules
 
 STATUSES: tuple[TurnStatus, ...] = get_args(TurnStatus)
+
+
+def _checkpoint(*deadlines: float | None) -> SuspendCheckpoint:
+    """A checkpoint on one question per deadline given (``None``: none)."""
+    asked = tuple(
+        InputRequest(
+            id=f"q{n}", prompt="?", turn_id="t", call_id=f"c{n}", tool="ask", expires_at=at
+        )
+        for n, at in enumerate(deadlines or (None,))
+    )
+    return SuspendCheckpoint(
+        request=asked[0], call_id="c0", opening_text="hi", event=None, policy=None, requests=asked
+    )
 
 
 def _record(status: TurnStatus, **kw: object) -> TurnRecord:
@@ -21,7 +35,7 @@ def _record(status: TurnStatus, **kw: object) -> TurnRecord:
         turn_id="t",
         agent="a",
         status=status,
-        opening={"role": "user", "text": "hi", "turn_id": "t"},
+        opening=UserMessage(text="hi", turn_id="t"),
         **kw,  # type: ignore[arg-type]
     )
 
@@ -71,7 +85,7 @@ def test_a_new_turn_starts_queued_or_running() -> None:
 
 
 def test_a_new_turn_carries_nothing_of_a_later_state() -> None:
-    stale = _record("running", pending={"x": 1}, cancel_reason="requested", finished_at=3.0)
+    stale = _record("running", pending=_checkpoint(), cancel_reason="requested", finished_at=3.0)
     put = turn_rules.new_turn(stale)
     assert (put.record.pending, put.record.cancel_reason, put.record.finished_at) == (
         None,
@@ -107,11 +121,16 @@ def test_a_move_is_planned_from_the_status_it_read() -> None:
 
 
 def test_only_a_parked_turn_keeps_its_checkpoint() -> None:
-    parked = turn_rules.move(_record("running"), "suspended", pending={"request": {"id": "ok"}})
-    assert parked.record.pending == {"request": {"id": "ok"}}
+    checkpoint = _checkpoint(20.0, None, 10.0)
+    parked = turn_rules.move(_record("running"), "suspended", pending=checkpoint)
+    assert parked.record.pending == checkpoint
     assert parked.record.finished_at is None
-    resumed = turn_rules.move(parked.record, "running", pending={"ignored": True})
+    assert parked.record.wake_at == 10.0  # the earliest deadline of its open questions
+    resumed = turn_rules.move(parked.record, "running", pending=_checkpoint(5.0))
     assert resumed.record.pending is None and resumed.expect == "suspended"
+    assert resumed.record.wake_at is None
+    untimed = turn_rules.move(_record("running"), "suspended", pending=_checkpoint(None))
+    assert untimed.record.wake_at is None
 
 
 def test_a_move_replaces_text_and_error_and_keeps_the_rest() -> None:

@@ -104,7 +104,9 @@ async def snapshot(runtime: turnkit.Runtime) -> dict[str, Any]:
             "status": await store.status(),
             "messages": [m.to_dict() for m in await transcript(store)],
             "events": [e.to_dict() for e in await store.events()],
-            "parked": None if (p := await parked_turn(store)) is None else p.pending,
+            "parked": None
+            if (p := await parked_turn(store)) is None or p.pending is None
+            else p.pending.to_dict(),
         }
     return state
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from .._channels.local_user import named_answerer
 from .._seams.store import SessionStore, parked_turn
-from .._values.checkpoints import checkpoint_of
 from .._values.inputs import InputRequest
 from .principal import Principal
 
@@ -17,7 +16,7 @@ from .principal import Principal
 async def parked_request(store: SessionStore, turn_id: str, input_id: str) -> InputRequest | None:
     """The question ``input_id`` of turn ``turn_id``, if the session is parked on it."""
     record = await parked_turn(store)
-    checkpoint = checkpoint_of(record) if record is not None else None
+    checkpoint = record.pending if record is not None else None
     if record is None or checkpoint is None or record.turn_id != turn_id:
         return None
     return checkpoint.find(input_id)

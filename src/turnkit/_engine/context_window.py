@@ -177,7 +177,7 @@ class ContextWindows:
     async def _steps_of(self, turn_id: str) -> dict[str, Any]:
         if turn_id == self.turn_id:
             return self.steps
-        return (await self.store.load(turn_id, from_index=NO_MESSAGES)).steps
+        return dict((await self.store.load(turn_id, from_index=NO_MESSAGES)).steps.items())
 
     def _check(self, window: object, transcript: list[Message], turn_start: int) -> None:
         policy = self.agent.history

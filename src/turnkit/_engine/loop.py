@@ -36,14 +36,10 @@ from .._values.events import (
     TurnEvent,
     TurnFailedEvent,
 )
-from .._values.inbound import InboundEvent
 from .._values.inputs import InputRequest
 from .._values.messages import (
     Message,
     ToolCall,
-    TriggerMessage,
-    UserMessage,
-    message_from_dict,
 )
 from .._values.policy import TurnPolicy
 from .._values.records import TurnRecord, TurnStatus, refused_by
@@ -219,7 +215,8 @@ class TurnRunner:
         self._known_finished = (
             known.finished if known is not None and prefix and not snap.messages else None
         )
-        self.steps, self.next_seq = snap.steps, snap.next_seq
+        # The delivery's own memo from here on: its steps are added as they commit.
+        self.steps, self.next_seq = dict(snap.steps.items()), snap.next_seq
         self.usage = steps_usage(self.steps)
         self.generation, self.store_id = snap.generation, snap.store_id
         record = self.record = snap.turn
@@ -229,7 +226,7 @@ class TurnRunner:
         queued = record is not None and record.status == "queued"
         if record is not None:
             # A redelivery replays the turn as it was opened, whatever the caller passed.
-            self.event = InboundEvent.from_dict(record.event) if record.event else None
+            self.event = record.event
             self.tenant = record.tenant
             self._durable_cancel = record.cancel_reason
         self.policy = self._resolve_policy()
@@ -439,11 +436,8 @@ class TurnRunner:
 
     async def _open(self) -> None:
         queued = self.record if self.record is not None and self.record.status == "queued" else None
-        opening = self.request.opening
-        if queued is not None:
-            stored = message_from_dict(queued.opening)  # as submitted, whoever delivers
-            if isinstance(stored, UserMessage | TriggerMessage):
-                opening = stored
+        # A queued turn opens as submitted, whoever delivers it.
+        opening = queued.opening if queued is not None else self.request.opening
         planned = await plan_opening(
             self,
             opening,
@@ -465,7 +459,7 @@ class TurnRunner:
         in another process needs to replay the turn as it was opened."""
         requests = distinct_ids(asked)
         # The stored opening (a redelivery may have been started with other text).
-        opening = self.record.opening if self.record else self.request.opening.to_dict()
+        opening = self.record.opening if self.record else self.request.opening
         await self._apply(plan_park(self, requests, opening))
         return self._result("suspended", request=requests[0], requests=requests)
 

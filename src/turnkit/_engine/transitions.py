@@ -11,7 +11,6 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from itertools import count
-from typing import Any
 
 from .._errors import SessionSuspendedError
 from .._seams.store import NO_MESSAGES
@@ -109,8 +108,8 @@ async def plan_opening(
         turn_id=d.turn_id,
         agent=d.agent.name,
         status="running",
-        opening=opening.to_dict(),
-        event=d.event.to_dict() if d.event else None,
+        opening=opening,
+        event=d.event,
         created_at=time.time(),
         version=d.agent.turn_version,
         tenant=d.tenant,
@@ -190,7 +189,7 @@ async def _closing_results(d: Delivery, reason: str) -> list[tuple[str | None, T
     index, calls = stale
     owner = d.transcript[index].turn_id
     steps = (await d.store.load(owner, from_index=NO_MESSAGES)).steps
-    kept = committed_results(index, calls, steps, owner)
+    kept = committed_results(index, calls, dict(steps.items()), owner)
     return [
         (None, kept[c.id])
         if c.id in kept
@@ -211,7 +210,7 @@ async def _closing_results(d: Delivery, reason: str) -> list[tuple[str | None, T
 def plan_reopen(d: Delivery, record: TurnRecord) -> Planned:
     """A failed turn's redelivery: running again, announced as started."""
     turn_id = d.turn_id
-    text = str(record.opening.get("text", ""))
+    text = record.opening.text
     started = TurnStartedEvent(turn_id=turn_id, session_id=d.session_id, text=text, seq=d.next_seq)
     put = move(record, "running")
     return Planned([put], [started], turn=put.record)
@@ -224,7 +223,7 @@ def plan_failure(d: Delivery, error: str) -> Planned:
     return Planned([put], [failed], turn=put.record)
 
 
-def plan_park(d: Delivery, requests: tuple[InputRequest, ...], opening: dict[str, Any]) -> Planned:
+def plan_park(d: Delivery, requests: tuple[InputRequest, ...], opening: OpeningMessage) -> Planned:
     """The one suspend checkpoint: the requests (one per call that asked) and what a
     resume in another process needs to replay the turn as it was opened (``opening``
     as stored: a redelivery may have been started with other text)."""
@@ -232,12 +231,12 @@ def plan_park(d: Delivery, requests: tuple[InputRequest, ...], opening: dict[str
     checkpoint = SuspendCheckpoint(
         request=first,
         call_id=first.call_id,
-        opening_text=str(opening.get("text", "")),
+        opening_text=opening.text,
         event=d.event,
         policy=d.policy,
         generation=d.generation,
         requests=requests,
-    ).to_dict()
+    )
     turn_id = d.turn_id
     event = InputRequestedEvent(
         turn_id=turn_id,

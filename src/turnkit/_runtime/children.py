@@ -17,7 +17,7 @@ from .._engine.approval import ask_again
 from .._engine.context import ToolContext
 from .._errors import FatalToolError
 from .._seams.sink import EventSink
-from .._values.checkpoints import InputAnswer, checkpoint_of
+from .._values.checkpoints import InputAnswer
 from .._values.events import SubagentEvent, TurnEvent
 from .._values.inbound import Proactive
 from .._values.inputs import InputRequest
@@ -155,7 +155,7 @@ async def _pass_on_answer(
         )
     answer = InputAnswer.from_dict(_stored_parent_answer(ctx, parent_input))
     record = await child.turn_record(request.turn_id)
-    checkpoint = checkpoint_of(record) if record is not None else None
+    checkpoint = record.pending if record is not None else None
     if record is None or record.status != "suspended" or checkpoint is None:
         return  # answered some other way meanwhile: just read how the child goes on
     waiting = checkpoint.find(request.id)  # (the child may wait on several)

@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from .._seams.store import NO_MESSAGES, SessionStore
-from .._values.checkpoints import InputAnswer, checkpoint_of
+from .._values.checkpoints import InputAnswer
 from .._values.events import (
     InputAnsweredEvent,
     InputExpiredEvent,
@@ -75,7 +75,7 @@ async def settle_due(
     record = snapshot.turn
     if record is None or record.status != "suspended" or record.cancel_reason is not None:
         return None
-    checkpoint = checkpoint_of(record)
+    checkpoint = record.pending
     if checkpoint is None:
         return None
     plan = _Plan(record, now, snapshot.next_seq)
@@ -92,7 +92,7 @@ async def settle_due(
         rest = replace(
             checkpoint, request=plan.open[0], call_id=plan.open[0].call_id, requests=plan.open
         )
-        still = move(record, "suspended", pending=rest.to_dict(), held_by=record.held_by)
+        still = move(record, "suspended", pending=rest, held_by=record.held_by)
         plan.writes.append(still)
         if plan.answered:  # some questions went: tell who shows them what is left
             plan.events.append(

@@ -11,13 +11,16 @@ truncated file is refused before anything is written.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, cast, get_args
+from typing import Any, TypeVar, cast, get_args
 
 from .._errors import ConfigurationError, MessageDecodeError, SessionFileError
 from .._seams.store import NO_MESSAGES, Store
+from .._values.checkpoints import SuspendCheckpoint
 from .._values.events import event_from_dict
-from .._values.messages import JsonObject, message_from_dict
+from .._values.inbound import InboundEvent
+from .._values.messages import JsonObject, message_from_dict, opening_from_dict
 from .._values.records import TurnRecord, TurnStatus
 from .._values.times import rfc3339
 from .._values.writes import ArchiveGeneration, Write
@@ -29,6 +32,7 @@ FORMAT = "turnkit.session"
 #: The newest version of the form this turnkit writes and reads.
 VERSION = 1
 
+_V = TypeVar("_V")
 _STATUSES = frozenset(get_args(TurnStatus))
 _RECORD_TEXTS = ("text", "error", "cancel_reason", "version", "held_by", "tenant")
 _RECORD_OBJECTS = ("opening", "event", "pending")
@@ -69,13 +73,13 @@ def _record_json(record: TurnRecord) -> JsonObject:
     return {
         "status": record.status,
         "agent": record.agent,
-        "opening": record.opening,
-        "event": record.event,
+        "opening": record.opening.to_dict(),
+        "event": record.event.to_dict() if record.event is not None else None,
         "text": record.text,
         "error": record.error,
         "created_at": record.created_at,
         "finished_at": record.finished_at,
-        "pending": record.pending,
+        "pending": record.pending.to_dict() if record.pending is not None else None,
         "cancel_reason": record.cancel_reason,
         "version": record.version,
         "held_by": record.held_by,
@@ -146,6 +150,7 @@ def _turn(raw: object, where: str, session_id: str) -> RecordedTurn:
             raise SessionFileError(f"{at}.{name}: expected an object or null, got {value!r}")
     if not isinstance(record.get("opening"), dict):
         raise SessionFileError(f"{at}.opening: expected an object, got {record.get('opening')!r}")
+    event, pending = record.get("event"), record.get("pending")
     times = {}
     for name in ("created_at", "finished_at"):
         value = record.get(name)
@@ -159,13 +164,15 @@ def _turn(raw: object, where: str, session_id: str) -> RecordedTurn:
             turn_id=turn_id,
             agent=_text(record, "agent", f"{at}.agent"),
             status=cast(TurnStatus, status),
-            opening=record["opening"],
-            event=record.get("event"),
+            opening=_decoded(opening_from_dict, record["opening"], f"{at}.opening", turn_id),
+            event=None if event is None else _decoded(InboundEvent.from_dict, event, f"{at}.event"),
             text=record.get("text"),
             error=record.get("error"),
             created_at=float(times["created_at"] or 0.0),
             finished_at=times["finished_at"],
-            pending=record.get("pending"),
+            pending=None
+            if pending is None
+            else _decoded(SuspendCheckpoint.from_dict, pending, f"{at}.pending"),
             cancel_reason=record.get("cancel_reason"),
             version=record.get("version"),
             held_by=record.get("held_by"),
@@ -173,6 +180,15 @@ def _turn(raw: object, where: str, session_id: str) -> RecordedTurn:
         ),
         steps=dict(steps),
     )
+
+
+def _decoded(decode: Callable[..., _V], value: object, where: str, *args: Any) -> _V:
+    """``value`` decoded by ``decode``; ``SessionFileError`` naming ``where`` if it is
+    malformed."""
+    try:
+        return decode(value, *args)
+    except (MessageDecodeError, ValueError, TypeError) as exc:
+        raise SessionFileError(f"{where}: {exc}") from None
 
 
 def _object(value: object, where: str) -> dict[str, Any]:

@@ -245,7 +245,7 @@ class _Planner:
             turn_id=turn_id,
             agent=self.agent,
             status=status,
-            opening=opening.to_dict() if opening is not None else {"text": ""},
+            opening=opening if opening is not None else UserMessage(text="", turn_id=turn_id),
             text=final.text if answered and isinstance(final, AssistantMessage) else None,
             error=None
             if status != "failed"

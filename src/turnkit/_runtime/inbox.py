@@ -20,7 +20,6 @@ from .._engine.agent import Agent
 from .._errors import ConfigurationError
 from .._seams.inbox import InboxStore, ParkedKey
 from .._seams.store import Store
-from .._values.checkpoints import checkpoint_of
 from .._values.inputs import AnswerCheck, Answerer, InputRequest
 from .._values.messages import JsonObject
 from .._values.records import TurnRecord
@@ -204,7 +203,7 @@ async def _admitted(
     record: TurnRecord, admission: _Admission, agents: Mapping[str, Agent]
 ) -> list[PendingInput]:
     """The questions of the parked turn ``record`` the caller may answer."""
-    checkpoint = checkpoint_of(record)
+    checkpoint = record.pending
     if checkpoint is None or record.cancel_reason is not None or record.agent not in agents:
         return []
     found = []

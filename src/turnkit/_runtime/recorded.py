@@ -84,7 +84,7 @@ async def read_recorded(store: SessionStore, generation: int | None = None) -> R
     for turn_id in order:
         loaded = await store.load(turn_id, from_index=NO_MESSAGES)
         record = loaded.turn if loaded.turn is not None else await store.turn(turn_id)
-        turns.append(RecordedTurn(turn_id=turn_id, record=record, steps=dict(loaded.steps)))
+        turns.append(RecordedTurn(turn_id=turn_id, record=record, steps=dict(loaded.steps.items())))
     return RecordedSession(
         session_id=sid,
         agent=snap.agent,

@@ -8,13 +8,11 @@ from typing import Any
 
 from pydantic_core import from_json, to_json
 
-from .._errors import InvalidAnswerError, ResumeConflictError, TurnError
+from .._errors import InvalidAnswerError, ResumeConflictError
 from .._seams.store import NO_MESSAGES, SessionStore, parked_turn
-from .._values.checkpoints import InputAnswer, SuspendCheckpoint, checkpoint_of
+from .._values.checkpoints import InputAnswer, SuspendCheckpoint
 from .._values.decisions import Decision
 from .._values.events import InputAnsweredEvent, InputRequestedEvent, TurnEvent
-from .._values.inbound import InboundEvent
-from .._values.messages import TriggerMessage, UserMessage, message_from_dict
 from .._values.records import TurnRecord
 from .._values.step_ids import input_step_id
 from .._values.text import storable_json
@@ -43,7 +41,7 @@ async def record_answer(
     ``AgentSession.resume``)."""
     async with store.writer():
         record = await parked_turn(store)
-        checkpoint = checkpoint_of(record) if record is not None else None
+        checkpoint = record.pending if record is not None else None
         if record is not None and record.held_by is not None:
             raise ResumeConflictError(
                 f"turn {record.turn_id} of session {store.session_id} is held by agent "
@@ -130,7 +128,7 @@ async def record_answer(
             PutStep(input_step_id(turn_id, input_id), turn_id, answer.to_dict()),
             move(record, "running")
             if still is None  # else parked on the others still (each answered on its own)
-            else move(record, "suspended", pending=still.to_dict()),
+            else move(record, "suspended", pending=still),
             LogEvent(answered),
         ]
         if asked is not None:
@@ -144,14 +142,10 @@ def replay_request(
 ) -> TurnRequest:
     """The delivery that replays parked turn ``record`` once its wait is over, telling
     observers ``announce`` (the answers) first."""
-    opening = message_from_dict(record.opening)
-    event = InboundEvent.from_dict(record.event) if record.event else None
-    if not isinstance(opening, UserMessage | TriggerMessage):
-        raise TurnError(f"turn {record.turn_id} has no opening message to replay")
     return TurnRequest(
         turn_id=record.turn_id,
-        opening=opening,
-        event=event,
+        opening=record.opening,
+        event=record.event,
         policy=checkpoint.policy,
         announce=announce,
         tenant=record.tenant,

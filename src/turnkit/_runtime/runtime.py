@@ -423,7 +423,7 @@ class Runtime:
             except ConfigurationError as exc:
                 log.warning("cannot recover turn %s: %s", record.turn_id, exc)
                 continue
-            turn_id = session.start(str(record.opening.get("text", "")), turn_id=record.turn_id)
+            turn_id = session.start(record.opening.text, turn_id=record.turn_id)
             waits.append(session.result(turn_id))
         results: list[TurnResult] = []
         for outcome in await asyncio.gather(*waits, return_exceptions=True):

@@ -40,14 +40,12 @@ from .._seams.sink import EventSink
 from .._seams.store import NO_MESSAGES, SessionStore, Store, parked_turn
 from .._seams.tracer import Tracer
 from .._values.budgets import Budget
-from .._values.checkpoints import checkpoint_of
 from .._values.events import TurnEvent
 from .._values.inbound import Proactive
 from .._values.messages import (
     OpeningMessage,
     TriggerMessage,
     UserMessage,
-    message_from_dict,
 )
 from .._values.records import TERMINAL_TURN_STATUSES, TurnRecord
 from .._values.step_ids import policy_step_id, tool_step_id
@@ -252,8 +250,8 @@ class AgentSession(SessionView):
             turn_id=request.turn_id,
             agent=self.agent.name,
             status="queued",
-            opening=request.opening.to_dict(),
-            event=event.to_dict() if event is not None else None,
+            opening=request.opening,
+            event=event,
             created_at=time.time(),
             version=self.agent.turn_version,
             tenant=request.tenant,
@@ -401,7 +399,7 @@ class AgentSession(SessionView):
         what the delivery does, so a park this process remembers is not consulted
         (another process may have resumed it since). ``Worker`` and recovery use it."""
         self._parked = None
-        text = str(record.opening.get("text", ""))
+        text = record.opening.text
         return self._start(text, TurnOptions(turn_id=record.turn_id, tenant=record.tenant))
 
     def run_stored_reset(self) -> asyncio.Future[ResetResult]:
@@ -617,7 +615,7 @@ class AgentSession(SessionView):
             self._parked = None
             if not self.runtime.claims_turns:
                 record = woken.record
-                checkpoint = checkpoint_of(record)
+                checkpoint = record.pending
                 assert checkpoint is not None  # settle_due found one
                 request = replay_request(record, checkpoint, woken.events)
                 if woken.outcome == "cancel":
@@ -671,7 +669,7 @@ class AgentSession(SessionView):
                 continue
             if self.delivering(left.turn_id):
                 continue
-            text = str(left.opening.get("text", ""))
+            text = left.opening.text
             request = self._request(text, TurnOptions(turn_id=left.turn_id), queued=False)
             future: asyncio.Future[TurnResult] = self.runtime.running_loop().create_future()
             future.add_done_callback(_mark_exception_seen)
@@ -769,11 +767,9 @@ class AgentSession(SessionView):
         """Have parked turn ``record``, whose cancellation the store holds, closed as
         cancelled: no delivery of it is running to reach a boundary, so one is queued
         (ahead of a reset being requested) that ends it at its first."""
-        opening = message_from_dict(record.opening)
-        if isinstance(opening, UserMessage | TriggerMessage):
-            request = TurnRequest(turn_id=record.turn_id, opening=opening)
-            request.cancel.cancel(reason)
-            self._enqueue(request, ahead=True)
+        request = TurnRequest(turn_id=record.turn_id, opening=record.opening)
+        request.cancel.cancel(reason)
+        self._enqueue(request, ahead=True)
 
     async def _record_cancel_quietly(self, reason: str, keep: str) -> None:
         try:

@@ -16,7 +16,6 @@ from .._seams.relay import EventRelay
 from .._seams.sink import EventSink
 from .._seams.store import SessionStore, parked_turn, transcript
 from .._values.answers import AnswerRecord, answer_records
-from .._values.checkpoints import checkpoint_of
 from .._values.events import TurnEvent
 from .._values.inputs import InputRequest
 from .._values.messages import Message
@@ -84,7 +83,7 @@ class SessionView:
     async def _parked_input(self) -> tuple[tuple[InputRequest, ...], int] | None:
         """The requests this session is parked on and the generation they wait in."""
         record = await parked_turn(self._store)
-        checkpoint = checkpoint_of(record) if record is not None else None
+        checkpoint = record.pending if record is not None else None
         if checkpoint is None:
             return None
         return checkpoint.requests, checkpoint.generation

@@ -17,7 +17,6 @@ from .inbound import InboundEvent
 from .inputs import InputRequest
 from .messages import JsonObject
 from .policy import TurnPolicy
-from .records import TurnRecord
 from .text import clean_fields
 
 
@@ -89,11 +88,6 @@ class SuspendCheckpoint:
             generation=generation,
             requests=tuple(InputRequest.from_dict(r) for r in listed),
         )
-
-
-def checkpoint_of(record: TurnRecord) -> SuspendCheckpoint | None:
-    """The suspend checkpoint a turn record keeps, if it keeps one."""
-    return SuspendCheckpoint.from_dict(record.pending) if record.pending is not None else None
 
 
 @quick_init

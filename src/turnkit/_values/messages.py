@@ -275,6 +275,25 @@ Message: TypeAlias = UserMessage | TriggerMessage | AssistantMessage | ToolMessa
 OpeningMessage: TypeAlias = UserMessage | TriggerMessage
 
 
+def opening_from_dict(data: object, turn_id: str) -> OpeningMessage:
+    """A turn's stored opening (a user's or a trigger's message) from its ``to_dict()``
+    form; ``MessageDecodeError`` if it is another kind of message or malformed.
+
+    A fork of an archived generation whose opening was lost stored only
+    ``{"text": ""}``; that reads as an empty user message of ``turn_id``."""
+    if isinstance(data, dict) and "role" not in data:
+        text = data.get("text", "")
+        if not isinstance(text, str):
+            raise MessageDecodeError(f"opening of turn {turn_id}: text must be a string")
+        return UserMessage(text=text, turn_id=turn_id)
+    message = message_from_dict(data)
+    if not isinstance(message, UserMessage | TriggerMessage):
+        raise MessageDecodeError(
+            f"opening of turn {turn_id}: expected a user or trigger message, got {message.role}"
+        )
+    return message
+
+
 def message_from_dict(data: object) -> Message:
     """Rebuild a message from its ``to_dict()`` form; raise ``MessageDecodeError`` if malformed."""
     d = _require_mapping(data, "message")

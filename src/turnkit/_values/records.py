@@ -7,9 +7,12 @@ loads; the ``SessionStore`` seam hands these out and takes them back.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeAlias
+from typing import Literal, TypeAlias
 
-from .messages import JsonObject, Message
+from .checkpoints import SuspendCheckpoint
+from .inbound import InboundEvent
+from .messages import Message, OpeningMessage
+from .step_results import StepResults
 from .text import clean_fields
 
 TurnStatus: TypeAlias = Literal[
@@ -21,20 +24,22 @@ TERMINAL_TURN_STATUSES: frozenset[str] = frozenset({"completed", "failed", "canc
 
 @dataclass(frozen=True, kw_only=True)
 class TurnRecord:
-    """A turn as the store knows it. ``opening`` is the opening message's ``to_dict()``."""
+    """A turn as the store knows it, its payloads decoded by the store that read it:
+    the opening message, the inbound event it came with, and a parked turn's
+    suspend checkpoint (``pending``)."""
 
     session_id: str
     turn_id: str
     agent: str
     status: TurnStatus
-    opening: JsonObject
-    event: JsonObject | None = None
+    opening: OpeningMessage
+    event: InboundEvent | None = None
     text: str | None = None
     error: str | None = None
     created_at: float = 0.0
     finished_at: float | None = None
     #: The suspend checkpoint of a ``suspended`` turn: what it waits for (see ``_park``).
-    pending: JsonObject | None = None
+    pending: SuspendCheckpoint | None = None
     #: Set once a cancellation was asked for (``requested``, ``replaced``, ``reset``);
     #: the turn ends ``cancelled`` at its next checkpoint boundary.
     cancel_reason: str | None = None
@@ -56,7 +61,7 @@ class TurnRecord:
     tenant: str = ""
 
     def __post_init__(self) -> None:
-        clean_fields(self, ("opening", "event", "text", "error", "pending", "cancel_reason"))
+        clean_fields(self, ("text", "error", "cancel_reason"))
 
 
 def refused_by(record: TurnRecord, version: str) -> bool:
@@ -144,7 +149,7 @@ class SessionSnapshot:
     #: The store's identity: made once when the store was created, kept durably and
     #: the same for every session, process and reopening of it (see ``Store``).
     store_id: str
-    steps: dict[str, Any] = field(default_factory=dict)
+    steps: StepResults = field(default_factory=StepResults)
     turn: TurnRecord | None = None
     agent: str | None = None
     next_seq: int = 1

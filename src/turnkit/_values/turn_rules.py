@@ -15,7 +15,7 @@ from dataclasses import replace
 from types import MappingProxyType
 
 from .._errors import TurnMoveError
-from .messages import JsonObject
+from .checkpoints import SuspendCheckpoint
 from .records import TERMINAL_TURN_STATUSES as TERMINAL
 from .records import SessionStatus, TurnRecord, TurnStatus
 from .writes import PutTurn
@@ -75,19 +75,12 @@ def new_turn(record: TurnRecord, *, owner: str | None = None) -> PutTurn:
     return PutTurn(fresh, None, session_status_after(None, record.status), owner)
 
 
-def wake_time(pending: JsonObject | None) -> float | None:
-    """When a turn parked on ``pending`` (a suspend checkpoint's stored form) next
-    needs the clock: the earliest deadline or reminder of its open requests."""
-    if not pending:
+def wake_time(pending: SuspendCheckpoint | None) -> float | None:
+    """When a turn parked on ``pending`` next needs the clock: the earliest deadline
+    or reminder of its open requests."""
+    if pending is None:
         return None
-    listed = pending.get("requests") or [pending.get("request")]
-    times = [
-        float(t)
-        for r in listed
-        if isinstance(r, dict)
-        for t in (r.get("expires_at"), r.get("remind_at"))
-        if isinstance(t, int | float) and not isinstance(t, bool)
-    ]
+    times = [t for r in pending.requests for t in (r.expires_at, r.remind_at) if t is not None]
     return min(times) if times else None
 
 
@@ -97,7 +90,7 @@ def move(
     *,
     text: str | None = None,
     error: str | None = None,
-    pending: JsonObject | None = None,
+    pending: SuspendCheckpoint | None = None,
     now: float | None = None,
     version: str | None = None,
     held_by: str | None = None,

@@ -142,17 +142,19 @@ class TurnCancelled(Exception):
 def result_from_record(record: TurnRecord, usage: Usage = NO_USAGE) -> TurnResult:
     """How the stored turn ended; ``usage`` is what its stored steps used."""
     tid = record.turn_id
-    if record.status == "completed":
-        return TurnResult(turn_id=tid, status="completed", text=record.text or "", usage=usage)
-    if record.status == "cancelled":
-        reason = record.cancel_reason or "requested"
-        return TurnResult(turn_id=tid, status="cancelled", reason=reason, usage=usage)
-    if record.status == "suspended" and record.pending is not None:
-        listed = record.pending.get("requests") or [record.pending["request"]]
-        requests = tuple(InputRequest.from_dict(r) for r in listed)
-        return TurnResult(
-            turn_id=tid, status="suspended", request=requests[0], requests=requests, usage=usage
-        )
-    if record.status == "suspended":  # held by a version (``TurnRecord.held_by``)
-        return TurnResult(turn_id=tid, status="suspended", error=record.error, usage=usage)
-    return TurnResult(turn_id=tid, status="failed", error=record.error or "failed", usage=usage)
+    match record.status:
+        case "completed":
+            return TurnResult(turn_id=tid, status="completed", text=record.text or "", usage=usage)
+        case "cancelled":
+            reason = record.cancel_reason or "requested"
+            return TurnResult(turn_id=tid, status="cancelled", reason=reason, usage=usage)
+        case "suspended" if record.pending is not None:
+            requests = record.pending.requests
+            return TurnResult(
+                turn_id=tid, status="suspended", request=requests[0], requests=requests, usage=usage
+            )
+        case "suspended":  # held by a version (``TurnRecord.held_by``)
+            return TurnResult(turn_id=tid, status="suspended", error=record.error, usage=usage)
+        case _:
+            error = record.error or "failed"
+            return TurnResult(turn_id=tid, status="failed", error=error, usage=usage)

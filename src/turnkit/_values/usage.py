@@ -14,6 +14,7 @@ from typing import Any
 from .._errors import MessageDecodeError
 from .frozen import quick_init
 from .step_ids import HISTORY, MODEL, step_kind
+from .step_results import StepResults
 
 #: The kinds of step whose stored record is a model call's, with its usage.
 _MODEL_CALLS = frozenset({MODEL, HISTORY})
@@ -103,7 +104,7 @@ def usage_of_step(value: Any) -> Usage | None:
     return Usage.from_dict(data) if data is not None else None
 
 
-def steps_usage(steps: Mapping[str, Any]) -> Usage:
+def steps_usage(steps: Mapping[str, Any] | StepResults) -> Usage:
     """What a turn's stored steps used: the sum over its model steps, and any other
     step that records a model call of its own (a history summary)."""
     return total(usage_of_step(v) for k, v in steps.items() if step_kind(k) in _MODEL_CALLS)

@@ -122,7 +122,7 @@ def opening_message(record: TurnRecord) -> Message:
         role=Role.ROLE_USER,
         context_id=record.session_id,
         task_id=record.turn_id,
-        parts=[new_text_part(str(record.opening.get("text", "")))],
+        parts=[new_text_part(record.opening.text)],
     )
 
 

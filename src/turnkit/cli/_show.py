@@ -15,7 +15,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 from .._seams.store import SessionStore, Store, all_sessions, parked_turn, transcript
-from .._values.checkpoints import SuspendCheckpoint
 from .._values.events import InputAnsweredEvent
 from .._values.inputs import InputRequest
 from .._values.messages import JsonObject, Message
@@ -166,7 +165,7 @@ async def _read_turns(
         progress.update(f"reading {end:,} messages: steps of turn {n:,} of {len(turn_ids):,}…")
         snapshot = await session.load(turn_id, from_index=end)
         record = snapshot.turn if snapshot.turn is not None else await session.turn(turn_id)
-        turns.append(TurnView(turn_id=turn_id, record=record, steps=snapshot.steps))
+        turns.append(TurnView(turn_id=turn_id, record=record, steps=dict(snapshot.steps.items())))
     return turns
 
 
@@ -213,9 +212,9 @@ def parked_request(record: TurnRecord | None) -> InputRequest | None:
 
 def parked_requests(record: TurnRecord | None) -> tuple[InputRequest, ...]:
     """The requests still open in a suspended turn's checkpoint, in call order."""
-    if record is None or not record.pending or "request" not in record.pending:
+    if record is None or record.pending is None:
         return ()
-    return SuspendCheckpoint.from_dict(record.pending).requests
+    return record.pending.requests
 
 
 def session_json(view: SessionView, store: str) -> JsonObject:

@@ -52,7 +52,6 @@ from .._runtime.runtime import Runtime
 from .._runtime.session import AgentSession
 from .._seams.store import SessionStore, parked_turn
 from .._values.answers import answer_records
-from .._values.checkpoints import checkpoint_of
 from .._values.inbound import InboundEvent, User
 from .._values.inputs import InputRequest
 from .._values.records import SessionInfo
@@ -387,7 +386,7 @@ class _Host:
 
     async def pending(self, target: Target) -> list[InputRequest]:
         record = await parked_turn(target.store)
-        checkpoint = checkpoint_of(record) if record is not None else None
+        checkpoint = record.pending if record is not None else None
         return [] if checkpoint is None else list(checkpoint.requests)
 
     async def cancel(self, target: Target) -> list[str]:
@@ -458,7 +457,7 @@ class _Api:
     async def pending(self, request: Request, principal: Principal) -> Response:
         store = (await self._target(request, principal, "read")).store
         record = await parked_turn(store)
-        checkpoint = checkpoint_of(record) if record is not None else None
+        checkpoint = record.pending if record is not None else None
         if checkpoint is None:
             return JSONResponse({"request": None, "requests": []})
         return JSONResponse(

@@ -199,10 +199,9 @@ def _fork_points(items: list[dict[str, Any]], replies: list[int], asked_at: dict
 
 
 def _pending(record: TurnRecord | None) -> list[dict[str, Any]]:
-    if record is None or record.status != "suspended" or not record.pending:
+    if record is None or record.status != "suspended" or record.pending is None:
         return []
-    listed = record.pending.get("requests") or [record.pending.get("request")]
-    return [r for r in listed if isinstance(r, dict)]
+    return [r.to_dict() for r in record.pending.requests]
 
 
 #: Events after which no delivery runs the turn until something resumes (or

@@ -19,16 +19,22 @@ import re
 import secrets
 from base64 import b64decode, b64encode
 from collections.abc import Callable, Sequence
-from dataclasses import replace
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, TypeAlias
 
 from pydantic_core import to_json
 
 from .._errors import ConfigurationError, StoreError
 from .._seams.codec import Codec, PayloadKind
+from .._values.checkpoints import SuspendCheckpoint
+from .._values.inbound import InboundEvent
+from .._values.messages import OpeningMessage, UserMessage, opening_from_dict
 from .._values.records import TurnRecord
 from . import _spill as spill
 from ._spill import GetBlob, PutBlob
+
+#: How a payload becomes a column's value: ``(session_id, kind, value, turn_id)``.
+Dump: TypeAlias = Callable[[str, PayloadKind, Any, str], str | bytes]
 
 #: How a sealed payload's text form begins: a JSON string whose first character is NUL.
 SEALED_PREFIX = '"\\u0000'
@@ -104,7 +110,7 @@ class Payloads:
         self.threshold = threshold if get_blob is not None else None
         self.get_blob = get_blob
 
-    def dumper(self, put: PutBlob | None) -> Callable[[str, PayloadKind, Any, str], str | bytes]:
+    def dumper(self, put: PutBlob | None) -> Dump:
         """The dump of a transaction whose blobs go to ``put``: ``dump`` itself when
         nothing spills, so a store without blobs runs the code it ran before."""
         if self.threshold is None or put is None:
@@ -282,6 +288,31 @@ class Payloads:
         assert stored is not None
         return self._open_text(session_id, kind, json.loads(stored)).decode()
 
+    # -- a turn's payloads: encoded here, decoded here, nowhere else ------------------
+
+    def opening(self, session_id: str, record: TurnRecord, dump: Dump | None = None) -> str | bytes:
+        """The stored form of ``record``'s opening message (``dump``: the
+        transaction's, which may spill to blobs; else this encoding's own)."""
+        return (dump or self.dump)(session_id, "opening", record.opening.to_dict(), record.turn_id)
+
+    def event(
+        self, session_id: str, record: TurnRecord, dump: Dump | None = None
+    ) -> str | bytes | None:
+        """The stored form of ``record``'s inbound event (``None``: it came with none)."""
+        event = record.event
+        if event is None:
+            return None
+        return (dump or self.dump)(session_id, "inbound", event.to_dict(), record.turn_id)
+
+    def pending(
+        self, session_id: str, record: TurnRecord, dump: Dump | None = None
+    ) -> str | bytes | None:
+        """The stored form of ``record``'s suspend checkpoint (``None``: it has none)."""
+        pending = record.pending
+        if pending is None:
+            return None
+        return (dump or self.dump)(session_id, "pending", pending.to_dict(), record.turn_id)
+
     def turn_from_row(self, row: Sequence[Any]) -> TurnRecord:
         """A ``TurnRecord`` from a row selected with ``_sql_rows.TURN_COLUMNS``."""
         sid, tid, agent, status, opening, event, text, error, created, finished, pending, why = row[
@@ -292,13 +323,13 @@ class Payloads:
             turn_id=tid,
             agent=agent,
             status=status,
-            opening=self.load(sid, "opening", opening),
-            event=self.load(sid, "inbound", event) if event else None,
+            opening=self._opening(sid, tid, opening),
+            event=self._event(sid, event),
             text=self.load_text(sid, "text", text),
             error=self.load_text(sid, "error", error),
             created_at=created,
             finished_at=finished,
-            pending=self.load(sid, "pending", pending) if pending else None,
+            pending=self._pending(sid, pending),
             cancel_reason=why,
             version=row[12],
             held_by=row[13],
@@ -306,48 +337,68 @@ class Payloads:
             tenant=row[15] if len(row) > 15 and row[15] is not None else "",
         )
 
-    def seal_turn(self, record: TurnRecord) -> TurnRecord:
-        """``record`` with each payload sealed in the text form (its JSON fields as the
-        text of their JSON), for a store that keeps records rather than rows; ``turn``
-        opens it."""
-        if self.codec is None:
-            return record
+    def keep_turn(self, record: TurnRecord) -> KeptTurn:
+        """``record`` as a store that keeps records rather than rows holds it: its
+        payloads in their stored form (sealed under a codec); ``turn`` reads it back."""
         sid = record.session_id
-
-        def sealed(kind: PayloadKind, value: Any) -> Any:
-            if value is None:
-                return None
-            return self._as_text(self._encode(sid, kind, to_json(value)))
-
-        def text(kind: PayloadKind, value: str | None) -> str | None:
-            return None if value is None else self._as_text(self._encode(sid, kind, value.encode()))
-
-        return replace(
-            record,
-            opening=sealed("opening", record.opening),
-            event=sealed("inbound", record.event),
-            pending=sealed("pending", record.pending),
-            text=text("text", record.text),
-            error=text("error", record.error),
+        return KeptTurn(
+            record=replace(
+                record,
+                opening=_NO_OPENING,
+                event=None,
+                pending=None,
+                text=None,
+                error=None,
+            ),
+            opening=self.opening(sid, record),
+            event=self.event(sid, record),
+            pending=self.pending(sid, record),
+            text=self.dump_text(sid, "text", record.text),
+            error=self.dump_text(sid, "error", record.error),
         )
 
-    def turn(self, record: TurnRecord) -> TurnRecord:
-        """A record ``seal_turn`` made, its payloads opened."""
-        if self.codec is None:
-            return record
-        sid = record.session_id
-
-        def opened(kind: PayloadKind, value: Any) -> Any:
-            return None if value is None else json.loads(self.load_text(sid, kind, value) or "")
-
+    def turn(self, kept: KeptTurn) -> TurnRecord:
+        """The record ``keep_turn`` kept, its payloads decoded."""
+        record = kept.record
+        sid, tid = record.session_id, record.turn_id
         return replace(
             record,
-            opening=opened("opening", record.opening),
-            event=opened("inbound", record.event),
-            pending=opened("pending", record.pending),
-            text=self.load_text(sid, "text", record.text),
-            error=self.load_text(sid, "error", record.error),
+            opening=self._opening(sid, tid, kept.opening),
+            event=self._event(sid, kept.event),
+            pending=self._pending(sid, kept.pending),
+            text=self.load_text(sid, "text", kept.text),
+            error=self.load_text(sid, "error", kept.error),
         )
+
+    def _opening(self, session_id: str, turn_id: str, stored: str | bytes) -> OpeningMessage:
+        return opening_from_dict(self.load(session_id, "opening", stored), turn_id)
+
+    def _event(self, session_id: str, stored: str | bytes | None) -> InboundEvent | None:
+        if not stored:
+            return None
+        return InboundEvent.from_dict(self.load(session_id, "inbound", stored))
+
+    def _pending(self, session_id: str, stored: str | bytes | None) -> SuspendCheckpoint | None:
+        if not stored:
+            return None
+        return SuspendCheckpoint.from_dict(self.load(session_id, "pending", stored))
+
+
+#: What a kept record's opening holds while the real one is kept encoded beside it.
+_NO_OPENING = UserMessage(text="", turn_id="")
+
+
+@dataclass(frozen=True, slots=True)
+class KeptTurn:
+    """A turn as the memory store holds it: the record's plain fields in ``record``
+    (its payload fields emptied), and each payload in its stored form."""
+
+    record: TurnRecord
+    opening: str | bytes
+    event: str | bytes | None
+    pending: str | bytes | None
+    text: str | bytes | None
+    error: str | bytes | None
 
 
 #: The encoding of a store without a codec.

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from .._seams.codec import PayloadKind
 from .._values.records import SessionInfo, TurnRecord, preview_of
 from . import _spill as spill
-from ._payloads import Payloads
+from ._payloads import Dump, Payloads
 
 TURN_COLUMNS = (
     "session_id, turn_id, agent, status, opening, event, text, error, created_at, finished_at, "
@@ -21,23 +20,20 @@ def new_turn_values(
     record: TurnRecord,
     now: float | None,
     payloads: Payloads,
-    dump: Callable[[str, PayloadKind, Any, str], str | bytes] | None = None,
+    dump: Dump | None = None,
 ) -> tuple[Any, ...]:
     """The values of ``_sql.new_turn`` for ``record``: with the writer's time ``now``
     on SQLite, without it (``None``) on PostgreSQL, whose own clock orders the turn.
     ``record.created_at`` is not used: a node's clock never orders turns. ``dump`` is
     the transaction's (``Payloads.dumper``: it may spill to blobs), else ``payloads``'."""
     clock = () if now is None else (now,)
-    event = record.event
-    dump = dump or payloads.dump
-    tid = record.turn_id
     return (
         session_id,
         record.turn_id,
         record.agent,
         record.status,
-        dump(session_id, "opening", record.opening, tid),
-        dump(session_id, "inbound", event, tid) if event is not None else None,
+        payloads.opening(session_id, record, dump),
+        payloads.event(session_id, record, dump),
         record.version,
         record.tenant,
         *clock,
@@ -50,17 +46,15 @@ def move_values(
     record: TurnRecord,
     expect: str,
     payloads: Payloads,
-    dump: Callable[[str, PayloadKind, Any, str], str | bytes] | None = None,
+    dump: Dump | None = None,
 ) -> tuple[Any, ...]:
     """The values of ``_sql.MOVE_TURN``: ``record``'s moving fields, then the turn's
     key and the status it must still be in (``dump`` as for ``new_turn_values``)."""
-    pending = record.pending
-    dump = dump or payloads.dump
     return (
         record.status,
         payloads.dump_text(session_id, "text", record.text),
         payloads.dump_text(session_id, "error", record.error),
-        dump(session_id, "pending", pending, record.turn_id) if pending is not None else None,
+        payloads.pending(session_id, record, dump),
         record.finished_at,
         record.version,
         record.held_by,

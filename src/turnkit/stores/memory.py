@@ -31,7 +31,7 @@ from .._seams.codec import Codec, PayloadKind
 from .._seams.store import NoHandle, ToolStep
 from .._values.budgets import NO_SPEND, Spend
 from .._values.events import TurnEvent, event_from_dict
-from .._values.messages import JsonObject, Message, message_from_dict
+from .._values.messages import Message, message_from_dict
 from .._values.records import (
     Erasure,
     SessionInfo,
@@ -43,12 +43,13 @@ from .._values.records import (
     newest_first,
     preview_of,
 )
+from .._values.step_results import StepResults
 from .._values.turn_rules import UNFINISHED, first_cancel_reason
 from .._values.writes import CountUsage, Write
 from ._apply import apply_writes
 from ._locks import SessionLocks
 from ._off_loop import on_thread
-from ._payloads import Payloads
+from ._payloads import KeptTurn, Payloads
 from ._spill import DEFAULT_BLOB_THRESHOLD, Seen
 from ._tool_threads import ToolThreads
 from ._usage_sql import session_bucket, tenant_bucket
@@ -73,7 +74,8 @@ class _SessionData:
     #: ... and by turn, so ``load`` reads one turn's without walking the history.
     turn_steps: dict[str, dict[str, bytes]] = field(default_factory=dict)
     events: list[tuple[int, str, bytes]] = field(default_factory=list)
-    turns: dict[str, TurnRecord] = field(default_factory=dict)
+    #: Each turn with its payloads encoded (``Payloads.keep_turn``), by turn id.
+    turns: dict[str, KeptTurn] = field(default_factory=dict)
     generation: int = 0
     #: Who opened the session (set once, when its first turn opened it).
     owner: str | None = None
@@ -91,22 +93,6 @@ class _SessionData:
     trimmed: frozenset[str] = frozenset()
     #: The turns each archived generation retired (their blobs go with it).
     archived_turns: dict[int, frozenset[str]] = field(default_factory=dict)
-
-
-def _encode(value: Any, what: str) -> bytes:
-    try:
-        return to_json(value)
-    except Exception as exc:
-        raise StoreError(f"cannot store {what} as JSON: {exc}") from exc
-
-
-def _copy(value: Any) -> Any:
-    return from_json(to_json(value))
-
-
-def _kept_pending(pending: JsonObject | None) -> JsonObject | None:
-    """A suspend checkpoint as kept: a copy, refused with a clear error if not JSON."""
-    return None if pending is None else from_json(_encode(pending, "a suspend checkpoint"))
 
 
 def _forget_step(
@@ -189,8 +175,8 @@ class _MemoryTransaction:
         codec = self._payloads.codec
         return encoded if codec is None else self._payloads.seal(self._session_id, kind, encoded)
 
-    def _put_turn(self, record: TurnRecord) -> None:
-        turns, turn_id = self._data.turns, record.turn_id
+    def _put_turn(self, record: KeptTurn) -> None:
+        turns, turn_id = self._data.turns, record.record.turn_id
         before = turns.get(turn_id)
         turns[turn_id] = record
         if before is None:
@@ -232,12 +218,10 @@ class _MemoryTransaction:
         self._undo.append(events.pop)
 
     def request_cancel(self, turn_id: str, reason: str) -> None:
-        record = self._data.turns.get(turn_id)
-        if record is None:
+        kept = self._data.turns.get(turn_id)
+        if kept is None:
             raise StoreError(f"session {self._session_id}: no turn {turn_id} to cancel")
-        self._put_turn(
-            replace(record, cancel_reason=first_cancel_reason(record.cancel_reason, reason))
-        )
+        self._put_turn(_cancelled(kept, first_cancel_reason(kept.record.cancel_reason, reason)))
 
     def archive_generation(self, generation: int, agent: str) -> None:
         self._keep_fields()
@@ -252,7 +236,7 @@ class _MemoryTransaction:
         self._undo.append(partial(d.archive.pop, generation))
         d.archived_seq = d.events[-1][0] if d.events else d.archived_seq
         # Queued turns (and their steps) stay: they run in the new generation.
-        queued = {t: r for t, r in d.turns.items() if r.status == "queued"}
+        queued = {t: r for t, r in d.turns.items() if r.record.status == "queued"}
         retired = frozenset(t for t in d.turns if t not in queued)
         d.archived_turns = {**d.archived_turns, generation: retired}
         d.steps = {s: v for s, v in d.steps.items() if v[0] in queued}
@@ -295,8 +279,8 @@ class _MemoryTransaction:
 
     def trim_events(self, turn_id: str) -> None:
         d = self._data
-        record = d.turns.get(turn_id)
-        if record is None or record.finished_at is None:
+        kept = d.turns.get(turn_id)
+        if kept is None or kept.record.finished_at is None:
             return
         self._keep_fields()  # both are replaced, never changed in place
         last = max((seq for seq, tid, _ in d.events if tid == turn_id), default=None)
@@ -305,7 +289,7 @@ class _MemoryTransaction:
 
     def prune_session(self, idle_before: float) -> None:
         d = self._data
-        busy = any(t.status in UNFINISHED for t in d.turns.values())
+        busy = any(t.record.status in UNFINISHED for t in d.turns.values())
         if d.agent is None or d.updated_at >= idle_before or d.reset_requested is not None or busy:
             return
         self._keep_fields()
@@ -320,9 +304,9 @@ class _MemoryTransaction:
         self._keep_fields()
         if d.reset_requested is None:
             d.reset_requested = time.time()
-        for record in list(d.turns.values()):
-            if record.status in UNFINISHED and not record.cancel_reason:
-                self._put_turn(replace(record, cancel_reason="reset"))
+        for kept in list(d.turns.values()):
+            if kept.record.status in UNFINISHED and not kept.record.cancel_reason:
+                self._put_turn(_cancelled(kept, "reset"))
 
     def drop_reset(self) -> None:
         self._keep_fields()
@@ -340,21 +324,16 @@ class _MemoryTransaction:
         if expect is None:
             if stored is not None:
                 raise TurnMoveError(
-                    f"session {self._session_id}: turn {turn_id} already exists ({stored.status})"
+                    f"session {self._session_id}: turn {turn_id} already exists "
+                    f"({stored.record.status})"
                 )
             self._keep_fields()
             if self._data.agent is None:  # the turn creates the session
                 self._data.owner, self._data.agent = owner, record.agent
-            kept = replace(
-                record,
-                opening=_copy(record.opening),
-                event=_copy(record.event),
-                pending=_kept_pending(record.pending),
-                created_at=self._next_order(),
-            )
+            kept = replace(record, created_at=self._next_order())
         else:
-            if stored is None or stored.status != expect:
-                found = "no such turn" if stored is None else f"it is {stored.status}"
+            if stored is None or stored.record.status != expect:
+                found = "no such turn" if stored is None else f"it is {stored.record.status}"
                 raise TurnMoveError(
                     f"session {self._session_id}: turn {turn_id} was to move from {expect} "
                     f"to {record.status}, but {found}"
@@ -364,13 +343,13 @@ class _MemoryTransaction:
                 status=record.status,
                 text=record.text,
                 error=record.error,
-                pending=_kept_pending(record.pending),
+                pending=record.pending,
                 finished_at=record.finished_at,
                 version=record.version,
                 held_by=record.held_by,
                 wake_at=record.wake_at,
             )
-        self._put_turn(self._payloads.seal_turn(kept))
+        self._put_turn(self._payloads.keep_turn(kept))
         if session_status is not None:
             self._keep_fields()
             self._data.agent = record.agent
@@ -381,7 +360,7 @@ class _MemoryTransaction:
     def _next_order(self) -> float:
         """When a new turn of the session sorts: now, and after its latest turn (as
         the SQL stores order them; see ``_sql.new_turn``)."""
-        latest = max((t.created_at for t in self._data.turns.values()), default=0.0)
+        latest = max((t.record.created_at for t in self._data.turns.values()), default=0.0)
         return max(time.time(), latest + 0.000001)
 
     def _touch(self, status: SessionStatus) -> None:
@@ -444,7 +423,7 @@ class _MemorySession:
                 for m in d.messages[max(0, from_index) :]
             ],
             store_id=self._store_id,
-            steps=steps,
+            steps=StepResults(steps),
             turn=await self.turn(turn_id) if turn_id is not None else None,
             agent=d.agent,
             next_seq=last_seq + 1,
@@ -475,12 +454,12 @@ class _MemorySession:
         return result
 
     async def turn(self, turn_id: str) -> TurnRecord | None:
-        record = self._data.turns.get(turn_id)
-        return self._payloads.turn(record) if record is not None else None
+        kept = self._data.turns.get(turn_id)
+        return self._payloads.turn(kept) if kept is not None else None
 
     async def cancel_reason(self, turn_id: str) -> str | None:
-        record = self._data.turns.get(turn_id)
-        return record.cancel_reason if record is not None else None
+        kept = self._data.turns.get(turn_id)
+        return kept.record.cancel_reason if kept is not None else None
 
     async def events(self, *, turn_id: str | None = None, after: int = 0) -> list[TurnEvent]:
         return [
@@ -500,10 +479,8 @@ class _MemorySession:
         return [message_from_dict(self._load("message", m)) for m in archived]
 
     async def unfinished(self) -> list[TurnRecord]:
-        found = [
-            t for t in self._data.turns.values() if t.status in ("queued", "running", "suspended")
-        ]
-        return [self._payloads.turn(t) for t in sorted(found, key=lambda t: t.created_at)]
+        found = [t for t in self._data.turns.values() if t.record.status in UNFINISHED]
+        return [self._payloads.turn(t) for t in sorted(found, key=_created)]
 
 
 class MemoryStore:
@@ -577,9 +554,10 @@ class MemoryStore:
             t
             for d in self._sessions.values()
             for t in d.turns.values()
-            if t.status in ("queued", "running") or (t.status == "suspended" and t.held_by)
+            if t.record.status in ("queued", "running")
+            or (t.record.status == "suspended" and t.record.held_by)
         ]
-        return [self._payloads.turn(t) for t in sorted(found, key=lambda t: t.created_at)]
+        return [self._payloads.turn(t) for t in sorted(found, key=_created)]
 
     async def parked_turns(
         self, *, limit: int, after: tuple[float, str, str] | None = None
@@ -587,19 +565,20 @@ class MemoryStore:
         """See ``turnkit.stores.InboxStore``."""
         start = after or (float("-inf"), "", "")
         found = sorted(
-            ((t.created_at, sid, tid), t)
+            ((t.record.created_at, sid, tid), t)
             for sid, d in self._sessions.items()
             for tid, t in d.turns.items()
-            if t.status == "suspended" and (t.created_at, sid, tid) > start
+            if t.record.status == "suspended" and (t.record.created_at, sid, tid) > start
         )
         return [self._payloads.turn(t) for _, t in found[:limit]]
 
     def _waking(self) -> list[TurnRecord]:
+        """The plain fields of every parked turn the clock has something to do for."""
         return [
-            t
+            t.record
             for d in self._sessions.values()
             for t in d.turns.values()
-            if t.status == "suspended" and t.wake_at is not None
+            if t.record.status == "suspended" and t.record.wake_at is not None
         ]
 
     async def due_turns(self, before: float, *, limit: int) -> list[TurnRecord]:
@@ -608,7 +587,9 @@ class MemoryStore:
             (t for t in self._waking() if t.wake_at is not None and t.wake_at <= before),
             key=lambda t: (t.wake_at, t.session_id, t.turn_id),
         )
-        return [self._payloads.turn(t) for t in due[:limit]]
+        return [
+            self._payloads.turn(self._sessions[t.session_id].turns[t.turn_id]) for t in due[:limit]
+        ]
 
     async def next_wake(self) -> float | None:
         """See ``turnkit.stores.TimerStore``."""
@@ -627,7 +608,7 @@ class MemoryStore:
             and d.updated_at < before
             and (d.updated_at, sid) > start
             and d.reset_requested is None
-            and not any(t.status in UNFINISHED for t in d.turns.values())
+            and not any(t.record.status in UNFINISHED for t in d.turns.values())
         )
         return found[:limit]
 
@@ -652,7 +633,7 @@ class MemoryStore:
         found = sorted(
             (t.finished_at, sid, tid)
             for sid, d in self._sessions.items()
-            for tid, t in d.turns.items()
+            for tid, t in ((tid, kept.record) for tid, kept in d.turns.items())
             if t.finished_at is not None
             and tid not in d.trimmed
             and t.finished_at < before
@@ -665,7 +646,7 @@ class MemoryStore:
         found = set()
         for session_id in session_ids:
             data = self._sessions.get(session_id)
-            if data is not None and any(t.tenant == tenant for t in data.turns.values()):
+            if data is not None and any(t.record.tenant == tenant for t in data.turns.values()):
                 found.add(session_id)
         return found
 
@@ -681,10 +662,19 @@ class MemoryStore:
         """How many turns are ``queued``, ``running`` and ``suspended`` (for monitoring)."""
         counts = {"queued": 0, "running": 0, "suspended": 0}
         for data in self._sessions.values():
-            for turn in data.turns.values():
-                if turn.status in counts:
-                    counts[turn.status] += 1
+            for kept in data.turns.values():
+                if kept.record.status in counts:
+                    counts[kept.record.status] += 1
         return counts
+
+
+def _created(kept: KeptTurn) -> float:
+    return kept.record.created_at
+
+
+def _cancelled(kept: KeptTurn, reason: str) -> KeptTurn:
+    """``kept`` with its cancellation recorded as ``reason``."""
+    return replace(kept, record=replace(kept.record, cancel_reason=reason))
 
 
 def _preview(session_id: str, messages: list[bytes], payloads: Payloads) -> str | None:

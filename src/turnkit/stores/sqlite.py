@@ -46,6 +46,7 @@ from .._values.records import (
     TurnRecord,
     TurnStatus,
 )
+from .._values.step_results import StepResults
 from .._values.writes import CountUsage, Write
 from . import _archive_sql as archive_sql
 from . import _blob_outbox as blob_outbox
@@ -449,7 +450,7 @@ class _SqliteSession:
         return SessionSnapshot(
             messages=messages,
             store_id=self._store.store_id,
-            steps=steps,
+            steps=StepResults(steps),
             turn=turn,
             agent=agent_row[0] if agent_row else None,
             next_seq=(seq_row[0] or 0) + 1,

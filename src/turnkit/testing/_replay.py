@@ -34,7 +34,7 @@ from .._runtime.runtime import Runtime
 from .._seams.model import Model, ModelDelta, ModelDone, TextDelta, ToolSpec
 from .._seams.store import Store
 from .._values.events import InputAnsweredEvent
-from .._values.inbound import InboundEvent, Proactive
+from .._values.inbound import Proactive
 from .._values.messages import (
     AssistantMessage,
     Message,
@@ -322,13 +322,14 @@ class _Replayer:
 
     async def _play(self, turn_id: str) -> tuple[TurnResult | None, Divergence | None]:
         opening = next(m for m in self.expected if m.turn_id == turn_id)
-        record = self.records.get(turn_id)
+        recorded = self.records.get(turn_id)
+        event = recorded.record.event if recorded is not None and recorded.record else None
         trigger = (
-            Proactive(by=opening.by, source=_source(record))
+            Proactive(by=opening.by, source=event.source if event is not None else None)
             if isinstance(opening, TriggerMessage)
             else None
         )
-        event = _event(record) if trigger is None else None
+        event = event if trigger is None else None
         text = getattr(opening, "text", "")
         tid = self.session.start(text, turn_id=turn_id, trigger=trigger, event=event)
         result = await self.session.result(tid)
@@ -356,7 +357,8 @@ class _Replayer:
             elif request.id in answers:
                 value, by = answers[request.id].value, answers[request.id].by
             else:
-                asked = {r.get("id") for r in _pending(record)}
+                pending = record.pending if record is not None else None
+                asked = {r.id for r in pending.requests} if pending is not None else set()
                 if record is not None and record.status == "suspended" and request.id in asked:
                     return None
                 detail = (
@@ -500,25 +502,3 @@ def _kind(message: Message | None) -> str:
 
 def _dict(message: Message | None) -> Any:
     return None if message is None else message.to_dict()
-
-
-def _pending(record: Any) -> list[dict[str, Any]]:
-    pending = getattr(record, "pending", None) or {}
-    listed = pending.get("requests") or ([pending["request"]] if "request" in pending else [])
-    return [r for r in listed if isinstance(r, dict)]
-
-
-def _source(record: Any) -> str | None:
-    event = getattr(getattr(record, "record", None), "event", None)
-    source = event.get("source") if isinstance(event, dict) else None
-    return source if isinstance(source, str) and source else None
-
-
-def _event(record: Any) -> InboundEvent | None:
-    event = getattr(getattr(record, "record", None), "event", None)
-    if not isinstance(event, dict):
-        return None
-    try:
-        return InboundEvent.from_dict(event)
-    except (ValueError, TypeError):
-        return None

@@ -55,7 +55,10 @@ from .._seams.store import (
     transcript,
 )
 from .._values import turn_rules
+from .._values.checkpoints import SuspendCheckpoint
 from .._values.events import TurnCompletedEvent, TurnStartedEvent
+from .._values.inbound import InboundEvent, User
+from .._values.inputs import InputRequest
 from .._values.messages import (
     AssistantMessage,
     Message,
@@ -63,7 +66,9 @@ from .._values.messages import (
     TriggerMessage,
     UserMessage,
 )
+from .._values.policy import TurnPolicy
 from .._values.records import PREVIEW_CHARS, TurnRecord, TurnStatus
+from .._values.step_results import NO_STEPS, StepResults
 from .._values.writes import (
     AppendMessage,
     ArchiveGeneration,
@@ -149,7 +154,7 @@ def _record(
         turn_id=turn_id,
         agent=agent,
         status="running",
-        opening=UserMessage(text=f"open {turn_id}", turn_id=turn_id).to_dict(),
+        opening=UserMessage(text=f"open {turn_id}", turn_id=turn_id),
         created_at=created_at,
     )
 
@@ -161,6 +166,14 @@ async def _open_turn(
 
     record = _record(session.session_id, turn_id, **kw)
     await session.commit([AppendMessage(index, opening), turn_rules.new_turn(record, owner=owner)])
+
+
+def _checkpoint(request_id: str, turn_id: str = "t1") -> SuspendCheckpoint:
+    """A parked turn's checkpoint on one question, as a delivery parks it."""
+    request = InputRequest(id=request_id, prompt="ok?", turn_id=turn_id, call_id="c1", tool="ask")
+    return SuspendCheckpoint(
+        request=request, call_id="c1", opening_text=f"open {turn_id}", event=None, policy=None
+    )
 
 
 def _move(turn_id: str, status: TurnStatus, *, was: TurnStatus = "running", **kw: Any) -> PutTurn:
@@ -213,7 +226,7 @@ async def test_conformance_commit_writes_read_back(conformance_store: StoreUnder
         )
         snap = await session.load("t1")
         assert snap.messages == [UserMessage(text="open t1", turn_id="t1"), reply]
-        assert snap.steps == {"model:1": {"text": "hi", "nested": [1, {"a": None}]}}
+        assert snap.steps == StepResults({"model:1": {"text": "hi", "nested": [1, {"a": None}]}})
         assert snap.turn is not None and snap.turn.status == "completed"
         assert snap.turn.text == "hi" and snap.turn.agent == "a"
         assert snap.agent == "a" and snap.next_seq == 3
@@ -242,7 +255,7 @@ async def test_conformance_a_failed_commit_reraises_unchanged(
             await session.run_tool(step)
         assert caught.value is boom  # the engine tells tool failures apart by type
         snap = await session.load("t1")
-        assert len(snap.messages) == 1 and snap.steps == {}
+        assert len(snap.messages) == 1 and snap.steps == NO_STEPS
 
 
 @pytest.mark.asyncio
@@ -263,7 +276,7 @@ async def test_conformance_a_failed_commit_undoes_every_kind_of_write(
             AppendMessage(1, AssistantMessage(text="x", turn_id="t1")),
             LogEvent(TurnCompletedEvent(turn_id="t1", session_id="s1", text="x", seq=2)),
             RequestCancel("t1", "requested"),
-            _move("t1", "suspended", pending={"request": {"id": "ok"}}),
+            _move("t1", "suspended", pending=_checkpoint("ok")),
             AppendMessage(2, UserMessage(text="open t2", turn_id="t2")),
             turn_rules.new_turn(_record("s1", "t2", created_at=2.0)),
             _queue(_record("s1", "t4", created_at=3.0)),
@@ -342,7 +355,7 @@ async def test_conformance_run_tool_calls_its_step_once_and_commits_its_writes(
         assert await session.run_tool(step) == {"n": 1}
         assert calls == [False]  # once, and off the event loop
         snap = await session.load("t1")
-        assert snap.steps == {"tool:0:c1": {"ok": True}} and len(snap.messages) == 2
+        assert snap.steps == StepResults({"tool:0:c1": {"ok": True}}) and len(snap.messages) == 2
 
         def refused(handle: StoreHandle) -> tuple[None, list[Write]]:
             # Its writes are refused (a taken position): none of them lands.
@@ -387,7 +400,7 @@ async def test_conformance_run_tool_writes_land_with_the_tools_sql(
             await session.run_tool(insert(2, 1))  # position 1 is taken: all of it undone
         rows = await session.run_tool(_read_rows("conformance_paired", "n"))
         assert rows == [(1,)]
-        assert (await session.load("t1")).steps == {"tool:1": {"n": 1}}
+        assert (await session.load("t1")).steps == StepResults({"tool:1": {"n": 1}})
 
 
 @pytest.mark.asyncio
@@ -409,7 +422,7 @@ async def test_conformance_a_taken_position_or_step_is_refused(
             await session.commit(repeated_step)
         snap = await session.load("t1")
         assert snap.messages == [UserMessage(text="open t1", turn_id="t1")]
-        assert snap.steps == {}
+        assert snap.steps == NO_STEPS
 
 
 @pytest.mark.asyncio
@@ -445,7 +458,7 @@ async def test_conformance_a_turn_moved_by_someone_else_first_is_refused(
             "completed",
             "first",
         )
-        assert len(snap.messages) == 1 and snap.steps == {}
+        assert len(snap.messages) == 1 and snap.steps == NO_STEPS
         assert await session.status() == "idle"
 
 
@@ -669,7 +682,7 @@ async def test_conformance_park_cancel_and_unfinished(conformance_store: StoreUn
         await _open_turn(session, "t1")
         assert [t.turn_id for t in await session.unfinished()] == ["t1"]
         assert await parked_turn(session) is None
-        checkpoint = {"request": {"id": "ok"}, "call_id": "c1"}
+        checkpoint = _checkpoint("ok")
         await session.commit([_move("t1", "suspended", pending=checkpoint)])
         parked = await parked_turn(session)
         assert parked is not None and parked.pending == checkpoint
@@ -688,6 +701,58 @@ async def test_conformance_park_cancel_and_unfinished(conformance_store: StoreUn
 
 
 @pytest.mark.asyncio
+async def test_conformance_a_turns_payloads_read_back_as_stored(
+    conformance_store: StoreUnderTest,
+) -> None:
+    """A turn's opening, inbound event and suspend checkpoint come back from every
+    read as the values stored: a trigger's opening keeps who triggered it, the event
+    its user, the checkpoint every open question, its deadlines and policy."""
+    async with _opened(conformance_store) as store:
+        session = store.session("p")
+        opening = TriggerMessage(text="nightly run", turn_id="t1", by="cron")
+        event = InboundEvent(source="slack", text="nightly run", user=User(id="u1"), kind="cron")
+        record = replace(_record("p", "t1"), opening=opening, event=event)
+        await session.commit([_queue(record)])
+        queued = await session.turn("t1")
+        assert queued is not None and (queued.opening, queued.event) == (opening, event)
+        await session.commit([AppendMessage(0, opening), _move("t1", "running", was="queued")])
+        asked = [
+            InputRequest(
+                id=f"q{n}",
+                prompt=f"question {n}?",
+                turn_id="t1",
+                call_id=f"c{n}",
+                tool="ask",
+                schema={"type": "string"},
+                expires_at=2_000_000_000.0 + n,
+            )
+            for n in (1, 2)
+        ]
+        checkpoint = SuspendCheckpoint(
+            request=asked[0],
+            call_id="c1",
+            opening_text="nightly run",
+            event=event,
+            policy=TurnPolicy(source="slack", system="be brief", deny_tools=frozenset({"rm"})),
+            generation=0,
+            requests=tuple(asked),
+        )
+        await session.commit([_move("t1", "suspended", pending=checkpoint)])
+        reads = [
+            await session.turn("t1"),
+            (await session.load("t1")).turn,
+            *(await session.unfinished()),
+        ]
+        for read in reads:
+            assert read is not None and read.status == "suspended"
+            assert (read.opening, read.event, read.pending) == (opening, event, checkpoint)
+            assert read.wake_at == 2_000_000_001.0  # the first deadline
+    async with _opened(conformance_store) as store:  # and after reopening
+        kept = await store.session("p").turn("t1")
+        assert kept is not None and (kept.opening, kept.pending) == (opening, checkpoint)
+
+
+@pytest.mark.asyncio
 async def test_conformance_queued_turns_open_or_settle(conformance_store: StoreUnderTest) -> None:
     async with _opened(conformance_store) as store:
         session = store.session("q")
@@ -698,7 +763,7 @@ async def test_conformance_queued_turns_open_or_settle(conformance_store: StoreU
         await session.commit([_queue(_record("q", "t3", created_at=10.0))])
         queued = await session.turn("t1")
         assert queued is not None and queued.status == "queued"
-        assert queued.opening == UserMessage(text="open t1", turn_id="t1").to_dict()
+        assert queued.opening == UserMessage(text="open t1", turn_id="t1")
         # A queued turn is stored and listed, but nothing is in the transcript yet.
         assert await session.status() == "new" and await transcript(session) == []
         assert [i.session_id for i in await all_sessions(store)] == ["q"]
@@ -747,7 +812,7 @@ async def test_conformance_reset_archives_a_generation(conformance_store: StoreU
         assert (await session.load()).generation == 0
         await session.commit([ArchiveGeneration(0, "a")])
         snap = await session.load("t1")
-        assert snap.messages == [] and snap.steps == {} and snap.turn is None
+        assert snap.messages == [] and snap.steps == NO_STEPS and snap.turn is None
         # Event numbers carry on across a reset: an id a client kept from generation
         # 0 never names an event of generation 1.
         assert snap.generation == 1 and snap.next_seq == 2
@@ -793,7 +858,7 @@ async def test_conformance_erasure_leaves_only_a_tombstone(
             [
                 PutStep("model:2", "t2", {"text": "y"}),
                 LogEvent(done),
-                _move("t2", "suspended", pending={"request": {"id": "ok"}}),
+                _move("t2", "suspended", pending=_checkpoint("ok")),
             ]
         )
         await session.commit([_queue(_record("s1", "t3"))])
@@ -801,7 +866,7 @@ async def test_conformance_erasure_leaves_only_a_tombstone(
 
         await session.commit([EraseSession("alice")])
         snap = await session.load("t2")
-        assert (snap.messages, snap.steps, snap.turn) == ([], {}, None)
+        assert (snap.messages, snap.steps, snap.turn) == ([], NO_STEPS, None)
         assert snap.erased is not None and snap.erased.by == "alice" and snap.erased.at > 0
         assert (snap.owner, snap.agent, snap.generation) == ("alice", "a", 2)
         assert snap.next_seq == 3  # numbering carries on after the erased events
@@ -835,14 +900,14 @@ async def test_conformance_the_inbox_lists_parked_turns_page_by_page(
             await _open_turn(store.session(sid), "t1")
         await _open_turn(store.session("busy"), "t1")  # running: not listed
         for sid in order:
-            pending = {"request": {"id": sid}}
+            pending = _checkpoint(sid)
             await store.session(sid).commit([_move("t1", "suspended", pending=pending)])
         rows = await store.parked_turns(limit=10)
         assert [r.session_id for r in rows] == order
         keys = [(r.created_at, r.session_id, r.turn_id) for r in rows]
         assert keys == sorted(keys)
         assert all(r.status == "suspended" for r in rows)
-        assert [r.pending for r in rows] == [{"request": {"id": sid}} for sid in order]
+        assert [r.pending for r in rows] == [_checkpoint(sid) for sid in order]
         first = await store.parked_turns(limit=2)
         assert first + await store.parked_turns(limit=10, after=keys[1]) == rows
         assert await store.parked_turns(limit=10, after=keys[-1]) == []
@@ -867,7 +932,7 @@ async def test_conformance_retention_drops_only_what_aged_out(
         await _open_turn(gone, "t2")
         await gone.commit([_move("t2", "completed"), ArchiveGeneration(1, "a")])
         await _open_turn(parked, "t2", index=1)
-        await parked.commit([_move("t2", "suspended", pending={"request": {"id": "ok"}})])
+        await parked.commit([_move("t2", "suspended", pending=_checkpoint("ok"))])
         await queued.commit([_queue(_record("q", "t1"))])
         cutoff = time.time() + 3600  # everything so far is older than this
         if isinstance(store, PrunableStore):

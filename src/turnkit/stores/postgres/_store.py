@@ -56,6 +56,7 @@ from ..._values.records import (
     SessionStatus,
     TurnRecord,
 )
+from ..._values.step_results import StepResults
 from ..._values.tenancy import UNCAPPED, Concurrency
 from ..._values.writes import Write
 from .. import _archive_sql as archive_sql
@@ -206,7 +207,7 @@ class _PgSession:
             if messages
             else [],
             store_id=self._store.store_id,
-            steps={k: value(sid, "step", v) for k, v in memo.items()},
+            steps=StepResults({k: value(sid, "step", v) for k, v in memo.items()}),
             turn=turn_row(res, 0, 5, payloads) if res.get_value(0, 6) is not None else None,
             agent=as_text(agent),
             next_seq=(int(seq) if seq is not None else 0) + 1,
