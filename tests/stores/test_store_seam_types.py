@@ -19,16 +19,19 @@ from __future__ import annotations
 
 import collections.abc
 import dataclasses
+import pkgutil
 import sys
 import types
 import typing
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol, TypeVar
 
+import turnkit._seams
 from turnkit._seams import (
     blobs,
     election,
     inbox,
+    placing,
     queue,
     rates,
     relay,
@@ -55,7 +58,12 @@ STORE_SEAM = (
     rates,
     election,
     blobs,
+    placing,
 )
+
+#: The seams that are not the store's: what a model, an event sink, a tracer and a
+#: codec are handed and give back is theirs to type.
+OTHER_SEAMS = {"model", "sink", "tracer", "codec"}
 
 #: Protocols exempt, with why (see the module docstring).
 EXEMPT = {store.StoreHandle}
@@ -179,6 +187,12 @@ def test_the_store_seam_hands_out_only_typed_values() -> None:
     # The walk must reach what it is about; an empty walk would pass vacuously.
     assert {"Store", "SessionStore", "InboxStore", "TimerStore", "TurnQueue", "BlobStore"} <= names
     assert untyped_upward(protocols) == []
+
+
+def test_every_seam_module_is_walked_or_named_as_no_store_seam() -> None:
+    found = {m.name for m in pkgutil.iter_modules(turnkit._seams.__path__)}
+    walked = {m.__name__.rsplit(".", 1)[1] for m in STORE_SEAM}
+    assert found - OTHER_SEAMS == walked
 
 
 def test_a_turn_record_carries_decoded_payloads() -> None:
