@@ -5,6 +5,7 @@ Run from the repo root::
     .venv/bin/python benchmarks/profile_pair.py                      # memory, def tool
     .venv/bin/python benchmarks/profile_pair.py --store sqlite --tool async --pairs 2000
     .venv/bin/python benchmarks/profile_pair.py --sort cumulative --top 40
+    .venv/bin/python benchmarks/profile_pair.py --store sqlite --codec aes   # sealed
 
 The turn is ``step_overhead.py``'s (a zero-latency model calling a no-op tool once
 per model step), on a fresh store, after one warm-up turn. The table lists the
@@ -82,11 +83,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--pairs", type=int, default=1000)
     p.add_argument("--sort", choices=["tottime", "cumulative", "calls"], default="tottime")
     p.add_argument("--top", type=int, default=30)
+    p.add_argument(
+        "--codec",
+        choices=["none", "aes"],
+        default="none",
+        help="aes: every payload sealed with EnvelopeCodec, as step_overhead.py --codec aes",
+    )
     p.add_argument("--dsn", default=step_overhead._floor.DEFAULT_DSN)
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="turnkit-profile-") as d:
-        stats = profile(args.store, args.tool, args.pairs, Where(tmp=Path(d), dsn=args.dsn))
-    print(f"{args.store} store, {args.tool} tool, {args.pairs} pairs, sorted by {args.sort}")
+        where = Where(tmp=Path(d), dsn=args.dsn, codec=args.codec)
+        stats = profile(args.store, args.tool, args.pairs, where)
+    sealed = ", sealed (EnvelopeCodec)" if args.codec == "aes" else ""
+    what = f"{args.store} store{sealed}, {args.tool} tool, {args.pairs} pairs"
+    print(f"{what}, sorted by {args.sort}")
     print(table(stats, args.pairs, args.sort, args.top))
     return 0
 
