@@ -209,7 +209,9 @@ async def dump(store: Cells, sid: str) -> tuple[object, ...]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("dies_at", ["copied session s2", "now lives in"])
+@pytest.mark.parametrize(
+    "dies_at", ["draining tenant", "copied session s2", "verified", "now lives in"]
+)
 async def test_a_tenant_moves_with_all_it_has_and_a_move_that_died_is_finished(
     places: CellPlaces, dies_at: str
 ) -> None:
@@ -242,7 +244,7 @@ async def test_a_tenant_moves_with_all_it_has_and_a_move_that_died_is_finished(
         with pytest.raises(Crash):
             await move_tenant(cells, "us-1", "b", progress=dying)
         # Mid-move the tenant's new turns are refused, saying why; nothing is lost.
-        with pytest.raises(StoreError, match=r"tenant 'us-1' (has moved|is arriving)"):
+        with pytest.raises(StoreError, match=r"tenant 'us-1' (has moved|is arriving|is moving)"):
             await node.session("m", "s4").submit("refused", tenant="us-1")
         moved = await move_tenant(cells, "us-1", "b", progress=said.append)
         assert (moved.source, moved.target, moved.sessions) == ("a", "b", 4)  # s4 was placed
