@@ -1,7 +1,7 @@
 """An HTTP node for ``chaos.py``, in a process of its own, its clock set back.
 
 Usage: ``python _chaos_node.py DSN SCHEMA OFFSET_SECONDS``. Serves ``create_app``
-over a ``run_turns=False`` runtime (it stores turns for the workers) on a free
+over a ``RuntimeClient`` (it stores turns for the workers) on a free
 loopback port, prints the port, and serves until killed. ``time.time`` in this
 process runs ``OFFSET_SECONDS`` behind, as on a host whose clock drifted.
 """
@@ -26,7 +26,7 @@ from turnkit.stores import PostgresStore
 
 async def main(dsn: str, schema: str) -> None:
     store = PostgresStore(dsn, schema=schema, max_size=4)
-    runtime = turnkit.Runtime(submitting_agent(), store=store, run_turns=False)
+    runtime = turnkit.RuntimeClient(submitting_agent(), store=store)
     app = create_app(runtime, authenticate=lambda request: Principal(id="bench"), own_runtime=True)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))

@@ -10,7 +10,7 @@ Three workers (``scale_out.py``'s agent: a model step, a local tool writing one
 row in the step's transaction, a model step) run turns for ``--seconds``; every 1
 to ``--every`` seconds a random worker is sent ``SIGKILL`` (and restarted) or
 ``SIGSTOP`` (and ``SIGCONT`` 1 to ``--pause`` seconds later). Two HTTP nodes
-(``create_app`` over a ``run_turns=False`` runtime, each in a process of its own,
+(``create_app`` over a ``RuntimeClient``, each in a process of its own,
 the second with its clock ``--skew`` seconds behind) take ``POST …/turns`` in
 ``--burst``-turn bursts per session, alternating node by node, and every request
 is sent again, with the same turn id, to the other node, as a client that timed

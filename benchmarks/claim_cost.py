@@ -39,7 +39,7 @@ async def _fill(store: PostgresStore, args: argparse.Namespace) -> None:
     tenanted = "tenant" in inspect.signature(turnkit.AgentSession.submit).parameters
     plan = [("A", f"A{i:05d}") for i in range(args.big)]
     plan += [(f"T{t}", f"T{t}-{i:03d}") for t in range(args.tenants) for i in range(args.small)]
-    async with turnkit.Runtime(agent, store=store, run_turns=False) as rt:
+    async with turnkit.RuntimeClient(agent, store=store) as rt:
         queue = list(reversed(plan))
 
         async def one() -> None:

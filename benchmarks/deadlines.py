@@ -7,7 +7,7 @@ Run from the repo root::
     .venv/bin/python benchmarks/deadlines.py --turns 200 --workers 2 --runs 3
 
 This process parks ``--turns`` turns (one per session) through a runtime that runs
-no turn itself (``run_turns=False``, an HTTP node's); ``--workers`` worker processes
+no turn itself (a ``RuntimeClient``, as an HTTP node's); ``--workers`` worker processes
 (``Runtime`` + ``Worker`` on the same schema, ``concurrency`` 64) run them. Each
 turn's tool asks a question whose deadline is the same instant for every turn
 (``--lead`` seconds after the run starts), with a default answer; after the
@@ -113,9 +113,7 @@ async def one_run(turns: int, workers: int, lead: float) -> dict[str, Any]:
     store = PostgresStore(DSN, schema=schema)
     procs: list[subprocess.Popen[str]] = []
     try:
-        async with turnkit.Runtime(
-            deadline_agent(DSN, schema, at), store=store, run_turns=False
-        ) as node:
+        async with turnkit.RuntimeClient(deadline_agent(DSN, schema, at), store=store) as node:
             async with await psycopg.AsyncConnection.connect(DSN, autocommit=True) as conn:
                 await conn.execute(f'CREATE TABLE "{schema}".deadline_effects (turn_id text)')
             for _ in range(workers):

@@ -9,7 +9,7 @@ Run from the repo root::
 Three ``turnkit worker`` processes (``benchmarks/scale_out_agent``: a scripted model
 step calling a local tool that writes a row, the tool step, a final model step; five
 commits a turn) run the turns this process submits the way an HTTP node does
-(``Runtime(run_turns=False)``, ``session.submit(..., tenant=...)``), each turn on a
+(``RuntimeClient``, ``session.submit(..., tenant=...)``), each turn on a
 session of its own.
 
 To start every tenant "at the same moment" whatever the submission takes, the
@@ -65,7 +65,7 @@ class Case:
 async def _submit(dsn: str, schema: str, plan: list[tuple[str, str]], parallel: int) -> None:
     """Submit ``plan`` (tenant, session) in order, ``parallel`` at a time."""
     store = PostgresStore(dsn, schema=schema, max_size=parallel)
-    async with turnkit.Runtime(submitting_agent(), store=store, run_turns=False) as rt:
+    async with turnkit.RuntimeClient(submitting_agent(), store=store) as rt:
         queue = list(reversed(plan))
 
         async def one() -> None:

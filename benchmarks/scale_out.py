@@ -16,7 +16,7 @@ three steps.
 
 **Throughput and latency.** For 1, 2 and 4 workers (each ``turnkit worker`` with
 ``--concurrency 64 --pool-size 4``), this process submits turns the way an HTTP node does
-(``Runtime(run_turns=False)``, ``session.submit``) on ``--sessions`` sessions, one
+(``RuntimeClient``, ``session.submit``) on ``--sessions`` sessions, one
 turn at a time per session (the next as soon as the previous one completed: a
 closed loop), for ``--seconds`` after a warm-up. Turns per second count completions;
 latency is from the turn's stored ``created_at`` (its submission) to its
@@ -218,7 +218,7 @@ async def closed_loop(
     loop and the timed window's length."""
     store = PostgresStore(made.dsn, schema=made.schema, max_size=4)
     loop = Loop()
-    runtime = turnkit.Runtime(submitting_agent(), store=store, run_turns=False)
+    runtime = turnkit.RuntimeClient(submitting_agent(), store=store)
     async with runtime:
         names = [f"{prefix}{i:04d}" for i in range(sessions)]
         in_flight: dict[str, str] = {}  # session -> turn id

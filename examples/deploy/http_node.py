@@ -2,7 +2,7 @@
 
     DATABASE_URL=postgresql://127.0.0.1:5432/test uvicorn http_node:app --port 8000
 
-Its runtime has ``run_turns=False``: a turn posted here is stored (queued) and the
+It serves a ``turnkit.RuntimeClient``: a turn posted here is stored (queued) and the
 workers run it; ``GET …/events`` streams it from the store's log, its text live
 through the PostgreSQL relay. Anyone who sends an ``X-User`` header is that user:
 put your own ``authenticate`` here before this leaves your machine.
@@ -59,5 +59,5 @@ with psycopg.connect(DSN, autocommit=True) as conn:
 
 agent = turnkit.load_agent(Path(__file__).with_name("agent"))
 store = PostgresStore(DSN, schema=SCHEMA, max_size=POOL_SIZE)
-runtime = turnkit.Runtime(agent, store=store, run_turns=False)
+runtime = turnkit.RuntimeClient(agent, store=store)
 app = create_app(runtime, authenticate=by_header, own_runtime=True)

@@ -57,6 +57,7 @@ from ._errors import (
     WriteConflictError,
 )
 from ._runtime.approvals import Grant, ResumeRequest
+from ._runtime.client import RuntimeClient
 from ._runtime.exported import ImportResult, export_session, import_session
 from ._runtime.forking import ForkResult, fork_session
 from ._runtime.granting import grant_answer
@@ -65,6 +66,7 @@ from ._runtime.observe import TurnStream
 from ._runtime.retention import PruneReport, Retention
 from ._runtime.runtime import Runtime
 from ._runtime.session import AgentSession
+from ._runtime.session_client import SessionClient
 from ._runtime.worker import Worker
 from ._seams.blobs import BlobStore
 from ._seams.codec import Codec, PayloadKind
@@ -207,8 +209,10 @@ __all__ = [
     "RetryableError",
     "Rewrite",
     "Runtime",
+    "RuntimeClient",
     "ScheduledTurn",
     "SessionBusyError",
+    "SessionClient",
     "SessionFileError",
     "SessionOwnerError",
     "SessionSuspendedError",

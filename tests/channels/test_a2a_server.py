@@ -330,18 +330,18 @@ async def _settled(client, task_id: str):
 
 
 async def test_any_node_on_the_store_gets_follows_and_cancels_a_task(tmp_path) -> None:
-    """Node A runs turns; node B (an HTTP node, ``run_turns=False``) shares its
+    """Node A runs turns; node B (an HTTP node, a ``RuntimeClient``) shares its
     SQLite file: B reads, follows and cancels A's task from the store alone."""
     gate = Gate()
     db = str(tmp_path / "shared.db")
     limits = ServerLimits(feed_poll_seconds=0.05)
     runner = turnkit.Runtime([clerk(gate)], store=SqliteStore(db))
-    other = turnkit.Runtime([clerk(Gate())], store=SqliteStore(db))
+    other = turnkit.RuntimeClient([clerk(Gate())], store=SqliteStore(db))
     async with (
         runner,
         other,
         serving(runner, frontends=[a2a_server()], limits=limits) as a,
-        serving(other, frontends=[a2a_server()], limits=limits, run_turns=False) as b,
+        serving(other, frontends=[a2a_server()], limits=limits) as b,
         a2a_client(a.url) as (on_a, _),
         a2a_client(b.url) as (on_b, _),
     ):

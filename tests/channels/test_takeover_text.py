@@ -126,7 +126,7 @@ async def test_a_slack_reply_shows_each_word_once_across_a_takeover(
 async def test_a_worker_killed_mid_reply_shows_no_word_twice_on_the_http_node(
     pg_dsn: str, pg_schema: str, tmp_path: Path
 ) -> None:
-    """The issue's case, with real processes: an HTTP node (``run_turns=False``)
+    """The issue's case, with real processes: an HTTP node (a ``RuntimeClient``)
     streams a worker's reply; the worker is SIGKILLed after two pieces; a second
     worker takes the turn over and streams the step from its start. The node's
     stream tells the attempts apart, so a client applying the rule shows every
@@ -161,7 +161,7 @@ async def test_a_worker_killed_mid_reply_shows_no_word_twice_on_the_http_node(
         return proc
 
     store = PostgresStore(pg_dsn, schema=pg_schema)
-    runtime = turnkit.Runtime(turnkit.load_agent(folder), store=store, run_turns=False)
+    runtime = turnkit.RuntimeClient(turnkit.load_agent(folder), store=store)
     workers: list[subprocess.Popen[str]] = []
     frames: list[dict[str, Any]] = []
     async with runtime, serving(runtime) as served:

@@ -4,7 +4,7 @@ Usage::
 
     python reset_child.py DSN SCHEMA SESSION
 
-An HTTP node's runtime (``run_turns=False``) on the queue agent that resets
+An HTTP node's ``RuntimeClient`` on the queue agent that resets
 ``SESSION``: it records the reset in the store, prints ``requested``, and waits
 for the running turn to unwind, so the test can kill it in between.
 """
@@ -24,7 +24,7 @@ AGENT_DIR = Path(__file__).resolve().parents[1] / "fixtures" / "queue_agent"
 async def main(dsn: str, schema: str, session_id: str) -> None:
     agent = turnkit.load_agent(AGENT_DIR)
     store = PostgresStore(dsn, schema=schema)
-    async with turnkit.Runtime([agent], store=store, run_turns=False) as runtime:
+    async with turnkit.RuntimeClient([agent], store=store) as runtime:
         reset = asyncio.ensure_future(runtime.session("queued", session_id).reset())
         raw = store.session(session_id)
         while not (await raw.load(from_index=2**31 - 1)).reset_requested:

@@ -6,7 +6,7 @@ Usage::
 
 Sets this process's ``time.time`` back by ``OFFSET_SECONDS`` (as a host with a
 drifting clock would have it), submits one turn of agent ``e`` on ``SESSION``
-through a ``run_turns=False`` runtime (an HTTP node's engine) and prints its id
+through a ``RuntimeClient`` (an HTTP node's) and prints its id
 once the store acknowledged it.
 """
 
@@ -24,7 +24,7 @@ from turnkit.testing import ScriptedModel
 async def main(dsn: str, schema: str, session: str, text: str) -> None:
     agent = turnkit.Agent(name="e", model=ScriptedModel([]), instructions=".")
     store = PostgresStore(dsn, schema=schema)
-    async with turnkit.Runtime([agent], store=store, run_turns=False) as node:
+    async with turnkit.RuntimeClient([agent], store=store) as node:
         print(await node.session("e", session).submit(text), flush=True)
 
 

@@ -85,10 +85,10 @@ async def worker(
 
 
 @asynccontextmanager
-async def node(dsn: str, schema: str, agent: turnkit.Agent) -> AsyncIterator[turnkit.Runtime]:
+async def node(dsn: str, schema: str, agent: turnkit.Agent) -> AsyncIterator[turnkit.RuntimeClient]:
     """An HTTP node's runtime: it stores turns, workers run them."""
     store = PostgresStore(dsn, schema=schema, busy_timeout=30.0)
-    async with turnkit.Runtime(agent, store=store, run_turns=False) as rt:
+    async with turnkit.RuntimeClient(agent, store=store) as rt:
         yield rt
 
 
@@ -252,7 +252,7 @@ from turnkit.stores import PostgresStore
 async def main():
     agent = turnkit.load_agent(sys.argv[1])
     store = PostgresStore(sys.argv[2], schema=sys.argv[3], busy_timeout=30.0)
-    async with turnkit.Runtime([agent], store=store, run_turns=False) as rt:
+    async with turnkit.RuntimeClient([agent], store=store) as rt:
         print("ready", flush=True)
         for line in sys.stdin:
             ids = {}

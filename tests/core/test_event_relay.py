@@ -398,7 +398,7 @@ async def test_a_turn_posted_to_an_http_node_streams_a_workers_text_live(
     folder = FIXTURES / "streaming_agent"
     pieces = slow_pieces(folder)
     store = PostgresStore(pg_dsn, schema=pg_schema)
-    runtime = turnkit.Runtime(turnkit.load_agent(folder), store=store, run_turns=False)
+    runtime = turnkit.RuntimeClient(turnkit.load_agent(folder), store=store)
     async with runtime, serving(runtime) as served:
         worker = subprocess.Popen(
             [

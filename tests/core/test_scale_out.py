@@ -1,5 +1,5 @@
 """Scale out on one PostgreSQL: ``turnkit worker`` processes run the turns that an
-HTTP node (``create_app(..., run_turns=False)``) stores, exactly once, one worker at
+HTTP node (``create_app`` over a ``RuntimeClient``) stores, exactly once, one worker at
 a time per session, through worker deaths, pauses and shutdowns.
 
 The agent (tests/fixtures/queue_agent) writes a row through ``ctx.store`` in each
@@ -46,7 +46,7 @@ class Cluster:
     hold: Path
     logs: Path
     client: httpx.AsyncClient
-    runtime: turnkit.Runtime
+    runtime: turnkit.RuntimeClient
     workers: list[subprocess.Popen[str]]
 
     @property
@@ -166,8 +166,8 @@ def hold(tmp_path: Path) -> Iterator[Path]:
 async def cluster(dsn: str, schema: str, hold: Path, logs: Path) -> AsyncIterator[Cluster]:
     agent = turnkit.load_agent(AGENT_DIR)
     store = PostgresStore(dsn, schema=schema, busy_timeout=30.0)
-    runtime = turnkit.Runtime([agent], store=store, remote_poll=0.2)
-    async with runtime, serving(runtime, run_turns=False) as served:
+    runtime = turnkit.RuntimeClient([agent], store=store, poll=0.2)
+    async with runtime, serving(runtime) as served:
         node = Cluster(dsn, schema, hold, logs, served.client, runtime, [])
         node.sql(
             "CREATE TABLE scale_effects (session_id text, turn_id text, label text, pid integer)"
@@ -417,14 +417,17 @@ async def test_a_worker_refuses_a_store_it_cannot_share(tmp_path: Path) -> None:
     assert "needs a PostgreSQL store" in done.stderr
 
 
-async def test_a_runtime_that_runs_no_turns_refuses_start_and_recovers_nothing() -> None:
+async def test_a_client_runs_nothing_and_no_worker_takes_it_for_a_runtime() -> None:
     agent = turnkit.Agent(name="a", model=turnkit.testing.ScriptedModel(["hi"]))
-    async with turnkit.Runtime(agent, store=turnkit.stores.MemoryStore(), run_turns=False) as rt:
-        with pytest.raises(turnkit.ConfigurationError, match="use submit"):
-            rt.session("a", "s").start("hi")
-        assert await rt.recover() == []
-        with pytest.raises(turnkit.ConfigurationError, match="PostgresStore"):
-            turnkit.Worker(rt)
+    async with turnkit.RuntimeClient(agent, store=turnkit.stores.MemoryStore()) as rt:
+        session = rt.session("a", "s")
+        assert not hasattr(session, "start") and not hasattr(rt, "recover")
+        ctx = turnkit.mount_agent(agent, rt)
+        with pytest.raises(turnkit.ConfigurationError, match="use submit_stream"):
+            ctx.run_stream("hi", session="s")
+        with pytest.raises(turnkit.ConfigurationError, match=r"needs a turnkit\.Runtime"):
+            turnkit.Worker(rt)  # type: ignore[arg-type]
+        assert await session.status() == "new"
 
 
 async def test_a_replace_posted_to_the_http_node_cancels_the_turn_on_a_worker(
@@ -635,7 +638,7 @@ async def test_a_per_tenant_cap_holds_across_worker_processes(
         nodes.start_worker("--concurrency", "8", "--per-tenant", "2")
     agent = turnkit.load_agent(AGENT_DIR)
     store = PostgresStore(pg_dsn, schema=pg_schema, busy_timeout=30.0)
-    async with turnkit.Runtime([agent], store=store, run_turns=False) as rt:
+    async with turnkit.RuntimeClient([agent], store=store) as rt:
         tenants: dict[str, str] = {}
         for tenant, n in (("A", 5), ("B", 3)):
             for i in range(n):

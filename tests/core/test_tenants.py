@@ -78,9 +78,9 @@ async def worker(
 
 
 @asynccontextmanager
-async def node(dsn: str, schema: str, agent: turnkit.Agent) -> AsyncIterator[turnkit.Runtime]:
+async def node(dsn: str, schema: str, agent: turnkit.Agent) -> AsyncIterator[turnkit.RuntimeClient]:
     store = PostgresStore(dsn, schema=schema, busy_timeout=30.0)
-    async with turnkit.Runtime(agent, store=store, run_turns=False) as rt:
+    async with turnkit.RuntimeClient(agent, store=store) as rt:
         yield rt
 
 

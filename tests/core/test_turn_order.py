@@ -54,7 +54,7 @@ async def test_item1_turn_order_is_the_stores_not_a_nodes_clock(
     workers and recover() follow, keeps the order of acknowledgement."""
     calls: list[str] = []
     store = make_store()
-    async with turnkit.Runtime([echo_agent(calls)], store=store, run_turns=False) as node:
+    async with turnkit.RuntimeClient([echo_agent(calls)], store=store) as node:
         session = node.session("e", "s1")
         real = time.time
         ids = [await session.submit("T1")]
@@ -130,7 +130,7 @@ async def test_item3_submit_with_a_stored_turn_id_is_a_retry(make_store: StoreFa
 async def test_item3_an_http_node_that_hands_turns_to_workers_answers_a_resent_turn_id(
     pg_dsn: str, pg_schema: str
 ) -> None:
-    """The issue's case: a node created with ``run_turns=False`` answered a resent
+    """The issue's case: a node that hands its turns to workers answered a resent
     turn id 409 ("use submit() … not start()")."""
     from turnkit.stores import PostgresStore
 
@@ -139,9 +139,7 @@ async def test_item3_an_http_node_that_hands_turns_to_workers_answers_a_resent_t
         [echo_agent(calls)], store=PostgresStore(pg_dsn, schema=pg_schema)
     ) as worker:
         await worker.session("e", "s1").turn("hello", turn_id="t1", owner="alice")
-    node = turnkit.Runtime(
-        [echo_agent(calls)], store=PostgresStore(pg_dsn, schema=pg_schema), run_turns=False
-    )
+    node = turnkit.RuntimeClient([echo_agent(calls)], store=PostgresStore(pg_dsn, schema=pg_schema))
     async with node, serving(node) as served:
         body = {"text": "hello", "turn_id": "t1"}
         chat = await served.client.post(served.path("e", "s1", "chat"), json=body, headers=ALICE)
@@ -166,9 +164,7 @@ async def test_item1_a_node_process_whose_clock_is_behind_cannot_reorder_turns(
 
     child = CHILDREN / "skewed_node_child.py"
     calls: list[str] = []
-    node = turnkit.Runtime(
-        [echo_agent(calls)], store=PostgresStore(pg_dsn, schema=pg_schema), run_turns=False
-    )
+    node = turnkit.RuntimeClient([echo_agent(calls)], store=PostgresStore(pg_dsn, schema=pg_schema))
     async with node:
         session = node.session("e", "s1")
         ids = [await session.submit("T1")]

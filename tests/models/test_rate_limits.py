@@ -137,7 +137,7 @@ async def test_three_workers_share_one_limit_and_run_other_turns_meanwhile(
         agents = [agent("slow", "limited-model", server), agent("free", "free-model", server)]
         node_store = PostgresStore(pg_dsn, schema=pg_schema, busy_timeout=30.0)
         async with (
-            turnkit.Runtime(agents, store=node_store, run_turns=False) as node,
+            turnkit.RuntimeClient(agents, store=node_store) as node,
             AsyncExitStack() as stack,
         ):
             for _ in range(3):

@@ -31,6 +31,7 @@ CORE_LAYERS: dict[str, set[str]] = {
 #: pydantic (tool schemas, JSON) and jsonschema (answer schemas).
 CORE_EXTERNAL = {
     "__future__",
+    "abc",
     "asyncio",
     "collections",
     "contextlib",

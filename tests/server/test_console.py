@@ -236,8 +236,8 @@ async def test_fork_from_the_console(open_runtime: Any) -> None:
 async def test_on_an_http_node_retry_and_fork_go_to_the_workers(
     pg_dsn: str, pg_schema: str
 ) -> None:
-    """``run_turns=False``: the console stores a retried turn (and a fork's cut turn)
-    ``running``, and a worker of the deployment claims and finishes it."""
+    """On an HTTP node (a ``RuntimeClient``) the console stores a retried turn (and a
+    fork's cut turn) ``running``, and a worker of the deployment claims and finishes it."""
     from turnkit.stores import PostgresStore
 
     FIXED["db"] = False
@@ -245,7 +245,7 @@ async def test_on_an_http_node_retry_and_fork_go_to_the_workers(
     worker_store = PostgresStore(pg_dsn, schema=pg_schema)
     async with (
         turnkit.Runtime([ops_agent()], store=worker_store) as workers,
-        turnkit.Runtime([ops_agent()], store=node_store, run_turns=False) as node,
+        turnkit.RuntimeClient([ops_agent()], store=node_store) as node,
     ):
         worker = turnkit.Worker(workers, poll=0.05)
         running = asyncio.create_task(worker.run())

@@ -136,7 +136,7 @@ async def test_workers_their_sessions_a_takeover_and_step_latency_on_postgresql(
         done = await asyncio.to_thread(take_over, deployment, "--ops-port", str(port))
         held_turn = await asyncio.to_thread(hold, deployment)
         store = PostgresStore(pg_dsn, schema=pg_schema)
-        node = turnkit.Runtime(turnkit.load_agent(deployment.folder), store=store, run_turns=False)
+        node = turnkit.RuntimeClient(turnkit.load_agent(deployment.folder), store=store)
         console = Console(metrics=[f"http://127.0.0.1:{port}/metrics"])
         async with (
             node,

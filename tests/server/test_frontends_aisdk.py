@@ -152,17 +152,17 @@ async def test_reconnecting_to_a_chat_with_nothing_running_is_204(
 async def test_a_dropped_stream_resumes_on_another_http_node_while_a_worker_runs_the_turn(
     tmp_path: Path, pg_dsn: str, pg_schema: str
 ) -> None:
-    """Two HTTP nodes (``run_turns=False``) and a worker on one PostgreSQL: the chat
+    """Two HTTP nodes (``RuntimeClient``) and a worker on one PostgreSQL: the chat
     posts to one node, drops mid-reply and reconnects to the other, which serves the
     turn from the log and the rest of the reply through the store's relay."""
     node_or_skip()
     model = StoryModel()
 
-    def runtime(run_turns: bool) -> turnkit.Runtime:
-        store = PostgresStore(pg_dsn, schema=pg_schema, busy_timeout=10.0)
-        return turnkit.Runtime(shop_agent(model), store=store, run_turns=run_turns)
+    def store() -> PostgresStore:
+        return PostgresStore(pg_dsn, schema=pg_schema, busy_timeout=10.0)
 
-    worker_runtime, node_a, node_b = runtime(True), runtime(False), runtime(False)
+    worker_runtime = turnkit.Runtime(shop_agent(model), store=store())
+    node_a, node_b = (turnkit.RuntimeClient(shop_agent(model), store=store()) for _ in "ab")
     async with worker_runtime, node_a, node_b:
         worker = turnkit.Worker(worker_runtime, concurrency=4)
         working = asyncio.create_task(worker.run())
@@ -222,7 +222,7 @@ async def test_a_worker_killed_mid_reply_leaves_the_sdk_every_word_once(
         return proc
 
     store = PostgresStore(pg_dsn, schema=pg_schema)
-    runtime = turnkit.Runtime(turnkit.load_agent(folder), store=store, run_turns=False)
+    runtime = turnkit.RuntimeClient(turnkit.load_agent(folder), store=store)
     workers: list[subprocess.Popen[str]] = []
     async with runtime, serving(runtime, frontends=[ai_sdk()]) as served:
         client = await NodeClient.start(

@@ -90,7 +90,7 @@ def test_the_default_placement_is_a_stable_hash_that_a_new_cell_disturbs_little(
 async def test_sessions_go_to_their_tenants_cell_and_stay_where_it_was_pinned(
     places: CellPlaces,
 ) -> None:
-    async with turnkit.Runtime(echo(), store=places.cells(by_region), run_turns=False) as rt:
+    async with turnkit.RuntimeClient(echo(), store=places.cells(by_region)) as rt:
         for tenant, session in (("eu-1", "s-eu"), ("us-1", "s-us"), ("", "s-default")):
             await rt.session("echo", session).submit("hi", tenant=tenant)
     assert places.rows("a", "SELECT session_id FROM turnkit_sessions ORDER BY 1") == [
@@ -100,7 +100,7 @@ async def test_sessions_go_to_their_tenants_cell_and_stay_where_it_was_pinned(
     assert places.rows("b", "SELECT session_id, tenant FROM turnkit_turns") == [("s-eu", "eu-1")]
     # Another deployment's placement would put eu-1 in a: its tenant is pinned to b.
     everything_in_a = places.cells(lambda tenant: "a")
-    async with turnkit.Runtime(echo(), store=everything_in_a, run_turns=False) as rt:
+    async with turnkit.RuntimeClient(echo(), store=everything_in_a) as rt:
         await rt.session("echo", "s-eu-2").submit("again", tenant="eu-1")
         await rt.session("echo", "s-new").submit("new", tenant="eu-2")
         assert (await rt.store.session("s-eu").unfinished())[0].tenant == "eu-1"
@@ -112,7 +112,7 @@ async def test_sessions_go_to_their_tenants_cell_and_stay_where_it_was_pinned(
 
 
 async def test_a_placement_naming_no_cell_is_refused_naming_it(places: CellPlaces) -> None:
-    async with turnkit.Runtime(echo(), store=places.cells(lambda t: "mars"), run_turns=False) as rt:
+    async with turnkit.RuntimeClient(echo(), store=places.cells(lambda t: "mars")) as rt:
         with pytest.raises(turnkit.ConfigurationError, match="'mars', which is not one of"):
             await rt.session("echo", "s1").submit("hi", tenant="acme")
 
@@ -120,7 +120,7 @@ async def test_a_placement_naming_no_cell_is_refused_naming_it(places: CellPlace
 async def test_one_set_of_workers_runs_the_turns_of_both_cells(places: CellPlaces) -> None:
     agent = echo()
     tenants = ["eu-a", "eu-b", "us-a", "us-b"]
-    async with turnkit.Runtime(agent, store=places.cells(by_region), run_turns=False) as node:
+    async with turnkit.RuntimeClient(agent, store=places.cells(by_region)) as node:
         turns = {}
         for n in range(12):
             tenant = tenants[n % 4]
@@ -226,7 +226,7 @@ async def test_a_tenant_moves_with_all_it_has_and_a_move_that_died_is_finished(
         assert parked.status == "suspended" and parked.request is not None
         await rt.session("m", "elsewhere").turn("hi", tenant="eu-1")  # lives in b already
     cells = places.cells(by_region, **BLOBS)
-    async with turnkit.Runtime(agent, store=cells, run_turns=False, budget=BUDGET) as node:
+    async with turnkit.RuntimeClient(agent, store=cells) as node:
         queued = await node.session("m", "s3").submit("three", tenant="us-1")
         before = {sid: await dump(cells, sid) for sid in ("s1", "s2", "s3")}
         usage = await cells.usage_by_tenant()

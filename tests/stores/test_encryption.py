@@ -305,7 +305,7 @@ async def test_a_worker_claims_a_sealed_queued_turn_and_reads_its_opening(
     from turnkit.stores import PostgresStore, TurnRecord
 
     store = PostgresStore(pg_dsn, schema=pg_schema, codec=EnvelopeCodec(keys))
-    async with turnkit.Runtime(marked_agent(), store=store, run_turns=False) as rt:
+    async with turnkit.RuntimeClient(marked_agent(), store=store) as rt:
         turn_id = await rt.session("a", ACME).submit(f"order {MARK}")
         (claimed,) = await store.claim(["a"], limit=5)
         assert isinstance(claimed, TurnRecord) and claimed.turn_id == turn_id

@@ -128,10 +128,8 @@ class Deployment:
         return _run(lambda: self._submit(session_id, text))
 
     async def _submit(self, session_id: str, text: str) -> str:
-        node = turnkit.Runtime(
-            turnkit.load_agent(self.folder),
-            store=PostgresStore(self.dsn, schema=self.schema),
-            run_turns=False,
+        node = turnkit.RuntimeClient(
+            turnkit.load_agent(self.folder), store=PostgresStore(self.dsn, schema=self.schema)
         )
         async with node:
             return await node.session("ops", session_id).submit(text)

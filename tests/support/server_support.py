@@ -36,7 +36,7 @@ def by_header(request: Request) -> Principal | None:
 @dataclass
 class Served:
     url: str
-    runtime: turnkit.Runtime
+    runtime: turnkit.RuntimeClient
     client: httpx.AsyncClient
 
     def path(self, agent: str, session: str, verb: str) -> str:
@@ -45,7 +45,7 @@ class Served:
 
 @asynccontextmanager
 async def serving(
-    runtime: turnkit.Runtime,
+    runtime: turnkit.RuntimeClient,
     *,
     authenticate: Callable[[Request], Principal | Awaitable[Principal | None] | None] = by_header,
     limits: ServerLimits | None = None,

@@ -20,10 +20,11 @@ from typing import Any, Protocol, Unpack, runtime_checkable
 from .._engine.agent import Agent
 from .._errors import ConfigurationError, DeliveryError
 from .._runtime.approvals import Grant, ResumeRequest
+from .._runtime.client import RuntimeClient
 from .._runtime.granting import grant_answer
 from .._runtime.observe import TurnStream
-from .._runtime.runtime import Runtime
 from .._runtime.session import AgentSession
+from .._runtime.session_client import SessionClient
 from .._values.events import DeliveryFailedEvent, TurnEvent
 from .._values.inbound import InboundEvent, Proactive
 from .._values.inputs import InputRequest
@@ -57,11 +58,11 @@ class DeliveringChannel(Channel, Protocol):
 class ChannelContext:
     """What a channel drives an agent's turns through; made by ``mount_agent``."""
 
-    def __init__(self, agent: Agent, runtime: Runtime) -> None:
+    def __init__(self, agent: Agent, runtime: RuntimeClient) -> None:
         self.agent = agent
         self.runtime = runtime
 
-    def session(self, session: str) -> AgentSession:
+    def session(self, session: str) -> SessionClient:
         return self.runtime.session(self.agent.name, session)
 
     def run_stream(
@@ -78,9 +79,14 @@ class ChannelContext:
         The turn is queued at once (it runs whether or not the stream is read);
         the stream is already listening, and ends on ``turn.completed``,
         ``turn.failed``, ``turn.cancelled`` or ``input.requested``. The options are
-        ``AgentSession.start``'s (a ``TurnOptions``, or its fields as keywords).
+        ``SessionClient.start``'s (a ``TurnOptions``, or its fields as keywords).
         """
         agent_session = self.session(session)
+        if not isinstance(agent_session, AgentSession):
+            raise ConfigurationError(
+                "run_stream runs the turn in this process, and a RuntimeClient runs none: "
+                "use submit_stream, which stores the turn for the workers"
+            )
         tid = agent_session.start(text, turn_options(options, keywords))
         return agent_session.observe(tid)
 
@@ -94,7 +100,7 @@ class ChannelContext:
         **keywords: Unpack[TurnKeywords],
     ) -> TurnStream:
         """``run_stream``, returning only once the store holds the turn (see
-        ``AgentSession.submit``): a crash from then on loses nothing, and a refusal
+        ``SessionClient.submit``): a crash from then on loses nothing, and a refusal
         read from the store (a parked session, say) is raised here."""
         agent_session = self.session(session)
         tid = await agent_session.submit(text, turn_options(options, keywords))
@@ -144,7 +150,7 @@ class ChannelContext:
         return await self.session(session).pending_all()
 
     async def reset_session(self, *, session: str) -> ResetResult:
-        """Archive the session's history and start it afresh (see ``AgentSession.reset``)."""
+        """Archive the session's history and start it afresh (see ``SessionClient.reset``)."""
         return await self.session(session).reset()
 
     async def resume_stream(
@@ -166,7 +172,7 @@ class ChannelContext:
         stream is read. ``by`` and ``principal`` are the answerer as the channel
         verified them. When the request names a policy answerer and no grant is
         passed, the agent's ``authorize_answer`` is asked here (with ``principal``).
-        The resume errors of ``AgentSession.resume`` are raised before anything
+        The resume errors of ``SessionClient.resume`` are raised before anything
         is stored. ``source`` names the channel in the answer's record.
         """
         return await self._resume(session, turn_id, input_id, value, by, principal, granted, source)
@@ -217,7 +223,7 @@ class ChannelContext:
 
     async def _grant_if_needed(
         self,
-        agent_session: AgentSession,
+        agent_session: SessionClient,
         turn_id: str,
         input_id: str,
         value: Any,
@@ -244,7 +250,7 @@ class ChannelContext:
 
 def mount_agent(
     agent: Agent,
-    runtime: Runtime,
+    runtime: RuntimeClient,
     *,
     channels: Iterable[Channel] = (),
     served_elsewhere: Iterable[str] = (),

@@ -10,11 +10,11 @@ from __future__ import annotations
 from .._errors import ConfigurationError, ResumeAuthorizationError, ResumeConflictError
 from .._values.inputs import AnswerCheck, AuthorizeAnswer
 from .approvals import Grant, ResumeRequest
-from .session import AgentSession
+from .session_client import SessionClient
 
 
 async def grant_answer(
-    session: AgentSession,
+    session: SessionClient,
     resume: ResumeRequest,
     authorize_answer: AuthorizeAnswer | None = None,
 ) -> Grant:

@@ -1,5 +1,5 @@
-"""Following a turn that another process runs (a runtime with ``run_turns=False``
-hands its turns to workers): its end read from the store's record, its events from
+"""Following a turn that another process runs (a ``RuntimeClient`` hands its turns
+to workers): its end read from the store's record, its events from
 the store's log as they land, plus whatever live events reach this process's sink.
 
 A turn's log is the authority. A live event with a number is taken only if it is
@@ -32,10 +32,19 @@ from .._values.records import TurnRecord
 from .._values.turns import result_from_record
 
 #: The first wait between two reads of a remote turn; it doubles while nothing
-#: changes, up to the runtime's ``remote_poll``.
+#: changes, up to the client's ``poll``.
 FIRST_POLL = 0.02
 #: Statuses of a turn that some process still has to run.
 _ONGOING = ("queued", "running")
+
+
+def ongoing(record: TurnRecord) -> bool:
+    """Whether some process still has to run the turn: it is queued or running, or
+    parked with a cancellation recorded that a delivery has yet to close."""
+    if record.status == "suspended":
+        return record.cancel_reason is not None
+    return record.status in _ONGOING
+
 
 T = TypeVar("T")
 
@@ -71,7 +80,7 @@ async def wait_for_end(store: SessionStore, turn_id: str, poll: float) -> TurnRe
         record = await _whole(store.turn(turn_id))
         if record is None:
             raise TurnError(f"session {store.session_id} has no turn {turn_id}")
-        if record.status not in _ONGOING:
+        if not ongoing(record):
             return record
         await asyncio.sleep(delay)
         delay = min(delay * 2, poll)
@@ -107,7 +116,7 @@ async def remote_turn_events(
             delay = FIRST_POLL
             if event.type in ENDING_EVENT_TYPES:
                 record = await _whole(store.turn(turn_id))
-                if record is not None and record.status in _ONGOING:
+                if record is not None and ongoing(record):
                     continue  # taken over, or already resumed: the story goes on
             yield event
             if event.type in ENDING_EVENT_TYPES:
@@ -119,7 +128,7 @@ async def remote_turn_events(
         record = await _whole(store.turn(turn_id))
         if record is None:
             raise TurnError(f"session {store.session_id} has no turn {turn_id}")
-        if record.status not in _ONGOING:
+        if not ongoing(record):
             for event in await _whole(store.events(turn_id=turn_id, after=last)):
                 yield event
                 if event.type in ENDING_EVENT_TYPES:

@@ -1,18 +1,18 @@
 """What a session shows: its state and results read from the store, and its
-events as they happen. ``AgentSession`` gets these methods from ``SessionView``.
+events as they happen. ``SessionClient`` and ``AgentSession`` get these methods
+from ``SessionView``; each says where a turn's end and its live events come from.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections import OrderedDict
+from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any, Protocol
 
 from .._engine.agent import Agent
 from .._engine.output import with_output
-from .._seams.relay import EventRelay
 from .._seams.sink import EventSink
 from .._seams.store import SessionStore, parked_turn, transcript
 from .._values.answers import AnswerRecord, answer_records
@@ -22,8 +22,8 @@ from .._values.messages import Message
 from .._values.records import SessionStatus, TurnRecord
 from .._values.turns import TurnResult, result_from_record
 from .._values.usage import Usage
-from .observe import TurnStream, event_filter, finished_record, session_events, turn_events
-from .remote import Remote, wait_for_end
+from .observe import TurnStream, event_filter, session_events, turn_events
+from .remote import Remote
 from .usage import session_usage, turn_usage
 
 log = logging.getLogger("turnkit.runtime")
@@ -35,29 +35,27 @@ class ViewHost(Protocol):
     @property
     def sink(self) -> EventSink: ...
 
-    @property
-    def run_turns(self) -> bool: ...
-
-    @property
-    def remote_poll(self) -> float: ...
-
-    @property
-    def relay(self) -> EventRelay | None: ...
-
     def spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]: ...
 
 
-class SessionView:
-    """Reading and observing one session; the queue lives in ``AgentSession``."""
+class SessionView(ABC):
+    """Reading and observing one session."""
 
     runtime: ViewHost
     agent: Agent
     _store: SessionStore
-    #: This process's deliveries of the session's recent turns, by turn id.
-    _futures: OrderedDict[str, asyncio.Future[TurnResult]]
-    #: Turns handed to workers (``run_turns=False``) and the event each one's story
-    #: goes on after (``None``: from when it is observed).
-    _handed: OrderedDict[str, int | None]
+
+    def _local(self, turn_id: str) -> asyncio.Future[TurnResult] | None:
+        """This process's delivery of the turn, if it has one."""
+        return None
+
+    @abstractmethod
+    async def _ended(self, turn_id: str) -> TurnRecord:
+        """The turn's record once it has ended, for a turn not delivered here."""
+
+    @abstractmethod
+    def _remote(self, turn_id: str) -> Remote | None:
+        """How to follow the turn run by another process (``None``: it runs here)."""
 
     @property
     def session_id(self) -> str:
@@ -101,14 +99,10 @@ class SessionView:
     async def result(self, turn_id: str) -> TurnResult:
         """Wait for the turn to end here, or read how it ended from the store (a typed
         answer's ``output`` is parsed from the answer the store holds)."""
-        future = self._futures.get(turn_id)
+        future = self._local(turn_id)
         if future is not None:
             return await asyncio.shield(future)
-        if not self.runtime.run_turns:
-            # Workers run this runtime's turns: wait for the store to say it ended.
-            record = await wait_for_end(self._store, turn_id, self.runtime.remote_poll)
-        else:
-            record = await finished_record(self._store, turn_id)
+        record = await self._ended(turn_id)
         usage = await turn_usage(self._store, turn_id)
         return with_output(self.agent._output, result_from_record(record, usage))
 
@@ -145,16 +139,13 @@ class SessionView:
         ``replay=True`` the events already logged for the turn come first, so a late
         observer misses nothing structural (live deltas are never replayed).
         """
-        remote = None
-        if not self.runtime.run_turns:
-            remote = Remote(self._handed.get(turn_id), self.runtime.remote_poll, self.runtime.relay)
         return TurnStream(
             sink=self.runtime.sink,
             store=self._store,
             turn_id=turn_id,
-            future=self._futures.get(turn_id),
+            future=self._local(turn_id),
             replay=replay,
-            remote=remote,
+            remote=self._remote(turn_id),
         )
 
     def subscribe(
@@ -209,7 +200,7 @@ class SessionView:
             if turn_id is None:
                 events = session_events(self._store, queue, replay=replay)
             else:
-                future = self._futures.get(turn_id)
+                future = self._local(turn_id)
                 events = turn_events(self._store, queue, turn_id, future, replay=replay)
             async for event in events:
                 yield event

@@ -63,15 +63,13 @@ class Worker:
     ) -> None:
         if not isinstance(runtime, Runtime):
             raise ConfigurationError(
-                f"Worker needs a turnkit.Runtime, got {type(runtime).__name__}"
+                f"Worker runs turns, so it needs a turnkit.Runtime, got {type(runtime).__name__}"
             )
         if not isinstance(runtime.store, TurnQueue):
             raise ConfigurationError(
                 f"a Worker claims turns from a shared store (PostgresStore); "
                 f"{type(runtime.store).__name__} is not one"
             )
-        if not runtime.run_turns:
-            raise ConfigurationError("a Worker runs turns: its runtime needs run_turns=True")
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
             raise ConfigurationError(f"concurrency must be an int >= 1, got {concurrency!r}")
         for name, value in (("poll", poll), ("grace", grace)):

@@ -211,6 +211,7 @@ async def console_command(args: argparse.Namespace, progress: Progress) -> int:
         raise CliError(f"turnkit console needs: pip install 'turnkit[server]' ({exc})") from None
     from .._assembly.loader import AgentFolder
     from .._channels.local_user import local_user
+    from .._runtime.client import RuntimeClient
     from .._runtime.runtime import Runtime
     from ._folder_model import choose_model
     from ._open import is_shared_store
@@ -223,7 +224,13 @@ async def console_command(args: argparse.Namespace, progress: Progress) -> int:
         agents.append(folder.agent(choose_model(folder).model))
     await check_store_exists(args.store)
     store = await writable_store(args.store)
-    runtime = Runtime(agents, store=store, run_turns=not is_shared_store(args.store))
+    # On a shared store (PostgreSQL, cells) the workers run what the console stores;
+    # on a file, this process.
+    runtime = (
+        RuntimeClient(agents, store=store)
+        if is_shared_store(args.store)
+        else Runtime(agents, store=store)
+    )
     return await serve_console(
         runtime,
         host=args.host,

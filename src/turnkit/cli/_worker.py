@@ -1,6 +1,6 @@
 """``turnkit worker``: one process of a deployment's workers, on a shared PostgreSQL.
 
-It serves no HTTP: HTTP nodes (``create_app(..., run_turns=False)``) store the turns
+It serves no HTTP: HTTP nodes (``create_app`` over a ``RuntimeClient``) store the turns
 and workers run them. ``SIGTERM`` (or ``SIGINT``) stops it gracefully: it claims
 nothing more, lets the turns under way finish for ``grace`` seconds, hands back what
 is left (another worker replays it from its checkpoints) and exits 0.

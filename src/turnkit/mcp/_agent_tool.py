@@ -32,7 +32,7 @@ from .._errors import (
     SessionSuspendedError,
     StoreError,
 )
-from .._runtime.runtime import Runtime
+from .._runtime.client import RuntimeClient
 from .._seams.store import NO_MESSAGES
 from .._values.inbound import InboundEvent, User
 from .._values.inputs import InputRequest
@@ -41,7 +41,7 @@ from ..server.frontend import HttpError, identifier
 from ._results import failure, success
 
 if TYPE_CHECKING:
-    from .._runtime.session import AgentSession
+    from .._runtime.session_client import SessionClient
 
 #: The inbound source of turns started over MCP (an agent may give it a policy).
 SOURCE = "mcp"
@@ -56,7 +56,9 @@ class _Refused(Exception):
 class AgentTool:
     """The two tools serving one agent's turns over MCP."""
 
-    def __init__(self, runtime: Runtime, agent: Agent, name: str, authorize: Authorize) -> None:
+    def __init__(
+        self, runtime: RuntimeClient, agent: Agent, name: str, authorize: Authorize
+    ) -> None:
         self.runtime = runtime
         self.agent = agent
         self.name = name
@@ -193,7 +195,7 @@ class AgentTool:
             self._ctx = mount_agent(self.agent, self.runtime)
         return self._ctx
 
-    def _session(self, session_id: str) -> AgentSession:
+    def _session(self, session_id: str) -> SessionClient:
         try:
             return self._context().session(session_id)
         except ConfigurationError:

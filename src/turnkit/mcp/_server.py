@@ -29,7 +29,7 @@ from .._engine.agent import Agent
 from .._engine.tool_results import error_text, to_json_result
 from .._engine.tools import ActionContext, Tool, is_async_callable
 from .._errors import ConfigurationError
-from .._runtime.runtime import Runtime
+from .._runtime.client import RuntimeClient
 from .._values.inbound import User
 from ._agent_tool import AgentTool
 from ._results import failure, success
@@ -48,7 +48,7 @@ class McpEndpoint:
     path = "/mcp"
 
     def __init__(
-        self, runtime: Runtime, agent: Agent, agent_tool: str | None, limits: McpLimits
+        self, runtime: RuntimeClient, agent: Agent, agent_tool: str | None, limits: McpLimits
     ) -> None:
         self.runtime = runtime
         self.limits = limits
@@ -151,7 +151,7 @@ async def run_action(
 
 
 def server(
-    runtime: Runtime,
+    runtime: RuntimeClient,
     agent: Agent | str,
     *,
     agent_tool: bool | str = False,
@@ -168,9 +168,10 @@ def server(
     for it); ``limits`` (``McpLimits``) bounds the sessions per principal and in
     all, and how long an unused one lives.
     """
-    if not isinstance(runtime, Runtime):
+    if not isinstance(runtime, RuntimeClient):
         raise ConfigurationError(
-            f"turnkit.mcp.server needs a turnkit.Runtime, got {type(runtime).__name__}"
+            "turnkit.mcp.server needs a turnkit.Runtime or a turnkit.RuntimeClient, "
+            f"got {type(runtime).__name__}"
         )
     name = agent.name if isinstance(agent, Agent) else agent
     found = runtime.agents.get(name) if isinstance(name, str) else None

@@ -1,4 +1,4 @@
-"""``create_app``: a ``Runtime`` behind HTTP, as a Starlette ASGI app.
+"""``create_app``: a ``Runtime`` (or a ``RuntimeClient``) behind HTTP, as a Starlette ASGI app.
 
 Each request is authenticated first, its input checked next, and only then does
 it reach the runtime, so a refused request changes nothing. Turns stream back as
@@ -47,9 +47,10 @@ from .._errors import (
     StoreError,
     TurnError,
 )
+from .._runtime.client import RuntimeClient
 from .._runtime.observe import TurnStream
 from .._runtime.runtime import Runtime
-from .._runtime.session import AgentSession
+from .._runtime.session_client import SessionClient
 from .._seams.store import SessionStore, parked_turn
 from .._values.answers import answer_records
 from .._values.inbound import InboundEvent, User
@@ -137,7 +138,7 @@ class ServerLimits:
 
 
 def create_app(
-    runtime: Runtime,
+    runtime: RuntimeClient,
     *,
     authenticate: Authenticate,
     limits: ServerLimits | None = None,
@@ -149,7 +150,6 @@ def create_app(
     source: str = "http",
     own_runtime: bool = False,
     mcp: Mountable | None = None,
-    run_turns: bool | None = None,
     frontends: Sequence[Frontend] = (),
     console: Console | None = None,
 ) -> Starlette:
@@ -176,10 +176,10 @@ def create_app(
     behind ``authenticate`` and deciding with ``authorize`` like every endpoint; it
     runs while the app's lifespan does (see docs/mcp.md).
 
-    ``run_turns=False`` makes the app an HTTP node of a deployment with workers
-    (``turnkit worker``): it sets the runtime's ``run_turns``, so turns, resumes,
-    cancellations and resets are stored for the workers, and streams and answers
-    follow the turns through the store. ``None`` leaves the runtime as it is.
+    Given a ``RuntimeClient`` instead of a ``Runtime``, the app is an HTTP node of a
+    deployment with workers (``turnkit worker``): turns, resumes, cancellations and
+    resets are stored for the workers, and streams and answers follow the turns
+    through the store. The app never changes the runtime it is handed.
 
     ``frontends`` adds the routes of front-end protocols,
     ``turnkit.server.aisdk.ai_sdk()`` and ``turnkit.server.agui.ag_ui()`` (see
@@ -189,9 +189,10 @@ def create_app(
     path, ``/console``, behind ``authenticate``, each row and action decided with
     ``authorize`` and each action audited (see docs/console.md).
     """
-    if not isinstance(runtime, Runtime):
+    if not isinstance(runtime, RuntimeClient):
         raise ConfigurationError(
-            f"create_app needs a turnkit.Runtime, got {type(runtime).__name__}"
+            "create_app needs a turnkit.Runtime or a turnkit.RuntimeClient, "
+            f"got {type(runtime).__name__}"
         )
     if not callable(authenticate):
         raise ConfigurationError(
@@ -199,10 +200,6 @@ def create_app(
         )
     if not isinstance(source, str) or not source:
         raise ConfigurationError(f"source must be a non-empty str, got {source!r}")
-    if run_turns is not None:
-        if not isinstance(run_turns, bool):
-            raise ConfigurationError(f"run_turns must be a bool or None, got {run_turns!r}")
-        runtime.run_turns = run_turns
     hosts = checked_names(allowed_hosts, "allowed_hosts")
     origins = checked_names(allowed_origins, "allowed_origins") or []
     api = _Api(runtime, limits or ServerLimits(), source, notice, checked_authorize(authorize))
@@ -270,7 +267,7 @@ def create_app(
 
 
 def _lifespan(
-    runtime: Runtime | None, mounted: Mountable | None
+    runtime: RuntimeClient | None, mounted: Mountable | None
 ) -> Callable[[Starlette], AbstractAsyncContextManager[None]] | None:
     """Open the runtime (if the app owns it) and run the mounted app while serving."""
     if runtime is None and mounted is None:
@@ -281,8 +278,9 @@ def _lifespan(
         async with AsyncExitStack() as stack:
             if runtime is not None:
                 await stack.enter_async_context(runtime)
-                recovering = runtime.spawn(recover_quietly(runtime))
-                stack.callback(recovering.cancel)
+                if isinstance(runtime, Runtime):  # a client's turns are the workers' to recover
+                    recovering = runtime.spawn(recover_quietly(runtime))
+                    stack.callback(recovering.cancel)
             if mounted is not None:
                 await stack.enter_async_context(mounted.running())
             yield
@@ -305,7 +303,7 @@ class _Guard:
     """Wraps a handler: authenticate, then run it, turning refusals and the runtime's
     passing troubles (a closed runtime, a busy or unreachable store) into JSON errors."""
 
-    def __init__(self, authenticate: Authenticate, runtime: Runtime) -> None:
+    def __init__(self, authenticate: Authenticate, runtime: RuntimeClient) -> None:
         self._authenticate = authenticate
         self._runtime = runtime
 
@@ -362,7 +360,7 @@ class _Host:
 
     async def start_turn(
         self, principal: Principal, target: Target, text: str, *, turn_id: str | None
-    ) -> tuple[AgentSession, str]:
+    ) -> tuple[SessionClient, str]:
         if turn_id is not None:
             turn_id = identifier(turn_id, "turn_id")
         return await self._api.start_turn(principal, target, TurnBody(text=text, turn_id=turn_id))
@@ -404,7 +402,7 @@ class _Api:
 
     def __init__(
         self,
-        runtime: Runtime,
+        runtime: RuntimeClient,
         limits: ServerLimits,
         source: str,
         notice: str | None,
@@ -535,7 +533,9 @@ class _Api:
             answer["reason"] = result.reason
         return JSONResponse(answer)
 
-    async def _start_turn(self, request: Request, principal: Principal) -> tuple[AgentSession, str]:
+    async def _start_turn(
+        self, request: Request, principal: Principal
+    ) -> tuple[SessionClient, str]:
         """Check the body of ``/turns`` or ``/chat`` and queue the turn it asks for."""
         body = turn_body(await self.body(request))
         target = await self._target(request, principal, "turn")
@@ -543,13 +543,13 @@ class _Api:
 
     async def start_turn(
         self, principal: Principal, target: Target, body: TurnBody
-    ) -> tuple[AgentSession, str]:
+    ) -> tuple[SessionClient, str]:
         """Queue the turn ``body`` asks for on ``target`` (which ``authorize`` allowed
         to ``turn``); acknowledged once the store holds it."""
         ctx = self._writable(target)
         session = ctx.session(target.session_id)
         try:
-            # Acknowledged only once the store holds the turn (see AgentSession.submit).
+            # Acknowledged only once the store holds the turn (see SessionClient.submit).
             turn_id = await session.submit(
                 body.text,
                 event=self._inbound(body.text, principal),

@@ -38,10 +38,12 @@ from .._errors import (
     ResumeAuthorizationError,
     ResumeConflictError,
 )
+from .._runtime.client import RuntimeClient
 from .._runtime.forking import fork_session
 from .._runtime.recorded import read_recorded
 from .._runtime.runtime import Runtime
 from .._runtime.session import AgentSession
+from .._runtime.session_client import SessionClient
 from .._seams.store import NO_MESSAGES
 from .._seams.tenant_view import TenantView
 from .._seams.worker_view import WorkerView
@@ -120,7 +122,7 @@ class Console:
         self.page_size = page_size
         self.metrics = tuple(metrics)
 
-    def asgi(self, runtime: Runtime, authorize: Authorize) -> Starlette:
+    def asgi(self, runtime: RuntimeClient, authorize: Authorize) -> Starlette:
         """The console's routes, relative to where it is mounted; each request must
         carry the authenticated principal in its scope (``Authenticated`` puts it
         there)."""
@@ -150,7 +152,7 @@ _NO_CACHE = {"Cache-Control": "no-cache"}
 
 
 class _Handlers:
-    def __init__(self, console: Console, runtime: Runtime, authorize: Authorize) -> None:
+    def __init__(self, console: Console, runtime: RuntimeClient, authorize: Authorize) -> None:
         self.console = console
         self.runtime = runtime
         self.authorize = authorize
@@ -250,7 +252,7 @@ class _Handlers:
         return JSONResponse(to_jsonable_python(result))
 
     async def _do(
-        self, action: str, session: AgentSession, principal: Principal, body: dict[str, Any]
+        self, action: str, session: SessionClient, principal: Principal, body: dict[str, Any]
     ) -> dict[str, Any]:
         if action == "cancel":
             return {"cancelled": await session.cancel("requested")}
@@ -290,12 +292,13 @@ class _Handlers:
         if not await allowed(self.authorize, principal, access):
             raise HttpError(403, "refused", f"you may not open session {new_id!r}")
         made = await fork_session(self.runtime.store, session_id, at=at, new_session=new_id)
-        if made.status == "running" and self.runtime.run_turns and agent in self.runtime.agents:
+        runtime = self.runtime
+        if isinstance(runtime, Runtime) and made.status == "running" and agent in runtime.agents:
             # Carry the cut turn on here (a worker claims it on an HTTP node).
-            self.runtime.session(agent, new_id).start("", turn_id=made.turn_id)
+            runtime.session(agent, new_id).start("", turn_id=made.turn_id)
         return {"session_id": made.session_id, "at": made.at, "status": made.status}
 
-    async def _retry(self, session: AgentSession, turn_id: str) -> str:
+    async def _retry(self, session: SessionClient, turn_id: str) -> str:
         """Deliver a failed turn again from its last committed step: here, or (on an
         HTTP node) by storing it ``running`` for the workers to take up."""
         store = self.runtime.store.session(session.session_id)
@@ -303,7 +306,7 @@ class _Handlers:
         if record is None or record.status != "failed":
             found = "no such turn" if record is None else record.status
             raise ConfigurationError(f"only a failed turn is retried; turn {turn_id} is {found}")
-        if self.runtime.run_turns:
+        if isinstance(session, AgentSession):
             return session.run_stored(record)
         await store.commit([move(record, "running")])
         return turn_id
@@ -321,7 +324,7 @@ class _Handlers:
             raise HttpError(404, "unknown_session", f"no session {session_id!r}")
         return snap.agent
 
-    def _session(self, agent: str, session_id: str) -> AgentSession:
+    def _session(self, agent: str, session_id: str) -> SessionClient:
         if agent not in self.runtime.agents:
             raise HttpError(
                 409, "agent_not_loaded", f"agent {agent!r} is not loaded in this console"
@@ -400,7 +403,7 @@ def _key(text: str | None) -> SessionKey | None:
 
 
 def console_app(
-    runtime: Runtime,
+    runtime: RuntimeClient,
     *,
     authenticate: Authenticate,
     authorize: Authorize,

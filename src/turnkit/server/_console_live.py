@@ -15,7 +15,7 @@ import urllib.request
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from .._runtime.runtime import Runtime
+from .._runtime.client import RuntimeClient
 from .._seams.store import Store
 from .._seams.worker_view import WorkerView
 
@@ -71,7 +71,7 @@ async def workers_now(store: Store) -> dict[str, Any]:
     }
 
 
-async def step_latency(runtime: Runtime, urls: Sequence[str]) -> dict[str, Any]:
+async def step_latency(runtime: RuntimeClient, urls: Sequence[str]) -> dict[str, Any]:
     """The step-latency histogram (``turnkit_step_seconds``) summed over this
     process and every URL scraped, as counts per bucket (not cumulative) by step
     kind; the takeovers and fenced deliveries those processes counted; and each

@@ -16,7 +16,7 @@ from .._access.authorize import SessionAccess
 from .._access.principal import Principal, loopback_as
 from .._channels.local_user import LocalUser
 from .._channels.printable import printable
-from .._runtime.runtime import Runtime
+from .._runtime.client import RuntimeClient
 from ._console import Console, console_app
 from ._dev import _listen
 from ._hosts import LOOPBACK_NAMES
@@ -30,7 +30,7 @@ def operator(principal: Principal, access: SessionAccess) -> bool:
 
 
 async def serve_console(
-    runtime: Runtime,
+    runtime: RuntimeClient,
     *,
     host: str,
     port: int,

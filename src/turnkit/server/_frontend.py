@@ -23,7 +23,7 @@ from .._access.principal import Principal
 from .._engine.tools import Tool
 from .._errors import TurnError
 from .._runtime.observe import TurnStream
-from .._runtime.session import AgentSession
+from .._runtime.session_client import SessionClient
 from .._seams.store import SessionStore
 from .._values.events import TurnEvent
 from .._values.inputs import InputRequest
@@ -94,7 +94,7 @@ class FrontendHost(Protocol):
 
     async def start_turn(
         self, principal: Principal, target: Target, text: str, *, turn_id: str | None
-    ) -> tuple[AgentSession, str]:
+    ) -> tuple[SessionClient, str]:
         """Queue a turn as ``/chat`` does; returns once the store holds it."""
         ...
 

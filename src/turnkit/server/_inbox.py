@@ -13,14 +13,14 @@ from starlette.responses import JSONResponse, Response
 
 from .._access.authorize import Authorize, SessionAccess, allowed
 from .._access.principal import Principal
+from .._runtime.client import RuntimeClient
 from .._runtime.inbox import MAX_LIMIT
-from .._runtime.runtime import Runtime
 from .._seams.store import NO_MESSAGES
 from ._bodies import HttpError, non_negative_int
 
 
 async def inbox(
-    runtime: Runtime, authorize: Authorize, request: Request, principal: Principal
+    runtime: RuntimeClient, authorize: Authorize, request: Request, principal: Principal
 ) -> Response:
     """One page: ``{"items": [...], "next": cursor or null}`` (``?limit=&after=``)."""
     params = request.query_params

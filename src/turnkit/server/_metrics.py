@@ -16,6 +16,7 @@ from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from typing import Any, Protocol, runtime_checkable
 
+from .._runtime.client import RuntimeClient
 from .._runtime.runtime import Runtime
 from .._seams.queue import WorkerRegistry
 from .._seams.store import UsageLedger
@@ -66,7 +67,7 @@ class WorkerStats(Protocol):
 class TurnkitMetrics:
     """The metrics of one runtime; ``metrics_for(runtime)`` makes (or finds) them."""
 
-    def __init__(self, runtime: Runtime) -> None:
+    def __init__(self, runtime: RuntimeClient) -> None:
         # Weakly: the runtime (through its sink) holds these metrics, not the reverse.
         self._runtime = weakref.ref(runtime)
         self.registry = CollectorRegistry()
@@ -170,7 +171,7 @@ class TurnkitMetrics:
         if runtime is None:
             return
         store = runtime.store
-        self.deliveries.set(runtime.running_sessions)
+        self.deliveries.set(runtime.running_sessions if isinstance(runtime, Runtime) else 0)
         if not isinstance(store, TurnCounting):
             return
         try:
@@ -190,7 +191,8 @@ class TurnkitMetrics:
             self.unserved.clear()  # a version served again drops out
             for agent, version, count in unserved:
                 self.unserved.labels(agent, version).set(count)
-        if runtime.budget is not None and isinstance(store, UsageLedger):
+        budget = runtime.budget if isinstance(runtime, Runtime) else None
+        if budget is not None and isinstance(store, UsageLedger):
             try:
                 spent = await asyncio.wait_for(store.usage_by_tenant(), STORE_TIMEOUT)
             except Exception:
@@ -240,7 +242,8 @@ class _ReadAtScrape:
                 "turnkit_fenced_deliveries",
                 "Deliveries stopped because another process took their turn over "
                 "(their late commit was refused)",
-                value=runtime.fenced_deliveries,
+                # (a client delivers nothing to be fenced)
+                value=runtime.fenced_deliveries if isinstance(runtime, Runtime) else 0,
             )
         relay: Any = runtime.relay if runtime is not None else None
         dropped = getattr(relay, "dropped", None)
@@ -263,10 +266,10 @@ class _ReadAtScrape:
             yield family
 
 
-_BY_RUNTIME: weakref.WeakKeyDictionary[Runtime, TurnkitMetrics] = weakref.WeakKeyDictionary()
+_BY_RUNTIME: weakref.WeakKeyDictionary[RuntimeClient, TurnkitMetrics] = weakref.WeakKeyDictionary()
 
 
-def metrics_for(runtime: Runtime) -> TurnkitMetrics:
+def metrics_for(runtime: RuntimeClient) -> TurnkitMetrics:
     """The runtime's metrics, made on first use and shared by every app that serves them."""
     found = _BY_RUNTIME.get(runtime)
     if found is None:

@@ -20,7 +20,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from .._errors import ConfigurationError
-from .._runtime.runtime import Runtime
+from .._runtime.client import RuntimeClient
 from ._body_limit import BodyLimit
 from ._hosts import LOOPBACK_NAMES, HostGuard, checked_names
 
@@ -35,7 +35,7 @@ async def healthz(request: Request) -> Response:
     return JSONResponse({"status": "ok"})
 
 
-def readiness(runtime: Runtime) -> Any:
+def readiness(runtime: RuntimeClient) -> Any:
     """The ``/readyz`` handler of ``runtime``: 200 once it is open and its store
     answers a read, else 503 saying why."""
 
@@ -58,7 +58,7 @@ def _not_ready(reason: str) -> Response:
 
 
 def ops_app(
-    runtime: Runtime, *, worker: Any = None, allowed_hosts: Sequence[str] | None = ()
+    runtime: RuntimeClient, *, worker: Any = None, allowed_hosts: Sequence[str] | None = ()
 ) -> Starlette:
     """``/healthz``, ``/readyz`` and ``/metrics`` of ``runtime`` as a Starlette app.
 
@@ -71,8 +71,11 @@ def ops_app(
     read it (``None`` checks no ``Host``, for an app mounted behind another check).
     Needs ``turnkit[metrics]``.
     """
-    if not isinstance(runtime, Runtime):
-        raise ConfigurationError(f"ops_app needs a turnkit.Runtime, got {type(runtime).__name__}")
+    if not isinstance(runtime, RuntimeClient):
+        raise ConfigurationError(
+            "ops_app needs a turnkit.Runtime or a turnkit.RuntimeClient, "
+            f"got {type(runtime).__name__}"
+        )
     from ._metrics import CONTENT_TYPE, WorkerStats, metrics_for
 
     hosts = checked_names(allowed_hosts, "allowed_hosts")

@@ -189,9 +189,11 @@ class SlackChannel:
         API request URL) and ``POST /interactivity`` (the interactivity request URL).
         Mount it where the app settings point, e.g. ``app.mount("/slack", …)``.
         Reminders of the agent's open questions are posted in their threads from
-        this process's runtime (see ``post_reminders``)."""
+        this process's runtime when it is a ``Runtime`` (it fires the timers; on an
+        HTTP node's ``RuntimeClient``, call ``post_reminders`` in the workers)."""
         handler = _Handler(self, ctx)
-        self.post_reminders(ctx.runtime, agent=ctx.agent.name)
+        if isinstance(ctx.runtime, Runtime):  # else the workers fire the timers
+            self.post_reminders(ctx.runtime, agent=ctx.agent.name)
         return Starlette(
             routes=[
                 Route("/events", handler.events, methods=["POST"]),
@@ -333,7 +335,9 @@ class _Handler:
                 await self._tell(thread, user, "You may not use this agent here.")
                 return
             try:
-                tid = session.start(
+                # Stored before it is answered, so a node that only stores turns
+                # (a RuntimeClient) serves Slack as a runtime does.
+                tid = await session.submit(
                     inbound.text,
                     event=inbound,
                     turn_id=turn_id,
