@@ -13,6 +13,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
+from datetime import timedelta
 
 import pytest
 from cells_support import CellPlaces, by_region, places, second_database
@@ -418,3 +419,49 @@ async def test_an_http_node_and_its_metrics_cover_both_cells(places: CellPlaces)
     assert calls == {"eu-7": 1, "us-7": 1}
     assert places.rows("b", "SELECT session_id, tenant FROM turnkit_turns") == [("web-eu", "eu-7")]
     assert places.rows("a", "SELECT session_id, tenant FROM turnkit_turns") == [("web-us", "us-7")]
+
+
+async def test_a_moving_tenants_deadlines_wait_and_then_fire_in_its_new_cell(
+    places: CellPlaces,
+) -> None:
+    @tool
+    async def approve(ctx: ToolContext) -> str:
+        """Ask for approval, with a deadline."""
+        answer = await ctx.request_input(
+            "ok", "Approve?", expires_in=timedelta(hours=1), on_expiry="no"
+        )
+        return str(answer)
+
+    def reply(messages: list[turnkit.Message]) -> ScriptedReply:
+        if isinstance(messages[-1], UserMessage):
+            return ScriptedReply(tool_calls=[tool_call("approve", {})])
+        return ScriptedReply(text=f"done: {messages[-1].result}")  # type: ignore[union-attr]
+
+    agent = turnkit.Agent(name="a", model=ScriptedModel(respond=reply), tools=[approve])
+    cells = places.cells(by_region)
+    async with turnkit.Runtime(agent, store=cells) as rt:
+        session = rt.session("a", "waits")
+        turn_id = await session.submit("go", tenant="us-3")
+        parked = await session.result(turn_id)
+        assert parked.request is not None and parked.request.expires_at is not None
+        late = parked.request.expires_at + 5
+
+        def stop_once_verified(line: str) -> None:
+            if line.startswith("verified"):
+                raise Crash
+
+        with pytest.raises(Crash):
+            await move_tenant(cells, "us-3", "b", progress=stop_once_verified)
+        # Fenced in both cells: the deadline fires in neither while the move is under way.
+        assert await rt.timers.fire_due(cells, now=late) == 0
+        await move_tenant(cells, "us-3", "b")
+        assert await rt.timers.fire_due(cells, now=late) == 1
+        deadline = time.monotonic() + 30
+        while (record := await cells.session("waits").turn(turn_id)) is None or (
+            record.status != "completed"
+        ):
+            assert time.monotonic() < deadline, f"the expired turn never ended: {record}"
+            await asyncio.sleep(0.02)
+    assert places.rows("b", "SELECT status FROM turnkit_turns WHERE session_id = 'waits'") == [
+        ("completed",)
+    ]

@@ -57,6 +57,13 @@ DUE_TURNS_SQL = (
     "ORDER BY t.wake_at, t.session_id, t.turn_id LIMIT ?"
 )
 
+#: The earliest ``wake_at`` among the same turns (``TimerStore.next_wake``).
+NEXT_WAKE_SQL = (
+    "SELECT min(t.wake_at) FROM turnkit_turns t WHERE t.wake_at IS NOT NULL "
+    "AND t.status = 'suspended' AND t.cancel_reason IS NULL "
+    "AND NOT EXISTS (SELECT 1 FROM turnkit_cell_fences cf WHERE cf.tenant = t.tenant)"
+)
+
 #: The claim, fair across tenants (docs/tenants.md). ``tn`` walks the tenants that
 #: have runnable turns (a loose scan of ``turnkit_turns_tenant_queue``: one index
 #: probe per tenant); ``q`` gives each its cap and how many of its sessions run now

@@ -94,6 +94,7 @@ from ._queue import (
     EVENT_WRITERS_SQL,
     HELD_SESSIONS_SQL,
     LIVE_WORKERS_SQL,
+    NEXT_WAKE_SQL,
     SESSIONS_OF_TENANT_SQL,
     UNSERVED_SQL,
     WORKER_ALIVE,
@@ -757,7 +758,7 @@ class PostgresStore:
 
     async def next_wake(self) -> float | None:
         """See ``turnkit.stores.TimerStore``."""
-        rows = await self._select("the next wake", sql.NEXT_WAKE, (), tuple)
+        rows = await self._select("the next wake", NEXT_WAKE_SQL, (), tuple)
         return None if not rows or rows[0][0] is None else float(rows[0][0])
 
     def _turn(self, row: Any) -> TurnRecord:
