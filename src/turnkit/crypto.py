@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import os
 import struct
-import threading
 from collections.abc import Callable
 from typing import Protocol, TypeVar, runtime_checkable
 
@@ -107,30 +106,34 @@ class KeyRing:
 
 class _Nonces:
     """Random 96-bit nonces, drawn from the OS's random source 512 at a time (one
-    system call rather than one per payload), each thread from its own batch, so each
-    is handed out once; a forked child starts fresh batches, never its parent's."""
+    system call rather than one per payload). Each is handed out once, by one
+    ``list.pop``, which is atomic whichever thread asks; a forked child drops what is
+    left, so it never hands out one of its parent's."""
 
-    _BATCH = _NONCE * 512
+    _COUNT = 512
 
     def __init__(self) -> None:
-        self._local = threading.local()
-        os.register_at_fork(after_in_child=self._forget)
-
-    def _forget(self) -> None:
-        self._local = threading.local()
+        #: The nonces not handed out yet (``encode`` pops them itself: one call less).
+        self.left: list[bytes] = []
+        os.register_at_fork(after_in_child=self.left.clear)
 
     def take(self) -> bytes:
-        local = self._local
-        at: int = getattr(local, "at", self._BATCH)
-        if at >= self._BATCH:
-            local.batch = os.urandom(self._BATCH)
-            at = 0
-        local.at = at + _NONCE
-        batch: bytes = local.batch
-        return batch[at : at + _NONCE]
+        try:
+            return self.left.pop()
+        except IndexError:
+            return self.refill()
+
+    def refill(self) -> bytes:
+        """A fresh nonce, after adding a new batch to those left."""
+        batch = os.urandom(_NONCE * self._COUNT)
+        fresh = [batch[at : at + _NONCE] for at in range(0, len(batch), _NONCE)]
+        nonce = fresh.pop()
+        self.left.extend(fresh)
+        return nonce
 
 
 _nonces = _Nonces()
+_left = _nonces.left
 
 
 def _default_tenant(session_id: str) -> str:
@@ -176,7 +179,10 @@ class EnvelopeCodec:
         entry = self._data_keys.get((session_id, key_id))
         if entry is None:
             entry = self._data_key(session_id, key_id)
-        nonce = _nonces.take()
+        try:
+            nonce = _left.pop()
+        except IndexError:
+            nonce = _nonces.refill()
         return (
             entry[1] + nonce + entry[0].encrypt(nonce, plaintext, f"{kind}\0{session_id}".encode())
         )

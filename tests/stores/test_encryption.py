@@ -7,9 +7,12 @@ the SQLite file's bytes and PostgreSQL's ``pg_dump`` of the schema.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import sqlite3
 import subprocess
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -131,6 +134,31 @@ def test_a_forked_process_never_repeats_its_parents_nonces() -> None:
     os.waitpid(child, 0)
     ours = [_nonces.take() for _ in range(600)]  # past the end of a batch
     assert len(theirs) == 12 and theirs not in ours and len(set(ours)) == 600
+
+
+def test_threads_sealing_at_once_never_share_a_nonce(keys: KeyRing) -> None:
+    """Every thread draws from one pool of nonces: across threads and past the end of
+    several batches, no two envelopes carry the same nonce, and each one opens."""
+    codec = EnvelopeCodec(keys)
+    threads, each = 8, 700  # 5,600 nonces: ten batches of 512 and more
+    start = threading.Barrier(threads)
+    sealed: list[list[bytes]] = [[] for _ in range(threads)]
+
+    def seal(mine: list[bytes]) -> None:
+        start.wait(timeout=30)
+        mine.extend(codec.encode(ACME, "step", b"%d" % n) for n in range(each))
+
+    workers = [threading.Thread(target=seal, args=(mine,)) for mine in sealed]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(timeout=60)
+        assert not worker.is_alive(), "a sealing thread never finished"
+    header = 2 + len("acme-1")
+    nonces = {envelope[header : header + 12] for mine in sealed for envelope in mine}
+    assert len(nonces) == threads * each
+    for mine in sealed:
+        assert [codec.decode(ACME, "step", e) for e in mine] == [b"%d" % n for n in range(each)]
 
 
 def test_a_key_ring_refuses_what_is_not_a_key() -> None:
@@ -274,6 +302,32 @@ async def test_a_sealed_sqlite_file_holds_no_plaintext(tmp_path: Path, keys: Key
     plain.parent.mkdir()
     await marked_history(SqliteStore(plain), ACME)
     assert sqlite_files_hold(plain, MARK)
+
+
+async def test_a_sealed_sqlite_row_is_a_blob_of_nul_and_an_envelope(
+    tmp_path: Path, keys: KeyRing
+) -> None:
+    """The binary form on disk: each payload column a BLOB, NUL and then the envelope,
+    which the codec opens to the payload's JSON (the form rows already kept have)."""
+    db = tmp_path / "t.db"
+    codec = EnvelopeCodec(keys)
+    await marked_history(SqliteStore(db, codec=codec), ACME)
+    columns = {
+        "message": "SELECT body FROM turnkit_messages",
+        "step": "SELECT result FROM turnkit_steps",
+        "event": "SELECT body FROM turnkit_events",
+        "opening": "SELECT opening FROM turnkit_turns",
+        "text": "SELECT text FROM turnkit_turns WHERE text IS NOT NULL",
+    }
+    with sqlite3.connect(db) as conn:
+        for kind, query in columns.items():
+            rows = [r[0] for r in conn.execute(query)]
+            assert rows and all(isinstance(r, bytes) and r[:1] == b"\x00" for r in rows), kind
+            opened = [codec.decode(ACME, kind, r[1:]) for r in rows]
+            if kind != "text":  # a turn's answer is text; every other payload JSON
+                assert all(json.loads(o) is not None for o in opened), kind
+            if kind in ("message", "event", "opening"):
+                assert any(MARK.encode() in o for o in opened), kind
 
 
 async def test_a_sealed_postgres_schema_dumps_no_plaintext(

@@ -722,6 +722,7 @@ class SqliteStore:
         self._payloads = Payloads(
             codec,
             binary=True,
+            blob_type=bytearray,  # sqlite3 binds it as it is (see Payloads)
             threshold=blob_threshold,
             get_blob=self.blobs.get if self.blobs is not None else None,
         )
