@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -117,3 +118,27 @@ def test_shutdown_ends_the_idle_threads_and_refuses_new_calls() -> None:
 def test_a_pool_needs_a_thread() -> None:
     with pytest.raises(ValueError, match="max_threads >= 1"):
         ToolThreads(0, "none")
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_runs_calls_on_threads_of_its_own() -> None:
+    """A child forked while the pool has an idle thread (which exists only in the
+    parent) still gets its calls run."""
+    pool = ToolThreads(1, "test-fork")
+    done = threading.Event()
+    pool.submit(lambda: done.set)
+    assert done.wait(10)  # the pool now has one idle thread, here
+    pid = os.fork()
+    if pid == 0:  # the child: exit 0 only if the call ran
+        ran = threading.Event()
+        pool.submit(lambda: ran.set)
+        os._exit(0 if ran.wait(10) else 1)
+    deadline = time.monotonic() + 30
+    while True:
+        waited, status = os.waitpid(pid, os.WNOHANG)
+        if waited:
+            break
+        assert time.monotonic() < deadline, "the forked child never ended"
+        time.sleep(0.01)
+    pool.shutdown()
+    assert os.waitstatus_to_exitcode(status) == 0

@@ -13,7 +13,9 @@ calls alternated between threads (``benchmarks/thread_hop.py`` times both).
 
 from __future__ import annotations
 
+import os
 import threading
+import weakref
 from collections import deque
 from collections.abc import Callable
 
@@ -52,6 +54,7 @@ class ToolThreads:
         self._waiting: deque[Job] = deque()  # calls made while every thread was busy
         self._started = 0
         self._closed = False
+        _POOLS.add(self)
 
     def submit(self, job: Job) -> None:
         """Run ``job()`` on a thread: an idle one, a new one, or the first to be free,
@@ -96,6 +99,13 @@ class ToolThreads:
             thread.job = None
             thread.wake.release()
 
+    def _forget_threads(self) -> None:
+        """In a forked child: the parent's threads are not here; start afresh."""
+        self._mutex = threading.Lock()
+        self._idle = []
+        self._waiting.clear()
+        self._started = 0
+
     def _serve(self, thread: _Thread) -> None:
         job = thread.job
         while job is not None:
@@ -122,3 +132,17 @@ def _idle() -> Hand:
 
 
 _IDLE: Job = _idle
+
+
+#: Every pool of the process, so a forked child can forget the threads it lacks
+#: (it would otherwise hand its calls to idle threads that exist only in the parent).
+_POOLS: weakref.WeakSet[ToolThreads] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for pool in list(_POOLS):
+        pool._forget_threads()
+
+
+if hasattr(os, "register_at_fork"):  # (not on Windows, which cannot fork)
+    os.register_at_fork(after_in_child=_after_fork_in_child)
