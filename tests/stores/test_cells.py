@@ -374,7 +374,7 @@ async def test_the_command_line_lists_every_cell_and_moves_a_tenant(places: Cell
 
 async def test_a_claim_takes_a_share_from_each_cell(places: CellPlaces) -> None:
     cells = places.cells(by_region)
-    async with turnkit.Runtime(echo(), store=cells, run_turns=False) as node:
+    async with turnkit.RuntimeClient(echo(), store=cells) as node:
         for n in range(10):
             await node.session("echo", f"us-{n}").submit("x", tenant=f"us-{n}")
         await node.session("echo", "eu-0").submit("x", tenant="eu-0")
@@ -400,7 +400,7 @@ async def test_an_http_node_and_its_metrics_cover_both_cells(places: CellPlaces)
 
     agent = mover()
     async with (
-        turnkit.Runtime(agent, store=places.cells(by_region), run_turns=False, budget=BUDGET) as rt,
+        turnkit.RuntimeClient(agent, store=places.cells(by_region)) as rt,
         serving(rt, authenticate=by_tenant) as s,
         workers(places, agent, 1, BUDGET),
     ):
@@ -409,6 +409,8 @@ async def test_an_http_node_and_its_metrics_cover_both_cells(places: CellPlaces)
                 s.path("m", session, "chat"), json={"text": "x"}, headers={"X-Tenant": tenant}
             )
             assert done.json()["status"] == "completed", done.text
+    # Usage is exported by a runtime with a budget (a worker's, say), from every cell.
+    async with turnkit.Runtime(agent, store=places.cells(by_region), budget=BUDGET) as rt:
         text = (await metrics_for(rt).scrape()).decode()
     calls = {
         sample.labels["tenant"]: sample.value
