@@ -148,9 +148,9 @@ class Runtime(RuntimeClient):
 
     @property
     def run_timers(self) -> bool:
-        """Whether this runtime fires the store's timers while it is open: when it
-        runs turns (read as it opens) and ``timers`` was not turned off (a one-shot
-        command's runtime, which should not take on other sessions' deadlines)."""
+        """Whether this runtime fires the store's timers while it is open: unless
+        ``timers`` was turned off (a one-shot command's runtime, which should not
+        take on other sessions' deadlines)."""
         return self._timers_wanted
 
     async def __aexit__(
