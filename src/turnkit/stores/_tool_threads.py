@@ -3,12 +3,12 @@
 A hop to a thread and back is a ``def`` tool's one unavoidable cost over an
 ``async`` one, so the pool is built to make it cheap: a call goes straight to the
 thread that went idle last (its caches are warm; the others stay asleep), each
-idle thread waits on a lock of its own, and a thread does nothing between a call's
-end and its next wait but put itself back on the idle stack. With
-``ThreadPoolExecutor`` each call also set a ``Future`` and released a semaphore
-after the call had woken the event loop, so the loop woke to find the GIL still
-held, and a pool whose thread had not yet called itself idle started another, so
-calls alternated between threads (``benchmarks/thread_hop.py`` times both).
+idle thread waits on a lock of its own, and a thread is back on the idle stack
+before it hands its outcome to the loop. Not ``ThreadPoolExecutor``: its thread
+sets a ``Future`` and releases a semaphore after the call's outcome has woken the
+loop, so the loop wakes to a GIL still held, and a call made before that thread
+has called itself idle starts a second thread, so calls alternate between two
+(``benchmarks/thread_hop.py`` times both).
 """
 
 from __future__ import annotations
