@@ -165,7 +165,7 @@ async def test_calls_running_side_by_side_each_keep_their_own_notes(
         """Start a job and keep its handle."""
         for step in range(5):
             await ctx.remember(f"job{step}", f"{item}-{step}")
-            await asyncio.sleep(0)
+            await asyncio.sleep(0)  # not a wait: a tool that yields between its steps
         return ",".join(ctx.recall(f"job{step}") for step in range(5))
 
     def respond(messages: Sequence[turnkit.Message]) -> ScriptedReply:

@@ -11,10 +11,12 @@ import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 from a2a.types import GetTaskRequest, SubscribeToTaskRequest, TaskState
 from a2a_support import DEADLINE, a2a_client, message
+from eventually import eventually
 from postgres_support import store_at
 from suite_paths import CHILDREN
 
@@ -71,11 +73,7 @@ async def serving_url(started: Node) -> str:
 
 
 async def until_exists(path: Path) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + DEADLINE * 3
-    while not path.exists():
-        assert loop.time() < deadline, f"{path.name} never appeared"
-        await asyncio.sleep(0.01)
+    await eventually(path.exists, what=f"{path.name} written", timeout=DEADLINE * 3)
 
 
 async def prepared(spec: str) -> None:
@@ -162,17 +160,17 @@ async def test_a_caller_killed_mid_call_follows_the_same_remote_task_which_runs_
 
 async def until_noted(spec: str) -> dict[str, str]:
     """The remote task the caller's turn ``ask`` keeps with its call, once it does."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + DEADLINE * 3
     store = store_at(spec)
     await store.open()
     try:
-        while True:
+
+        async def noted() -> list[Any]:
             steps = (await store.session("s").load(turn_id="ask")).steps
-            noted = [v for k, v in steps.items() if k.startswith("note:")]
-            if noted:
-                return dict(noted[0])
-            assert loop.time() < deadline, "the caller never kept the remote task"
-            await asyncio.sleep(0.02)
+            return [v for k, v in steps.items() if k.startswith("note:")]
+
+        found = await eventually(
+            noted, what="the caller keeping the remote task", timeout=DEADLINE * 3
+        )
+        return dict(found[0])
     finally:
         await store.close()

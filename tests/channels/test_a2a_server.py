@@ -8,6 +8,7 @@ checks as ``/resume``; cancel is turnkit's durable cancel.
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import httpx
 import pytest
@@ -27,6 +28,7 @@ from a2a.utils.errors import (
     UnsupportedOperationError,
 )
 from a2a_support import DEADLINE, Gate, a2a_client, clerk, message, send, task_id_of
+from eventually import eventually
 from google.protobuf.json_format import MessageToDict
 from server_support import serving
 
@@ -310,23 +312,17 @@ async def _cancel_asked(store, task_id: str) -> bool:
 
 
 async def _until(condition) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + DEADLINE
-    while not await condition():
-        assert loop.time() < deadline, "the condition did not come true in time"
-        await asyncio.sleep(0.01)
+    await eventually(condition, what=f"{condition.__name__}", timeout=DEADLINE)
 
 
 async def _settled(client, task_id: str):
     """The task once it has left ``working`` (polled, with a deadline)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + DEADLINE
-    while True:
+
+    async def ended() -> Any:
         task = await client.get_task(GetTaskRequest(id=task_id))
-        if task.status.state not in (WORKING, TaskState.TASK_STATE_SUBMITTED):
-            return task
-        assert loop.time() < deadline, f"task {task_id} still {task.status.state}"
-        await asyncio.sleep(0.02)
+        return task if task.status.state not in (WORKING, TaskState.TASK_STATE_SUBMITTED) else None
+
+    return await eventually(ended, what=f"task {task_id} ended", timeout=DEADLINE)
 
 
 async def test_any_node_on_the_store_gets_follows_and_cancels_a_task(tmp_path) -> None:

@@ -1,5 +1,5 @@
 """``turnkit.mcp.mcp_tools``: real MCP servers built with the official SDK, reached over
-stdio (a subprocess) and Streamable HTTP (uvicorn on loopback), driven by turns."""
+stdio (a subprocess) and Streamable HTTP (hypercorn on loopback), driven by turns."""
 
 from __future__ import annotations
 
@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import uvicorn
+from eventually import eventually
 from fakes.mcp_server import KEY, build
 from mcp.server import MCPServer
+from server_support import serve_app
 from suite_paths import FAKES
 
 import turnkit
@@ -47,24 +48,8 @@ def stdio_tools(log: Path, **options: Any) -> McpTools:
 @asynccontextmanager
 async def serving_mcp(server: MCPServer) -> AsyncIterator[str]:
     """``server`` over Streamable HTTP on a free loopback port; yields its URL."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(64)
-    config = uvicorn.Config(
-        server.streamable_http_app(), log_level="warning", timeout_graceful_shutdown=2
-    )
-    runner = uvicorn.Server(config)
-    task = asyncio.create_task(runner.serve(sockets=[sock]))
-    while not runner.started:
-        if task.done():
-            task.result()
-        await asyncio.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}/mcp"
-    finally:
-        runner.should_exit = True
-        await task
-        sock.close()
+    async with serve_app(server.streamable_http_app(), lifespan=True) as url:
+        yield f"{url}/mcp"
 
 
 def replies(*steps: ScriptedReply | str) -> Callable[[Any], ScriptedReply | str]:
@@ -236,9 +221,7 @@ async def test_a_server_killed_mid_call_fails_the_step_and_a_redelivery_calls_ag
     async with turnkit.Runtime([agent], store=SqliteStore(tmp_path / "turnkit.db")) as rt:
         session = rt.session("a", "s1")
         running = asyncio.create_task(session.result(session.start("go", turn_id="t1")))
-        async with asyncio.timeout(60):
-            while not seen(log):
-                await asyncio.sleep(0.05)
+        await eventually(lambda: seen(log), what="the call seen by the server", timeout=60)
         [first] = seen(log)
         os.kill(first["pid"], signal.SIGKILL)
         async with asyncio.timeout(60):

@@ -12,11 +12,11 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from eventually import eventually, eventually_blocking
 from test_mcp_client import FIXTURE, replies, results, seen, stdio_tools
 
 import turnkit
@@ -58,6 +58,14 @@ def adding(count: int) -> Any:
     return replies(ScriptedReply(tool_calls=calls), "Done.")
 
 
+def noticed_lost(tools: Any) -> bool:
+    """Whether the shared connection of ``tools`` on this loop has marked itself lost
+    (it reads the end of a dead server's output). No public name says so: this reads
+    the connection's own flag, which decides where the next call goes."""
+    shared = tools._connections._loops.get(asyncio.get_running_loop())
+    return shared is None or shared.current is None or shared.current.lost
+
+
 async def test_one_stdio_process_serves_a_runtimes_calls_and_ends_with_it(tmp_path: Path) -> None:
     log = tmp_path / "calls.jsonl"
     model = turnkit.testing.ScriptedModel(respond=adding(5))
@@ -91,10 +99,8 @@ async def test_a_stdio_server_that_went_away_is_started_again_for_the_next_call(
         assert await tools.call("add", {"a": 1, "b": 2}, "k1") == {"result": 3}
         [first] = fixture_processes()
         os.kill(first, signal.SIGKILL)
-        async with asyncio.timeout(30):
-            while not gone(first):
-                await asyncio.sleep(0.01)
-        await asyncio.sleep(0.5)  # the loop reads the end of its output
+        await eventually(lambda: gone(first), what="the killed server gone")
+        await eventually(lambda: noticed_lost(tools), what="the connection marked lost")
         # The connection was lost before this call: it is sent on a new one.
         assert await tools.call("add", {"a": 2, "b": 2}, "k2") == {"result": 4}
         [second] = fixture_processes()
@@ -138,16 +144,19 @@ def start_http_fixture(log: Path, port: int) -> subprocess.Popen[bytes]:
         "MCP_FIXTURE_LEGACY": "1",  # with an HTTP session, which a restart forgets
     }
     process = subprocess.Popen([sys.executable, str(FIXTURE)], env=env)
-    for _ in range(600):
+
+    def listening() -> bool:
         if process.poll() is not None:
             raise RuntimeError(f"the fixture server exited with {process.returncode}")
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return process
-        except OSError:
-            time.sleep(0.1)
-    process.kill()
-    raise RuntimeError("the fixture server did not start")
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+
+    try:
+        eventually_blocking(listening, what="the fixture server listening", ignoring=(OSError,))
+    except BaseException:
+        process.kill()
+        raise
+    return process
 
 
 def stop(process: subprocess.Popen[bytes]) -> None:
@@ -187,9 +196,7 @@ async def test_an_http_server_killed_mid_call_fails_the_step_and_a_redelivery_ca
             session = rt.session("a", "s1")
             servers.append(start_http_fixture(log, port))
             running = asyncio.create_task(session.result(session.start("go", turn_id="t1")))
-            async with asyncio.timeout(60):
-                while not seen(log):
-                    await asyncio.sleep(0.05)
+            await eventually(lambda: seen(log), what="the call seen by the server", timeout=60)
             stop(servers[-1])
             async with asyncio.timeout(60):
                 failed = await running

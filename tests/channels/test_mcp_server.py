@@ -1,10 +1,8 @@
 """``turnkit.mcp.server``: the official SDK's client against turnkit's MCP endpoint,
-mounted by ``create_app`` and served by uvicorn on loopback."""
+mounted by ``create_app`` and served by hypercorn on loopback."""
 
 from __future__ import annotations
 
-import asyncio
-import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -13,7 +11,6 @@ from typing import Any
 import httpx
 import httpx2
 import pytest
-import uvicorn
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from server_support import by_header, serve_app
@@ -79,22 +76,9 @@ async def serving(tmp_path: Path, authenticate: Authenticate = by_header) -> Asy
         app = create_app(
             runtime, authenticate=authenticate, mcp=server(runtime, agent, agent_tool=True)
         )
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        sock.listen(64)
-        config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2)
-        runner = uvicorn.Server(config)
-        task = asyncio.create_task(runner.serve(sockets=[sock]))
-        while not runner.started:
-            if task.done():
-                task.result()
-            await asyncio.sleep(0.01)
-        try:
-            yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-        finally:
-            runner.should_exit = True
-            await task
-            sock.close()
+        # The lifespan runs the MCP endpoint's session manager.
+        async with serve_app(app, lifespan=True) as url:
+            yield url
 
 
 @asynccontextmanager
@@ -234,7 +218,7 @@ async def test_item3_a_session_is_its_openers_and_each_principal_has_a_share(
         endpoint = server(runtime, agent, limits=McpLimits(per_principal=3, total=50))
         app = create_app(runtime, authenticate=by_header, mcp=endpoint)
         async with (
-            serve_app(app, lifespan="on") as url,
+            serve_app(app, lifespan=True) as url,
             httpx.AsyncClient(base_url=url, timeout=30) as client,
         ):
             # Alice opens far more sessions than her share: only her newest three

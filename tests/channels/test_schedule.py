@@ -57,7 +57,7 @@ class FakeTime:
             await self.everyone_there.wait()
             raise Stop
         self.now += timedelta(seconds=seconds)
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # not a wait: a fake clock's sleep yields as a real one does
 
 
 @dataclass

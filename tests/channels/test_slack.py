@@ -9,9 +9,8 @@ import hashlib
 import hmac
 import json
 import logging
-import socket
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +19,8 @@ from urllib.parse import parse_qs, urlencode
 
 import httpx
 import pytest
-import uvicorn
+from eventually import eventually
+from server_support import serve_app
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -34,6 +34,8 @@ from turnkit.testing import ScriptedModel, ScriptedReply, tool_call
 
 pytest.importorskip("slack_sdk")
 from turnkit.slack import session_of, slack_channel
+
+SLACK_CODE = Path(turnkit.slack.__file__).parent
 
 SECRET = "test-signing-secret"
 
@@ -83,32 +85,26 @@ class FakeSlack:
         return [args for m, args in self.calls if m == method]
 
 
-@asynccontextmanager
-async def uvicorn_on(app: Any) -> AsyncIterator[str]:
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(64)
-    config = uvicorn.Config(app, log_level="warning", lifespan="off", timeout_graceful_shutdown=5)
-    server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    while not server.started:
-        if task.done():
-            task.result()
-        await asyncio.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        await task
-        sock.close()
+def slack_at_work() -> bool:
+    """Whether a task of this loop still runs work the Slack channel started in the
+    background (a turn's rendering, a click's resume, a refusal posted): code of
+    ``turnkit.slack`` at the bottom of a task the test did not make."""
+    here = asyncio.current_task()
+    return any(
+        task is not here and not task.done() and _runs_slack_code(task.get_coro())
+        for task in asyncio.all_tasks()
+    )
 
 
-async def eventually(done: Callable[[], bool], *, seconds: float = 20.0) -> None:
-    """Wait until ``done()`` (a generous bound: the machine may be busy); the
-    assertions after it say what was wrong if it never came."""
-    deadline = time.monotonic() + seconds
-    while not done() and time.monotonic() < deadline:
-        await asyncio.sleep(0.01)
+def _runs_slack_code(coro: object) -> bool:
+    code = getattr(coro, "cr_code", None)
+    return code is not None and Path(code.co_filename).is_relative_to(SLACK_CODE)
+
+
+async def slack_done() -> None:
+    """Wait until the Slack channel's background work has ended: what it was going to
+    send Slack is sent, and what it was going to store is stored."""
+    await eventually(lambda: not slack_at_work(), what="the Slack channel's background work ended")
 
 
 def signed(body: bytes, *, secret: str = SECRET, at: int | None = None) -> dict[str, str]:
@@ -247,18 +243,14 @@ class Stage:
         """Wait until the turn of ``event_id`` reached ``status`` and its reply was drawn."""
         session = self.runtime.session("ops", session_id or SESSION)
         turn_id = self.turn(event_id)
-        for _ in range(2000):
+
+        async def reached() -> bool:
             record = await session.turn_record(turn_id)
             done = record is not None and record.status == status
-            if done and (status == "suspended" or not session.delivering(turn_id)):
-                # The renderer's last calls: wait until Slack has heard nothing for a
-                # while since then.
-                since = time.monotonic()
-                while time.monotonic() - max(since, self.slack.last_call) < 0.3:
-                    await asyncio.sleep(0.05)
-                return
-            await asyncio.sleep(0.01)
-        raise AssertionError(f"turn {turn_id} never became {status}")
+            return done and (status == "suspended" or not session.delivering(turn_id))
+
+        await eventually(reached, what=f"turn {turn_id} {status}")
+        await slack_done()  # the renderer's last calls
 
 
 @asynccontextmanager
@@ -267,7 +259,7 @@ async def staged(
 ) -> AsyncIterator[Stage]:
     fake = FakeSlack()
     api = Starlette(routes=[Route("/api/{method}", fake.handle, methods=["POST"])])
-    async with uvicorn_on(api) as api_url:
+    async with serve_app(api) as api_url:
         channel = slack_channel(
             signing_secret=SECRET,
             bot_token="xoxb-test",
@@ -281,13 +273,18 @@ async def staged(
             app = Starlette()
             app.mount("/slack", channel.app(ctx))
             async with (
-                uvicorn_on(app) as url,
+                serve_app(app) as url,
                 httpx.AsyncClient(base_url=url, timeout=30) as client,
             ):
                 yield Stage(runtime=runtime, slack=fake, client=client, channel=channel, ctx=ctx)
 
 
 SESSION = "slack:T1:C1:100.1"
+
+
+async def requested(session: turnkit.AgentSession) -> bool:
+    """Whether a turn of ``session`` has asked for a tool call."""
+    return any(e.type == "action.requested" for e in await session.events())
 
 
 async def test_a_mention_streams_a_reply_with_its_tool_timeline(tmp_path: Path) -> None:
@@ -343,7 +340,7 @@ async def test_requests_not_signed_by_slack_get_401_and_start_nothing(tmp_path: 
         stale = signed(body, at=int(time.time()) - 400)
         click = await stage.client.post("/slack/interactivity", content=body, headers=stale)
         assert click.status_code == 401
-        await asyncio.sleep(0.2)
+        await slack_done()
         assert await stage.runtime.sessions() == [] and stage.slack.calls == []
 
 
@@ -371,7 +368,7 @@ async def test_slack_retrying_an_event_runs_one_turn(tmp_path: Path) -> None:
         await stage.settle("EvR")
         again = await stage.event("<@B1> where is 5", event_id="EvR", thread="100.1", retry=3)
         assert again.status_code == 200
-        await asyncio.sleep(0.2)
+        await slack_done()
         messages = await stage.runtime.session("ops", SESSION).messages()
     assert len(stage.slack.of("chat.postMessage")) == 1
     assert messages[0].text == "where is 5"  # the mention of the bot is not the question
@@ -382,7 +379,7 @@ async def test_bot_messages_edits_and_plain_channel_messages_are_ignored(tmp_pat
     async with staged(tmp_path, ops_agent()) as stage:
         await stage.event("from a bot 1", event_id="Eb1", thread="100.1", bot_id="B1")
         await stage.event("edited 1", event_id="Eb2", thread="100.1", subtype="message_changed")
-        await asyncio.sleep(0.2)
+        await slack_done()
         assert await stage.runtime.sessions() == [] and stage.slack.calls == []
 
 
@@ -402,7 +399,7 @@ async def test_an_approval_clicked_by_the_asker_completes_and_by_another_is_refu
         before = (await session.messages(), await session.events())
         refused = await stage.click(approve, user="U2", thread="100.1")
         assert refused.status_code == 200
-        await eventually(lambda: bool(stage.slack.of("chat.postEphemeral")))
+        await eventually(lambda: stage.slack.of("chat.postEphemeral"), what="an ephemeral refusal")
         (ephemeral,) = stage.slack.of("chat.postEphemeral")
         assert ephemeral["user"] == "U2" and "may not answer" in ephemeral["text"]
         # Issue 28 item 12: in the thread, where the clicker (on mobile too) sees it.
@@ -412,7 +409,9 @@ async def test_an_approval_clicked_by_the_asker_completes_and_by_another_is_refu
         await stage.settle("Ea1")
         late = await stage.click(deny, user="U1", thread="100.1")
         assert late.status_code == 200
-        await eventually(lambda: bool(len(stage.slack.of("chat.postEphemeral")) == 2))
+        await eventually(
+            lambda: len(stage.slack.of("chat.postEphemeral")) == 2, what="a second ephemeral"
+        )
         assert "already answered" in stage.slack.of("chat.postEphemeral")[1]["text"]
         assert stage.slack.of("chat.postEphemeral")[1]["thread_ts"] == "100.1"
         events = await session.events()
@@ -447,15 +446,12 @@ async def test_two_questions_at_once_get_a_message_each_and_are_answered_one_by_
         session = stage.runtime.session("ops", SESSION)
         await stage.click(approve42, user="U1", thread="100.1")
 
-        async def answered() -> int:
-            return sum(e.type == "input.answered" for e in await session.events())
+        async def answered_once() -> bool:
+            return sum(e.type == "input.answered" for e in await session.events()) == 1
 
-        for _ in range(500):
-            if await answered() == 1:
-                break
-            await asyncio.sleep(0.01)
+        await eventually(lambda: answered_once(), what="the answer to order 42 stored")
         assert (await session.turn_record(stage.turn("Eb1"))).status == "suspended"  # type: ignore[union-attr]
-        await asyncio.sleep(0.3)
+        await slack_done()
         assert len(questions()) == 2  # the open one is not posted again
         await stage.click(deny41, user="U1", thread="100.1")
         await stage.settle("Eb1")
@@ -473,8 +469,7 @@ async def test_replace_in_flight_supersedes_the_first_reply(tmp_path: Path) -> N
     async with staged(tmp_path, ops_agent(gate), replace_in_flight=True) as stage:
         await stage.event("<@B1> where is 1", event_id="Ep1", thread="100.1")
         session = stage.runtime.session("ops", SESSION)
-        while not any(e.type == "action.requested" for e in await session.events()):
-            await asyncio.sleep(0.01)
+        await eventually(lambda: requested(session), what="the first turn's tool call")
         await stage.event("<@B1> where is 2", event_id="Ep2", thread="100.1")
         gate.set()
         await stage.settle("Ep2")
@@ -499,7 +494,8 @@ async def test_a_rate_limited_update_is_sent_again_after_retry_after(
             lambda: bool(
                 stage.slack.of("chat.update")[-1:]
                 and stage.slack.of("chat.update")[-1]["text"].endswith("order 3 is packed")
-            )
+            ),
+            what="the refused update sent again",
         )
     updates = stage.slack.of("chat.update")
     assert updates[0] == updates[1]  # the refused one, sent again
@@ -570,7 +566,7 @@ async def test_authorize_decides_who_may_start_turns_and_answer_nameless_questio
 
     async with staged(tmp_path, ops_agent(), authorize=ops_only) as stage:
         await stage.event("<@B1> where is 4", event_id="Ez1", user="U3", thread="100.1")
-        await eventually(lambda: bool(stage.slack.of("chat.postEphemeral")))
+        await eventually(lambda: stage.slack.of("chat.postEphemeral"), what="an ephemeral refusal")
         (refusal,) = stage.slack.of("chat.postEphemeral")
         assert refusal["user"] == "U3" and "may not use" in refusal["text"]
         assert await stage.runtime.sessions() == []  # nothing started, nothing stored
@@ -593,7 +589,7 @@ async def test_the_slack_example_serves_the_ops_agent_next_to_its_page(tmp_path:
     spec.loader.exec_module(example)
     fake = FakeSlack()
     api = Starlette(routes=[Route("/api/{method}", fake.handle, methods=["POST"])])
-    async with uvicorn_on(api) as api_url:
+    async with serve_app(api) as api_url:
         runtime, public, page = example.build(
             str(tmp_path / "e.db"),
             signing_secret=SECRET,
@@ -602,8 +598,8 @@ async def test_the_slack_example_serves_the_ops_agent_next_to_its_page(tmp_path:
         )
         async with (
             runtime,
-            uvicorn_on(public) as public_url,
-            uvicorn_on(page) as page_url,
+            serve_app(public) as public_url,
+            serve_app(page) as page_url,
             httpx.AsyncClient(timeout=30) as client,
         ):
             event = {
@@ -620,16 +616,14 @@ async def test_the_slack_example_serves_the_ops_agent_next_to_its_page(tmp_path:
             reply = await client.post(f"{public_url}/slack/events", content=body, headers=headers)
             assert reply.status_code == 200
             done = "Done: order #1 (2 x blue widgets) is packed."
-            for _ in range(1000):
-                if any(u["text"].endswith(done) for u in fake.of("chat.update")):
-                    break
-                await asyncio.sleep(0.02)
-            else:
-                raise AssertionError(fake.calls)
+            await eventually(
+                lambda: any(u["text"].endswith(done) for u in fake.of("chat.update")),
+                what="the reply drawn in Slack",
+            )
             assert (await client.get(f"{page_url}/")).status_code == 200
             tunnelled = await client.get(f"{page_url}/", headers={"Host": "abc.tunnel.example"})
             assert tunnelled.status_code == 421  # the page never answers a public name
-            await asyncio.sleep(0.1)
+            await slack_done()
 
 
 async def test_a_question_that_is_not_yes_or_no_is_answered_in_a_form(tmp_path: Path) -> None:
@@ -643,7 +637,7 @@ async def test_a_question_that_is_not_yes_or_no_is_answered_in_a_form(tmp_path: 
         (button,) = blocks[1]["elements"]
         assert button["action_id"] == "turnkit_answer_open"
         await stage.click(button, user="U1", thread="100.1")
-        await eventually(lambda: bool(stage.slack.of("views.open")))
+        await eventually(lambda: stage.slack.of("views.open"), what="a form opened")
         (opened,) = stage.slack.of("views.open")
         view = opened["view"]
         if isinstance(view, str):
@@ -693,7 +687,9 @@ async def test_a_slack_error_surfaces_as_an_event_and_a_log_and_the_turn_still_c
             stage.slack.update_error = code
         await stage.event("<@B1> where is 6", event_id="Ef1", thread="100.1")
         await stage.settle("Ef1")
-        await eventually(lambda: bool(any(e.type == "delivery.failed" for e in seen)))
+        await eventually(
+            lambda: any(e.type == "delivery.failed" for e in seen), what="delivery.failed"
+        )
         turn_id = stage.turn("Ef1")
         session = stage.runtime.session("ops", SESSION)
         record = await session.turn_record(turn_id)
@@ -725,7 +721,7 @@ async def test_thread_messages_are_for_the_bot_only_in_its_threads_and_count_onc
     async with staged(tmp_path, ops_agent()) as stage:
         # A reply in a thread the bot never spoke in: Slack sends it, nothing starts.
         await stage.event("where is 1", event_id="Et0", kind="message", thread="555.5")
-        await asyncio.sleep(0.2)
+        await slack_done()
         assert await stage.runtime.sessions() == [] and stage.slack.calls == []
         # A mention in a thread arrives twice: as app_mention and as message.
         await stage.event("<@B1> where is 2", event_id="Et1", thread="100.1", ts="200.2")
@@ -787,7 +783,7 @@ async def test_streamed_edits_are_paced_per_slack_channel_across_its_replies() -
     fake = FakeSlack()
     api = Starlette(routes=[Route("/api/{method}", fake.handle, methods=["POST"])])
     clock = FakeClock()
-    async with uvicorn_on(api) as api_url:
+    async with serve_app(api) as api_url:
         channel = SlackChannel(
             signing_secret=SECRET,
             client=AsyncWebClient(token="xoxb-test", base_url=f"{api_url}/api/"),
@@ -855,7 +851,7 @@ async def test_direct_messages_start_a_session_per_thread_and_continue_it(
         await stage.settle("Ed4", session_id=third)
         # Its own messages there are not.
         await stage.event("from the bot 15", event_id="Ed5", bot_id="B1", **dm)
-        await asyncio.sleep(0.2)
+        await slack_done()
         sessions = sorted(i.session_id for i in await stage.runtime.sessions())
         asked = {
             s: [
@@ -883,7 +879,7 @@ async def test_a_group_conversation_is_a_channel_not_a_direct_message(tmp_path: 
         await stage.event(
             "where is 21", event_id="Eg1", kind="message", channel="G1", channel_type="mpim"
         )
-        await asyncio.sleep(0.2)
+        await slack_done()
         assert await stage.runtime.sessions() == [] and stage.slack.calls == []
 
 
@@ -1007,10 +1003,7 @@ async def test_item10_a_turn_replaced_before_it_ran_posts_no_notice(tmp_path: Pa
     async with staged(tmp_path, ops_agent(gate), replace_in_flight=True) as stage:
         await stage.event("<@B1> where is 1", event_id="Er1", thread="100.1")
         session = stage.runtime.session("ops", SESSION)
-        deadline = time.monotonic() + 20
-        while not any(e.type == "action.requested" for e in await session.events()):
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.01)
+        await eventually(lambda: requested(session), what="the first turn's tool call")
         await stage.event("<@B1> where is 2", event_id="Er2", thread="100.1")
         await stage.event("<@B1> where is 3", event_id="Er3", thread="100.1")
         gate.set()

@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_slack import SESSION, Stage, eventually, staged
+from eventually import eventually
+from test_slack import SESSION, Stage, staged
 
 import turnkit
 from turnkit import ActionContext, Approval, Decision, define_action
@@ -76,7 +77,7 @@ async def asked(stage: Stage, event_id: str, order: str) -> dict[str, dict[str, 
 async def opened_form(stage: Stage, button: dict[str, Any]) -> dict[str, Any]:
     before = len(stage.slack.of("views.open"))
     await stage.click(button, user="U1", thread="100.1")
-    await eventually(lambda: len(stage.slack.of("views.open")) > before)
+    await eventually(lambda: len(stage.slack.of("views.open")) > before, what="a form opened")
     view: dict[str, Any] = _decoded(stage.slack.of("views.open")[-1]["view"])
     assert view["callback_id"] == "turnkit_decision"
     return view

@@ -9,7 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_slack import SESSION, FakeSlack, Stage, eventually, staged, uvicorn_on
+from eventually import eventually
+from server_support import serve_app
+from test_slack import SESSION, FakeSlack, Stage, staged
 
 import turnkit
 from turnkit import ToolContext, tool
@@ -71,7 +73,7 @@ async def test_a_reminder_is_posted_once_in_the_thread_that_asked(tmp_path: Path
         assert request.expires_at is not None and request.remind_at is not None
         assert not reminders(stage.slack)
         assert await fire(stage.runtime, request.remind_at + 1) == 1
-        await eventually(lambda: len(reminders(stage.slack)) == 1)
+        await eventually(lambda: len(reminders(stage.slack)) == 1, what="1 reminder(s)")
         (first,) = reminders(stage.slack)
         assert (first["channel"], first["thread_ts"]) == ("C1", "100.1")
         assert first["text"].startswith("Still waiting for an answer: Refund order 17?")
@@ -83,7 +85,7 @@ async def test_a_reminder_is_posted_once_in_the_thread_that_asked(tmp_path: Path
         # The same moment again gives nothing more; the next period gives reminder 2.
         assert await fire(stage.runtime, request.remind_at + 1) == 0
         assert await fire(stage.runtime, request.remind_at + HOUR + 1) == 1
-        await eventually(lambda: len(reminders(stage.slack)) == 2)
+        await eventually(lambda: len(reminders(stage.slack)) == 2, what="2 reminder(s)")
         second = reminders(stage.slack)[1]
         assert second["text"].startswith("Still waiting for an answer (reminder 2): Refund")
         # Reminders are the only thing posted: the question stays where it was asked.
@@ -96,7 +98,7 @@ async def test_a_question_without_deadline_is_reminded_without_one(tmp_path: Pat
         request = await ask(stage, "Ev2")
         assert request.remind_at is not None
         await fire(stage.runtime, request.remind_at + 1)
-        await eventually(lambda: len(reminders(stage.slack)) == 1)
+        await eventually(lambda: len(reminders(stage.slack)) == 1, what="1 reminder(s)")
         (posted,) = reminders(stage.slack)
         assert len(decoded(posted["blocks"])) == 1  # the question, no "Answer by"
 
@@ -115,7 +117,7 @@ async def test_sessions_slack_did_not_open_and_other_agents_get_no_slack_reminde
         request = await ask(stage, "Ev3")
         assert request.remind_at is not None
         assert await fire(runtime, request.remind_at + 1) == 3
-        await eventually(lambda: len(reminders(stage.slack)) >= 1)
+        await eventually(lambda: len(reminders(stage.slack)) >= 1, what="1 reminder(s)")
         poster = stage.channel.post_reminders(runtime)  # the app's poster, now of any agent
         assert poster is stage.channel.post_reminders(runtime, agent="ops")
         assert [(p["channel"], p["thread_ts"]) for p in reminders(stage.slack)] == [("C1", "100.1")]
@@ -123,7 +125,7 @@ async def test_sessions_slack_did_not_open_and_other_agents_get_no_slack_reminde
         for session in (plain, theirs):
             assert sum(e.type == "input.reminder" for e in await session.events()) == 1
         await fire(runtime, request.remind_at + HOUR + 1)
-        await eventually(lambda: len(reminders(stage.slack)) == 3)
+        await eventually(lambda: len(reminders(stage.slack)) == 3, what="3 reminder(s)")
         assert sorted((p["channel"], p["thread_ts"]) for p in reminders(stage.slack)[1:]) == [
             ("C1", "100.1"),
             ("C9", "300.1"),
@@ -143,7 +145,7 @@ async def test_reminders_fired_in_a_worker_process_are_posted_from_there(
         fake = FakeSlack()
         api = Starlette(routes=[Route("/api/{method}", fake.handle, methods=["POST"])])
         async with (
-            uvicorn_on(api) as api_url,
+            serve_app(api) as api_url,
             turnkit.Runtime([agent], store=SqliteStore(tmp_path / "s.db")) as worker,
         ):
             channel = slack_channel(
@@ -151,6 +153,6 @@ async def test_reminders_fired_in_a_worker_process_are_posted_from_there(
             )
             poster = channel.post_reminders(worker, agent="ops")
             assert await fire(worker, request.remind_at + 1) == 1
-            await eventually(lambda: poster.posted == 1)
+            await eventually(lambda: poster.posted == 1, what="one reminder posted")
             assert [(p["channel"], p["thread_ts"]) for p in reminders(fake)] == [("C1", "100.1")]
         assert not reminders(stage.slack)

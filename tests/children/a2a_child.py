@@ -23,12 +23,12 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-import uvicorn
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))  # for eventually
+from eventually import eventually
 from shared_session_child import open_store
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -36,6 +36,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 import turnkit
 from turnkit import ToolMessage, UserMessage, tool
 from turnkit.server import Principal, create_app
+from turnkit.server._serving import listen, serve_until, until_started
 from turnkit.testing import ScriptedModel, ScriptedReply, tool_call
 
 
@@ -51,8 +52,7 @@ def helper(folder: Path) -> turnkit.Agent:
         with (folder / "ran").open("a") as ran:
             ran.write(f"{os.getpid()} {job}\n")
         (folder / f"holding-{os.getpid()}").touch()
-        while not (folder / "release").exists():
-            await asyncio.sleep(0.01)
+        await eventually((folder / "release").exists, what="the release", timeout=120)
         return f"{job} done"
 
     def respond(messages: Sequence[turnkit.Message]) -> ScriptedReply:
@@ -112,17 +112,14 @@ async def serve(spec: str, folder: Path) -> None:
         create_app(runtime, authenticate=by_header, frontends=[a2a_server()], own_runtime=True),
         folder / "calls",
     )
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(64)
-    config = uvicorn.Config(app, log_level="warning", lifespan="on")
-    server = uvicorn.Server(config)
-    serving = asyncio.create_task(server.serve(sockets=[sock]))
-    while not server.started:
-        if serving.done():
-            serving.result()
-        await asyncio.sleep(0.01)
-    print(json.dumps({"url": f"http://127.0.0.1:{sock.getsockname()[1]}"}), flush=True)
+    listener = listen("127.0.0.1", 0)
+    started = asyncio.Event()
+    # Served until the test kills this process: nothing sets ``stop``.
+    serving = asyncio.ensure_future(
+        serve_until(app, [listener], asyncio.Event(), started=started, lifespan=True)
+    )
+    if await until_started(serving, started):
+        print(json.dumps({"url": f"http://127.0.0.1:{listener.getsockname()[1]}"}), flush=True)
     await serving
 
 

@@ -105,7 +105,7 @@ STORES: list[CrashingStore] = []
 @tool
 async def check_orders(order_ids: list[int], ctx: ToolContext) -> dict[str, object]:
     """Look up the shipping status of orders (remote: awaited outside the transaction)."""
-    await asyncio.sleep(0)  # stands in for a request to a remote service
+    await asyncio.sleep(0)  # not a wait: stands in for a request to a remote service
     store = STORES[0]
     # One line per run: the key it was sent and how many commits preceded it.
     with open(remote_log_path(SPEC), "a") as log:

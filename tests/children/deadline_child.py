@@ -14,7 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))  # for eventually
+from eventually import eventually
 
 from turnkit import Agent, Runtime, ToolContext, ToolMessage, UserMessage, tool
 from turnkit.stores import PostgresStore
@@ -47,11 +51,7 @@ async def main(schema: str, dsn: str, seconds: float) -> None:
     store = PostgresStore(dsn, schema=schema)
     async with Runtime(deadline_agent(seconds), store=store) as runtime:
         # Lead the timers first, so the deadline is this process's to fire.
-        deadline = asyncio.get_running_loop().time() + 30
-        while not runtime.timers.leading:
-            if asyncio.get_running_loop().time() > deadline:
-                raise SystemExit("never led the timer election")
-            await asyncio.sleep(0.05)
+        await eventually(lambda: runtime.timers.leading, what="leading the timer election")
         session = runtime.session("a", "s1")
         result = await session.result(session.start("ship o-1", turn_id="t-1"))
         assert result.request is not None

@@ -20,6 +20,8 @@ import asyncio
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))  # for eventually
+from eventually import eventually
 from shared_session_child import open_store
 
 from turnkit import Agent, Runtime, UserMessage, tool
@@ -31,8 +33,7 @@ def build_agent(signal_dir: Path) -> Agent:
     async def hold() -> str:
         """Holds the turn until the parent releases it."""
         (signal_dir / "holding").touch()
-        while not (signal_dir / "release").exists():
-            await asyncio.sleep(0.01)
+        await eventually((signal_dir / "release").exists, what="the release", timeout=120)
         return "released"
 
     def respond(messages: object) -> object:
@@ -52,19 +53,17 @@ async def main(spec: str, signal_dir: Path, mode: str) -> None:
         session = runtime.session("a", "shared")
         held = await session.submit("hold", turn_id="held")
         if mode == "submit-on-signal":
-            while not (signal_dir / "submit").exists():
-                await asyncio.sleep(0.01)
+            await eventually((signal_dir / "submit").exists, what="the signal to submit")
             after = await session.submit("after", turn_id="after")
             for turn_id in (held, after):
                 result = await session.result(turn_id)
                 print(turn_id, result.status, result.reason or result.error or "", flush=True)
             return
         if then_submit:
-            while not (signal_dir / "holding").exists():
-                await asyncio.sleep(0.01)
+            await eventually((signal_dir / "holding").exists, what="the held turn in its tool")
             await session.submit("after", turn_id="after")
             print("acknowledged", flush=True)
-            await asyncio.sleep(3600)
+            await asyncio.Event().wait()  # until the test kills this process
         result = await session.result(held)
         print(result.status, result.reason or result.error or "", flush=True)
 

@@ -39,7 +39,7 @@ SPEC = ""
 @tool
 async def fetch(label: str, ctx: ToolContext) -> dict[str, str]:
     """Fetch one thing from a remote service (remote: awaited outside the transaction)."""
-    await asyncio.sleep(DELAYS[label])
+    await asyncio.sleep(DELAYS[label])  # not a wait: the remote call's duration
     with open(remote_log_path(SPEC), "a") as log:
         log.write(f"{label} {ctx.idempotency_key}\n")
     return {"label": label, "key": ctx.idempotency_key}

@@ -16,6 +16,9 @@ import asyncio
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))  # for eventually
+from eventually import eventually
+
 from turnkit import Agent, Runtime, UserMessage, tool
 from turnkit.stores import PostgresStore
 from turnkit.testing import ScriptedModel, ScriptedReply, tool_call
@@ -26,8 +29,7 @@ def build_agent(signal_dir: Path) -> Agent:
     async def hold() -> str:
         """Holds the turn open until the parent releases it."""
         (signal_dir / "holding").touch()
-        while not (signal_dir / "release").exists():
-            await asyncio.sleep(0.01)
+        await eventually((signal_dir / "release").exists, what="the release", timeout=120)
         return "released"
 
     def respond(messages: object) -> object:

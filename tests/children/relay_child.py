@@ -19,6 +19,9 @@ import sys
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))  # for eventually
+from eventually import eventually
+
 from turnkit import (
     Agent,
     Message,
@@ -73,10 +76,7 @@ class SlowModel:
         yield ModelDone(reply=ModelReply(text="".join(PIECES)))
 
     async def _wait(self, path: Path) -> None:
-        for _ in range(int(PATIENCE / 0.01)):
-            if path.exists():
-                return
-            await asyncio.sleep(0.01)
+        await eventually(path.exists, what=f"{path.name} from the test", timeout=PATIENCE)
 
 
 async def main(dsn: str, schema: str, folder: Path) -> None:
@@ -85,8 +85,7 @@ async def main(dsn: str, schema: str, folder: Path) -> None:
         session = runtime.session("a", "live")
         await session.result(session.start("warm up", owner="alice"))
         print("ready", flush=True)
-        while not (folder / "go").exists():
-            await asyncio.sleep(0.01)
+        await eventually((folder / "go").exists, what="the go from the test")
         result = await session.result(session.start("look it up", owner="alice"))
         print(result.status, flush=True)
 

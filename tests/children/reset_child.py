@@ -15,6 +15,9 @@ import asyncio
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))  # for eventually
+from eventually import eventually
+
 import turnkit
 from turnkit.stores import PostgresStore
 
@@ -27,8 +30,11 @@ async def main(dsn: str, schema: str, session_id: str) -> None:
     async with turnkit.RuntimeClient([agent], store=store) as runtime:
         reset = asyncio.ensure_future(runtime.session("queued", session_id).reset())
         raw = store.session(session_id)
-        while not (await raw.load(from_index=2**31 - 1)).reset_requested:
-            await asyncio.sleep(0.01)
+
+        async def recorded() -> bool:
+            return (await raw.load(from_index=2**31 - 1)).reset_requested
+
+        await eventually(recorded, what="the reset recorded")
         print("requested", flush=True)
         done = await reset
         print("reset", done.archived_generation, flush=True)

@@ -18,6 +18,9 @@ import asyncio
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))  # for eventually
+from eventually import eventually
+
 from turnkit import Agent, Runtime, UserMessage, tool
 from turnkit.stores import SqliteStore, Store
 from turnkit.testing import ScriptedModel, ScriptedReply, tool_call
@@ -26,7 +29,7 @@ from turnkit.testing import ScriptedModel, ScriptedReply, tool_call
 @tool
 async def pause(label: str) -> str:
     """Sleeps a little, so two processes' turns interleave."""
-    await asyncio.sleep(0.02)
+    await asyncio.sleep(0.02)  # not a wait: the pause is the tool's work
     return f"paused for {label}"
 
 
@@ -51,8 +54,7 @@ async def main(spec: str, name: str, turns: int, go: Path) -> None:
     async with Runtime(agent, store=open_store(spec)) as runtime:
         session = runtime.session("a", "shared")
         print("ready", flush=True)
-        while not go.exists():
-            await asyncio.sleep(0.005)
+        await eventually(go.exists, what="the go from the test")
         for i in range(turns):
             turn_id = f"{name}-{i:02d}"
             result = await session.result(session.start(f"{name} {i}", turn_id=turn_id))

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from eventually import eventually
 from suite_paths import CHILDREN
 
 import turnkit
@@ -237,6 +238,17 @@ async def test_replace_never_cancels_a_parked_approval(open_runtime: Any) -> Non
 # -- reset -----------------------------------------------------------------------------
 
 
+async def cancelled_by_reset(session: turnkit.AgentSession, turn_id: str) -> None:
+    """Wait until a reset has recorded its barrier: ``turn_id`` stored as cancelled
+    by it (the turn itself unwinds later, at its next checkpoint)."""
+
+    async def recorded() -> bool:
+        record = await session.turn_record(turn_id)
+        return record is not None and record.cancel_reason == "reset"
+
+    await eventually(recorded, what=f"turn {turn_id} cancelled by the reset")
+
+
 async def test_reset_while_running_cancels_then_archives(open_runtime: Any) -> None:
     gates = Gates()
     agent = gated_agent(gates)
@@ -249,7 +261,7 @@ async def test_reset_while_running_cancels_then_archives(open_runtime: Any) -> N
     running = session.start("during")
     await gates.reached.wait()
     resetting = asyncio.ensure_future(session.reset())
-    await asyncio.sleep(0.01)
+    await cancelled_by_reset(session, running)
     gates.release.set()
     result = await resetting
     assert result == turnkit.ResetResult(
@@ -283,7 +295,7 @@ async def test_reset_while_queued_and_twice(open_runtime: Any) -> None:
     t2 = session.start("two")
     await gates.reached.wait()
     resetting = asyncio.ensure_future(session.reset())
-    await asyncio.sleep(0.01)
+    await cancelled_by_reset(session, t1)
     t3 = session.start("three")  # new turns may queue behind the reset
     gates.release.set()
     first = await resetting
@@ -366,8 +378,14 @@ async def test_resume_is_refused_while_a_reset_is_pending(open_runtime: Any) -> 
     rt = await open_runtime(turnkit.Agent(name="a", model=model, tools=[ask, gates.tool()]))
     session = rt.session("a", "s1")
     parked = await session.result(session.start("go"))
-    resetting = asyncio.ensure_future(session.reset())
-    await asyncio.sleep(0)  # the reset has begun
+    begun = asyncio.Event()
+
+    async def reset() -> turnkit.ResetResult:
+        begun.set()  # in the same step as the reset's first, synchronous part
+        return await session.reset()
+
+    resetting = asyncio.ensure_future(reset())
+    await begun.wait()
     with pytest.raises(turnkit.ResumeConflictError, match="reset pending"):
         await session.resume(parked.turn_id, "ok", True)
     await resetting
@@ -499,18 +517,19 @@ async def test_a_turn_started_while_a_reset_records_its_cancellation_runs_after_
     await gates.reached.wait()
     # A slow store: the reset is still recording its cancellation when t3 starts.
     store = rt.store.session("s1")
-    recording = asyncio.Event()
+    recording, started = asyncio.Event(), asyncio.Event()
     unfinished = store.unfinished
 
     async def slow_unfinished() -> Any:
         recording.set()
-        await asyncio.sleep(0.05)
+        await started.wait()  # held until t3 has started
         return await unfinished()
 
     monkeypatch.setattr(session._store, "unfinished", slow_unfinished)
     resetting = asyncio.ensure_future(session.reset())
     await recording.wait()
     t3 = session.start("three")
+    started.set()
     gates.release.set()
     assert (await resetting).archived_generation == 0
     assert (await session.result(t1)).reason == "reset"

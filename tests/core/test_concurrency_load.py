@@ -98,7 +98,7 @@ class YieldingModel:
     ) -> AsyncIterator[ModelDelta]:
         key = f"{messages[-1].turn_id}:{len(messages)}".encode()
         for _ in range(zlib.crc32(key) % 3):
-            await asyncio.sleep(0)
+            await asyncio.sleep(0)  # not a wait: a model that yields a varying number of times
         async for delta in self.inner.stream(messages, tools, system=system):
             yield delta
 

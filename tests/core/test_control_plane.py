@@ -6,10 +6,10 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from eventually import eventually, eventually_blocking
 from postgres_support import store_at
 from suite_paths import CHILDREN
 
@@ -79,7 +79,7 @@ async def main():
     await store.open()
     async with store.session("shared").writer():
         print("holding", flush=True)
-        await asyncio.sleep(3600)
+        await asyncio.Event().wait()  # until the test kills this process
 
 asyncio.run(main())
 """
@@ -124,11 +124,12 @@ def start_held_turn(spec: str, signals: Path) -> subprocess.Popen[str]:
         stderr=subprocess.PIPE,
         text=True,
     )
-    deadline = time.monotonic() + 60
-    while not (signals / "holding").exists():
+
+    def holding() -> bool:
         assert child.poll() is None, child.communicate()
-        assert time.monotonic() < deadline, "the child never reached its tool"
-        time.sleep(0.01)
+        return (signals / "holding").exists()
+
+    eventually_blocking(holding, what="the child in its tool", timeout=60)
     return child
 
 
@@ -151,10 +152,12 @@ async def test_a_cancel_or_replace_from_another_process_stops_the_running_turn(
             else:
                 new = session.start("again", replace=True)
                 # The replace is recorded in the background: release once it is.
-                deadline = time.monotonic() + 30
-                while (await session.turn_record("held")).cancel_reason is None:  # type: ignore[union-attr]
-                    assert time.monotonic() < deadline, "the replace was never recorded"
-                    await asyncio.sleep(0.02)
+
+                async def replaced() -> bool:
+                    record = await session.turn_record("held")
+                    return record is not None and record.cancel_reason is not None
+
+                await eventually(replaced, what="the replace recorded")
                 (tmp_path / "release").touch()
                 assert (await session.result(new)).text == "answered again"
             out, err = child.communicate(timeout=60)
@@ -319,24 +322,25 @@ async def test_a_turn_stored_while_a_reset_waits_runs_in_the_new_generation(
         text=True,
     )
     try:
-        deadline = time.monotonic() + 60
-        while not (tmp_path / "holding").exists():
+
+        def holding() -> bool:
             assert child.poll() is None, child.communicate()
-            assert time.monotonic() < deadline, "the child never reached its tool"
-            await asyncio.sleep(0.01)
+            return (tmp_path / "holding").exists()
+
+        await eventually(holding, what="the child in its tool", timeout=60)
         from held_turn_child import build_agent
 
         async with Runtime(build_agent(tmp_path), store=store_at(shared_store_spec)) as runtime:
             session = runtime.session("a", "shared")
             reset = asyncio.ensure_future(session.reset())
             raw = runtime.store.session("shared")
-            while not (await raw.load(from_index=2**31 - 1)).reset_requested:
-                assert time.monotonic() < deadline, "the reset was never recorded"
-                await asyncio.sleep(0.01)
+
+            async def reset_recorded() -> bool:
+                return (await raw.load(from_index=2**31 - 1)).reset_requested
+
+            await eventually(reset_recorded, what="the reset recorded")
             (tmp_path / "submit").touch()
-            while await raw.turn("after") is None:
-                assert time.monotonic() < deadline, "the child never stored its turn"
-                await asyncio.sleep(0.01)
+            await eventually(lambda: raw.turn("after"), what="the child's turn stored")
             (tmp_path / "release").touch()
             done = await reset
             out, err = child.communicate(timeout=60)

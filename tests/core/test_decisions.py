@@ -3,7 +3,6 @@ and the record of who answered — on every store."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 import time
@@ -12,6 +11,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from eventually import eventually
 
 import turnkit
 from turnkit import (
@@ -378,9 +378,11 @@ async def test_a_decision_nobody_takes_in_time_is_taken_at_its_deadline(
         action="answer", value={"decision": "reject", "reason": "nobody decided in time"}
     )
     assert await rt.timers.fire_due(rt.store, now=request.expires_at + 1) >= 1
-    deadline = time.monotonic() + 20
-    while (await session.status()) != "idle" and time.monotonic() < deadline:
-        await asyncio.sleep(0.02)
+
+    async def idle() -> bool:
+        return await session.status() == "idle"
+
+    await eventually(idle, what="the session idle after the expiry", timeout=20)
     done = await session.result(result.turn_id)
     assert done.status == "completed" and ran == []
     assert done.text is not None and "nobody decided in time" in done.text

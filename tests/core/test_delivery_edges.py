@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from conftest import plant_open_turn
+from eventually import eventually
 
 import turnkit
 from turnkit import StoreError, ToolMessage, UserMessage, tool
@@ -92,19 +93,22 @@ async def test_replay_during_a_retry_does_not_stop_at_the_old_failure(open_runti
     tid = session.start("hi")
     assert (await session.result(tid)).status == "failed"
     session.start("hi", turn_id=tid)
-    watcher = asyncio.create_task(collect(session, tid, replay=True))
-    await asyncio.sleep(0.05)
-    assert not watcher.done()
+    watching = session.observe(tid, replay=True)
+    first = await anext(watching)  # the retry's start, not the old failure
+    await eventually(lambda: calls == 2, what="the retry at the model")
+    assert first.type == "turn.started"
     gate.set()
-    assert await watcher == ["turn.started", "message.completed", "turn.completed"]
+    rest = [e.type async for e in watching]
+    assert rest == ["message.completed", "turn.completed"]
 
 
 async def test_closing_the_runtime_settles_every_result_and_observer(tmp_path: Path) -> None:
-    forever = asyncio.Event()
+    forever, reached = asyncio.Event(), asyncio.Event()
 
     @tool
     async def wait_forever() -> None:
         """Never returns."""
+        reached.set()
         await forever.wait()
 
     def respond(messages: Any) -> Any:
@@ -115,8 +119,18 @@ async def test_closing_the_runtime_settles_every_result_and_observer(tmp_path: P
         async with turnkit.Runtime(agent, store=SqliteStore(tmp_path / "t.db")) as rt:
             session = rt.session("a", "s1")
             running, queued = session.start("one"), session.start("two")
-            watcher = asyncio.create_task(collect(session, running))
-            await asyncio.sleep(0.05)
+            attached = asyncio.Event()
+
+            async def watch() -> list[str]:
+                seen = []
+                async for e in session.observe(running):
+                    seen.append(e.type)
+                    attached.set()
+                return seen
+
+            watcher = asyncio.create_task(watch())
+            await attached.wait()
+            await eventually(lambda: reached.is_set(), what="the turn in its tool")
             raise RuntimeError("app crashed")
     with pytest.raises(turnkit.TurnError, match="interrupted"):
         await session.result(running)
@@ -164,10 +178,7 @@ async def test_a_replaying_subscription_to_an_unknown_turn_is_reported(
     session = rt.session("a", "s1")
     with caplog.at_level(logging.WARNING):
         session.subscribe(lambda e: None, turn_id="nope", replay=True)
-        for _ in range(100):
-            if "has no turn nope" in caplog.text:
-                break
-            await asyncio.sleep(0.01)
+        await eventually(lambda: "has no turn nope" in caplog.text, what="the warning")
     assert "has no turn nope" in caplog.text
 
 

@@ -10,14 +10,14 @@ import json
 import sqlite3
 import subprocess
 import sys
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
+from eventually import eventually
 from suite_paths import FIXTURES, ROOT
 from test_cli import OFFLINE_ENV
 
@@ -57,14 +57,6 @@ def versioned(version: str, *, ask: bool = False, keep_ask: bool = True) -> turn
         tools=[approve] if keep_ask else [],
         version=version,
     )
-
-
-async def eventually(check: Callable[[], Awaitable[bool]], what: str, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while not await check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 @asynccontextmanager
@@ -117,7 +109,7 @@ async def test_old_and_new_workers_each_take_only_their_versions(
             async def all_done() -> bool:
                 return set((await statuses(new, turns)).values()) == {"completed"}
 
-            await eventually(all_done, "every turn to complete")
+            await eventually(all_done, what="every turn to complete")
             assert (w1.claimed, w2.claimed) == (6, 6)
         for session, turn_id in turns.items():
             record = await new.store.session(session).turn(turn_id)
@@ -138,7 +130,7 @@ async def test_turns_of_a_version_nobody_serves_are_counted_until_a_worker_takes
         assert isinstance(store, PostgresStore)
         metrics = metrics_for(old)
         async with worker(pg_dsn, pg_schema, v2, ["v2"]) as w2:
-            await eventually(lambda: _registered(store), "the v2 worker to register")
+            await eventually(lambda: _registered(store), what="the v2 worker to register")
             turn_id = await old.session("a", "waits").submit("left over")
             assert await store.unserved_turns() == [("a", "v1", 1)]
             text = (await metrics.scrape()).decode()
@@ -151,7 +143,7 @@ async def test_turns_of_a_version_nobody_serves_are_counted_until_a_worker_takes
                 record = await store.session("waits").turn(turn_id)
                 return record is not None and record.status == "completed"
 
-            await eventually(done, "the v1 turn to run on the v1+v2 worker")
+            await eventually(done, what="the v1 turn to run on the v1+v2 worker")
         record = await store.session("waits").turn(turn_id)
         assert record is not None and record.version == "v2" and record.text == "v2: left over"
         [changed] = [
@@ -187,7 +179,7 @@ async def test_a_held_turn_drains_on_a_worker_of_its_own_version(
                 record = await session._store.turn(turn_id)
                 return record is not None and record.status == "suspended"
 
-            await eventually(parked, "the turn to park under v1")
+            await eventually(parked, what="the turn to park under v1")
         # v1's workers are gone; the answer comes in and a v2 worker (serving every
         # version) meets the turn: it holds it.
         await session.resume(turn_id, "ok", "yes")
@@ -197,7 +189,7 @@ async def test_a_held_turn_drains_on_a_worker_of_its_own_version(
                 record = await session._store.turn(turn_id)
                 return record is not None and record.held_by == "v2"
 
-            await eventually(held, "v2 to hold the turn")
+            await eventually(held, what="v2 to hold the turn")
             claims = w2.claimed
         record = await session._store.turn(turn_id)
         assert record is not None and record.status == "suspended"
@@ -209,7 +201,7 @@ async def test_a_held_turn_drains_on_a_worker_of_its_own_version(
                 record = await session._store.turn(turn_id)
                 return record is not None and record.status == "completed"
 
-            await eventually(done, "the v1 worker to run the held turn")
+            await eventually(done, what="the v1 worker to run the held turn")
         record = await session._store.turn(turn_id)
         assert record is not None and record.text == "v1: yes" and record.held_by is None
         assert claims == 1  # v2 tried it once, and not again after holding it
@@ -348,10 +340,11 @@ async def test_an_upgrade_from_the_previous_schema_loses_nothing_while_both_node
         old_node = Submitter(old_src, hold, pg_dsn, pg_schema, tmp_path / "old-node.log")
         workers.append(old_node.proc)
         turns = old_node.submit(["hold-1"])
-        deadline = time.monotonic() + 60
-        while not list(hold.glob("started-*")):
-            assert time.monotonic() < deadline, (tmp_path / "old.log").read_text()
-            await asyncio.sleep(0.02)
+        await eventually(
+            lambda: list(hold.glob("started-*")),
+            what=lambda: "the held turn's tool step: " + (tmp_path / "old.log").read_text(),
+            timeout=60,
+        )
         turns |= old_node.submit([f"a-{n}" for n in range(8)])
         # The new release opens the store: it migrates, online, with the old worker
         # mid-step and claiming.
@@ -367,21 +360,20 @@ async def test_an_upgrade_from_the_previous_schema_loses_nothing_while_both_node
             turns |= new_node.submit([f"b-{n}" for n in range(8)])
             turns |= old_node.submit([f"c-{n}" for n in range(8)])
             (hold / "release").touch()
-            deadline = time.monotonic() + 120
-            while True:
-                done = sql(
-                    pg_dsn,
-                    pg_schema,
-                    "SELECT count(*) FROM turnkit_turns WHERE status = 'completed'",
-                )[0][0]
-                if done == len(turns):
-                    break
-                assert time.monotonic() < deadline, (
-                    done,
-                    (tmp_path / "old.log").read_text(),
-                    (tmp_path / "new.log").read_text(),
-                )
-                await asyncio.sleep(0.1)
+
+            def completed() -> int:
+                query = "SELECT count(*) FROM turnkit_turns WHERE status = 'completed'"
+                return int(sql(pg_dsn, pg_schema, query)[0][0])
+
+            await eventually(
+                lambda: completed() == len(turns),
+                what=lambda: (
+                    "every turn completed; logs: "
+                    + (tmp_path / "old.log").read_text()
+                    + (tmp_path / "new.log").read_text()
+                ),
+                timeout=120,
+            )
         finally:
             await new_store.close()
         effects = sql(pg_dsn, pg_schema, "SELECT turn_id, pid FROM scale_effects")

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from eventually import eventually
 from suite_paths import CHILDREN
 
 import turnkit
@@ -71,13 +72,13 @@ async def fire(runtime: turnkit.Runtime, at: float) -> int:
 
 async def ended(session: turnkit.AgentSession, turn_id: str, timeout: float = 20) -> Any:
     """The turn's result once it has ended, however many deliveries that takes."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+
+    async def over() -> bool:
         record = await session._store.turn(turn_id)
-        if record is not None and record.status in ("completed", "failed", "cancelled"):
-            return await session.result(turn_id)
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"turn {turn_id} did not end within {timeout}s")
+        return record is not None and record.status in ("completed", "failed", "cancelled")
+
+    await eventually(over, what=f"turn {turn_id} ended", timeout=timeout)
+    return await session.result(turn_id)
 
 
 async def ended_or_parked(
@@ -85,21 +86,17 @@ async def ended_or_parked(
 ) -> Any:
     """The turn's result once it has ended or parked again after ``after`` retry
     waits ended (its ``step.retry``-numbered parks)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+
+    async def over_or_parked() -> bool:
         record = await session._store.turn(turn_id)
-        pending = record.pending if record is not None else None
-        waiting = pending.request.id if pending is not None else ""
-        if (
-            record is not None
-            and record.status == "suspended"
-            and waiting.endswith(f":{after + 1}")
-        ):
-            return await session.result(turn_id)
-        if record is not None and record.status in ("completed", "failed", "cancelled"):
-            return await session.result(turn_id)
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"turn {turn_id} did not park again within {timeout}s")
+        if record is None:
+            return False
+        waiting = record.pending.request.id if record.pending is not None else ""
+        parked = record.status == "suspended" and waiting.endswith(f":{after + 1}")
+        return parked or record.status in ("completed", "failed", "cancelled")
+
+    await eventually(over_or_parked, what=f"turn {turn_id} ended or parked", timeout=timeout)
+    return await session.result(turn_id)
 
 
 def types(sink: RecordingSink, turn_id: str) -> list[str]:

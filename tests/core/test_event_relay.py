@@ -13,7 +13,6 @@ import importlib.util
 import json
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from eventually import eventually
 from httpx_sse import aconnect_sse
 from psycopg import sql
 from relay_child import PIECES
@@ -132,10 +132,7 @@ async def following(
         assert sender.relay is not None and receiver.relay is not None
         heard: asyncio.Queue[Relayed] = asyncio.Queue()
         stop = receiver.relay.follow("s1", heard.put_nowait)
-        deadline = time.monotonic() + 20
-        while not receiver.relay.listening:
-            assert time.monotonic() < deadline, "the relay never listened"
-            await asyncio.sleep(0.01)
+        await eventually(lambda: receiver.relay.listening, what="the relay listening")
         yield sender, receiver, heard
         stop()
     finally:
@@ -187,8 +184,7 @@ async def test_a_delta_larger_than_a_notification_reaches_another_store(
         heard: asyncio.Queue[Relayed] = asyncio.Queue()
         stop = receiver.relay.follow("s1", heard.put_nowait)
         receiver.relay.follow("s2", lambda item: pytest.fail(f"s2 heard {item}"))
-        while not receiver.relay.listening:
-            await asyncio.sleep(0.01)
+        await eventually(lambda: receiver.relay.listening, what="the relay listening")
         sent = [
             MessageDeltaEvent(turn_id="t1", session_id="s1", text=t, next_seq=3)
             for t in ("Hel", "€" * 9000, "lo")
@@ -201,8 +197,7 @@ async def test_a_delta_larger_than_a_notification_reaches_another_store(
         # The sender does not hear itself.
         own: list[Relayed] = []
         sender.relay.follow("s1", own.append)
-        while not sender.relay.listening:
-            await asyncio.sleep(0.01)
+        await eventually(lambda: sender.relay.listening, what="the sender's relay listening")
         sender.relay.publish(sent[0])
         assert await asyncio.wait_for(heard.get(), 10) == sent[0]
         assert own == []
@@ -292,8 +287,7 @@ async def follow(served: Any, after: int | None, store: PostgresStore, folder: P
 
     reading = asyncio.create_task(read())
     assert store.relay is not None
-    while not store.relay.listening:
-        await asyncio.sleep(0.01)
+    await eventually(lambda: store.relay.listening, what="the relay listening")
     (folder / "go").touch()
     await asyncio.wait_for(reading, 60)
     return frames
@@ -481,10 +475,10 @@ async def test_a_role_that_can_only_connect_cannot_forge_or_bloat_the_relay(
             ) as intruder:
                 for payload in payloads:
                     await intruder.execute("SELECT pg_notify('turnkit_events', %s)", (payload,))
-            deadline = time.monotonic() + 20
-            while receiver.relay.rejected["forged"] < len(payloads):
-                assert time.monotonic() < deadline, receiver.relay.rejected
-                await asyncio.sleep(0.01)
+            await eventually(
+                lambda: receiver.relay.rejected["forged"] >= len(payloads),
+                what=lambda: f"every forged payload rejected: {receiver.relay.rejected}",
+            )
             # A real delta after the forged ones is the first thing the follower hears.
             real = MessageDeltaEvent(turn_id="t1", session_id="s1", text="real", next_seq=1)
             sender.relay.publish(real)

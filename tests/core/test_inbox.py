@@ -3,11 +3,11 @@ paged by a cursor — on every store."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import Any
 
 import pytest
+from eventually import eventually
 
 import turnkit
 from turnkit import AnswerCheck, Answerers, PendingInput, ToolContext, UserMessage, tool
@@ -213,8 +213,9 @@ async def test_the_inbox_shows_a_questions_deadline_and_never_a_timer(open_runti
     parked = await sleeping.pending()
     assert parked is not None and parked.kind == "timer" and parked.expires_at is not None
     await rt.timers.fire_due(rt.store, now=parked.expires_at + 1)
-    deadline = time.monotonic() + 20
-    while [i.session_id for i in await everything(rt, "ana")] != ["s1", "s2"]:
-        assert time.monotonic() < deadline, "the sleep never ended"
-        await asyncio.sleep(0.02)
+
+    async def both_open() -> bool:
+        return [i.session_id for i in await everything(rt, "ana")] == ["s1", "s2"]
+
+    await eventually(both_open, what="the sleep ended", timeout=20)
     assert await sleeping.answers() == []

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
+from eventually import eventually
 
 import turnkit
 from turnkit import FatalToolError, Message, ToolContext, ToolMessage, UserMessage, tool
@@ -75,7 +76,7 @@ async def test_three_slow_remote_calls_take_about_as_long_as_one(open_runtime: A
     @tool
     async def lookup(key: str) -> str:
         """Looks a key up in a slow remote service."""
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(0.3)  # not a wait: the slow service's work, what runs in parallel
         return f"value of {key}"
 
     model = batch_model([("lookup", {"key": k}) for k in LABELS])
@@ -99,9 +100,14 @@ async def test_results_keep_the_models_order_whatever_order_they_finish_in(
     tid = session.start("fetch three")
     for label in LABELS:
         await gates.started[label].wait()  # all three run at once
-    for label in reversed(LABELS):  # and finish last to first
+    for ended, label in enumerate(reversed(LABELS), start=1):  # and finish last to first
+
+        async def finished(count: int = ended) -> bool:
+            events = await session.events(turn_id=tid)
+            return sum(e.type == "action.completed" for e in events) == count
+
         gates.open[label].set()
-        await asyncio.sleep(0.02)
+        await eventually(finished, what=f"call {label} finished")
     result = await session.result(tid)
     assert result.text == "read: fetched a; fetched b; fetched c"
     messages = await session.messages()
@@ -151,7 +157,7 @@ async def test_one_runs_every_call_after_the_one_before(open_runtime: Any) -> No
     tid = session.start("fetch three")
     for label in LABELS:
         await gates.started[label].wait()
-        await asyncio.sleep(0.02)
+        await asyncio.sleep(0.02)  # not a wait: a window for a wrongly started second call
         assert gates.running == 1
         gates.open[label].set()
     assert (await session.result(tid)).status == "completed"
@@ -169,7 +175,7 @@ async def test_local_calls_run_one_at_a_time_beside_the_remote_ones(open_runtime
         if inside:
             overlap.append(text)
         inside.append(text)
-        time.sleep(0.02)  # a blocking local tool
+        time.sleep(0.02)  # not a wait: a blocking local tool's work
         inside.remove(text)
         return f"noted {text}"
 
@@ -179,10 +185,12 @@ async def test_local_calls_run_one_at_a_time_beside_the_remote_ones(open_runtime
     session = rt.session("a", "s1")
     tid = session.start("mixed")
     await gates.started["r"].wait()
-    for _ in range(200):  # both local calls finish while the remote one still waits
-        if len(tool_results(await session.messages())) == 1:
-            break
-        await asyncio.sleep(0.01)
+
+    async def locals_done() -> bool:  # both local calls finish while the remote one waits
+        events = await session.events(turn_id=tid)
+        return sum(e.type == "action.completed" for e in events) == 2
+
+    await eventually(locals_done, what="both local calls finished")
     gates.open["r"].set()
     result = await session.result(tid)
     assert result.text == "read: noted 1; fetched r; noted 2"
@@ -200,10 +208,11 @@ async def test_cancel_stops_the_running_calls_and_keeps_the_finished_ones(
     for label in LABELS:
         await gates.started[label].wait()
     gates.open["b"].set()
-    for _ in range(200):
-        if any(e.type == "action.completed" for e in await session.events(turn_id=tid)):
-            break
-        await asyncio.sleep(0.01)
+
+    async def b_done() -> bool:
+        return any(e.type == "action.completed" for e in await session.events(turn_id=tid))
+
+    await eventually(b_done, what="call b finished")
     await session.cancel()
     result = await session.result(tid)
     assert (result.status, result.reason) == ("cancelled", "requested")
@@ -234,7 +243,7 @@ async def test_a_fatal_error_fails_the_turn_and_a_redelivery_reruns_only_what_is
         """Fetches one thing."""
         runs.append(label)
         if label == "a" and broken[0]:
-            await asyncio.sleep(0.05)  # after b and c have finished
+            await asyncio.sleep(0.05)  # not a wait: a slow failure, after b and c
             raise FatalToolError("the service is down")
         return f"fetched {label}"
 
@@ -270,7 +279,7 @@ async def test_a_stop_mid_batch_reruns_only_the_calls_that_had_not_committed(
     async def fetch(label: str) -> str:
         """Fetches one thing."""
         runs.append(label)
-        await asyncio.sleep(delays[label])
+        await asyncio.sleep(delays[label])  # not a wait: the call's duration (the scenario)
         return f"fetched {label}"
 
     model = batch_model(fetches())
@@ -301,7 +310,8 @@ async def test_a_later_turn_keeps_the_results_a_stopped_batch_committed(
     async def fetch(label: str) -> str:
         """Fetches one thing."""
         runs.append(label)
-        await asyncio.sleep({"a": 0.2, "b": 0.0, "c": 0.1}[label])
+        duration = {"a": 0.2, "b": 0.0, "c": 0.1}[label]
+        await asyncio.sleep(duration)  # not a wait: the call's duration (the scenario)
         return f"fetched {label}"
 
     model = batch_model(fetches())
@@ -331,7 +341,7 @@ async def test_a_question_in_a_batch_waits_for_the_others_then_parks(open_runtim
         runs.append(label)
         if label == "c" and not await ctx.request_input("go-c", "Fetch c?"):
             return "skipped c"
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # not a wait: the call's duration (the scenario)
         return f"fetched {label}"
 
     model = batch_model(fetches())

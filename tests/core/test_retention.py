@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from eventually import eventually
 from suite_paths import FIXTURES
 
 import turnkit
@@ -133,11 +134,12 @@ async def test_a_worker_prunes_while_it_leads(pg_dsn: str, pg_schema: str) -> No
         worker = turnkit.Worker(rt, poll=0.05)
         running = asyncio.create_task(worker.run())
         try:
-            deadline = time.monotonic() + 30
-            while (await store.session("old").load()).agent is not None:
-                assert time.monotonic() < deadline, "the worker never pruned the idle session"
+
+            async def pruned() -> bool:
                 assert not running.done(), running
-                await asyncio.sleep(0.02)
+                return (await store.session("old").load()).agent is None
+
+            await eventually(pruned, what="the worker pruning the idle session")
         finally:
             worker.stop()
             await asyncio.wait_for(running, timeout=30)
@@ -339,11 +341,12 @@ async def test_turnkit_worker_prunes_by_its_retention_flags(pg_dsn: str, pg_sche
             env=OFFLINE_ENV,
         )
         try:
-            deadline = time.monotonic() + 60
-            while (await store.session("old").load()).agent is not None:
-                assert time.monotonic() < deadline, "the worker never pruned the idle session"
+
+            async def pruned() -> bool:
                 assert worker.poll() is None, "the worker exited"
-                await asyncio.sleep(0.05)
+                return (await store.session("old").load()).agent is None
+
+            await eventually(pruned, what="the worker pruning the idle session", timeout=60)
         finally:
             worker.terminate()
             await asyncio.to_thread(worker.wait, 30)

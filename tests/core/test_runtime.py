@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from conftest import plant_open_turn
+from eventually import eventually
 
 import turnkit
 from turnkit import TriggerMessage, UserMessage, tool
@@ -89,14 +90,22 @@ async def test_observe_with_replay_folds_logged_events_before_live_ones(
     rt = await open_runtime(echo_agent("a", wait_gate, respond=respond))
     session = rt.session("a", "s1")
     tid = session.start("go")
-    while not [e for e in await session.events(turn_id=tid) if e.type == "action.requested"]:
-        await asyncio.sleep(0.01)
+
+    async def requested() -> bool:
+        return any(e.type == "action.requested" for e in await session.events(turn_id=tid))
+
+    await eventually(requested, what="the tool call requested")
+    attached = asyncio.Event()
 
     async def collect() -> list[str]:
-        return [e.type async for e in session.observe(tid, replay=True)]
+        seen = []
+        async for e in session.observe(tid, replay=True):
+            seen.append(e.type)
+            attached.set()
+        return seen
 
     late = asyncio.create_task(collect())
-    await asyncio.sleep(0.05)
+    await attached.wait()  # the late observer has its first event: it is attached
     gate.set()
     types = await late
     structural = [t for t in types if not t.endswith(".delta")]
@@ -137,10 +146,7 @@ async def test_subscribe_with_replay_to_a_finished_turn_gets_its_log(open_runtim
     await session.result(tid)
     got: list[str] = []
     unsubscribe = session.subscribe(lambda e: got.append(e.type), turn_id=tid, replay=True)
-    for _ in range(100):
-        if len(got) == 3:
-            break
-        await asyncio.sleep(0.01)
+    await eventually(lambda: len(got) == 3, what=f"three events replayed: {got}")
     unsubscribe()
     assert got == ["turn.started", "message.completed", "turn.completed"]
 
@@ -154,13 +160,16 @@ async def test_subscribe_with_replay_to_a_session_gets_logged_then_live(
     await session.result(first)
     got: list[turnkit.TurnEvent] = []
     unsubscribe = session.subscribe(got.append, replay=True)
-    await asyncio.sleep(0.01)
+    await eventually(
+        lambda: any(e.turn_id == first and e.type == "turn.completed" for e in got),
+        what="the old turn replayed",
+    )
     second = session.start("new")
     await session.result(second)
-    for _ in range(100):
-        if got and got[-1].type == "turn.completed" and got[-1].turn_id == second:
-            break
-        await asyncio.sleep(0.01)
+    await eventually(
+        lambda: got and got[-1].type == "turn.completed" and got[-1].turn_id == second,
+        what="the new turn's end",
+    )
     unsubscribe()
     structural = [(e.turn_id, e.type) for e in got if e.seq is not None]
     assert structural == [

@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
+from eventually import eventually
 from server_support import serving
 from suite_paths import CHILDREN, FIXTURES
 from test_cli import OFFLINE_ENV
@@ -107,24 +108,34 @@ class Cluster:
         assert len(rows) == 1, rows
         return str(rows[0][0])
 
+    def logs_of_all(self) -> str:
+        return "\n".join(self.log(n) for n in range(len(self.workers)))
+
     async def wait_for(self, query: str, *params: Any, timeout: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout
-        while not self.sql(query, *params):
-            if time.monotonic() > deadline:
-                logs = "\n".join(self.log(n) for n in range(len(self.workers)))
-                raise AssertionError(f"timed out waiting for {query} {params}\n{logs}")
-            await asyncio.sleep(0.05)
+        await eventually(
+            lambda: self.sql(query, *params),
+            what=lambda: f"{query} {params}\n{self.logs_of_all()}",
+            timeout=timeout,
+        )
+
+    async def wait_for_line(self, n: int, text: str, timeout: float = 60.0) -> None:
+        """Wait until worker ``n``'s log has a line with ``text``."""
+        await eventually(
+            lambda: text in self.log(n), what=lambda: f"{text!r} in {self.log(n)}", timeout=timeout
+        )
+
+    async def wait_for_claims(self, workers: int) -> None:
+        """Wait until ``workers`` workers have each claimed at least once: a worker
+        registers as alive right after its first claim."""
+        await self.wait_for("SELECT 1 FROM turnkit_workers HAVING count(*) >= %s", workers)
 
     async def wait_for_file(self, pattern: str, timeout: float = 60.0) -> Path:
-        deadline = time.monotonic() + timeout
-        while True:
-            found = sorted(self.hold.glob(pattern))
-            if found:
-                return found[0]
-            if time.monotonic() > deadline:
-                logs = "\n".join(self.log(n) for n in range(len(self.workers)))
-                raise AssertionError(f"no {pattern} in {self.hold}\n{logs}")
-            await asyncio.sleep(0.02)
+        found = await eventually(
+            lambda: sorted(self.hold.glob(pattern)),
+            what=lambda: f"{pattern} in {self.hold}\n{self.logs_of_all()}",
+            timeout=timeout,
+        )
+        return found[0]
 
     def held_sessions(self) -> list[tuple[Any, ...]]:
         """The sessions whose writer lock some connection holds."""
@@ -253,7 +264,7 @@ async def test_a_worker_killed_mid_turn_is_taken_over_and_the_step_runs_once(
     turn_id = await nodes.submit("k1", "hold k1")
     await nodes.wait_for_file(f"started-{first.pid}-*")
     second = nodes.start_worker()
-    await asyncio.sleep(1.0)  # past its first claims: it finds the turn by its poll
+    await nodes.wait_for_claims(2)  # the second has looked for turns and found none free
     assert not list(nodes.hold.glob(f"started-{second.pid}-*"))  # not while the first lives
     killed = time.monotonic()
     first.kill()
@@ -275,7 +286,7 @@ async def test_a_paused_worker_resumed_after_a_takeover_cannot_commit(nodes: Clu
     turn_id = await nodes.submit("p1", "hold p1")
     await nodes.wait_for_file(f"started-{first.pid}-*")
     second = nodes.start_worker("--idle-timeout", "2")
-    await asyncio.sleep(1.0)
+    await nodes.wait_for_claims(2)
     first.send_signal(signal.SIGSTOP)
     paused = time.monotonic()
     # PostgreSQL ends the silent worker's lock connection, and the session moves.
@@ -284,7 +295,7 @@ async def test_a_paused_worker_resumed_after_a_takeover_cannot_commit(nodes: Clu
     first.send_signal(signal.SIGCONT)
     (nodes.hold / "release").touch()  # both calls return; only one step may land
     await nodes.wait_for("SELECT 1 FROM turnkit_turns WHERE status = 'completed'")
-    await asyncio.sleep(1.0)  # time for the resumed worker to try its commit
+    await nodes.wait_for_line(0, "was taken over")  # the resumed worker tried its commit
     assert nodes.effects(turn_id) == [("hold p1", second.pid)]
     messages = await transcript(nodes.runtime.store.session("p1"))
     assert sum(isinstance(m, ToolMessage) for m in messages) == 1
@@ -388,7 +399,7 @@ async def test_sigterm_stops_claiming_and_lets_the_turn_under_way_finish(nodes: 
     running = await nodes.submit("t1", "hold t1")
     await nodes.wait_for_file(f"started-{worker.pid}-*")
     worker.terminate()
-    await asyncio.sleep(0.5)
+    await nodes.wait_for_line(0, "SIGTERM: claiming no more turns")
     later = await nodes.submit("t2", "after the signal")
     assert worker.poll() is None  # still finishing its turn
     (nodes.hold / "release").touch()
@@ -491,7 +502,7 @@ async def test_a_stored_turn_wakes_an_idle_worker_without_waiting_for_its_poll(
     nodes: Cluster,
 ) -> None:
     nodes.start_worker("--poll", "120")  # (a later --poll wins over the helper's)
-    await asyncio.sleep(0.5)  # past its first claim: idle, waiting
+    await nodes.wait_for_claims(1)  # past its first claim: idle, waiting
     for n in range(3):
         turn_id = await nodes.submit(f"w{n}", f"wake {n}")
         # Generous, but far below the poll: only the notification can wake it.
@@ -648,10 +659,11 @@ async def test_a_per_tenant_cap_holds_across_worker_processes(
         def started() -> list[Path]:
             return sorted(nodes.hold.glob("started-*"))
 
-        deadline = time.monotonic() + 60
-        while len(started()) < 4:
-            assert time.monotonic() < deadline, [p.name for p in started()]
-            await asyncio.sleep(0.05)
+        await eventually(
+            lambda: len(started()) >= 4,
+            what=lambda: f"four tool steps started: {[p.name for p in started()]}",
+            timeout=60,
+        )
         third = PostgresStore(pg_dsn, schema=pg_schema)
         await third.open()
         try:

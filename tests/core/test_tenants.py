@@ -7,26 +7,18 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
+from eventually import eventually
 
 import turnkit
 from turnkit import ToolContext, UserMessage, tool
 from turnkit.stores import MemoryStore, PostgresStore, SqliteStore
 from turnkit.testing import ScriptedModel, ScriptedReply, tool_call
-
-
-async def eventually(check: Callable[[], Awaitable[bool]], what: str, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while not await check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 class Gate:
@@ -124,7 +116,7 @@ async def test_a_runtime_that_runs_its_own_turns_keeps_each_tenant_under_its_cap
         async def full() -> bool:
             return gate.running == Counter({"a": 2, "big": 3, "b": 2})
 
-        await eventually(full, "every tenant at its cap")
+        await eventually(full, what="every tenant at its cap")
         gate.release.set()
         for s, tid in turns:
             assert (await s.result(tid)).status == "completed"
@@ -155,7 +147,7 @@ async def test_claims_are_fair_across_tenants_and_capped_across_workers(
             async def busy() -> bool:
                 return gate.running == Counter({"A": 3, "B": 2, "C": 2})
 
-            await eventually(busy, "A at its cap, B and C running")
+            await eventually(busy, what="A at its cap, B and C running")
             third = PostgresStore(pg_dsn, schema=pg_schema)
             await third.open()
             try:

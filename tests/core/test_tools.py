@@ -9,6 +9,7 @@ import threading
 from typing import Annotated, Any
 
 import pytest
+from eventually import eventually
 from pydantic import BaseModel, Field
 
 import turnkit
@@ -446,8 +447,7 @@ async def test_other_sessions_stream_while_a_def_tool_blocks(
     rt = await open_runtime(waiter, talker, store=store)
     blocked = rt.session("waiter", "s1")
     blocked_turn = blocked.start("wait")
-    while not started.is_set():  # the tool is running (on some thread)
-        await asyncio.sleep(0.001)
+    await eventually(started.is_set, what="the tool running (on some thread)")
 
     other = rt.session("talker", "s2")
     stream = other.observe(other.start("talk"))

@@ -370,7 +370,7 @@ async def test_calls_run_in_parallel_get_a_span_each_under_the_turn(
     @turnkit.tool
     async def fetch(label: str) -> str:
         """Fetch one thing from a slow service."""
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # not a wait: the slow service's work
         if label == "b":
             raise ValueError("b is gone")
         return f"got {label}"

@@ -69,7 +69,7 @@ def build(log: Path | None = None, variant: str = "v1") -> MCPServer:
         earlier = [entry for entry in _seen(log) if entry["tool"] == "hang"]
         key = note("hang", ctx)
         if not any(entry["key"] == key for entry in earlier):
-            await anyio.sleep(3600)
+            await anyio.sleep(3600)  # not a wait: a call that hangs, on purpose
         return f"done: {text}"
 
     if variant == "v2":

@@ -3,7 +3,6 @@ API's wire protocol, through the engine on a real SQLite file."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import subprocess
 import sys
@@ -13,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from eventually import eventually
 from fakes import anthropic_wire as wire
 from fakes.server import FakeProvider
 from fakes.thinking_child import AGENT, SESSION, TURN_ID, build_agent
@@ -324,12 +324,13 @@ async def test_an_overloaded_provider_parks_the_turn_for_its_retry_after(
         assert parked.request.expires_at == pytest.approx(time.time() + 3600, abs=60)
         assert len(server.requests) == 1
         await rt.timers.fire_due(rt.store, now=time.time() + 3700)  # type: ignore[arg-type]
-        deadline = time.monotonic() + 20
-        while (record := await session._store.turn(parked.turn_id)) is not None:
-            if record.status == "completed" or time.monotonic() > deadline:
-                break
-            await asyncio.sleep(0.02)
-        assert record is not None and record.status == "completed" and record.text == "Made it."
+
+        async def completed() -> Any:
+            record = await session._store.turn(parked.turn_id)
+            return record if record is not None and record.status == "completed" else None
+
+        record = await eventually(completed, what="the turn completed after its timer")
+        assert record.text == "Made it."
     assert len(server.requests) == 2
     (retry,) = [e for e in sink.events if e.type == "step.retry"]
     assert retry.step_id == "model:1" and "HTTP 429" in retry.error

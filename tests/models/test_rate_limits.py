@@ -10,12 +10,13 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
+from eventually import eventually
 from fakes import openai_wire as wire
 from fakes.server import Canned, FakeProvider
 
@@ -54,14 +55,6 @@ def agent(name: str, model: str, server: FakeProvider, **options: Any) -> turnki
     )
 
 
-async def eventually(check: Callable[[], Awaitable[bool]], what: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not await check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
-
-
 def test_a_rate_limit_refuses_nonsense() -> None:
     with pytest.raises(turnkit.ConfigurationError, match="requests_per_minute"):
         RateLimit("m", requests_per_minute=0)
@@ -97,7 +90,7 @@ async def test_a_runtime_keeps_its_model_calls_under_the_limit(tmp_path: Path) -
                         return False
                 return True
 
-            await eventually(all_done, "every turn")
+            await eventually(all_done, what="every turn", timeout=60)
             waited = [
                 e
                 for s, _ in turns
@@ -160,14 +153,14 @@ async def test_three_workers_share_one_limit_and_run_other_turns_meanwhile(
             async def free_done() -> bool:
                 return all(x == "completed" for x in await statuses(free))
 
-            await eventually(free_done, "the unlimited agent's turns")
+            await eventually(free_done, what="the unlimited agent's turns", timeout=60)
             slow_now = await statuses(slow)
             assert slow_now.count("completed") < 20, slow_now
 
             async def slow_done() -> bool:
                 return all(x == "completed" for x in await statuses(slow))
 
-            await eventually(slow_done, "the limited agent's turns")
+            await eventually(slow_done, what="the limited agent's turns", timeout=60)
     assert len(arrivals.at["limited-model"]) == 20
     assert arrivals.most_in_any_window("limited-model", 1.0) <= 4
     assert len(arrivals.at["free-model"]) == 20
@@ -204,6 +197,6 @@ async def test_a_429_with_retry_after_holds_every_call_to_the_model_back() -> No
                 records = [await store.session(s).turn(t) for s, t in (("s1", one), ("s2", two))]
                 return all(r is not None and r.status == "completed" for r in records)
 
-            await eventually(both_done, "both turns")
+            await eventually(both_done, what="both turns", timeout=60)
     assert len(arrivals) == 3
     assert min(arrivals[1:]) >= arrivals[0] + 1.5

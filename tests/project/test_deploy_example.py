@@ -4,7 +4,6 @@ on the HTTP node showing a worker's text as it grows, each lookup noted once."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import shlex
@@ -12,11 +11,11 @@ import socket
 import string
 import subprocess
 import sys
-import time
 
 import httpx
 import psycopg
 import pytest
+from eventually import eventually_blocking
 from psycopg import sql
 from suite_paths import ROOT
 
@@ -100,16 +99,19 @@ def test_the_procfile_alone_serves_a_turn_on_a_fresh_schema(pg_dsn: str, pg_sche
                 )
             )
         url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
         with httpx.Client(base_url=url, timeout=60) as client:
-            while True:
-                with contextlib.suppress(httpx.TransportError):
-                    if client.get("/readyz").status_code == 200:
-                        break
-                assert time.monotonic() < deadline, "the HTTP node never became ready"
+
+            def ready() -> bool:
                 exited = [p for p in started if p.poll() is not None]
                 assert not exited, [p.communicate()[1] for p in exited]
-                time.sleep(0.1)
+                return client.get("/readyz").status_code == 200
+
+            eventually_blocking(
+                ready,
+                what="the HTTP node ready",
+                timeout=60,
+                ignoring=(httpx.TransportError,),
+            )
             reply = client.post(
                 "/agents/orders/sessions/s1/chat", json={"text": "A01"}, headers={"X-User": "ann"}
             )

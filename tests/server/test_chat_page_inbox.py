@@ -5,10 +5,6 @@ rejects it there, without the session, which is not theirs to read."""
 
 from __future__ import annotations
 
-import asyncio
-import socket
-import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -16,10 +12,10 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from browser_support import chromium, watched_page
+from eventually import eventually_blocking
 from playwright.sync_api import Browser, expect
-from server_support import by_header
+from server_support import by_header, serve_app_in_thread
 
 import turnkit
 from turnkit import ActionContext, Answerers, Approval, Decision, define_action
@@ -61,24 +57,8 @@ def served(db: Path) -> Iterator[str]:
     """The app, with the chat page, on a loopback port in a thread of its own."""
     runtime = turnkit.Runtime(refund_agent(), store=SqliteStore(db))
     app = create_app(runtime, authenticate=by_header, chat_page=True, own_runtime=True)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(64)
-    server = uvicorn.Server(
-        uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5)
-    )
-    thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])))
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=20)
-        sock.close()
+    with serve_app_in_thread(app, lifespan=True) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
@@ -89,14 +69,14 @@ def browser() -> Iterator[Browser]:
 
 def settled(client: httpx.Client, session: str) -> dict[str, Any]:
     """Alice's view of her session once its turn is no longer running."""
-    deadline = time.monotonic() + 20
-    while True:
+
+    def transcript() -> dict[str, Any] | None:
         body: dict[str, Any] = client.get(
             f"/agents/shop/sessions/{session}/transcript", headers=ALICE
         ).json()
-        if body["status"] == "idle" or time.monotonic() > deadline:
-            return body
-        time.sleep(0.02)
+        return body if body["status"] == "idle" else None
+
+    return eventually_blocking(transcript, what=f"session {session} idle", timeout=20)
 
 
 @pytest.mark.parametrize(

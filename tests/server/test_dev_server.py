@@ -12,8 +12,9 @@ import signal
 import subprocess
 import sys
 import tomllib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -369,75 +370,68 @@ def test_the_page_never_writes_html_text_into_the_document() -> None:
 def test_dev_slack_serves_the_agent_in_slack_on_its_own_port(tmp_path: Path) -> None:
     """``turnkit dev --slack``: a signed mention on the Slack port gets the agent's
     reply through the Web API (a local stand-in); each port serves only its own."""
-    import asyncio
-    import socket
-    import threading
-    import time
-
-    import uvicorn
+    from server_support import serve_app_in_thread
     from starlette.applications import Starlette
     from starlette.routing import Route
     from test_slack import SECRET, FakeSlack, signed
 
     fake = FakeSlack()
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
     api = Starlette(routes=[Route("/api/{method}", fake.handle, methods=["POST"])])
-    server = uvicorn.Server(uvicorn.Config(api, log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])))
-    thread.start()
-    env = {
-        "SLACK_SIGNING_SECRET": SECRET,
-        "SLACK_BOT_TOKEN": "xoxb-test",
-        "SLACK_API_URL": f"http://127.0.0.1:{sock.getsockname()[1]}/api/",
-    }
-    proc, url = start_dev("--slack", "--slack-port", "0", cwd=tmp_path, env=env)
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        found = re.search(r"Slack on (http://127\.0\.0\.1:\d+)/slack/", line)
-        assert found is not None, line
-        assert "/slack/events" in line and "/slack/interactivity" in line
-        slack_url = found.group(1)
-        event = {
-            "type": "app_mention",
-            "user": "U1",
-            "channel": "C1",
-            "ts": "7.7",
-            "text": "<@B1> order 2 blue widgets",
+    with serve_app_in_thread(api) as api_url:
+        env = {
+            "SLACK_SIGNING_SECRET": SECRET,
+            "SLACK_BOT_TOKEN": "xoxb-test",
+            "SLACK_API_URL": f"{api_url}/api/",
         }
-        body = json.dumps(
-            {"type": "event_callback", "team_id": "T1", "event_id": "Ev1", "event": event}
-        ).encode()
-        headers = {**signed(body), "Content-Type": "application/json"}
-        with httpx.Client(timeout=30) as client:
-            assert (
-                client.post(f"{slack_url}/slack/events", content=body, headers=headers).status_code
-                == 200
-            )
-            assert (
-                client.post(f"{url}slack/events", content=body, headers=headers).status_code == 404
-            )
-            assert client.get(f"{slack_url}/agents").status_code == 404
-            forged = client.post(
-                f"{slack_url}/slack/events",
-                content=body,
-                headers={**headers, "X-Slack-Signature": "v0=00"},
-            )
-            assert forged.status_code == 401
-        done = "Done: order #1 (2 x blue widgets) is packed."
-        deadline = time.monotonic() + 60
-        while not any(
-            a.get("text", "").endswith(done) for m, a in fake.calls if m == "chat.update"
-        ):
-            assert time.monotonic() < deadline, fake.calls
-            time.sleep(0.05)
-    finally:
-        proc.kill()
-        proc.wait(10)
-        server.should_exit = True
-        thread.join(10)
-        sock.close()
+        proc, url = start_dev("--slack", "--slack-port", "0", cwd=tmp_path, env=env)
+        try:
+            _mention_on_the_slack_port(proc, url, fake, signed)
+        finally:
+            proc.kill()
+            proc.wait(10)
+
+
+def _mention_on_the_slack_port(
+    proc: subprocess.Popen[str], url: str, fake: Any, signed: Callable[[bytes], dict[str, str]]
+) -> None:
+    from eventually import eventually_blocking
+
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    found = re.search(r"Slack on (http://127\.0\.0\.1:\d+)/slack/", line)
+    assert found is not None, line
+    assert "/slack/events" in line and "/slack/interactivity" in line
+    slack_url = found.group(1)
+    event = {
+        "type": "app_mention",
+        "user": "U1",
+        "channel": "C1",
+        "ts": "7.7",
+        "text": "<@B1> order 2 blue widgets",
+    }
+    body = json.dumps(
+        {"type": "event_callback", "team_id": "T1", "event_id": "Ev1", "event": event}
+    ).encode()
+    headers = {**signed(body), "Content-Type": "application/json"}
+    with httpx.Client(timeout=30) as client:
+        assert (
+            client.post(f"{slack_url}/slack/events", content=body, headers=headers).status_code
+            == 200
+        )
+        assert client.post(f"{url}slack/events", content=body, headers=headers).status_code == 404
+        assert client.get(f"{slack_url}/agents").status_code == 404
+        forged = client.post(
+            f"{slack_url}/slack/events",
+            content=body,
+            headers={**headers, "X-Slack-Signature": "v0=00"},
+        )
+        assert forged.status_code == 401
+    done = "Done: order #1 (2 x blue widgets) is packed."
+    eventually_blocking(
+        lambda: any(a.get("text", "").endswith(done) for m, a in fake.calls if m == "chat.update"),
+        what="the reply drawn in Slack",
+        timeout=60,
+    )
 
 
 def test_dev_slack_needs_its_secrets_in_the_environment(tmp_path: Path) -> None:

@@ -1,5 +1,5 @@
 """The official AG-UI client (``@ag-ui/client``'s ``HttpAgent.runAgent``) against
-turnkit's AG-UI endpoint on a real uvicorn server: a run with two tools, a park
+turnkit's AG-UI endpoint on a real hypercorn server: a run with two tools, a park
 that ends a run with an interrupt answered by the next run's ``resume[]``, a
 refused answer, and the declared capabilities."""
 

@@ -1,5 +1,5 @@
 """The AI SDK's own chat client (``ai``: ``AbstractChat`` over ``DefaultChatTransport``)
-against turnkit's AI SDK endpoints on a real uvicorn server: two tools, an approval
+against turnkit's AI SDK endpoints on a real hypercorn server: two tools, an approval
 answered through the SDK's tool-approval response, a refused one, a connection
 dropped mid-reply and resumed from the durable log, and a durable stop."""
 

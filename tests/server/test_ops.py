@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 import pytest
+from eventually import eventually
 from prometheus_client.parser import text_string_to_metric_families
 from server_support import serving
 from test_scale_out import cluster
@@ -158,8 +159,9 @@ async def test_on_postgres_the_queue_depth_and_the_relay_lag_are_measured(
         assert runtime.relay is not None and sender.relay is not None
         heard: asyncio.Queue[Any] = asyncio.Queue()
         runtime.relay.follow("s", heard.put_nowait)
-        while not getattr(runtime.relay, "listening", False):
-            await asyncio.sleep(0.01)
+        await eventually(
+            lambda: getattr(runtime.relay, "listening", False), what="the relay listening"
+        )
         sender.relay.publish(MessageDeltaEvent(turn_id="t", session_id="s", text="hi", next_seq=1))
         await asyncio.wait_for(heard.get(), 10)
         got = scraped((await get(app, "/metrics")).text)

@@ -1,4 +1,4 @@
-"""The HTTP surface over a real connection: uvicorn on 127.0.0.1, httpx and a standard
+"""The HTTP surface over a real connection: hypercorn on 127.0.0.1, httpx and a standard
 SSE client (httpx-sse), on every store."""
 
 from __future__ import annotations
@@ -12,12 +12,13 @@ from typing import Any
 
 import httpx
 import pytest
+from eventually import eventually
 from httpx_sse import aconnect_sse
-from server_support import Served, decode, gated_agent, serving, snapshot
+from server_support import Served, by_header, decode, gated_agent, serving, snapshot
 
 import turnkit
 from turnkit import AnswerCheck, Answerers, ToolContext, tool
-from turnkit.server import ServerLimits
+from turnkit.server import ServerLimits, create_app
 from turnkit.stores import SqliteStore
 from turnkit.testing import ScriptedModel, ScriptedReply, tool_call
 
@@ -73,6 +74,11 @@ async def sse(served: Served, method: str, url: str, **kwargs: Any) -> list[Any]
         assert source.response.status_code == 200, await source.response.aread()
         assert source.response.headers["content-type"].startswith("text/event-stream")
         return decode([frame async for frame in source.aiter_sse()])
+
+
+async def requested(session: turnkit.AgentSession) -> bool:
+    """Whether a turn of ``session`` has asked for a tool call."""
+    return any(e.type == "action.requested" for e in await session.events())
 
 
 async def test_a_turn_streams_as_server_sent_events(open_runtime: Any) -> None:
@@ -454,8 +460,7 @@ async def test_a_feed_opened_mid_turn_joins_the_log_and_the_live_events(open_run
     session = runtime.session("w", "s1")
     async with serving(runtime) as served:
         turn_id = session.start("go", owner="alice")
-        while not any(e.type == "action.requested" for e in await session.events()):
-            await asyncio.sleep(0.01)
+        await eventually(lambda: requested(session), what="the tool call requested")
         async with aconnect_sse(
             served.client,
             "GET",
@@ -601,18 +606,12 @@ async def test_a_client_that_hangs_up_leaves_the_turn_running(open_runtime: Any)
         ) as source:
             async for _ in source.aiter_sse():
                 break
-        result = None
-        for _ in range(200):
-            turns = [
-                e
-                for e in await runtime.session("calc", "s1").events()
-                if e.type == "turn.completed"
-            ]
-            if turns:
-                result = turns[0]
-                break
-            await asyncio.sleep(0.02)
-        assert result is not None
+
+        async def completed() -> list[Any]:
+            events = await runtime.session("calc", "s1").events()
+            return [e for e in events if e.type == "turn.completed"]
+
+        await eventually(completed, what="the turn completed")
     with pytest.raises(httpx.ConnectError):
         await httpx.AsyncClient().get(served.url + "/agents")
 
@@ -648,8 +647,7 @@ async def test_a_feed_follows_a_turn_running_in_another_process_through_the_log(
     front.sink = turnkit.LocalEventSink()
     session = worker.session("w", "s1")
     turn_id = session.start("go", owner="alice")
-    while not any(e.type == "action.requested" for e in await session.events()):
-        await asyncio.sleep(0.01)
+    await eventually(lambda: requested(session), what="the tool call requested")
     limits = ServerLimits(feed_poll_seconds=0.05)
     async with serving(front, limits=limits) as served:
         frames = []
@@ -844,9 +842,14 @@ async def test_the_body_limit_holds_without_a_content_length(open_runtime: Any) 
             yield b"x" * 100
         yield b'"}'
 
-    async with serving(runtime, limits=ServerLimits(max_body_bytes=1024)) as served:
-        reply = await served.client.post(
-            served.path("calc", "s1", "turns"),
+    # In process (httpx's ASGI transport), so the app's answer is what is read: a
+    # server that answers before the body is all in may close the connection on the
+    # unread rest (hypercorn does), and the client sees a reset instead of the 413.
+    app = create_app(runtime, authenticate=by_header, limits=ServerLimits(max_body_bytes=1024))
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        reply = await client.post(
+            "/agents/calc/sessions/s1/turns",
             content=chunks(),  # chunked transfer encoding: no Content-Length to trust
             headers={**ALICE, "Content-Type": "application/json"},
         )

@@ -8,6 +8,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from eventually import eventually
 from httpx_sse import aconnect_sse
 from server_support import gated_agent, serving
 
@@ -45,6 +46,11 @@ class RacingStore:
         return self._during(self.calls, got)
 
 
+async def requested(session: turnkit.AgentSession) -> bool:
+    """Whether a turn of ``session`` has asked for a tool call."""
+    return any(e.type == "action.requested" for e in await session.events())
+
+
 async def until_quiet(feed: EventFeed, **kwargs: Any) -> list[Any]:
     """The feed's items up to its first keep-alive (or its end)."""
     items: list[Any] = []
@@ -74,8 +80,7 @@ async def test_a_live_only_failure_heard_while_the_log_is_read_ends_the_turn_fee
     runtime = await open_runtime(gated_agent(gate))
     session = runtime.session("w", "s1")
     turn_id = session.start("go", owner="alice")
-    while not any(e.type == "action.requested" for e in await session.events()):
-        await asyncio.sleep(0.01)
+    await eventually(lambda: requested(session), what="the tool call requested")
     crash = turnkit.TurnFailedEvent(turn_id=turn_id, session_id="s1", error="delivery failed")
 
     def during(call: int, got: list[Any]) -> list[Any]:
@@ -198,8 +203,7 @@ async def test_a_failed_delivery_reaches_a_turn_feed_live_and_unnumbered(
     ctx = turnkit.mount_agent(agent, runtime)
     session = runtime.session("w", "s1")
     turn_id = session.start("go", owner="alice")
-    while not any(e.type == "action.requested" for e in await session.events()):
-        await asyncio.sleep(0.01)
+    await eventually(lambda: requested(session), what="the tool call requested")
     failed = turnkit.DeliveryFailedEvent(
         turn_id=turn_id,
         session_id="s1",
@@ -275,8 +279,7 @@ async def test_a_failed_reply_relayed_from_another_process_reaches_the_feed(
     feed = EventFeed(runtime.store.session("s1"), runtime.sink, after=0, relay=relay)
     items = feed.events(idle=5)
     first = asyncio.ensure_future(items.__anext__())
-    while not relay.followers:
-        await asyncio.sleep(0.01)
+    await eventually(lambda: relay.followers, what="the feed following the relay")
     relay.tell(failed)
     assert await asyncio.wait_for(first, 5) is failed
     await items.aclose()

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from eventually import eventually_blocking
 from test_blobs import MARK, THRESHOLD, blob_agent
 
 import turnkit
@@ -44,15 +45,13 @@ def s3_endpoint() -> Iterator[str]:
         stderr=subprocess.DEVNULL,
     )
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=1):
-                    break
-            except OSError:
-                assert server.poll() is None, "moto's server exited"
-                assert time.monotonic() < deadline, "moto's server never listened"
-                time.sleep(0.05)
+
+        def listening() -> bool:
+            assert server.poll() is None, "moto's server exited"
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return True
+
+        eventually_blocking(listening, what="moto's server listening", ignoring=(OSError,))
         yield f"http://127.0.0.1:{port}"
     finally:
         server.terminate()

@@ -10,13 +10,13 @@ import json
 import os
 import subprocess
 import sys
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from datetime import timedelta
 
 import pytest
 from cells_support import CellPlaces, by_region, places, second_database
+from eventually import eventually
 
 import turnkit
 from turnkit import (
@@ -34,14 +34,6 @@ from turnkit.stores.postgres import Cells, move_tenant, stable_hash
 from turnkit.testing import ScriptedModel, ScriptedReply, tool_call
 
 __all__ = ["places", "second_database"]  # the fixtures, used by name
-
-
-async def eventually(check: Callable[[], Awaitable[bool]], what: str, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while not await check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 def echo() -> turnkit.Agent:
@@ -458,12 +450,12 @@ async def test_a_moving_tenants_deadlines_wait_and_then_fire_in_its_new_cell(
         assert await rt.timers.fire_due(cells, now=late) == 0
         await move_tenant(cells, "us-3", "b")
         assert await rt.timers.fire_due(cells, now=late) == 1
-        deadline = time.monotonic() + 30
-        while (record := await cells.session("waits").turn(turn_id)) is None or (
-            record.status != "completed"
-        ):
-            assert time.monotonic() < deadline, f"the expired turn never ended: {record}"
-            await asyncio.sleep(0.02)
+
+        async def completed() -> bool:
+            record = await cells.session("waits").turn(turn_id)
+            return record is not None and record.status == "completed"
+
+        await eventually(completed, what="the expired turn completed")
     assert places.rows("b", "SELECT status FROM turnkit_turns WHERE session_id = 'waits'") == [
         ("completed",)
     ]

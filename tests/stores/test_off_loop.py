@@ -9,9 +9,10 @@ import contextvars
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
+from eventually import eventually_blocking
 
 from turnkit.stores._off_loop import on_thread
 from turnkit.stores._tool_threads import ToolThreads
@@ -24,14 +25,6 @@ def threads() -> Iterator[ToolThreads]:
     pool = ToolThreads(2, "test-tool")
     yield pool
     pool.shutdown()
-
-
-def _wait_for(what: str, condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"never happened within {timeout}s: {what}")
-        time.sleep(0.001)
 
 
 async def test_the_call_runs_on_a_thread_with_the_callers_context(threads: ToolThreads) -> None:
@@ -67,7 +60,7 @@ async def test_a_call_cancelled_before_a_thread_takes_it_never_runs() -> None:
         busy = asyncio.ensure_future(on_thread(pool, block))
         await asyncio.to_thread(started.wait, 10)
         queued = asyncio.ensure_future(on_thread(pool, ran.append, "queued"))
-        await asyncio.sleep(0)  # (the call is handed to the pool: its only thread is busy)
+        await asyncio.sleep(0)  # not a wait: one step for the call to reach the busy pool
         queued.cancel()
         with pytest.raises(asyncio.CancelledError):
             await queued
@@ -93,7 +86,7 @@ async def test_no_more_threads_run_at_once_than_the_pool_has(threads: ToolThread
         with lock:
             running[0] += 1
             most[0] = max(most[0], running[0])
-        time.sleep(0.01)  # a tool that blocks (the work, not a synchronisation)
+        time.sleep(0.01)  # not a wait: a tool that blocks (the work)
         with lock:
             running[0] -= 1
         return threading.get_ident()
@@ -110,7 +103,7 @@ def test_shutdown_ends_the_idle_threads_and_refuses_new_calls() -> None:
     mine = [t for t in threading.enumerate() if t.name.startswith("test-shut")]
     assert len(mine) == 1
     pool.shutdown()
-    _wait_for("the idle thread ended", lambda: not mine[0].is_alive())
+    eventually_blocking(lambda: not mine[0].is_alive(), what="the idle thread ended", timeout=10)
     with pytest.raises(RuntimeError, match="after shutdown"):
         pool.submit(lambda: done.set)
 

@@ -12,12 +12,12 @@ import contextlib
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from eventually import eventually, eventually_blocking
 from round_trips import RoundTrips
 from suite_paths import CHILDREN
 
@@ -118,13 +118,13 @@ def test_migrating_while_an_app_creates_the_same_schema(pg_dsn: str, pg_schema: 
         migrating.start()
         # The migration saw no schema and now waits on the app's uncommitted one.
         with connect(pg_dsn) as watcher:
-            deadline = time.monotonic() + 30
-            while not watcher.execute(
-                "SELECT 1 FROM pg_stat_activity WHERE pid = %s AND wait_event_type = 'Lock'",
-                (worker_pid,),
-            ).fetchone():
-                assert time.monotonic() < deadline, "the migration never reached the schema"
+
+            def waiting() -> bool:
                 assert migrating.is_alive(), done
+                query = "SELECT 1 FROM pg_stat_activity WHERE pid = %s AND wait_event_type = 'Lock'"
+                return watcher.execute(query, (worker_pid,)).fetchone() is not None
+
+            eventually_blocking(waiting, what="the migration waiting on the app's schema")
         app.execute("COMMIT")
         migrating.join(timeout=30)
         assert done == [SCHEMA_VERSION]
@@ -590,11 +590,12 @@ async def test_a_second_process_waits_for_the_session_and_never_interleaves(
         text=True,
     )
     try:
-        for _ in range(3000):
-            if (tmp_path / "holding").exists() or child.poll() is not None:
-                break
-            await asyncio.sleep(0.01)
-        assert (tmp_path / "holding").exists(), child.communicate()
+
+        def holding() -> bool:
+            assert child.poll() is None, child.communicate()
+            return (tmp_path / "holding").exists()
+
+        await eventually(holding, what="the child in its tool")
         # The child is mid-turn: its tool call is out, the result not yet committed.
         store = PostgresStore(pg_dsn, schema=pg_schema, busy_timeout=0.3)
         agent = turnkit.Agent(name="a", model=ScriptedModel(respond=lambda m: "parent"))
@@ -607,7 +608,9 @@ async def test_a_second_process_waits_for_the_session_and_never_interleaves(
             # Now wait instead of refusing: release the child while we queue.
             store.busy_timeout = 60.0
             tid = session.start("parent")
-            await asyncio.sleep(0.2)
+            # A window for the parent to meet the held session at least once; released
+            # earlier, it would not wait, and the asserts would still hold.
+            await asyncio.sleep(0.2)  # not a wait: the window above
             (tmp_path / "release").touch()
             assert (await session.result(tid)).text == "parent"
             roles = [(m.role, m.turn_id == tid) for m in await session.messages()]
@@ -755,14 +758,12 @@ async def test_connections_killed_between_steps_are_replaced_without_failing_the
             assert killed is not None and killed[0] >= 1
             # Wait until the backends are gone (termination is asynchronous), so the
             # pool sees closed sockets rather than racing a dying server process.
-            for _ in range(500):
-                left = admin.execute(
-                    "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
-                    (name,),
-                ).fetchone()
-                if left == (0,):
-                    break
-                await asyncio.sleep(0.01)
+
+            def gone() -> bool:
+                query = "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s"
+                return admin.execute(query, (name,)).fetchone() == (0,)
+
+            await eventually(gone, what="the terminated backends gone")
         gate.set()
         assert (await session.result(tid)).text == "through"
         assert [m.role for m in await session.messages()] == [

@@ -10,9 +10,11 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import threading
-import time
+from collections.abc import Callable
 from contextlib import closing
 from pathlib import Path
+
+from eventually import eventually, eventually_blocking
 
 import turnkit
 from turnkit.stores import AppendMessage, SqliteStore, TurnRecord, turn_rules
@@ -23,12 +25,8 @@ from turnkit.testing import ScriptedModel, ScriptedReply, tool_call
 DEADLINE = 30.0
 
 
-async def _until(condition: object, what: str) -> None:
-    """Wait (polling, with a deadline) until ``condition()`` holds."""
-    deadline = time.monotonic() + DEADLINE
-    while not condition():  # type: ignore[operator]
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.005)
+async def _until(condition: Callable[[], bool], what: str) -> None:
+    await eventually(condition, what=what, timeout=DEADLINE)
 
 
 async def test_the_token_goes_to_tasks_and_threads_in_the_order_they_asked() -> None:
@@ -130,7 +128,7 @@ async def test_a_tool_holding_its_step_past_the_busy_timeout_fails_no_other_sess
         others = [rt.session("a", f"s{n}").start("go") for n in range(12)]
         await _until(lambda: store.writes_waiting >= 1, "another commit to queue")
         # Past the busy timeout on purpose: only another process's lock may time out.
-        await asyncio.sleep(store.busy_timeout * 3)
+        await asyncio.sleep(store.busy_timeout * 3)  # not a wait: the time under test
         release.set()
         results = [await rt.session("a", "holder").result(holder)]
         for n, tid in enumerate(others):
@@ -165,7 +163,8 @@ async def test_checkpoints_keep_running_while_the_event_loop_never_waits(tmp_pat
                 index += 1
             # Block the loop on purpose (it is what a busy loop looks like to the
             # checkpoint's thread) until this round's checkpoint has ended.
-            deadline = time.monotonic() + DEADLINE
-            while store.checkpoints < rounds:
-                assert time.monotonic() < deadline, f"checkpoint {rounds} never ran"
-                time.sleep(0.005)
+            eventually_blocking(
+                lambda rounds=rounds: store.checkpoints >= rounds,
+                what=f"checkpoint {rounds}",
+                timeout=DEADLINE,
+            )

@@ -11,13 +11,13 @@ import asyncio
 import re
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from eventually import eventually_blocking
 from test_cli import OFFLINE_ENV
 
 import turnkit
@@ -81,11 +81,7 @@ def agent_folder(root: Path) -> Path:
 
 
 def wait_for(what: str, done: Callable[[], bool], timeout: float = TIMEOUT) -> None:
-    deadline = time.monotonic() + timeout
-    while not done():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout}s")
-        time.sleep(0.02)
+    eventually_blocking(done, what=what, timeout=timeout)
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""A real server for the HTTP tests: uvicorn on a loopback port, in the test's loop.
+"""A real server for the HTTP tests: hypercorn on a loopback port, in the test's loop.
 
 Requests go over TCP through httpx; identity comes from an ``X-User`` header, which
 is what the tests' ``authenticate`` trusts.
@@ -8,22 +8,22 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
+import queue
 import sqlite3
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager, closing
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, closing, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
-import uvicorn
 from starlette.requests import Request
 
 import turnkit
 from turnkit import tool
 from turnkit.server import Principal, ServerLimits, create_app
+from turnkit.server._serving import listen, serve_until, until_started
 from turnkit.stores import parked_turn, transcript
 from turnkit.testing import ScriptedModel, ScriptedReply, tool_call
 
@@ -61,29 +61,65 @@ async def serving(
 
 
 @asynccontextmanager
-async def serve_app(app: Any, *, lifespan: str = "off") -> AsyncIterator[str]:
-    """Any ASGI app served by uvicorn on a free loopback port; yields its base URL."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(64)
-    # A bounded graceful shutdown: a stream a test left open fails the test, not hangs it.
-    config = uvicorn.Config(
-        app, log_level="warning", lifespan=lifespan, timeout_graceful_shutdown=5
+async def serve_app(app: Any, *, lifespan: bool = False) -> AsyncIterator[str]:
+    """Any ASGI app served on a free loopback port, by hypercorn as ``turnkit dev``
+    serves (``serve_until``: stopped through its documented shutdown trigger);
+    yields its base URL. ``lifespan``: run the app's lifespan with the server.
+
+    A request still open when the test leaves (an event stream) is cut after a
+    few seconds, so it fails the test instead of hanging it."""
+    listener = listen("127.0.0.1", 0)
+    stop, started = asyncio.Event(), asyncio.Event()
+    serving = asyncio.ensure_future(
+        serve_until(app, [listener], stop, started=started, lifespan=lifespan, grace=5.0)
     )
-    server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    deadline = time.monotonic() + 30
-    while not server.started:
-        if task.done():
-            task.result()
-        assert time.monotonic() < deadline, "uvicorn did not start"
-        await asyncio.sleep(0.01)
     try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+        if not await asyncio.wait_for(until_started(serving, started), STARTING):
+            serving.result()  # the server's own error
+            raise AssertionError("the server ended before it started")
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
     finally:
-        server.should_exit = True
-        await task
-        sock.close()
+        stop.set()
+        try:
+            await asyncio.wait_for(serving, STOPPING)
+        finally:
+            listener.close()
+
+
+#: Deadlines for a test server to start and to stop (its open requests cut first).
+STARTING = 30.0
+STOPPING = 30.0
+
+
+@contextmanager
+def serve_app_in_thread(app: Any, *, lifespan: bool = False) -> Iterator[str]:
+    """``serve_app`` on an event loop of its own in a thread, for a test that blocks
+    (a browser's, or one driving a subprocess); yields the base URL."""
+    told: queue.Queue[str | BaseException] = queue.Queue()
+    loop = asyncio.new_event_loop()
+    leave = asyncio.Event()
+
+    async def serve() -> None:
+        try:
+            async with serve_app(app, lifespan=lifespan) as url:
+                told.put(url)
+                await leave.wait()
+        except BaseException as exc:
+            told.put(exc)
+            raise
+
+    thread = threading.Thread(target=loop.run_until_complete, args=(serve(),), daemon=True)
+    thread.start()
+    try:
+        url = told.get(timeout=STARTING + 5)
+        if isinstance(url, BaseException):
+            raise url
+        yield url
+    finally:
+        loop.call_soon_threadsafe(leave.set)
+        thread.join(STOPPING + 5)
+        assert not thread.is_alive(), "the test server did not stop"
+        loop.close()
 
 
 @dataclass(frozen=True)

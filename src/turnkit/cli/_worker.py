@@ -62,7 +62,7 @@ async def serve_worker(
         )
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, worker.stop)
+            loop.add_signal_handler(signum, _stopping, worker, signum)
         undo = [hook(worker) for hook in hooks]
         names = ", ".join(f"{a.name} (version {a.turn_version})" for a in agents)
         holder = getattr(store, "holder", None)
@@ -81,6 +81,19 @@ async def serve_worker(
             _exit_leaving_threads(worker.handed_back)
     print("turnkit worker: stopped", file=sys.stderr, flush=True)
     return 0
+
+
+def _stopping(worker: Worker, signum: int) -> None:
+    """Stop claiming on a signal, and say so at once: the drain that follows may take
+    up to the grace, and whoever sent the signal (an operator, a test) can tell a
+    worker that is finishing its turns from one that did not hear."""
+    name = signal.Signals(signum).name
+    print(
+        f"turnkit worker: {name}: claiming no more turns, finishing those under way",
+        file=sys.stderr,
+        flush=True,
+    )
+    worker.stop()
 
 
 def _exit_leaving_threads(handed_back: int) -> None:
