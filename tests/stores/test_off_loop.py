@@ -126,12 +126,11 @@ def test_a_forked_child_runs_calls_on_threads_of_its_own() -> None:
         ran = threading.Event()
         pool.submit(lambda: ran.set)
         os._exit(0 if ran.wait(10) else 1)
-    deadline = time.monotonic() + 30
-    while True:
+
+    def ended() -> tuple[int, int] | None:
         waited, status = os.waitpid(pid, os.WNOHANG)
-        if waited:
-            break
-        assert time.monotonic() < deadline, "the forked child never ended"
-        time.sleep(0.01)
+        return (waited, status) if waited else None
+
+    _, status = eventually_blocking(ended, what="the forked child ended")
     pool.shutdown()
     assert os.waitstatus_to_exitcode(status) == 0

@@ -273,9 +273,9 @@ async def test_a_locked_database_is_waited_for_without_blocking_the_loop(tmp_pat
 
         async def ticker() -> None:
             nonlocal ticks
-            while True:
+            while True:  # not a wait: a ticker, counting the turns of a loop that must turn
                 ticks += 1
-                await asyncio.sleep(0.01)  # not a wait: a tick of a loop that must keep turning
+                await asyncio.sleep(0.01)  # not a wait: one tick
 
         ticking = asyncio.create_task(ticker())
         asyncio.get_running_loop().call_later(0.3, other.execute, "COMMIT")
