@@ -509,49 +509,44 @@ class _SqliteSession:
             writer.turns.release()
 
     async def run_tool(self, step: ToolStep[T]) -> T:
-        """The step runs on a tool thread. If the tool used ``ctx.store``, its rows
-        commit there in the tool's transaction; otherwise they commit here
-        afterwards, like any engine commit."""
+        """The step runs on a tool thread and its rows commit there, in one hop: in
+        the tool's transaction if the tool used ``ctx.store``, else in one the thread
+        begins once the tool has returned (taking the write connection in its turn,
+        as every commit does)."""
         store = self._store
         handle = _ToolHandle(store, self._sid)
-        used = False
 
-        def run() -> tuple[T, Sequence[Write]]:
-            nonlocal used
+        def run() -> T:
             try:
                 return self._run_step(step, handle)
             finally:
-                used = handle.conn is not None
                 handle.release()
 
-        result, writes = await on_thread(store._tools, run)
-        if not used:  # the tool never used ctx.store
-            await self.commit(writes)
-        else:
-            store._committed()
+        result = await on_thread(store._tools, run)
+        store._committed()
         return result
 
-    def _run_step(self, step: ToolStep[T], handle: _ToolHandle) -> tuple[T, Sequence[Write]]:
-        """On a tool thread: the step, then, if the tool began a transaction, the
-        step's rows and the commit in it; all of it rolled back if any of it fails."""
+    def _run_step(self, step: ToolStep[T], handle: _ToolHandle) -> T:
+        """On a tool thread: the step, then the step's rows and the commit in the
+        transaction the tool began (or, if it began none, one begun now); all of it
+        rolled back if any of it fails."""
         try:
             result, writes = step(handle)
             if handle.failed is not None:  # the tool caught it; the step cannot land
                 raise handle.failed
-            if handle.conn is not None:
-                store = self._store
-                tx = _SqliteTransaction(
-                    handle.conn, self._sid, store._payloads, store.blobs, store._owes_blobs
-                )
-                apply_writes(tx, writes)
-                handle.conn.execute("COMMIT")
-                # Its owed rows stay until the next open's sweep: no tool step erases.
-                _delete_blobs(self._sid, store.blobs, tx.after)
-            return result, writes
+            conn = handle.unwrap()  # (the tool's transaction, or a new one)
+            store = self._store
+            blobs = store.blobs
+            tx = _SqliteTransaction(conn, self._sid, store._payloads, blobs, store._owes_blobs)
+            apply_writes(tx, writes)
+            conn.execute("COMMIT")
+            # Its owed rows stay until the next open's sweep: no tool step erases.
+            _delete_blobs(self._sid, store.blobs, tx.after)
+            return result
         except BaseException as exc:
-            conn = handle.conn
-            if conn is not None and conn.in_transaction:
-                conn.execute("ROLLBACK")
+            began = handle.conn
+            if began is not None and began.in_transaction:
+                began.execute("ROLLBACK")
             if handle.failed is not None and exc is not handle.failed:
                 raise handle.failed from exc
             failure = _commit_failed(self._sid, exc)
