@@ -307,6 +307,8 @@ async def test_a_move_waits_for_the_tenants_running_turns_and_holds_its_new_ones
         assert not moving.done()
         stage = "SELECT stage FROM turnkit_cell_moves"
         assert places.rows("a", stage) == [("draining",)]
+        with pytest.raises(StoreError, match="'us-2' is being moved by another process"):
+            await move_tenant(cells, "us-2", "b")
         release.set()
         moved = await asyncio.wait_for(moving, 30)
         assert moved.sessions == 2  # "new" was placed before its turn was refused

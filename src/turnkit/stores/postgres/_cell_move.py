@@ -22,9 +22,11 @@ is finished by starting it again.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,6 +79,30 @@ async def move_tenant(
     of it that was started before; see the module for the steps."""
     if target not in cells.cells:
         raise ConfigurationError(f"no cell {target!r}: the cells are {sorted(cells.cells)}")
+    async with _moving(cells.cells[cells.home].async_pool, tenant):
+        return await _move(cells, tenant, target, drain_timeout, progress)
+
+
+@asynccontextmanager
+async def _moving(pool: AsyncConnectionPool[Any], tenant: str) -> AsyncIterator[None]:
+    """Hold the tenant's move lock (a session advisory lock in the home cell) for the
+    move: a second move of the same tenant is refused instead of racing this one."""
+    async with pool.connection() as conn:
+        key = "SELECT hashtextextended('turnkit/cell-move/' || %s, 0)"
+        cur = await conn.execute(f"SELECT pg_try_advisory_lock(({key}))", (tenant,))
+        row = await cur.fetchone()
+        if row is None or not row[0]:
+            raise StoreError(f"tenant {tenant!r} is being moved by another process right now")
+        try:
+            yield
+        finally:
+            with contextlib.suppress(psycopg.Error):  # a lost connection lost the lock too
+                await conn.execute(f"SELECT pg_advisory_unlock(({key}))", (tenant,))
+
+
+async def _move(
+    cells: Cells, tenant: str, target: str, drain_timeout: float, progress: Progress
+) -> Moved:
     move = await _begin(cells, tenant, target)
     if move is None:
         progress(f"tenant {tenant!r} is in cell {target!r} already")
