@@ -330,7 +330,7 @@ class _MemoryTransaction:
             self._keep_fields()
             if self._data.agent is None:  # the turn creates the session
                 self._data.owner, self._data.agent = owner, record.agent
-            kept = replace(record, created_at=self._next_order())
+            self._put_turn(self._payloads.keep_turn(replace(record, created_at=self._next_order())))
         else:
             if stored is None or stored.record.status != expect:
                 found = "no such turn" if stored is None else f"it is {stored.record.status}"
@@ -338,18 +338,24 @@ class _MemoryTransaction:
                     f"session {self._session_id}: turn {turn_id} was to move from {expect} "
                     f"to {record.status}, but {found}"
                 )
-            kept = replace(
-                self._payloads.turn(stored),
-                status=record.status,
-                text=record.text,
-                error=record.error,
-                pending=record.pending,
-                finished_at=record.finished_at,
-                version=record.version,
-                held_by=record.held_by,
-                wake_at=record.wake_at,
+            # What a move changes; its opening and event stay as kept.
+            payloads, sid = self._payloads, stored.record.session_id
+            self._put_turn(
+                replace(
+                    stored,
+                    record=replace(
+                        stored.record,
+                        status=record.status,
+                        finished_at=record.finished_at,
+                        version=record.version,
+                        held_by=record.held_by,
+                        wake_at=record.wake_at,
+                    ),
+                    pending=payloads.pending(sid, record),
+                    text=payloads.dump_text(sid, "text", record.text),
+                    error=payloads.dump_text(sid, "error", record.error),
+                )
             )
-        self._put_turn(self._payloads.keep_turn(kept))
         if session_status is not None:
             self._keep_fields()
             self._data.agent = record.agent
