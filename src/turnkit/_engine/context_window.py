@@ -10,7 +10,7 @@ kept with a session's known transcript only saves those reads.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
@@ -71,7 +71,8 @@ class ContextWindows:
         store: SessionStore,
         turn_id: str,
         generation: int,
-        steps: dict[str, Any],
+        steps: Mapping[str, Any],
+        remember: Callable[[str, Any], None],
         cache: WindowCache | None,
         boundary: Callable[[], Awaitable[None]],
         cancelled: Callable[[], str | None],
@@ -81,7 +82,9 @@ class ContextWindows:
         self.store = store
         self.turn_id = turn_id
         self.generation = generation
+        #: The delivery's step results, and how one this makes joins them.
         self.steps = steps
+        self._remember = remember
         self.cache = cache if cache is not None and cache.generation == generation else None
         self.sizes = self.cache.sizes if self.cache is not None else {}
         self._boundary = boundary
@@ -94,7 +97,7 @@ class ContextWindows:
         #: (``None``: nothing, the usual case, so a model step adds no usage).
         self._usage: Usage | None = None
 
-    async def prepare(self, transcript: list[Message], index: int, system: str | None) -> Sent:
+    async def prepare(self, transcript: Sequence[Message], index: int, system: str | None) -> Sent:
         """What model step ``index`` is sent under the policy."""
         policy = self.agent.history
         if policy is None:
@@ -140,14 +143,14 @@ class ContextWindows:
         if self.chosen is None:
             return self.cache
         index, record, text = self.chosen
-        self.steps[window_step_id(index)] = record.to_dict()
+        self._remember(window_step_id(index), record.to_dict())
         self.cache = WindowCache(self.generation, index, record, text, self.sizes)
         self.chosen = None
         return self.cache
 
     # -- the previous window ---------------------------------------------------------
 
-    async def _previous(self, transcript: list[Message], index: int) -> _Previous:
+    async def _previous(self, transcript: Sequence[Message], index: int) -> _Previous:
         """The window the latest model step before ``index`` was sent (the whole
         transcript, if it predates the policy or there is none)."""
         latest = _latest_assistant(transcript, index)
@@ -174,12 +177,12 @@ class ContextWindows:
             summary = SummaryRecord.from_dict(stored).text
         return _Previous(record, summary)
 
-    async def _steps_of(self, turn_id: str) -> dict[str, Any]:
+    async def _steps_of(self, turn_id: str) -> Mapping[str, Any]:
         if turn_id == self.turn_id:
             return self.steps
         return dict((await self.store.load(turn_id, from_index=NO_MESSAGES)).steps.items())
 
-    def _check(self, window: object, transcript: list[Message], turn_start: int) -> None:
+    def _check(self, window: object, transcript: Sequence[Message], turn_start: int) -> None:
         policy = self.agent.history
         if not isinstance(window, HistoryWindow):
             raise TurnFailure(f"history policy {policy!r} returned {window!r}, not a HistoryWindow")
@@ -198,7 +201,7 @@ class ContextWindows:
     # -- summaries ----------------------------------------------------------------------
 
     async def _summary(
-        self, transcript: list[Message], start: int, previous: _Previous, summarizer: Summarizer
+        self, transcript: Sequence[Message], start: int, previous: _Previous, summarizer: Summarizer
     ) -> tuple[SummaryRef, str]:
         """A summary of ``transcript[:start]``: the previous one if it covers exactly
         that, else the previous one with the messages since folded in, a chunk per
@@ -223,7 +226,7 @@ class ContextWindows:
 
     async def _fold(
         self,
-        transcript: list[Message],
+        transcript: Sequence[Message],
         start: int,
         upto: int,
         summary: str | None,
@@ -248,7 +251,7 @@ class ContextWindows:
             span.replied(reply)
             record = SummaryRecord(text=reply.text, upto=upto, usage=reply.usage)
             await self.store.commit([PutStep(step_id, self.turn_id, record.to_dict())])
-        self.steps[step_id] = record.to_dict()
+        self._remember(step_id, record.to_dict())
         if reply.usage is not None:
             self._usage = reply.usage if self._usage is None else self._usage + reply.usage
         return ref, record.text
@@ -307,7 +310,7 @@ def _line(message: Message) -> str:
     return f"User: {message.text}"
 
 
-def _latest_assistant(transcript: list[Message], index: int) -> int | None:
+def _latest_assistant(transcript: Sequence[Message], index: int) -> int | None:
     """The position of the latest assistant message before ``index``."""
     for i in range(index - 1, -1, -1):
         if isinstance(transcript[i], AssistantMessage):
@@ -315,7 +318,7 @@ def _latest_assistant(transcript: list[Message], index: int) -> int | None:
     return None
 
 
-def _turn_start(transcript: list[Message], index: int, turn_id: str) -> int:
+def _turn_start(transcript: Sequence[Message], index: int, turn_id: str) -> int:
     """The position of the running turn's opening (its messages end the transcript)."""
     for i in range(index - 1, -1, -1):
         message = transcript[i]
@@ -325,7 +328,7 @@ def _turn_start(transcript: list[Message], index: int, turn_id: str) -> int:
 
 
 def _chunk_end(
-    transcript: list[Message], start: int, end: int, budget: int, sizes: dict[int, int]
+    transcript: Sequence[Message], start: int, end: int, budget: int, sizes: dict[int, int]
 ) -> int:
     """Where a summary chunk from ``start`` ends: the furthest turn opening up to
     ``end`` keeping the chunk within ``budget`` tokens (at least one turn)."""

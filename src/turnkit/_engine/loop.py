@@ -14,7 +14,7 @@ import logging
 import uuid
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
-from typing import Any, Literal, TypeAlias
+from typing import Any, Final, Literal, TypeAlias
 
 from .._errors import ConfigurationError, SessionOwnerError, StoreError
 from .._seams.sink import EventSink
@@ -37,16 +37,10 @@ from .._values.events import (
     TurnFailedEvent,
 )
 from .._values.inputs import InputRequest
-from .._values.messages import (
-    Message,
-    ToolCall,
-)
+from .._values.messages import Message, ToolCall
 from .._values.policy import TurnPolicy
-from .._values.records import TurnRecord, TurnStatus, refused_by
-from .._values.step_ids import (
-    policy_step_id,
-    trace_step_id,
-)
+from .._values.records import TurnRecord, TurnStatus
+from .._values.step_ids import policy_step_id, trace_step_id
 from .._values.turn_rules import move
 from .._values.turns import TurnCancelled, TurnFailure, TurnRequest, TurnResult, result_from_record
 from .._values.usage import Usage, steps_usage
@@ -54,7 +48,7 @@ from .._values.writes import LogEvent, PutStep, RequestCancel, Write
 from .agent import Agent
 from .batch import distinct_ids
 from .context import ChildTurns
-from .delivery import stored_turn
+from .delivery import Course, course, stored_turn
 from .known_transcript import KnownTranscript
 from .model_steps import ModelSteps
 from .output import with_output
@@ -92,7 +86,11 @@ TurnStatusResult: TypeAlias = Literal["completed", "failed", "suspended", "cance
 
 
 class TurnRunner:
-    """Drives one delivery of one turn to its end. Create one per delivery."""
+    """Drives one delivery of one turn to its end. Create one per delivery.
+
+    What it is given and makes when created is ``Final``; the rest is what the
+    delivery read and committed, which only the runner changes (its collaborators
+    see it read-only, through ``Delivery``)."""
 
     def __init__(
         self,
@@ -107,29 +105,28 @@ class TurnRunner:
         budget: Budget | None = None,
         rates: RateLimiter | None = None,
     ) -> None:
-        self.agent = agent
+        self.agent: Final = agent
         #: The model rate limits, shared through the store (docs/tenants.md).
-        self.rates = rates
+        self.rates: Final = rates
         #: The spending limits checked before each model step (docs/tenants.md).
-        self.budget = budget
-        self.store = store
-        self.sink = sink
-        self.request = request
-        self.children = children
-        self.known = known
-        self.turn_id = request.turn_id
-        self.session_id = store.session_id
+        self.budget: Final = budget
+        self.store: Final = store
+        self.sink: Final = sink
+        self.request: Final = request
+        self.children: Final = children
+        self.known: Final = known
+        self.turn_id: Final = request.turn_id
+        self.session_id: Final = store.session_id
         self.event = request.event
         self.tenant = request.tenant
         self.transcript: list[Message] = []
         self.steps: dict[str, Any] = {}
         self.next_seq = 1
         #: This delivery's name on its deltas (see ``MessageDeltaEvent.attempt``).
-        self.attempt = uuid.uuid4().hex[:12]
+        self.attempt: Final = uuid.uuid4().hex[:12]
         self.generation = 0
         self.store_id = ""
         self._durable_cancel: str | None = None
-        self._opened = False
         #: Known not to be in the store: read as absent, opening commit not attempted
         #: yet (a failed commit may still have landed, so from then on it may be).
         self._unstored = False
@@ -138,7 +135,7 @@ class TurnRunner:
         self._known_finished: str | None = None
         #: The turn as last stored (see ``Delivery.record``).
         self.record: TurnRecord | None = None
-        self.tracer = tracer
+        self.tracer: Final = tracer
         self.span: TurnSpan = NO_SPAN
         #: Whether the next step is the first a redelivery runs (see ``StepTrace``).
         self._resuming = False
@@ -149,8 +146,8 @@ class TurnRunner:
         self._meeting = False
         #: What the turn's stored model calls used, in every delivery so far.
         self.usage = Usage()
-        self._tool_steps = ToolSteps(self)
-        self._model_steps = ModelSteps(self, known)
+        self._tool_steps: Final = ToolSteps(self)
+        self._model_steps: Final = ModelSteps(self, known)
 
     async def run(self) -> TurnResult:
         """Run the delivery. An exception escaping here (a store outage) leaves the turn
@@ -223,14 +220,13 @@ class TurnRunner:
         if record is None and self.request.queued:
             # Submitted and stored, and gone before it could open: a reset archived it.
             return self._cancelled_unopened("reset")
-        queued = record is not None and record.status == "queued"
         if record is not None:
             # A redelivery replays the turn as it was opened, whatever the caller passed.
             self.event = record.event
             self.tenant = record.tenant
             self._durable_cancel = record.cancel_reason
         self.policy = self._resolve_policy()
-        self._resuming = record is not None and not queued
+        self._resuming = record is not None and record.status != "queued"
         trace = TurnTrace(
             session_id=self.session_id,
             turn_id=self.turn_id,
@@ -243,45 +239,39 @@ class TurnRunner:
         with self.tracer.turn(trace) as span:
             self.span = span
             try:
-                result = await self._deliver(record, queued)
+                result = await self._deliver(record)
             except BaseException as exc:
                 span.broke(error_type(exc), error_text(exc))
                 raise
             span.ended(result, self._failure)
             return result
 
-    async def _deliver(self, record: TurnRecord | None, queued: bool) -> TurnResult:
+    async def _deliver(self, record: TurnRecord | None) -> TurnResult:
         """The delivery once the turn's record is read: replay, open or announce it."""
-        opened = record is not None and has_opening_message(self.transcript, self.turn_id)
-        superseded = record is not None and not queued and not opened
-        if record is not None and record.status == "suspended" and not superseded:
-            reason = self.cancel_reason()
-            if reason is not None:
-                return await self._cancel(reason)  # a parked turn ends where it waits
         version = self.agent.turn_version
-        retry_held = (
-            record is not None
-            and record.status == "suspended"
-            and record.held_by is not None
-            and not refused_by(record, version)
-            and not superseded
-        )
-        if (
-            record is not None
-            and (record.status in ("completed", "suspended", "cancelled") or superseded)
-            and not retry_held
-        ):
-            # Finished, parked (no answer yet), or superseded by a later turn: nothing to
-            # run, so say again how it ended (a parked turn re-announces its request).
-            await self._announce_outcome()
-            return result_from_record(record, self.usage)
-        if queued and self.cancel_reason() is not None:
-            return await self._settle_queued("cancelled", reason=self.cancel_reason())
+        cancel = self.cancel_reason()
+        opened = record is not None and has_opening_message(self.transcript, self.turn_id)
+        match course(record, opened=opened, version=version, cancel=cancel):
+            case "announce" if record is not None:
+                # Nothing to run: say again how it ended (a parked turn re-announces
+                # its request).
+                await self._announce_outcome()
+                return result_from_record(record, self.usage)
+            case "cancel" if cancel is not None:
+                return await self._cancel(cancel)
+            case "settle" if cancel is not None:
+                return await self._settle_queued("cancelled", reason=cancel)
+            case "open" | "reopen" | "run" as run:
+                return await self._run_to_end(run, version)
+        raise AssertionError(f"turn {self.turn_id}: no course for {record!r}")
+
+    async def _run_to_end(self, run: Course, version: str) -> TurnResult:
+        """Open the turn (or run it again), then step it until it ends or parks."""
         try:
-            if record is None or queued:
+            if run == "open":
                 await self._open()
-            elif record.status == "failed":
-                await self._apply(plan_reopen(self, record))
+            elif run == "reopen":
+                await self._apply(plan_reopen(self, stored_turn(self)))
             self._meeting = meets_version(self.record, version)
             return await self._loop()
         except TurnFailure as failure:
@@ -290,11 +280,14 @@ class TurnRunner:
         except Park as park:
             return await self._park(park.requests)
         except TurnCancelled as cancelled:
-            if not self._opened and queued:
-                return await self._settle_queued("cancelled", reason=cancelled.reason)
-            if not self._opened and record is None:
-                return self._cancelled_unopened(cancelled.reason)
-            return await self._cancel(cancelled.reason)
+            # Where the cancellation met the turn is where its last commit left it.
+            match self.record:
+                case None:  # its opening never committed: nothing is stored
+                    return self._cancelled_unopened(cancelled.reason)
+                case TurnRecord(status="queued"):
+                    return await self._settle_queued("cancelled", reason=cancelled.reason)
+                case _:
+                    return await self._cancel(cancelled.reason)
         except Refused as refused:
             return await self._settle_queued("failed", error=str(refused))
 
@@ -396,14 +389,38 @@ class TurnRunner:
         writes: Sequence[Write],
         events: list[TurnEvent],
         messages: Sequence[Message] = (),
+        used: Usage | None = None,
     ) -> None:
         """Commit ``writes`` plus ``events`` (numbered from ``next_seq`` by the
-        caller); only then extend the transcript and emit."""
+        caller); only then extend the transcript, count ``used`` and emit."""
         await self.store.commit([*writes, *map(LogEvent, events)])
         self.next_seq += len(events)
         self.transcript.extend(messages)
+        if used is not None:
+            self.usage = self.usage + used
         for event in events:
             self.emit(event)
+
+    def landed(
+        self, step_id: str, result: Any, messages: Sequence[Message], event: TurnEvent
+    ) -> None:
+        """See ``Delivery.landed``."""
+        self.steps[step_id] = result
+        self.next_seq += 1
+        self.transcript.extend(messages)
+        self.emit(event)
+
+    def remember(self, step_id: str, result: Any) -> None:
+        """See ``Delivery.remember``."""
+        self.steps[step_id] = result
+
+    def use_tools(self, tools: TurnTools) -> None:
+        """See ``Delivery.use_tools``."""
+        self.tools = tools
+
+    def add_usage(self, used: Usage) -> None:
+        """See ``Delivery.add_usage``."""
+        self.usage = self.usage + used
 
     async def _apply(self, planned: Planned) -> None:
         await self.commit(planned.writes, planned.events, planned.messages)

@@ -50,7 +50,7 @@ class ModelSteps:
         sent = await windows.prepare(d.transcript, index, d.policy.system)
         summaries = windows.take_usage()  # what the summaries it made used
         if summaries is not None:
-            d.usage = d.usage + summaries
+            d.add_usage(summaries)
         with d.step_span(step_id, model=d.agent.model) as span:
             await self._ask_and_commit(index, step_id, span, windows, sent)
 
@@ -140,12 +140,10 @@ class ModelSteps:
         # Right before the commit: a cancel that arrived after the last delta or while
         # the stream closed still wins (nothing of the step is written).
         d.boundary()
-        await d.commit(writes, events, [message, *tail])
+        await d.commit(writes, events, [message, *tail], reply.usage)
         cache = windows.committed()
         if self._known is not None:
             self._known.window = cache
-        if reply.usage is not None:
-            d.usage = d.usage + reply.usage
 
     def _context_windows(self) -> ContextWindows:
         """This delivery's use of the agent's history policy (made on first use)."""
@@ -157,6 +155,7 @@ class ModelSteps:
                 turn_id=d.turn_id,
                 generation=d.generation,
                 steps=d.steps,
+                remember=d.remember,
                 cache=self._known.window if self._known is not None else None,
                 boundary=d.step_boundary,
                 cancelled=d.cancel_reason,

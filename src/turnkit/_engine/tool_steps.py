@@ -85,10 +85,10 @@ class ToolSteps:
             listed = await list_tool_sources(d.agent)
             row = listed.to_dict()
             await d.commit([PutStep(step_id, d.turn_id, row)], [])
-            d.steps[step_id] = row
+            d.remember(step_id, row)
         else:
             listed = ListedTools.from_dict(stored)
-        d.tools = TurnTools(d.agent, listed)
+        d.use_tools(TurnTools(d.agent, listed))
 
     def check_limit(self, step: RunTools) -> None:
         """Fail the turn before a batch that would take it past its tool-call limit
@@ -167,7 +167,7 @@ class ToolSteps:
             except ValueError as exc:
                 raise FatalToolError(f"ctx.remember: the value is not JSON: {exc}") from None
             await d.commit([PutStep(step_id, d.turn_id, stored)], [])
-            d.steps[step_id] = stored
+            d.remember(step_id, stored)
 
         return note
 
@@ -260,7 +260,7 @@ class ToolSteps:
             return
         except FatalToolError as exc:
             raise fatal(tool, exc) from exc
-        self._after(written)
+        d.landed(written.step_id, written.stored, written.messages, written.event)
 
     async def commit_result(
         self, step_id: str, call: ToolCall, value: Any, error: str | None
@@ -270,7 +270,7 @@ class ToolSteps:
         row = _ToolRow(len(d.transcript), d.next_seq, step_id, call, value, error)
         written, writes = self._written(row)
         await d.store.commit(writes)
-        self._after(written)
+        d.landed(written.step_id, written.stored, written.messages, written.event)
 
     def _written(self, row: _ToolRow) -> tuple[_Written, list[Write]]:
         """The rows of one tool step: its memo, its ``action.completed``, and its tool
@@ -316,13 +316,6 @@ class ToolSteps:
         held = committed_results(step.assistant_index, step.owed, d.steps, d.turn_id)
         held[call.id] = message
         return in_order(step.owed, held)
-
-    def _after(self, written: _Written) -> None:
-        d = self._d
-        d.steps[written.step_id] = written.stored
-        d.next_seq += 1
-        d.transcript.extend(written.messages)
-        d.emit(written.event)
 
 
 class _BatchSteps:

@@ -19,7 +19,7 @@ class TranscriptView(Sequence[Message]):
 
     __slots__ = ("_end", "_items", "_start")
 
-    def __init__(self, items: list[Message], start: int = 0, end: int | None = None) -> None:
+    def __init__(self, items: Sequence[Message], start: int = 0, end: int | None = None) -> None:
         self._items = items
         self._end = len(items) if end is None else end
         self._start = min(start, self._end)
