@@ -131,7 +131,7 @@ async def test_a_worker_killed_mid_reply_shows_no_word_twice_on_the_http_node(
     worker takes the turn over and streams the step from its start. The node's
     stream tells the attempts apart, so a client applying the rule shows every
     piece once, and the logged reply is whole."""
-    from test_cli import OFFLINE_ENV
+    from cli_support import OFFLINE_ENV
     from test_event_relay import slow_pieces
 
     folder = FIXTURES / "streaming_agent"

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_cli import OFFLINE_ENV
+from cli_support import OFFLINE_ENV
 
 import turnkit
 from turnkit import Agent, Answerers, ToolContext, ToolMessage, UserMessage, mount_agent, tool

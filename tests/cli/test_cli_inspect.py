@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_cli import EXAMPLE, OFFLINE_ENV, turnkit, turnkit_with_input, write_agent
+from cli_support import EXAMPLE, OFFLINE_ENV, turnkit, turnkit_with_input, write_agent
 
 import turnkit as tk
 from turnkit import Proactive

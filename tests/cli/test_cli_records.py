@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from test_cli import turnkit_with_input
+from cli_support import turnkit_with_input
 
 import turnkit
 from turnkit import ToolMessage, UserMessage, tool

@@ -17,9 +17,9 @@ from typing import Any
 
 import psycopg
 import pytest
+from cli_support import OFFLINE_ENV
 from eventually import eventually
 from suite_paths import FIXTURES, ROOT
-from test_cli import OFFLINE_ENV
 
 import turnkit
 from turnkit import ToolContext, UserMessage, tool

@@ -387,7 +387,7 @@ async def test_a_feed_places_relayed_deltas_among_the_logged_events() -> None:
 async def test_a_turn_posted_to_an_http_node_streams_a_workers_text_live(
     pg_dsn: str, pg_schema: str, tmp_path: Path
 ) -> None:
-    from test_cli import OFFLINE_ENV
+    from cli_support import OFFLINE_ENV
 
     folder = FIXTURES / "streaming_agent"
     pieces = slow_pieces(folder)

@@ -313,7 +313,7 @@ async def test_an_ended_turns_events_are_cut_to_its_ending(open_runtime: Any) ->
 
 
 async def test_turnkit_worker_prunes_by_its_retention_flags(pg_dsn: str, pg_schema: str) -> None:
-    from test_cli import OFFLINE_ENV
+    from cli_support import OFFLINE_ENV
 
     from turnkit.stores import PostgresStore
 

@@ -24,10 +24,10 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
+from cli_support import OFFLINE_ENV
 from eventually import eventually
 from server_support import serving
 from suite_paths import CHILDREN, FIXTURES
-from test_cli import OFFLINE_ENV
 
 import turnkit
 from turnkit import ToolMessage, UserMessage

@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import pytest
+from cli_support import turnkit as turnkit_cli
 from pydantic import Field
 from server_support import serving
-from test_cli import turnkit as turnkit_cli
 
 import turnkit
 from turnkit import (

@@ -14,8 +14,8 @@ from email.parser import Parser
 from pathlib import Path
 
 import pytest
+from cli_support import OFFLINE_ENV
 from suite_paths import ROOT
-from test_cli import OFFLINE_ENV
 
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 #: Where the README's links point, so they work on a package index page too.

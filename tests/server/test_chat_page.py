@@ -21,9 +21,9 @@ from typing import IO, Any
 
 import pytest
 from browser_support import chromium, watched_page
+from cli_support import OFFLINE_ENV
 from playwright.sync_api import Browser, Page, Route, expect
 from suite_paths import ROOT
-from test_cli import OFFLINE_ENV
 
 EXAMPLE = ROOT / "examples" / "ops"
 SLOW_AGENT = ROOT / "tests" / "fixtures" / "slow_agent"

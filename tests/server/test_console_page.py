@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 from browser_support import chromium, watched_page
+from cli_support import OFFLINE_ENV, turnkit_with_input
 from console_takeover import Deployment, agent_folder, hold, release, take_over
 from playwright.sync_api import Browser, Page, expect
 from test_chat_page import _pump
-from test_cli import OFFLINE_ENV, turnkit_with_input
 from test_ops import free_port
 
 CONSOLE = [sys.executable, "-m", "turnkit.cli", "console"]

@@ -18,9 +18,9 @@ from typing import Any
 
 import httpx
 import pytest
+from cli_support import OFFLINE_ENV, console_spans, turnkit
 from starlette.requests import Request
 from suite_paths import ROOT
-from test_cli import OFFLINE_ENV, console_spans, turnkit
 
 from turnkit import (
     LocalEventSink,

@@ -200,7 +200,7 @@ async def test_a_worker_killed_mid_reply_leaves_the_sdk_every_word_once(
     and streams the step again. The part the dead attempt drew is marked superseded,
     and the parts left to show hold the reply once."""
     node_or_skip()
-    from test_cli import OFFLINE_ENV
+    from cli_support import OFFLINE_ENV
     from test_event_relay import slow_pieces
 
     folder = FIXTURES / "streaming_agent"

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from cli_support import OFFLINE_ENV
 from eventually import eventually_blocking
-from test_cli import OFFLINE_ENV
 
 import turnkit
 from turnkit.stores import PostgresStore
