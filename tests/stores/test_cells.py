@@ -461,3 +461,16 @@ async def test_a_moving_tenants_deadlines_wait_and_then_fire_in_its_new_cell(
     assert places.rows("b", "SELECT status FROM turnkit_turns WHERE session_id = 'waits'") == [
         ("completed",)
     ]
+
+
+async def test_an_imported_session_is_placed_where_its_tenant_lives(places: CellPlaces) -> None:
+    cells = places.cells(by_region)
+    async with turnkit.Runtime(echo(), store=cells) as rt:
+        await rt.session("echo", "original").turn("hi", tenant="eu-4")
+        exported = await turnkit.export_session(cells, "original")
+        await turnkit.import_session(cells, exported, session_id="copy")
+        assert await cells.directory.cell_of("copy") == "b"
+    assert places.rows("b", "SELECT session_id FROM turnkit_sessions ORDER BY 1") == [
+        ("copy",),
+        ("original",),
+    ]

@@ -16,12 +16,14 @@ from dataclasses import dataclass
 from typing import Any, TypeVar, cast, get_args
 
 from .._errors import ConfigurationError, MessageDecodeError, SessionFileError
+from .._seams.placing import PlacingStore
 from .._seams.store import NO_MESSAGES, Store
 from .._values.checkpoints import SuspendCheckpoint
 from .._values.events import event_from_dict
 from .._values.inbound import InboundEvent
 from .._values.messages import JsonObject, message_from_dict, opening_from_dict
 from .._values.records import TurnRecord, TurnStatus
+from .._values.tenancy import DEFAULT_TENANT
 from .._values.times import rfc3339
 from .._values.writes import ArchiveGeneration, Write
 from .forking import fork_point, plan_copy
@@ -248,6 +250,9 @@ async def import_session(
     if agent is None:
         raise SessionFileError("agent: the file names no agent for the session")
     target_id = session_id or recorded.session_id
+    if isinstance(store, PlacingStore):  # cells: where the session's tenant lives
+        tenant = next((t.record.tenant for t in recorded.turns if t.record), DEFAULT_TENANT)
+        await store.place(target_id, tenant)
     target = store.session(target_id)
     async with target.writer():
         snap = await target.load(from_index=NO_MESSAGES)
