@@ -244,7 +244,13 @@ from turnkit.stores import PostgresStore
 async def main():
     agent = turnkit.load_agent(sys.argv[1])
     store = PostgresStore(sys.argv[2], schema=sys.argv[3], busy_timeout=30.0)
-    async with turnkit.RuntimeClient([agent], store=store) as rt:
+    # A node of the previous release has no RuntimeClient: it only stored turns
+    # through a Runtime told not to run them.
+    if hasattr(turnkit, "RuntimeClient"):
+        node = turnkit.RuntimeClient([agent], store=store)
+    else:
+        node = turnkit.Runtime([agent], store=store, run_turns=False)
+    async with node as rt:
         print("ready", flush=True)
         for line in sys.stdin:
             ids = {}
