@@ -79,17 +79,20 @@ async def move_tenant(
     of it that was started before; see the module for the steps."""
     if target not in cells.cells:
         raise ConfigurationError(f"no cell {target!r}: the cells are {sorted(cells.cells)}")
-    async with _moving(cells.cells[cells.home].async_pool, tenant):
+    home = cells.cells[cells.home]
+    async with _moving(home.async_pool, home.schema, tenant):
         return await _move(cells, tenant, target, drain_timeout, progress)
 
 
 @asynccontextmanager
-async def _moving(pool: AsyncConnectionPool[Any], tenant: str) -> AsyncIterator[None]:
+async def _moving(pool: AsyncConnectionPool[Any], schema: str, tenant: str) -> AsyncIterator[None]:
     """Hold the tenant's move lock (a session advisory lock in the home cell) for the
-    move: a second move of the same tenant is refused instead of racing this one."""
+    move: a second move of the same tenant is refused instead of racing this one.
+    Advisory locks are database-wide, so the key names the home cell's schema too:
+    two deployments sharing a database each move their own tenant of that name."""
     async with pool.connection() as conn:
-        key = "SELECT hashtextextended('turnkit/cell-move/' || %s, 0)"
-        cur = await conn.execute(f"SELECT pg_try_advisory_lock(({key}))", (tenant,))
+        key = "SELECT hashtextextended('turnkit/cell-move/' || %s || '/' || %s, 0)"
+        cur = await conn.execute(f"SELECT pg_try_advisory_lock(({key}))", (schema, tenant))
         row = await cur.fetchone()
         if row is None or not row[0]:
             raise StoreError(f"tenant {tenant!r} is being moved by another process right now")
@@ -97,7 +100,7 @@ async def _moving(pool: AsyncConnectionPool[Any], tenant: str) -> AsyncIterator[
             yield
         finally:
             with contextlib.suppress(psycopg.Error):  # a lost connection lost the lock too
-                await conn.execute(f"SELECT pg_advisory_unlock(({key}))", (tenant,))
+                await conn.execute(f"SELECT pg_advisory_unlock(({key}))", (schema, tenant))
 
 
 async def _move(
