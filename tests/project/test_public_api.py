@@ -53,3 +53,20 @@ def test_turn_keywords_name_exactly_the_fields_of_turn_options() -> None:
     field added to one and not the other fails here."""
     fields = {f.name for f in dataclasses.fields(turnkit.TurnOptions)}
     assert set(turnkit.TurnKeywords.__annotations__) == fields
+
+
+def test_a_runtime_offers_every_public_call_of_a_client_with_the_same_parameters() -> None:
+    """Whatever takes a ``RuntimeClient`` (``create_app``, ``mount_agent``) can be
+    handed a ``Runtime``: each public call of the client and of its sessions is
+    there, taking the same parameters."""
+    pairs = [
+        (turnkit.RuntimeClient, turnkit.Runtime),
+        (turnkit.SessionClient, turnkit.AgentSession),
+    ]
+    for client, runner in pairs:
+        assert issubclass(runner, client)
+        for name, member in vars(client).items():
+            if name.startswith("_") or not callable(member):
+                continue
+            ours = inspect.signature(getattr(runner, name)).parameters
+            assert list(ours) == list(inspect.signature(member).parameters), (runner, name)
