@@ -3,6 +3,7 @@ the parent's call, so a replay of the parent never starts a second child turn.""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import sqlite3
@@ -492,3 +493,72 @@ async def test_a_child_answer_is_passed_on_only_from_the_parents_stored_answer(
     stored = {input_step_id(ctx.turn_id, "tool:1:call_1/approve"): {"value": 1, "by": "u"}}
     answered = dataclasses.replace(ctx, _steps=stored)
     assert _stored_parent_answer(answered, "tool:1:call_1/approve") == {"value": 1, "by": "u"}
+
+
+async def test_a_child_turn_is_its_parents_tenants_and_spends_its_budget(
+    make_store: Any,
+) -> None:
+    """The child turn is stored under the parent turn's tenant, so its model call is
+    counted in that tenant's usage, not the default tenant's."""
+    used = turnkit.Usage(input_tokens=10, output_tokens=5)
+
+    def child_reply(messages: Any) -> Any:
+        return ScriptedReply(text="widgets cost 3", usage=used)
+
+    def parent_reply(messages: Any) -> Any:
+        last = messages[-1]
+        if isinstance(last, UserMessage):
+            call = tool_call("researcher", {"task": "find prices"})
+            return ScriptedReply(tool_calls=[call], usage=used)
+        return ScriptedReply(text="boss: done", usage=used)
+
+    parent_agent = dataclasses.replace(boss(), model=ScriptedModel(respond=parent_reply))
+    budget = turnkit.Budget(per_tenant=turnkit.Limit(tokens=1_000_000))
+    store = make_store()
+    agents = [parent_agent, researcher(ScriptedModel(respond=child_reply))]
+    async with turnkit.Runtime(agents, store=store, budget=budget) as runtime:
+        parent = runtime.session("boss", "s1")
+        tid = await parent.submit("how much are widgets?", tenant="acme")
+        assert (await parent.result(tid)).status == "completed"
+        (child_info,) = [s for s in await runtime.sessions() if s.agent == "researcher"]
+        child = store.session(child_info.session_id)
+        (started,) = [e for e in await child.events() if e.type == "turn.started"]
+        child_turn = await child.turn(started.turn_id)
+        assert child_turn is not None and child_turn.tenant == "acme"
+        by_tenant = await store.usage_by_tenant()
+        # Two model calls of the parent and one of the child, all acme's.
+        assert set(by_tenant) == {"acme"}
+        assert (by_tenant["acme"].calls, by_tenant["acme"].input_tokens) == (3, 30)
+        child_spend, _ = await store.session(child_info.session_id).spend("acme")
+        assert child_spend.calls == 1
+
+
+async def test_a_child_resumed_by_its_parent_rides_on_the_parents_tenant_slot(
+    make_store: Any,
+) -> None:
+    """With one slot for the tenant, the parent holds it while it passes its answer on
+    to its parked child; the child's replay must not wait for a slot of its own (it
+    would wait for its parent, which waits for it)."""
+
+    @tool
+    async def deploy(ctx: ToolContext) -> str:
+        """Deploy once approved."""
+        ok = await ctx.request_input("approve", "Deploy to prod?", schema={"type": "boolean"})
+        return f"deployed={ok}"
+
+    def child_reply(messages: Any) -> Any:
+        last = messages[-1]
+        if isinstance(last, TriggerMessage):
+            return ScriptedReply(tool_calls=[tool_call("deploy", {})])
+        return f"child: {last.result}"
+
+    agents = [boss("ship it"), researcher(ScriptedModel(respond=child_reply), tools=[deploy])]
+    caps = turnkit.Concurrency(per_tenant=1)
+    async with turnkit.Runtime(agents, store=make_store(), concurrency=caps) as runtime:
+        parent = runtime.session("boss", "s1")
+        tid = await parent.submit("ship", tenant="acme")
+        parked = await parent.result(tid)
+        assert parked.status == "suspended" and parked.request is not None
+        await parent.resume(tid, parked.request.id, True)
+        done = await asyncio.wait_for(parent.result(tid), 30)
+        assert done.status == "completed" and "deployed=True" in (done.text or "")

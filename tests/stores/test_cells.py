@@ -474,3 +474,64 @@ async def test_an_imported_session_is_placed_where_its_tenant_lives(places: Cell
         ("copy",),
         ("original",),
     ]
+
+
+def delegating() -> list[turnkit.Agent]:
+    """A parent agent whose turn hands its task to a ``researcher`` subagent, and that
+    subagent; every model call reports usage, so the tenant's ledger counts both."""
+    used = Usage(input_tokens=10, output_tokens=5)
+
+    def parent_reply(messages: list[turnkit.Message]) -> ScriptedReply:
+        last = messages[-1]
+        if isinstance(last, UserMessage):
+            call = tool_call("researcher", {"task": f"look up {last.text}"})
+            return ScriptedReply(tool_calls=[call], usage=used)
+        return ScriptedReply(text="parent: done", usage=used)
+
+    def child_reply(messages: list[turnkit.Message]) -> ScriptedReply:
+        return ScriptedReply(text=f"found {messages[-1].text}", usage=used)  # type: ignore[union-attr]
+
+    parent = turnkit.Agent(
+        name="parent",
+        model=ScriptedModel(respond=parent_reply, record_calls=False),
+        tools=[turnkit.subagent("researcher", description="Looks things up.")],
+    )
+    child = turnkit.Agent(
+        name="researcher", model=ScriptedModel(respond=child_reply, record_calls=False)
+    )
+    return [parent, child]
+
+
+@pytest.mark.slow
+async def test_a_subagents_child_lives_and_moves_with_its_parents_tenant(
+    places: CellPlaces,
+) -> None:
+    """A parent turn of a tenant in cell b runs a subagent: the child session is placed
+    in b too (its turn is the tenant's) and a move of the tenant carries both."""
+    cells = places.cells(by_region)
+    async with turnkit.Runtime(delegating(), store=cells, budget=BUDGET) as rt:
+        assert await rt.session("parent", "p").turn("prices", tenant="eu-7") == "parent: done"
+        (child_sid,) = [s.session_id for s in await rt.sessions() if s.agent == "researcher"]
+        assert await cells.directory.cell_of(child_sid) == "b"
+        in_b = "SELECT session_id, tenant FROM turnkit_turns ORDER BY 1"
+        assert places.rows("b", in_b) == [("p", "eu-7"), (child_sid, "eu-7")]
+        assert places.rows("a", "SELECT count(*) FROM turnkit_turns") == [(0,)]
+        usage = await cells.usage_by_tenant()
+        assert set(usage) == {"eu-7"} and usage["eu-7"].calls == 3  # the parent's 2, the child's 1
+
+        async def read_back(sid: str) -> tuple[object, ...]:
+            session = cells.session(sid)
+            return (
+                (await session.load(from_index=0)).messages,
+                await session.events(),
+                await session.spend("eu-7"),
+            )
+
+        before = {sid: await read_back(sid) for sid in ("p", child_sid)}
+        moved = await move_tenant(cells, "eu-7", "a")
+        assert (moved.source, moved.target, moved.sessions) == ("b", "a", 2)
+        assert {sid: await read_back(sid) for sid in ("p", child_sid)} == before
+        assert await cells.usage_by_tenant() == usage
+        assert await cells.directory.cell_of(child_sid) == "a"
+    assert places.rows("a", in_b) == [("p", "eu-7"), (child_sid, "eu-7")]
+    assert places.rows("b", "SELECT count(*) FROM turnkit_turns") == [(0,)]

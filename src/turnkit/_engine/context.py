@@ -97,6 +97,9 @@ class ToolContext:
     source: str | None = None
     #: The tools the turn's policy denies (a subagent passes them on to its child).
     denied_tools: frozenset[str] = frozenset()
+    #: Whose turn this is (``TurnRecord.tenant``); a subagent's child turn is the
+    #: same tenant's, so it lives, spends and moves with its parent.
+    tenant: str = ""
     #: The turn's memoized steps, where a resume stored the answers.
     _steps: Mapping[str, Any] = field(default_factory=dict, repr=False)
     #: True while a plain-``def`` tool runs inside the step's transaction.

@@ -151,6 +151,7 @@ class ToolSteps:
             tool_name=call.name,
             source=d.policy.source,
             denied_tools=d.policy.deny_tools,
+            tenant=d.tenant,
             _steps=d.steps,
             _local=local,
             _note=None if local else self._noter(),

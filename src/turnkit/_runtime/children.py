@@ -4,8 +4,12 @@ The child's session and turn ids derive from the parent call's idempotency key, 
 a replayed parent finds the same child turn (and a parent turn id reused after a
 reset makes a new child); a parked child parks the parent with its question and
 gets the parent's answer passed on, with a grant only once that answer is found
-stored with the parent's turn. Tools reach this through ``ToolContext.children``
-(the ``ChildTurns`` protocol), never through the runtime.
+stored with the parent's turn. The child is its parent's tenant's (placed in its
+cell, counted in its budget) and every delivery of it the parent asks for runs on
+the parent's tenant slot, never waiting for one of its own: a parent holding its
+tenant's last slot could otherwise wait forever for its child. Tools reach this
+through ``ToolContext.children`` (the ``ChildTurns`` protocol), never through the
+runtime.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from .._values.inbound import Proactive
 from .._values.inputs import InputRequest
 from .._values.records import TERMINAL_TURN_STATUSES, TurnRecord
 from .._values.step_ids import input_step_id, relayed_input_id
+from .._values.turn_options import TurnOptions
 from .._values.turns import TurnResult, result_from_record
 from .approvals import Grant, GrantSealer
 
@@ -43,20 +48,12 @@ class ChildSession(Protocol):
         replay: bool = False,
     ) -> Callable[[], None]: ...
 
-    def open_child_turn(
-        self, task: str, trigger: Proactive, turn_id: str, deny: frozenset[str]
-    ) -> str: ...
+    def open_child_turn(self, task: str, opts: TurnOptions, deny: frozenset[str]) -> str: ...
 
     async def result(self, turn_id: str) -> TurnResult: ...
 
-    async def resume(
-        self,
-        turn_id: str,
-        input_id: str,
-        value: Any,
-        *,
-        by: str | None = None,
-        granted: Grant | None = None,
+    async def resume_child(
+        self, turn_id: str, input_id: str, value: Any, *, by: str | None, granted: Grant | None
     ) -> str: ...
 
 
@@ -126,9 +123,11 @@ async def run_child(
     unsubscribe = child.subscribe(forward, turn_id=turn_id)
     try:
         trigger = Proactive(by=f"agent:{ctx.agent.name}", source=ctx.source)
+        # The parent's tenant: the child is placed, spends and moves with it.
+        opts = TurnOptions(trigger=trigger, turn_id=turn_id, tenant=ctx.tenant)
         # An existing turn id redelivers (a running child continues, a parked one
         # re-announces its question); a new one opens with the parent's denials.
-        child.open_child_turn(task, trigger, turn_id, ctx.denied_tools)
+        child.open_child_turn(task, opts, ctx.denied_tools)
         result = await child.result(turn_id)
         while result.status == "suspended" and result.request is not None:
             await _pass_on_answer(sealer, ctx, child, result.request)
@@ -179,7 +178,7 @@ async def _pass_on_answer(
         ),
         None,
     )
-    await child.resume(request.turn_id, request.id, answer.value, by=by, granted=granted)
+    await child.resume_child(request.turn_id, request.id, answer.value, by=by, granted=granted)
 
 
 def _stored_parent_answer(ctx: ToolContext, parent_input: str) -> dict[str, Any]:

@@ -22,11 +22,10 @@ from .._errors import ConfigurationError, FencedError, SessionSuspendedError, Tu
 from .._seams.store import SessionStore
 from .._seams.tracer import Tracer
 from .._values.budgets import Budget
-from .._values.inbound import Proactive
 from .._values.records import TurnRecord
 from .._values.turn_options import TurnKeywords, TurnOptions, turn_options
 from .._values.turns import ResetResult, TurnRequest, TurnResult
-from .approvals import GrantSealer
+from .approvals import Grant, GrantSealer
 from .children import RuntimeChildren
 from .clock import Woken
 from .observe import finished_record
@@ -165,13 +164,20 @@ class AgentSession(SessionClient):
         """
         return self._start(turn_text(text), turn_options(options, keywords))
 
-    def open_child_turn(
-        self, task: str, trigger: Proactive, turn_id: str, deny: frozenset[str]
+    def open_child_turn(self, task: str, opts: TurnOptions, deny: frozenset[str]) -> str:
+        """Open (or redeliver) turn ``opts.turn_id`` as a child of another turn's tool
+        call: ``opts`` names the parent agent (its trigger) and the parent's tenant,
+        ``deny`` carries the parent's denied tools. ``turnkit.subagent`` runs child
+        turns through this; the delivery rides on the parent's tenant slot."""
+        return self._start(task, opts, deny, child=True)
+
+    async def resume_child(
+        self, turn_id: str, input_id: str, value: Any, *, by: str | None, granted: Grant | None
     ) -> str:
-        """Open (or redeliver) turn ``turn_id`` as a child of another turn's tool call:
-        ``trigger`` names the parent agent and ``deny`` carries the parent's denied
-        tools. ``turnkit.subagent`` runs child turns through this."""
-        return self._start(task, TurnOptions(trigger=trigger, turn_id=turn_id), deny, child=True)
+        """``resume`` for a parent whose call passes its answer on to this child turn:
+        the replay runs inside the parent's call, so on the parent's tenant slot."""
+        request = await self._answered(turn_id, input_id, value, by=by, granted=granted)
+        return self._enqueue(replace(request, child=True))
 
     def _start(
         self,
@@ -353,8 +359,7 @@ class AgentSession(SessionClient):
         # Let observers that were set up right after start() subscribe before we run:
         # with a local store a whole turn can otherwise finish without yielding once.
         await asyncio.sleep(0)
-        if not request.child:
-            await self._place(request.tenant)
+        await self._place(request.tenant)
         await self._finish_left_running(request.turn_id)
         for event in request.announce:
             emit_quietly(self.runtime.sink, event)

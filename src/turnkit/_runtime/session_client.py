@@ -354,6 +354,21 @@ class SessionClient(SessionView):
         them stores anything. ``await session.result(turn_id)`` waits for the
         replayed turn.
         """
+        return self._accepted(
+            await self._answered(turn_id, input_id, value, by=by, granted=granted, source=source)
+        )
+
+    async def _answered(
+        self,
+        turn_id: str,
+        input_id: str,
+        value: Any,
+        *,
+        by: str | None,
+        granted: Grant | None,
+        source: str | None = None,
+    ) -> TurnRequest:
+        """Store the answer (see ``resume``); the delivery that replays the turn."""
         if self._resets_pending:
             raise ResumeConflictError(
                 f"session {self.session_id} has a reset pending; its parked turn is being "
@@ -370,7 +385,7 @@ class SessionClient(SessionView):
             source=source,
         )
         self._parked = None
-        return self._accepted(request)
+        return request
 
     async def wake(self, turn_id: str | None = None, *, by: str | None = None) -> bool:
         """End the parked turn's waits on the clock now (``ctx.sleep``, a retry's
