@@ -101,10 +101,19 @@ def _runs_slack_code(coro: object) -> bool:
     return code is not None and Path(code.co_filename).is_relative_to(SLACK_CODE)
 
 
+#: How long the Slack channel's background work may take: a long answer is drawn in
+#: hundreds of edits, each a request to the fake Slack, slow on a loaded machine.
+RENDERING = 120.0
+
+
 async def slack_done() -> None:
     """Wait until the Slack channel's background work has ended: what it was going to
     send Slack is sent, and what it was going to store is stored."""
-    await eventually(lambda: not slack_at_work(), what="the Slack channel's background work ended")
+    await eventually(
+        lambda: not slack_at_work(),
+        what="the Slack channel's background work ended",
+        timeout=RENDERING,
+    )
 
 
 def signed(body: bytes, *, secret: str = SECRET, at: int | None = None) -> dict[str, str]:
