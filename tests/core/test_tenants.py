@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import psycopg
 import pytest
 from eventually import eventually
 
@@ -231,3 +232,33 @@ async def test_export_and_import_keep_each_turns_tenant(tmp_path: Path) -> None:
         one, two = await target.session("s1").turn(first), await target.session("s1").turn(second)
     assert one is not None and one.tenant == "acme"
     assert two is not None and two.tenant == ""
+
+
+async def test_the_claim_as_planned_gives_back_a_slot_whose_session_it_cannot_lock(
+    pg_dsn: str, pg_schema: str
+) -> None:
+    """A claim that takes a tenant's slot and then finds the session locked by another
+    claim (which read the locks a moment before it) must give the slot back, or the
+    tenant runs under its cap until the worker stops. The give-back is a call inside
+    the claim's filter, and the planner drops calls whose result cannot change the
+    filter's value (``unlock(...) AND false`` became ``false``): the plan PostgreSQL
+    makes of the statement still calls it."""
+    from turnkit.stores.postgres._queue import CLAIM_SQL
+    from turnkit.stores.postgres._statements import pg
+
+    store = PostgresStore(pg_dsn, schema=pg_schema)  # (creates the schema's tables)
+    await store.open()
+    await store.close()
+    agents, skip = '["t"]', "[]"
+    params = (
+        *('{"A": 1}', 2),  # the caps
+        *(agents, skip, None, None, 4),  # runnable turns
+        4,  # free slots
+        *(agents, skip, 4),  # pending resets
+        *(True, '{"t": "v1"}', agents, skip, None, None, 4),  # held turns
+        4,
+    )
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        rows = conn.execute("EXPLAIN (VERBOSE, COSTS OFF) " + pg(CLAIM_SQL, pg_schema), params)
+        plan = "\n".join(str(r[0]) for r in rows)
+    assert "pg_advisory_unlock(p.key, p.slot)" in plan, plan

@@ -64,6 +64,9 @@ NEXT_WAKE_SQL = (
     "AND NOT EXISTS (SELECT 1 FROM turnkit_cell_fences cf WHERE cf.tenant = t.tenant)"
 )
 
+#: How the claim gives back a slot it took for a session it then could not lock.
+SLOT_GIVEN_BACK = "pg_advisory_unlock(p.key, p.slot)"
+
 #: The claim, fair across tenants (docs/tenants.md). ``tn`` walks the tenants that
 #: have runnable turns (a loose scan of ``turnkit_turns_tenant_queue``: one index
 #: probe per tenant); ``q`` gives each its cap and how many of its sessions run now
@@ -167,14 +170,17 @@ CLAIM_SQL = (
     "p AS (SELECT * FROM w UNION ALL SELECT * FROM r UNION ALL SELECT * FROM h "
     "ORDER BY place, created_at LIMIT ?) "
     # Every row of ``p`` is tried (no LIMIT out here), so no lock is taken and lost;
-    # CASE fixes the order: the slot first, then the session (or the slot goes back).
+    # CASE fixes the order: the slot first, then the session, or else the slot goes
+    # back. Only CASE: the planner folds ``unlock(...) AND false`` to ``false`` and
+    # never calls the unlock (it did, and a claim that lost a session to another
+    # kept its slot, holding the tenant under its cap until the worker stopped).
     f"SELECT p.session_id, s.agent, {TURN_COLUMNS_T}, p.key, p.slot FROM p "
     "JOIN turnkit_sessions s ON s.session_id = p.session_id "
     "LEFT JOIN turnkit_turns t ON t.session_id = p.session_id AND t.turn_id = p.turn_id "
     "WHERE CASE WHEN p.slot IS NULL THEN pg_try_advisory_lock(turnkit_lock_key(p.session_id)) "
-    "WHEN pg_try_advisory_lock(p.key, p.slot) THEN "
-    "(pg_try_advisory_lock(turnkit_lock_key(p.session_id)) "
-    "OR (pg_advisory_unlock(p.key, p.slot) AND false)) "
+    "WHEN pg_try_advisory_lock(p.key, p.slot) THEN CASE "
+    "WHEN pg_try_advisory_lock(turnkit_lock_key(p.session_id)) THEN true "
+    f"WHEN {SLOT_GIVEN_BACK} THEN false ELSE false END "
     "ELSE false END ORDER BY p.place, p.created_at"
 )
 
