@@ -17,6 +17,7 @@ from typing import Any, Self, TypeVar
 
 from .._engine.agent import Agent
 from .._errors import ConfigurationError
+from .._seams.placing import PlacingStore
 from .._seams.relay import EventRelay, RelayingStore
 from .._seams.sink import EventSink, LocalEventSink
 from .._seams.store import Store, all_sessions
@@ -76,6 +77,10 @@ class RuntimeClient:
                 f"got {type(sink).__name__}"
             )
         self.store = store
+        #: The store, if it places sessions by tenant (cells): told before each
+        #: delivery and each first submission. Checked once here: a protocol check
+        #: walks the protocol's members, too slow to make for every turn.
+        self.placing: PlacingStore | None = store if isinstance(store, PlacingStore) else None
         self.sink: EventSink = sink if sink is not None else LocalEventSink()
         if isinstance(session_cache, bool) or not isinstance(session_cache, int):
             raise ConfigurationError(f"session_cache must be an int, got {session_cache!r}")

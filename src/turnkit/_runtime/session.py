@@ -186,12 +186,13 @@ class AgentSession(SessionClient):
         deny: frozenset[str] = frozenset(),
         *,
         child: bool = False,
+        claimed: bool = False,
     ) -> str:
         """``start`` after its checks; ``deny`` adds tools a new turn may not use (a
         subagent's child inherits its parent's denials)."""
         if self._parked is not None and opts.turn_id != self._parked:
             raise SessionSuspendedError(parked_refusal(self.session_id, self._parked))
-        request = turn_request(text, opts, deny, queued=False, child=child)
+        request = turn_request(text, opts, deny, queued=False, child=child, claimed=claimed)
         if opts.replace:
             self._replace(keep=request.turn_id)
         return self._enqueue(request)
@@ -216,14 +217,16 @@ class AgentSession(SessionClient):
             self._ensure_worker()
         return tid
 
-    def run_stored(self, record: TurnRecord) -> str:
+    def run_stored(self, record: TurnRecord, *, claimed: bool = False) -> str:
         """Deliver a turn the store holds (queued, left running, or parked with a
         cancellation to close) in this process; return its id. The store decides
         what the delivery does, so a park this process remembers is not consulted
-        (another process may have resumed it since). ``Worker`` and recovery use it."""
+        (another process may have resumed it since). ``Worker`` and recovery use it;
+        ``claimed``: a queue's claim gave the turn (see ``TurnRequest.claimed``)."""
         self._parked = None
         text = record.opening.text
-        return self._start(text, TurnOptions(turn_id=record.turn_id, tenant=record.tenant))
+        opts = TurnOptions(turn_id=record.turn_id, tenant=record.tenant)
+        return self._start(text, opts, claimed=claimed)
 
     def run_stored_reset(self) -> asyncio.Future[ResetResult]:
         """Carry out in this process a reset the store holds as pending (its process
@@ -360,7 +363,8 @@ class AgentSession(SessionClient):
         # with a local store a whole turn can otherwise finish without yielding once.
         await asyncio.sleep(0)
         await self._place(request.tenant)
-        await self._finish_left_running(request.turn_id)
+        if not request.claimed:
+            await self._finish_left_running(request.turn_id)
         for event in request.announce:
             emit_quietly(self.runtime.sink, event)
         runner = TurnRunner(

@@ -75,6 +75,9 @@ class ClientHost(ViewHost, Protocol):
     def store(self) -> Store: ...
 
     @property
+    def placing(self) -> PlacingStore | None: ...
+
+    @property
     def poll(self) -> float: ...
 
     @property
@@ -264,9 +267,9 @@ class SessionClient(SessionView):
     async def _place(self, tenant: str) -> None:
         """Tell a store that places sessions by tenant (cells) whose turn comes next,
         so a new session is written where its tenant lives."""
-        store = self.runtime.store
-        if isinstance(store, PlacingStore):
-            await store.place(self.session_id, tenant)
+        placing = self.runtime.placing
+        if placing is not None:
+            await placing.place(self.session_id, tenant)
 
     async def _reset_ends(self, parked: TurnRecord) -> bool:
         """Whether a pending reset (recorded by any process) cancelled the parked turn:
@@ -668,6 +671,7 @@ def turn_request(
     *,
     queued: bool,
     child: bool = False,
+    claimed: bool = False,
 ) -> TurnRequest:
     """The delivery a new turn asks for: its id (a new one unless given), its
     opening message (a trigger's, or the user's) and where it came from."""
@@ -688,6 +692,7 @@ def turn_request(
         queued=queued,
         tenant=opts.tenant_key,
         child=child,
+        claimed=claimed,
     )
 
 

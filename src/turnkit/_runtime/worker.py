@@ -233,7 +233,7 @@ class Worker:
             if isinstance(record, PendingReset):
                 done = session.run_stored_reset()
             else:
-                done = session.result(session.run_stored(record))
+                done = session.result(session.run_stored(record, claimed=True))
         except Exception as exc:
             self.queue.unclaim(sid)
             log.warning("cannot deliver %s of %s: %s", what, sid, exc)

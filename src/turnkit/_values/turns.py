@@ -62,6 +62,10 @@ class TurnRequest:
     #: A subagent's child turn, run inside its parent's tool call: it takes no
     #: tenant slot of its own (its parent's holds one already).
     child: bool = False
+    #: Taken from the shared queue by a claim: the claim takes a session's oldest
+    #: runnable turn, so no older turn of the session can be left running, and the
+    #: delivery does not read the session's unfinished turns to look for one.
+    claimed: bool = False
     cancel: CancelSignal = field(default_factory=CancelSignal, compare=False)
 
 
