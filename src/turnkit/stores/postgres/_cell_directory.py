@@ -118,7 +118,7 @@ class Directory:
             return {}
         async with self._pool().connection() as conn:
             cur = await conn.execute(
-                "SELECT session_id, cell FROM turnkit_cell_sessions WHERE session_id = ANY(%s)",
+                "SELECT session_id, cell FROM turnkit_cell_sessions WHERE session_id = ANY(%b)",
                 (list(session_ids),),
             )
             rows = await cur.fetchall()
