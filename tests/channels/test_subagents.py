@@ -9,10 +9,12 @@ import json
 import sqlite3
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
+from eventually import eventually
 from suite_paths import CHILDREN
 
 import turnkit
@@ -29,6 +31,7 @@ from turnkit import (
 )
 from turnkit._runtime.children import _stored_parent_answer
 from turnkit._values.step_ids import input_step_id
+from turnkit.stores import MemoryStore, SqliteStore
 from turnkit.testing import CrashingStore, RecordingSink, ScriptedModel, ScriptedReply, tool_call
 
 
@@ -562,3 +565,98 @@ async def test_a_child_resumed_by_its_parent_rides_on_the_parents_tenant_slot(
         await parent.resume(tid, parked.request.id, True)
         done = await asyncio.wait_for(parent.result(tid), 30)
         assert done.status == "completed" and "deployed=True" in (done.text or "")
+
+
+class _Crash(Exception):
+    """The process dying with its turns running (its deliveries cut off mid-turn)."""
+
+
+class Digs:
+    """The researcher's tool, which waits for the test: who digs right now, how many
+    did at once at most, and each call made."""
+
+    def __init__(self) -> None:
+        self.now: list[str] = []
+        self.most = 0
+        self.calls: list[str] = []
+        self.release = asyncio.Event()
+
+    def agent(self) -> Agent:
+        @tool
+        async def dig(ctx: ToolContext) -> str:
+            """Dig (until the test lets the call end)."""
+            self.calls.append(ctx.session_id)
+            self.now.append(ctx.session_id)
+            self.most = max(self.most, len(self.now))
+            try:
+                await self.release.wait()
+            finally:
+                self.now.remove(ctx.session_id)
+            return "dug"
+
+        def reply(messages: Any) -> Any:
+            last = messages[-1]
+            if isinstance(last, ToolMessage):
+                return f"researched: {last.result}"
+            return ScriptedReply(tool_calls=[tool_call("dig", {})])
+
+        return researcher(ScriptedModel(respond=reply), tools=[dig])
+
+
+@pytest.mark.parametrize(
+    "caps",
+    [turnkit.Concurrency(per_tenant=1), turnkit.Concurrency(tenants={"acme": 1})],
+    ids=["per-tenant", "named-tenant"],
+)
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+async def test_recovery_keeps_the_tenants_cap_and_a_child_rides_on_its_recovered_parent(
+    kind: str, caps: turnkit.Concurrency, tmp_path: Path
+) -> None:
+    """A process died while tenant acme's parent turn waited on its child and another of
+    acme's turns ran: all three are left running. A new runtime capping acme at 1
+    recovers them with acme's cap: one of acme's turns holds the slot at a time, and
+    the parent's child, recovered beside it, rides on the parent's slot once the parent
+    asks for it (waiting for a slot of its own, it would wait for the parent holding
+    the only one, which waits for it). Every turn ends, once."""
+    memory = MemoryStore()
+
+    def open_store() -> turnkit.stores.Store:
+        return memory if kind == "memory" else SqliteStore(tmp_path / "crashed.db")
+
+    digs = Digs()
+    agents = [boss(), digs.agent()]
+    with pytest.raises(_Crash):
+        async with turnkit.Runtime(agents, store=open_store()) as dying:
+            await dying.session("boss", "s1").submit("how much?", tenant="acme")
+            await eventually(lambda: len(digs.now) == 1, what="the child turn digging")
+            await dying.session("researcher", "other").submit("dig too", tenant="acme")
+            await eventually(lambda: len(digs.now) == 2, what="both of acme's turns digging")
+            raise _Crash
+    left = await _unfinished(open_store())
+    assert sorted(r.session_id.split("/")[0] for r in left) == ["other", "s1", "s1"]
+
+    digs.calls.clear()
+    digs.most = 0
+    sink = RecordingSink()
+    async with turnkit.Runtime(agents, store=open_store(), sink=sink, concurrency=caps) as rt:
+        recovering = asyncio.ensure_future(rt.recover())
+        await eventually(lambda: digs.now, what="a turn of acme's digging")
+        await asyncio.sleep(0.2)  # not a wait: a window in which a second slot would show
+        assert len(digs.now) == 1, digs.now
+        digs.release.set()
+        results = await asyncio.wait_for(recovering, 30)
+    assert sorted(r.status for r in results) == ["completed"] * 3, results
+    ended = Counter(e.turn_id for e in sink.events if e.type == "turn.completed")
+    assert sorted(ended.values()) == [1, 1, 1] and set(ended) == {r.turn_id for r in left}
+    assert sorted(s.split("/")[0] for s in digs.calls) == ["other", "s1"]
+    assert digs.most == 1
+    assert await _unfinished(open_store()) == []
+
+
+async def _unfinished(store: turnkit.stores.Store) -> list[turnkit.TurnRecord]:
+    """The turns ``store`` holds unfinished, read with the store opened for it."""
+    await store.open()
+    try:
+        return await store.unfinished_turns()
+    finally:
+        await store.close()

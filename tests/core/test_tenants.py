@@ -262,3 +262,28 @@ async def test_the_claim_as_planned_gives_back_a_slot_whose_session_it_cannot_lo
         rows = conn.execute("EXPLAIN (VERBOSE, COSTS OFF) " + pg(CLAIM_SQL, pg_schema), params)
         plan = "\n".join(str(r[0]) for r in rows)
     assert "pg_advisory_unlock(p.key, p.slot)" in plan, plan
+
+
+async def test_a_slot_handed_to_a_delivery_cancelled_meanwhile_passes_to_the_next() -> None:
+    """The slot given back goes to the first waiter; if that waiter is cancelled before
+    it resumes, the slot passes on instead of being lost, and an excused waiter runs
+    without one."""
+    from turnkit._runtime.tenant_slots import TenantSlots, excuse
+
+    loop = asyncio.get_running_loop()
+    slots = TenantSlots(1)
+    first, second, third, fourth = (loop.create_future() for _ in range(4))
+    assert await slots.take(first)
+    cancelled = asyncio.ensure_future(slots.take(second))
+    after = asyncio.ensure_future(slots.take(third))
+    excused = asyncio.ensure_future(slots.take(fourth))
+    await eventually(lambda: len(slots._waiting) == 3, what="three waiters")
+    excuse(fourth)
+    assert await excused is False
+    slots.give_back()  # to ``second``, which is cancelled before it resumes
+    cancelled.cancel()
+    assert await asyncio.wait_for(after, 30) is True
+    with pytest.raises(asyncio.CancelledError):
+        await cancelled
+    slots.give_back()
+    assert await asyncio.wait_for(slots.take(loop.create_future()), 30) is True

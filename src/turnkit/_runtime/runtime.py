@@ -31,6 +31,7 @@ from .client import RuntimeClient
 from .local_rates import LocalRates
 from .retention import PruneReport, Retention, prune
 from .session import AgentSession
+from .tenant_slots import TenantSlots
 from .timers import TimerLoop
 
 log = logging.getLogger("turnkit.runtime")
@@ -84,7 +85,7 @@ class Runtime(RuntimeClient):
         #: enforced by each claim on a shared store, and by this process's deliveries
         #: on a store only it runs turns from.
         self.concurrency: Concurrency = concurrency if concurrency is not None else UNCAPPED
-        self._tenant_gates: dict[str, asyncio.Semaphore] = {}
+        self._tenant_gates: dict[str, TenantSlots] = {}
         if budget is not None and not isinstance(budget, Budget):
             raise ConfigurationError(f"budget must be a turnkit.Budget, got {budget!r}")
         #: Spending limits checked before each model step, and the usage ledger they
@@ -204,7 +205,7 @@ class Runtime(RuntimeClient):
         if self._busy.get(session.session_id) is session:
             del self._busy[session.session_id]
 
-    def tenant_gate(self, tenant: str) -> asyncio.Semaphore | None:
+    def tenant_gate(self, tenant: str) -> TenantSlots | None:
         """What this process's deliveries of ``tenant``'s turns wait on to respect its
         cap when no claim does (``None``: uncapped, or workers claim the turns)."""
         cap = self.concurrency.cap(tenant)
@@ -212,7 +213,7 @@ class Runtime(RuntimeClient):
             return None
         gate = self._tenant_gates.get(tenant)
         if gate is None:
-            gate = self._tenant_gates[tenant] = asyncio.Semaphore(cap)
+            gate = self._tenant_gates[tenant] = TenantSlots(cap)
         return gate
 
     def note_fenced(self) -> None:
@@ -244,6 +245,9 @@ class Runtime(RuntimeClient):
     async def recover(self) -> list[TurnResult]:
         """Replay every turn left unfinished in the store and wait for them to end.
 
+        Each turn runs under its stored tenant's cap, as any delivery here does; a
+        subagent's child turn waits for a slot of its own until its parent, recovered
+        here too, asks for it, and from then rides on the parent's (docs/tenants.md).
         Returns the results of the deliveries that ran to an end; one that cannot
         run (its agent is missing, the store fails again) is logged and skipped, so
         it never keeps the others from recovering.
@@ -256,7 +260,7 @@ class Runtime(RuntimeClient):
             except ConfigurationError as exc:
                 log.warning("cannot recover turn %s: %s", record.turn_id, exc)
                 continue
-            turn_id = session.start(record.opening.text, turn_id=record.turn_id)
+            turn_id = session.run_stored(record)
             waits.append(session.result(turn_id))
         results: list[TurnResult] = []
         for outcome in await asyncio.gather(*waits, return_exceptions=True):

@@ -40,6 +40,7 @@ from .session_client import (
     turn_text,
 )
 from .session_queue import DeliverJob, Erase, ResetJob, SessionQueue
+from .tenant_slots import TenantSlots, excuse
 
 log = logging.getLogger("turnkit.runtime")
 
@@ -64,7 +65,7 @@ class SessionHost(ClientHost, Protocol):
     def mark_idle(self, session: AgentSession) -> None:
         """``session`` has nothing running here any more."""
 
-    def tenant_gate(self, tenant: str) -> asyncio.Semaphore | None: ...
+    def tenant_gate(self, tenant: str) -> TenantSlots | None: ...
 
     @property
     def budget(self) -> Budget | None: ...
@@ -93,6 +94,10 @@ class AgentSession(SessionClient):
         #: This process's deliveries of the session's recent turns, by turn id.
         self._futures: OrderedDict[str, asyncio.Future[TurnResult]] = OrderedDict()
         self._worker: asyncio.Task[None] | None = None
+        #: Tickets for the tenant's slot of deliveries queued or waiting here, by turn
+        #: id: excused (the delivery rides on its parent's slot) when a parent's
+        #: delivery asks for a child turn already queued here, as recovery queues it.
+        self._tickets: dict[str, asyncio.Future[bool]] = {}
 
     def delivering(self, turn_id: str) -> bool:
         """Whether this process has the turn queued or running right now."""
@@ -204,6 +209,8 @@ class AgentSession(SessionClient):
         tid = request.turn_id
         pending = self._futures.get(tid)
         if pending is not None and not pending.done():
+            if request.child:  # its parent waits for it, holding the tenant's slot
+                self._excuse(tid)
             return tid  # already queued or running here: one delivery is enough
         loop = self.runtime.running_loop()
         if request.trace is None:
@@ -216,6 +223,15 @@ class AgentSession(SessionClient):
         if self._queue.put(DeliverJob(request, future), ahead=ahead):
             self._ensure_worker()
         return tid
+
+    def _excuse(self, turn_id: str) -> None:
+        """The delivery of ``turn_id`` queued here (by recovery) is a child turn its
+        parent's delivery now waits for: it rides on the parent's slot, not waiting
+        for one of its own (the parent may hold the tenant's last)."""
+        ticket = self._tickets.get(turn_id)
+        if ticket is None:
+            ticket = self._tickets[turn_id] = self.runtime.running_loop().create_future()
+        excuse(ticket)
 
     def run_stored(self, record: TurnRecord, *, claimed: bool = False) -> str:
         """Deliver a turn the store holds (queued, left running, or parked with a
@@ -322,6 +338,7 @@ class AgentSession(SessionClient):
                     await self._deliver(job.request, job.future)
                 finally:
                     self._queue.current = None
+                    self._tickets.pop(job.request.turn_id, None)
         finally:
             self._worker = None
             self.runtime.mark_idle(self)
@@ -378,13 +395,8 @@ class AgentSession(SessionClient):
             budget=self.runtime.budget,
             rates=self.runtime.rates,
         )
-        gate = None if request.child else self.runtime.tenant_gate(request.tenant)
         try:
-            if gate is None:
-                result = await runner.run()
-            else:
-                async with gate:
-                    result = await runner.run()
+            result = await self._run_in_slot(request, runner)
             self._known.messages = runner.transcript
             self._known.generation = runner.generation
             final = result.status in ("completed", "cancelled")
@@ -412,6 +424,24 @@ class AgentSession(SessionClient):
             _settle(future, interrupted)
             if isinstance(exc, asyncio.CancelledError | KeyboardInterrupt | SystemExit):
                 raise
+
+    async def _run_in_slot(self, request: TurnRequest, runner: TurnRunner) -> TurnResult:
+        """Run ``runner`` on a slot of the turn's tenant where this process caps it;
+        a child turn rides on its parent's slot instead (docs/tenants.md)."""
+        gate = None if request.child else self.runtime.tenant_gate(request.tenant)
+        if gate is None:
+            return await runner.run()
+        tid = request.turn_id
+        ticket = self._tickets.setdefault(tid, self.runtime.running_loop().create_future())
+        held = False
+        try:
+            held = await gate.take(ticket)
+            return await runner.run()
+        finally:
+            if self._tickets.get(tid) is ticket:
+                del self._tickets[tid]
+            if held:
+                gate.give_back()
 
     # -- cancellation and reset -------------------------------------------------
 
