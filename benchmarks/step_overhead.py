@@ -807,7 +807,9 @@ def print_def_over_async(rows: list[DefOverAsync], hop: thread_hop.HopFloor) -> 
     """The ``def - async`` lines, and whether each stays within one hop + the margin."""
     print(
         f"one thread hop (loop -> thread -> loop, benchmarks/thread_hop.py, this run): "
-        f"wall {hop.wall_us:.1f} µs, CPU {hop.cpu_us:.1f} µs"
+        f"wall {hop.wall_us:.1f} µs, CPU {hop.cpu_us:.1f} µs; carrying "
+        f"{hop.busy_work_us:.0f} µs of Python work, over that work on the loop: "
+        f"wall {hop.busy_wall_us:.1f} µs, CPU {hop.busy_cpu_us:.1f} µs"
     )
     ok = True
     for r in rows:

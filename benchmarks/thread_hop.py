@@ -92,10 +92,48 @@ async def _executor_hops(pool: Executor, n: int) -> float:
 @dataclass(frozen=True)
 class HopFloor:
     """One hop as the stores make it, µs: wall and the process's CPU time (every
-    thread's), medians of the runs."""
+    thread's), medians of the runs. ``busy_*``: what a hop adds to a call that does
+    ``BUSY_ITEMS`` dict inserts of Python work (~25 µs here, the order of a ``def``
+    tool step's share on its thread), over the same call made on the loop: the
+    thread then wakes into work, and the loop wakes from a real sleep."""
 
     wall_us: float
     cpu_us: float
+    busy_wall_us: float = float("nan")
+    busy_cpu_us: float = float("nan")
+    busy_work_us: float = float("nan")
+
+
+#: Dict inserts a busy hop's call makes (see ``HopFloor``).
+BUSY_ITEMS = 300
+
+
+def _busy() -> int:
+    made: dict[int, str] = {}
+    for i in range(BUSY_ITEMS):
+        made[i] = str(i)
+    return len(made)
+
+
+async def _timed_busy(threads: ToolThreads, n: int) -> tuple[float, float, float]:
+    """A busy call hopped minus the same call inline, wall and CPU µs, and the call's
+    own CPU µs (inline), each over ``n`` calls."""
+    for _ in range(100):
+        await on_thread(threads, _busy)
+    gc.collect()
+    c0, t0 = time.process_time(), time.perf_counter()
+    for _ in range(n):
+        _busy()
+    inline_wall, inline_cpu = time.perf_counter() - t0, time.process_time() - c0
+    c0, t0 = time.process_time(), time.perf_counter()
+    for _ in range(n):
+        await on_thread(threads, _busy)
+    hop_wall, hop_cpu = time.perf_counter() - t0, time.process_time() - c0
+    return (
+        (hop_wall - inline_wall) / n * 1e6,
+        (hop_cpu - inline_cpu) / n * 1e6,
+        inline_cpu / n * 1e6,
+    )
 
 
 async def _timed_hops(threads: ToolThreads, n: int) -> tuple[float, float]:
@@ -111,17 +149,22 @@ async def _timed_hops(threads: ToolThreads, n: int) -> tuple[float, float]:
 def hop_floor(n: int = 5_000, runs: int = 5) -> HopFloor:
     """What one loop -> thread -> loop hop of ``on_thread`` costs on this machine now."""
 
-    async def measured() -> list[tuple[float, float]]:
+    async def measured() -> tuple[list[tuple[float, float]], list[tuple[float, float, float]]]:
         threads = ToolThreads(4, "hop-floor")
         try:
-            return [await _timed_hops(threads, n) for _ in range(runs)]
+            plain = [await _timed_hops(threads, n) for _ in range(runs)]
+            busy = [await _timed_busy(threads, max(1, n // 5)) for _ in range(runs)]
+            return plain, busy
         finally:
             threads.shutdown()
 
-    samples = asyncio.run(measured())
+    samples, busy = asyncio.run(measured())
     return HopFloor(
         wall_us=statistics.median(w for w, _ in samples),
         cpu_us=statistics.median(c for _, c in samples),
+        busy_wall_us=statistics.median(w for w, _, _ in busy),
+        busy_cpu_us=statistics.median(c for _, c, _ in busy),
+        busy_work_us=statistics.median(k for _, _, k in busy),
     )
 
 
@@ -161,6 +204,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"  {name:18s} {us:8.2f}")
     floor = hop_floor(args.hops, args.runs)
     print(f"on_thread: wall {floor.wall_us:.2f} µs, CPU {floor.cpu_us:.2f} µs (every thread's)")
+    print(
+        f"on_thread carrying {floor.busy_work_us:.1f} µs of Python work, over the same work "
+        f"on the loop: wall {floor.busy_wall_us:.2f} µs, CPU {floor.busy_cpu_us:.2f} µs"
+    )
 
 
 if __name__ == "__main__":
