@@ -10,6 +10,7 @@ import logging
 import subprocess
 import sys
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from suite_paths import CHILDREN
 
 import turnkit
 from turnkit.server import Principal, ServerLimits, SessionAccess, ops_app
+from turnkit.server._body_limit import DRAIN_BYTES
 from turnkit.slack import slack_channel
 from turnkit.stores import SqliteStore
 from turnkit.testing import ScriptedModel
@@ -56,7 +58,9 @@ def db_of(runtime: turnkit.Runtime) -> Path:
 
 async def raw_request(url: str, head: str, body: bytes = b"", *, close: bool = False) -> bytes:
     """Send ``head`` (the request line and headers) and ``body`` over a raw socket;
-    the answer up to EOF, or nothing when ``close`` hangs up right after sending."""
+    the answer (its head, and its body by ``Content-Length``, else up to EOF: a
+    refusal's connection may stay open while the server drains the rest of a body
+    this client never sends), or nothing when ``close`` hangs up right after sending."""
     host, port = url.removeprefix("http://").split(":")
     reader, writer = await asyncio.open_connection(host, int(port))
     writer.write(head.replace("\n", "\r\n").encode() + b"\r\n" + body)
@@ -65,9 +69,18 @@ async def raw_request(url: str, head: str, body: bytes = b"", *, close: bool = F
         writer.close()
         return b""
     try:
-        return await asyncio.wait_for(reader.read(), 20)
+        return await asyncio.wait_for(read_answer(reader), 20)
     finally:
         writer.close()
+
+
+async def read_answer(reader: asyncio.StreamReader) -> bytes:
+    head = await reader.readuntil(b"\r\n\r\n")
+    for line in head.split(b"\r\n"):
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            return head + await reader.readexactly(int(value))
+    return head + await reader.read()
 
 
 async def over_cap(url: str, path: str, cap: int, *, declared: bool) -> tuple[int, bytes]:
@@ -206,6 +219,101 @@ def peak_rss(pid: int) -> int:
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) * 1024
     raise AssertionError("no VmHWM in /proc/<pid>/status")
+
+
+# -- a refused body's answer reaches a client that sends all of its body first --------
+
+
+@asynccontextmanager
+async def served_by(server: str, tmp_path: Path, cap: int) -> AsyncIterator[str]:
+    """The HTTP app with bodies capped at ``cap`` bytes, served by hypercorn (in this
+    process, as ``turnkit dev`` serves) or uvicorn (in a child process); its URL."""
+    if server.startswith("hypercorn"):
+        store = SqliteStore(tmp_path / "t.db")
+        limits = ServerLimits(max_body_bytes=cap)
+        async with (
+            turnkit.Runtime([echo_agent()], store=store) as rt,
+            serving(rt, limits=limits) as served,
+        ):
+            yield served.url
+        return
+    child = subprocess.Popen(
+        [sys.executable, str(CHILDREN / "uvicorn_app_child.py"), str(tmp_path / "t.db"), str(cap)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None
+        port = int(await asyncio.wait_for(asyncio.to_thread(child.stdout.readline), 60))
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        child.kill()
+        child.wait(10)
+
+
+def counted(total: int, piece: int) -> tuple[AsyncIterator[bytes], list[int]]:
+    """A chunked body of ``total`` bytes (no Content-Length), and the count of bytes
+    handed to the client so far."""
+    sent = [0]
+
+    async def pieces() -> AsyncIterator[bytes]:
+        while sent[0] < total:
+            yield b"x" * piece
+            sent[0] += piece
+
+    return pieces(), sent
+
+
+@pytest.mark.parametrize("declared", [False, True], ids=["chunked", "content-length"])
+@pytest.mark.parametrize("server", ["hypercorn", "hypercorn-http2", "uvicorn"])
+async def test_a_body_over_the_cap_gets_its_413_on_a_real_server(
+    server: str, declared: bool, tmp_path: Path
+) -> None:
+    """httpx sends all of a body before it reads the answer. Refused at the cap, the
+    rest of the body must still be read (and dropped) before the answer ends: hypercorn
+    closes the connection when a response ends with the request still arriving, and
+    the bytes that then arrive make the kernel reset the connection, so the client
+    reads the reset instead of the 413 (over HTTP/2, hypercorn fails on data for a
+    stream it has closed and drops the connection)."""
+    cap = 16 * 1024
+    http2 = server.endswith("http2")  # (prior knowledge: no TLS here)
+    async with (
+        served_by(server, tmp_path, cap) as url,
+        httpx.AsyncClient(base_url=url, timeout=30, http1=not http2, http2=http2) as client,
+    ):
+        body = b"x" * (256 * 1024) if declared else counted(256 * 1024, 16 * 1024)[0]
+        reply = await client.post(
+            "/agents/shop/sessions/s1/turns",
+            content=body,
+            headers={**ALICE, "Content-Type": "application/json"},
+        )
+        assert ("content-length" in reply.request.headers) == declared
+        assert reply.status_code == 413, reply.text
+        assert reply.json()["code"] == "body_too_large"
+        assert f"the limit of {cap} bytes" in reply.json()["error"]
+        assert reply.http_version == ("HTTP/2" if http2 else "HTTP/1.1")
+        # An HTTP/1 connection with a refused body on it carries no other request.
+        assert reply.headers.get("connection") == (None if http2 else "close")
+        listed = await client.get("/agents/shop/sessions", headers=ALICE)
+        assert listed.status_code == 200 and listed.json()["sessions"] == []
+
+
+@pytest.mark.parametrize("server", ["hypercorn", "uvicorn"])
+async def test_a_refused_body_is_read_only_a_bounded_way_past_the_cap(
+    server: str, tmp_path: Path
+) -> None:
+    """What the server drops after a refusal is bounded (``DRAIN_BYTES``): a client
+    sending on and on is cut off, not read to its end."""
+    cap = 16 * 1024
+    body, sent = counted(64 * MiB, 64 * 1024)
+    async with (
+        served_by(server, tmp_path, cap) as url,
+        httpx.AsyncClient(base_url=url, timeout=30) as client,
+    ):
+        with pytest.raises(httpx.TransportError):
+            await client.post("/agents/shop/sessions/s1/turns", content=body, headers=ALICE)
+    # What the server read, plus what the sockets' buffers took in before the reset.
+    assert sent[0] < DRAIN_BYTES + 16 * MiB, sent[0]
 
 
 # -- item 7: a client hanging up mid-body is a debug line, not an ERROR traceback -------

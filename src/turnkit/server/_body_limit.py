@@ -6,11 +6,22 @@ is answered 413 without reading a byte of the body, and a body sent without one
 (chunked) is cut off at the cap. An unauthenticated caller can so never make the
 server hold more than the cap per request, whatever the route does with the body.
 A client that hangs up mid-body is not an error of the server's: one debug line.
+
+The refusal is sent at once, but before it ends, the rest of the body is read and
+thrown away, up to ``DRAIN_BYTES`` for at most ``DRAIN_SECONDS``: hypercorn closes
+an HTTP/1 connection as soon as a response ends while the request is still
+arriving, and the kernel answers bytes that arrive on a closed socket with a
+reset, which discards the answer before a client that sends its whole body first
+(httpx, requests) reads it; over HTTP/2 it drops the connection on data for a
+stream it has closed. Drained, the close is orderly; past the bounds the
+connection is cut off, so no caller can make the server read without end.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections.abc import Callable
 
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
@@ -21,6 +32,12 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from .._errors import ConfigurationError
 
 log = logging.getLogger("turnkit.server")
+
+#: How much of a refused body is read past the refusal and thrown away, so that the
+#: connection closes in order and the client reads the 413 (see the module's text).
+DRAIN_BYTES = 1024 * 1024
+#: How long that reading may take, in all; a client that stalls is cut off then.
+DRAIN_SECONDS = 5.0
 
 
 class BodyTooLarge(HTTPException):
@@ -33,7 +50,8 @@ class BodyTooLarge(HTTPException):
 
 class BodyLimit:
     """ASGI middleware: refuse bodies over ``max_bytes`` with 413 before reading past
-    the cap, and log a client's disconnect mid-body at debug level."""
+    the cap, drain a bounded rest of a refused body before the refusal ends, and log
+    a client's disconnect mid-body at debug level."""
 
     def __init__(self, app: ASGIApp, *, max_bytes: int) -> None:
         if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
@@ -45,34 +63,78 @@ class BodyLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        # The header is HTTP/1's (later versions forbid it and end a stream alone).
+        http1 = scope.get("http_version", "1.1") in ("1.0", "1.1")
         declared = Headers(scope=scope).get("content-length")
         # The HTTP server refuses a malformed Content-Length itself; only size matters.
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
             refusal = JSONResponse(
                 {"error": BodyTooLarge(self.max_bytes).detail, "code": "body_too_large"},
                 status_code=413,
-                # The unread body stays on the socket: this connection cannot carry
-                # another request.
-                headers={"Connection": "close"},
             )
-            await refusal(scope, receive, send)
+            # Answered before a byte of the body is read; the drain after the answer
+            # only helps when all of the body fits in it.
+            drains = int(declared) <= DRAIN_BYTES
+            ending = _ending(send, receive, lambda: True, drain=drains, close=http1)
+            await refusal(scope, receive, ending)
             return
         received = 0
+        cut = False  # the body passed the cap before it all arrived
 
         async def limited() -> Message:
-            nonlocal received
+            nonlocal received, cut
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > self.max_bytes:
+                    cut = bool(message.get("more_body", False))
                     raise BodyTooLarge(self.max_bytes)
             return message
 
         try:
-            await self.app(scope, limited, send)
+            await self.app(scope, limited, _ending(send, receive, lambda: cut, close=http1))
         except ClientDisconnect:
             log.debug(
                 "%s %s: the client went away before its body arrived",
                 scope.get("method"),
                 scope.get("path"),
             )
+
+
+def _ending(
+    send: Send, receive: Receive, unread: Callable[[], bool], *, drain: bool = True, close: bool
+) -> Send:
+    """``send``, except that once ``unread()`` (a refused body is still arriving) the
+    response's last message waits until the rest is drained (with ``drain``), and with
+    ``close`` (HTTP/1) the response says the connection closes after it: what is
+    left unread past the drain's bounds would be taken for the next request."""
+
+    async def sending(message: Message) -> None:
+        if not unread():
+            await send(message)
+        elif close and message["type"] == "http.response.start":
+            headers = [(k, v) for k, v in message.get("headers", []) if k.lower() != b"connection"]
+            await send({**message, "headers": [*headers, (b"connection", b"close")]})
+        elif drain and message["type"] == "http.response.body" and not message.get("more_body"):
+            await send({**message, "more_body": True})
+            await _drain(receive)
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        else:
+            await send(message)
+
+    return sending
+
+
+async def _drain(receive: Receive) -> None:
+    """Read and throw away the rest of a request's body, within the bounds."""
+    drained = 0
+    try:
+        async with asyncio.timeout(DRAIN_SECONDS):
+            while drained <= DRAIN_BYTES:
+                message = await receive()
+                if message["type"] != "http.request" or not message.get("more_body", False):
+                    return
+                drained += len(message.get("body", b""))
+    except TimeoutError:
+        pass
+    log.debug("a refused body went on past %d bytes or %g s: cut off", DRAIN_BYTES, DRAIN_SECONDS)
