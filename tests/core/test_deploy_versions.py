@@ -5,21 +5,20 @@ previous release's schema with an old node running turns through the migration."
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sqlite3
 import subprocess
 import sys
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 from cli_support import OFFLINE_ENV
+from cli_support import turnkit as turnkit_cli
 from eventually import eventually
 from suite_paths import FIXTURES, ROOT
+from worker_support import pg_node, pg_worker
 
 import turnkit
 from turnkit import ToolContext, UserMessage, tool
@@ -59,31 +58,6 @@ def versioned(version: str, *, ask: bool = False, keep_ask: bool = True) -> turn
     )
 
 
-@asynccontextmanager
-async def worker(
-    dsn: str, schema: str, agent: turnkit.Agent, serve: list[str] | None
-) -> AsyncIterator[turnkit.Worker]:
-    """A ``Worker`` in a runtime of its own, on a store of its own, running until the
-    block ends."""
-    store = PostgresStore(dsn, schema=schema, busy_timeout=30.0)
-    async with turnkit.Runtime(agent, store=store) as rt:
-        w = turnkit.Worker(rt, poll=0.2, serve_versions=serve)
-        running = asyncio.ensure_future(w.run())
-        try:
-            yield w
-        finally:
-            w.stop()
-            await asyncio.wait_for(running, 30)
-
-
-@asynccontextmanager
-async def node(dsn: str, schema: str, agent: turnkit.Agent) -> AsyncIterator[turnkit.RuntimeClient]:
-    """An HTTP node's runtime: it stores turns, workers run them."""
-    store = PostgresStore(dsn, schema=schema, busy_timeout=30.0)
-    async with turnkit.RuntimeClient(agent, store=store) as rt:
-        yield rt
-
-
 async def statuses(rt: turnkit.Runtime, turns: dict[str, str]) -> dict[str, str]:
     found = {}
     for session, turn_id in turns.items():
@@ -96,14 +70,14 @@ async def test_old_and_new_workers_each_take_only_their_versions(
     pg_dsn: str, pg_schema: str
 ) -> None:
     v1, v2 = versioned("v1"), versioned("v2")
-    async with node(pg_dsn, pg_schema, v1) as old, node(pg_dsn, pg_schema, v2) as new:
+    async with pg_node(pg_dsn, pg_schema, v1) as old, pg_node(pg_dsn, pg_schema, v2) as new:
         turns: dict[str, str] = {}
         for n in range(6):  # interleaved, so the queue holds both at once
             turns[f"old-{n}"] = await old.session("a", f"old-{n}").submit(f"hi {n}")
             turns[f"new-{n}"] = await new.session("a", f"new-{n}").submit(f"hi {n}")
         async with (
-            worker(pg_dsn, pg_schema, v1, ["v1"]) as w1,
-            worker(pg_dsn, pg_schema, v2, ["v2"]) as w2,
+            pg_worker(pg_dsn, pg_schema, v1, serve_versions=["v1"]) as w1,
+            pg_worker(pg_dsn, pg_schema, v2, serve_versions=["v2"]) as w2,
         ):
 
             async def all_done() -> bool:
@@ -125,11 +99,11 @@ async def test_turns_of_a_version_nobody_serves_are_counted_until_a_worker_takes
     pg_dsn: str, pg_schema: str
 ) -> None:
     v1, v2 = versioned("v1"), versioned("v2")
-    async with node(pg_dsn, pg_schema, v1) as old:
+    async with pg_node(pg_dsn, pg_schema, v1) as old:
         store = old.store
         assert isinstance(store, PostgresStore)
         metrics = metrics_for(old)
-        async with worker(pg_dsn, pg_schema, v2, ["v2"]) as w2:
+        async with pg_worker(pg_dsn, pg_schema, v2, serve_versions=["v2"]) as w2:
             await eventually(lambda: _registered(store), what="the v2 worker to register")
             turn_id = await old.session("a", "waits").submit("left over")
             assert await store.unserved_turns() == [("a", "v1", 1)]
@@ -137,7 +111,7 @@ async def test_turns_of_a_version_nobody_serves_are_counted_until_a_worker_takes
             assert 'turnkit_turns_unserved{agent="a",version="v1"} 1.0' in text
             assert w2.claimed == 0
         # A new worker that also serves v1 takes it on, and runs it as v2.
-        async with worker(pg_dsn, pg_schema, v2, ["v1", "v2"]):
+        async with pg_worker(pg_dsn, pg_schema, v2, serve_versions=["v1", "v2"]):
 
             async def done() -> bool:
                 record = await store.session("waits").turn(turn_id)
@@ -170,10 +144,10 @@ async def test_a_held_turn_drains_on_a_worker_of_its_own_version(
 ) -> None:
     v1 = versioned("v1", ask=True)
     v2 = versioned("v2", ask=True, keep_ask=False)  # the tool the turn called is gone
-    async with node(pg_dsn, pg_schema, v1) as old:
+    async with pg_node(pg_dsn, pg_schema, v1) as old:
         session = old.session("a", "parked")
         turn_id = await session.submit("the refund")
-        async with worker(pg_dsn, pg_schema, v1, ["v1"]):
+        async with pg_worker(pg_dsn, pg_schema, v1, serve_versions=["v1"]):
 
             async def parked() -> bool:
                 record = await session._store.turn(turn_id)
@@ -183,7 +157,7 @@ async def test_a_held_turn_drains_on_a_worker_of_its_own_version(
         # v1's workers are gone; the answer comes in and a v2 worker (serving every
         # version) meets the turn: it holds it.
         await session.resume(turn_id, "ok", "yes")
-        async with worker(pg_dsn, pg_schema, v2, None) as w2:
+        async with pg_worker(pg_dsn, pg_schema, v2) as w2:
 
             async def held() -> bool:
                 record = await session._store.turn(turn_id)
@@ -195,7 +169,7 @@ async def test_a_held_turn_drains_on_a_worker_of_its_own_version(
         assert record is not None and record.status == "suspended"
         assert "'approve'" in (record.error or "") and record.version == "v1"
         # A v1 worker brought back to drain its turns sweeps for held ones and runs it.
-        async with worker(pg_dsn, pg_schema, v1, ["v1"]):
+        async with pg_worker(pg_dsn, pg_schema, v1, serve_versions=["v1"]):
 
             async def done() -> bool:
                 record = await session._store.turn(turn_id)
@@ -408,17 +382,6 @@ async def test_an_upgrade_from_the_previous_schema_loses_nothing_while_both_node
 
 
 # -- turnkit migrate -----------------------------------------------------------------
-
-
-def turnkit_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "turnkit.cli", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**OFFLINE_ENV, "PYTHONPATH": str(ROOT / "src")},
-    )
 
 
 async def test_turnkit_migrate_checks_and_applies_on_sqlite(tmp_path: Path) -> None:

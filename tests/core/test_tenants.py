@@ -8,13 +8,12 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 from collections import Counter
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import psycopg
 import pytest
 from eventually import eventually
+from worker_support import pg_node, pg_worker
 
 import turnkit
 from turnkit import ToolContext, UserMessage, tool
@@ -52,29 +51,6 @@ class Gate:
         return turnkit.Agent(
             name="t", model=ScriptedModel(respond=reply, record_calls=False), tools=[work]
         )
-
-
-@asynccontextmanager
-async def worker(
-    dsn: str, schema: str, agent: turnkit.Agent, caps: turnkit.Concurrency, slots: int = 8
-) -> AsyncIterator[turnkit.Worker]:
-    """A ``Worker`` in a runtime of its own, on a store (and connections) of its own."""
-    store = PostgresStore(dsn, schema=schema, busy_timeout=30.0)
-    async with turnkit.Runtime(agent, store=store, concurrency=caps) as rt:
-        w = turnkit.Worker(rt, poll=0.2, concurrency=slots)
-        running = asyncio.ensure_future(w.run())
-        try:
-            yield w
-        finally:
-            w.stop()
-            await asyncio.wait_for(running, 30)
-
-
-@asynccontextmanager
-async def node(dsn: str, schema: str, agent: turnkit.Agent) -> AsyncIterator[turnkit.RuntimeClient]:
-    store = PostgresStore(dsn, schema=schema, busy_timeout=30.0)
-    async with turnkit.RuntimeClient(agent, store=store) as rt:
-        yield rt
 
 
 async def test_a_submitted_turn_is_stored_with_its_tenant_on_every_store(tmp_path: Path) -> None:
@@ -134,15 +110,15 @@ async def test_claims_are_fair_across_tenants_and_capped_across_workers(
     gate = Gate()
     agent = gate.agent()
     caps = turnkit.Concurrency(per_tenant=3)
-    async with node(pg_dsn, pg_schema, agent) as rt:
+    async with pg_node(pg_dsn, pg_schema, agent) as rt:
         turns = []
         for tenant, n in (("A", 12), ("B", 2), ("C", 2)):
             for i in range(n):
                 s = rt.session("t", f"{tenant}{i}")
                 turns.append((tenant, s, await s.submit(tenant, tenant=tenant)))
         async with (
-            worker(pg_dsn, pg_schema, agent, caps) as w1,
-            worker(pg_dsn, pg_schema, agent, caps) as w2,
+            pg_worker(pg_dsn, pg_schema, agent, caps=caps) as w1,
+            pg_worker(pg_dsn, pg_schema, agent, caps=caps) as w2,
         ):
 
             async def busy() -> bool:
@@ -174,7 +150,7 @@ async def test_a_claim_goes_round_the_tenants_least_served_first(
     a claim of 5 takes B's and C's oldest beside A's; then, with A running 2 and B
     and C 1 each, the next claim of 2 takes B's and C's second turns, not A's third."""
     agent = turnkit.Agent(name="t", model=ScriptedModel(respond=lambda m: "hi"))
-    async with node(pg_dsn, pg_schema, agent) as rt:
+    async with pg_node(pg_dsn, pg_schema, agent) as rt:
         for tenant, n in (("A", 10), ("B", 3), ("C", 3)):
             for i in range(n):
                 await rt.session("t", f"{tenant}{i}").submit(tenant, tenant=tenant)

@@ -7,11 +7,9 @@ fast (``RateLimit(window=...)``)."""
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
-from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +17,7 @@ import pytest
 from eventually import eventually
 from fakes import openai_wire as wire
 from fakes.server import Canned, FakeProvider
+from worker_support import pg_worker
 
 import turnkit
 from turnkit import RateLimit
@@ -102,21 +101,6 @@ async def test_a_runtime_keeps_its_model_calls_under_the_limit(tmp_path: Path) -
     assert waited, "no turn waited on the limit"
 
 
-@asynccontextmanager
-async def worker(
-    dsn: str, schema: str, agents: list[turnkit.Agent], limits: list[RateLimit]
-) -> AsyncIterator[turnkit.Worker]:
-    store = PostgresStore(dsn, schema=schema, busy_timeout=30.0)
-    async with turnkit.Runtime(agents, store=store, rate_limits=limits) as rt:
-        w = turnkit.Worker(rt, poll=0.2, concurrency=16)
-        running = asyncio.ensure_future(w.run())
-        try:
-            yield w
-        finally:
-            w.stop()
-            await asyncio.wait_for(running, 30)
-
-
 @pytest.mark.slow
 async def test_three_workers_share_one_limit_and_run_other_turns_meanwhile(
     pg_dsn: str, pg_schema: str
@@ -134,7 +118,9 @@ async def test_three_workers_share_one_limit_and_run_other_turns_meanwhile(
             AsyncExitStack() as stack,
         ):
             for _ in range(3):
-                await stack.enter_async_context(worker(pg_dsn, pg_schema, agents, limits))
+                await stack.enter_async_context(
+                    pg_worker(pg_dsn, pg_schema, agents, rate_limits=limits, slots=16)
+                )
             slow, free = [], []
             for i in range(20):
                 s = node.session("slow", f"slow{i}")

@@ -17,6 +17,7 @@ from datetime import timedelta
 import pytest
 from cells_support import CellPlaces, by_region, places, second_database
 from eventually import eventually
+from worker_support import running
 
 import turnkit
 from turnkit import (
@@ -56,15 +57,8 @@ async def workers(
         for _ in range(n):
             store = places.cells(by_region, relay_events=False, **options)
             rt = await stack.enter_async_context(turnkit.Runtime(agent, store=store, budget=budget))
-            w = turnkit.Worker(rt, poll=0.2, concurrency=4)
-            task = asyncio.ensure_future(w.run())
-            stack.push_async_callback(_stopped, w, task)
+            await stack.enter_async_context(running(turnkit.Worker(rt, poll=0.2, concurrency=4)))
         yield
-
-
-async def _stopped(w: turnkit.Worker, task: asyncio.Future[None]) -> None:
-    w.stop()
-    await asyncio.wait_for(task, 30)
 
 
 def test_the_default_placement_is_a_stable_hash_that_a_new_cell_disturbs_little() -> None:
