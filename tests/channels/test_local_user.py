@@ -13,10 +13,16 @@ from typing import Any
 
 import httpx
 import pytest
-from cli_support import OFFLINE_ENV, turnkit, turnkit_with_input, write_agent
+from cli_support import (
+    OFFLINE_ENV,
+    start_dev,
+    stop,
+    turnkit,
+    turnkit_with_input,
+    write_agent,
+)
 from server_support import by_header, serving
 from starlette.requests import Request
-from test_dev_server import start_dev, stop
 
 import turnkit as tk
 from turnkit import InboundEvent, User

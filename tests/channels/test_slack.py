@@ -5,8 +5,6 @@ and inbound requests are signed with a test secret exactly as Slack signs them."
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import hmac
 import json
 import logging
 import time
@@ -15,15 +13,14 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlencode
+from urllib.parse import urlencode
 
 import httpx
 import pytest
 from eventually import eventually
 from server_support import serve_app
+from slack_support import SECRET, FakeSlack, mention, signed
 from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from suite_paths import ROOT
 
@@ -36,53 +33,6 @@ pytest.importorskip("slack_sdk")
 from turnkit.slack import session_of, slack_channel
 
 SLACK_CODE = Path(turnkit.slack.__file__).parent
-
-SECRET = "test-signing-secret"
-
-
-@dataclass
-class FakeSlack:
-    """The Web API methods the channel uses, recording each call in order."""
-
-    calls: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
-    #: How many of the next ``chat.update`` calls answer 429 with Retry-After: 1.
-    rate_limited: int = 0
-    #: An error every ``chat.postMessage`` answers with (``channel_not_found``…).
-    post_error: str | None = None
-    #: An error every ``chat.update`` answers with (``token_revoked``…).
-    update_error: str | None = None
-    #: The ``ts`` of each message posted, in order.
-    posted: list[str] = field(default_factory=list)
-    #: When the last call came (``time.monotonic()``).
-    last_call: float = 0.0
-    _next_ts: int = 1000
-
-    async def handle(self, request: Request) -> Response:
-        method = request.path_params["method"]
-        raw = await request.body()
-        if request.headers.get("content-type", "").startswith("application/json"):
-            args = json.loads(raw or b"{}")
-        else:
-            args = {k: v[0] for k, v in parse_qs(raw.decode()).items()}
-        self.calls.append((method, args))
-        self.last_call = time.monotonic()
-        if method == "chat.update" and self.rate_limited:
-            self.rate_limited -= 1
-            return JSONResponse(
-                {"ok": False, "error": "ratelimited"}, status_code=429, headers={"Retry-After": "1"}
-            )
-        if method == "chat.postMessage" and self.post_error:
-            return JSONResponse({"ok": False, "error": self.post_error})
-        if method == "chat.update" and self.update_error:
-            return JSONResponse({"ok": False, "error": self.update_error})
-        self._next_ts += 1
-        ts = f"{self._next_ts}.000"
-        if method == "chat.postMessage":
-            self.posted.append(ts)
-        return JSONResponse({"ok": True, "ts": ts, "channel": "C1"})
-
-    def of(self, method: str) -> list[dict[str, Any]]:
-        return [args for m, args in self.calls if m == method]
 
 
 def slack_at_work() -> bool:
@@ -114,13 +64,6 @@ async def slack_done() -> None:
         what="the Slack channel's background work ended",
         timeout=RENDERING,
     )
-
-
-def signed(body: bytes, *, secret: str = SECRET, at: int | None = None) -> dict[str, str]:
-    timestamp = str(int(time.time()) if at is None else at)
-    base = b"v0:" + timestamp.encode() + b":" + body
-    signature = "v0=" + hmac.new(secret.encode(), base, hashlib.sha256).hexdigest()
-    return {"X-Slack-Request-Timestamp": timestamp, "X-Slack-Signature": signature}
 
 
 def ops_agent(gate: asyncio.Event | None = None) -> turnkit.Agent:
@@ -611,16 +554,7 @@ async def test_the_slack_example_serves_the_ops_agent_next_to_its_page(tmp_path:
             serve_app(page) as page_url,
             httpx.AsyncClient(timeout=30) as client,
         ):
-            event = {
-                "type": "app_mention",
-                "user": "U1",
-                "channel": "C1",
-                "ts": "7.7",
-                "text": "<@B1> order 2 blue widgets",
-            }
-            body = json.dumps(
-                {"type": "event_callback", "team_id": "T1", "event_id": "Ex1", "event": event}
-            ).encode()
+            body = mention("order 2 blue widgets", event_id="Ex1")
             headers = {**signed(body), "Content-Type": "application/json"}
             reply = await client.post(f"{public_url}/slack/events", content=body, headers=headers)
             assert reply.status_code == 200

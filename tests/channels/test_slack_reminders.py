@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 from eventually import eventually
 from server_support import serve_app
-from test_slack import SESSION, FakeSlack, Stage, staged
+from slack_support import FakeSlack
+from test_slack import SESSION, Stage, staged
 
 import turnkit
 from turnkit import ToolContext, tool

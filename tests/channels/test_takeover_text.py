@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 from httpx_sse import aconnect_sse
 from server_support import serving
-from suite_paths import FIXTURES
+from streaming_support import STREAMING_AGENT, slow_pieces, start_streaming_worker
 
 import turnkit
 from turnkit.slack._pacing import EditPacer
@@ -131,37 +130,13 @@ async def test_a_worker_killed_mid_reply_shows_no_word_twice_on_the_http_node(
     worker takes the turn over and streams the step from its start. The node's
     stream tells the attempts apart, so a client applying the rule shows every
     piece once, and the logged reply is whole."""
-    from cli_support import OFFLINE_ENV
-    from test_event_relay import slow_pieces
-
-    folder = FIXTURES / "streaming_agent"
-    pieces = slow_pieces(folder)
-    env = {**OFFLINE_ENV, "PYTHONUNBUFFERED": "1", "TURNKIT_TEST_HOLD_DIR": str(tmp_path)}
+    pieces = slow_pieces()
 
     def start_worker() -> subprocess.Popen[str]:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "turnkit.cli",
-                "worker",
-                str(folder),
-                "--store",
-                f"{pg_dsn}?options=-csearch_path%3D{pg_schema}",
-                "--poll",
-                "0.2",
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-            env=env,
-        )
-        assert proc.stdout is not None
-        assert proc.stdout.readline().startswith("turnkit worker: running streaming")
-        return proc
+        return start_streaming_worker(pg_dsn, pg_schema, tmp_path, "--poll", "0.2")
 
     store = PostgresStore(pg_dsn, schema=pg_schema)
-    runtime = turnkit.RuntimeClient(turnkit.load_agent(folder), store=store)
+    runtime = turnkit.RuntimeClient(turnkit.load_agent(STREAMING_AGENT), store=store)
     workers: list[subprocess.Popen[str]] = []
     frames: list[dict[str, Any]] = []
     async with runtime, serving(runtime) as served:

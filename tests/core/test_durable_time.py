@@ -16,69 +16,22 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from durable_time_support import (
+    HOUR,
+    asking_agent,
+    calls_tool,
+    ended,
+    fire,
+    flaky_agent,
+    parked,
+)
 from eventually import eventually
 from suite_paths import CHILDREN
 
 import turnkit
-from turnkit import Expiry, ToolContext, ToolMessage, UserMessage, tool
+from turnkit import Expiry, ToolContext, tool
 from turnkit.stores import parked_turn
-from turnkit.testing import RecordingSink, ScriptedModel, ScriptedReply, tool_call
-
-APPROVAL = {
-    "type": "object",
-    "properties": {"approved": {"type": "boolean"}},
-    "required": ["approved"],
-}
-HOUR = 3600.0
-
-
-def asking_agent(answers: list[Any], **ask: Any) -> turnkit.Agent:
-    """An agent whose one tool asks ``ok`` with ``ask``'s deadline options."""
-
-    @tool
-    async def approve(order_id: str, ctx: ToolContext) -> dict[str, Any]:
-        """Approve an order once a person says so."""
-        answer = await ctx.request_input("ok", f"Approve {order_id}?", schema=APPROVAL, **ask)
-        answers.append(answer)
-        return {"approved": answer["approved"]}
-
-    return turnkit.Agent(
-        name="a", model=ScriptedModel(respond=_respond("approve")), tools=[approve]
-    )
-
-
-def _respond(name: str, **args: Any) -> Any:
-    def respond(messages: Any) -> Any:
-        last = messages[-1]
-        if isinstance(last, UserMessage):
-            return ScriptedReply(tool_calls=[tool_call(name, {"order_id": last.text, **args})])
-        if isinstance(last, ToolMessage):
-            return f"done: {last.result}"
-        return "?"
-
-    return respond
-
-
-async def parked(session: turnkit.AgentSession, text: str = "o-1") -> turnkit.TurnResult:
-    result = await session.result(session.start(text))
-    assert result.status == "suspended", result
-    return result
-
-
-async def fire(runtime: turnkit.Runtime, at: float) -> int:
-    """Fire what is due at ``at`` (seconds since the epoch), as the loop would then."""
-    return await runtime.timers.fire_due(runtime.store, now=at)  # type: ignore[arg-type]
-
-
-async def ended(session: turnkit.AgentSession, turn_id: str, timeout: float = 20) -> Any:
-    """The turn's result once it has ended, however many deliveries that takes."""
-
-    async def over() -> bool:
-        record = await session._store.turn(turn_id)
-        return record is not None and record.status in ("completed", "failed", "cancelled")
-
-    await eventually(over, what=f"turn {turn_id} ended", timeout=timeout)
-    return await session.result(turn_id)
+from turnkit.testing import RecordingSink, ScriptedModel
 
 
 async def ended_or_parked(
@@ -171,7 +124,7 @@ async def test_a_default_answer_that_is_a_keyword_is_given_as_an_expiry(
         answers.append(word)
         return str(word)
 
-    agent = turnkit.Agent(name="a", model=ScriptedModel(respond=_respond("pick")), tools=[pick])
+    agent = turnkit.Agent(name="a", model=ScriptedModel(respond=calls_tool("pick")), tools=[pick])
     runtime = await open_runtime(agent)
     session = runtime.session("a", "s1")
     result = await parked(session)
@@ -277,7 +230,7 @@ def sleeping_agent(done: list[str], seconds: float) -> turnkit.Agent:
         done.append(order_id)
         return "done"
 
-    return turnkit.Agent(name="a", model=ScriptedModel(respond=_respond("later")), tools=[later])
+    return turnkit.Agent(name="a", model=ScriptedModel(respond=calls_tool("later")), tools=[later])
 
 
 async def test_a_short_sleep_resumes_the_turn_by_itself(
@@ -331,7 +284,7 @@ async def test_sleep_until_a_past_instant_returns_after_one_park(open_runtime: A
         done.append(order_id)
         return "done"
 
-    agent = turnkit.Agent(name="a", model=ScriptedModel(respond=_respond("later")), tools=[later])
+    agent = turnkit.Agent(name="a", model=ScriptedModel(respond=calls_tool("later")), tools=[later])
     runtime = await open_runtime(agent)
     session = runtime.session("a", "s1")
     turn_id = session.start("o-1")
@@ -340,20 +293,6 @@ async def test_sleep_until_a_past_instant_returns_after_one_park(open_runtime: A
 
 
 # -- durable retries -----------------------------------------------------------------
-
-
-def flaky_agent(calls: list[str], fail: int, **options: Any) -> turnkit.Agent:
-    """An agent whose tool fails its first ``fail`` runs with a passing error."""
-
-    @tool(**options)
-    async def fetch(order_id: str) -> str:
-        """Fetch an order from a service that is sometimes down."""
-        calls.append(order_id)
-        if len(calls) <= fail:
-            raise ConnectionError(f"service down ({len(calls)})")
-        return f"order {order_id}"
-
-    return turnkit.Agent(name="a", model=ScriptedModel(respond=_respond("fetch")), tools=[fetch])
 
 
 async def test_a_failed_call_waits_durably_and_runs_again(
@@ -416,7 +355,7 @@ async def test_a_retryable_error_waits_its_retry_after_in_a_plain_def_tool(
             raise turnkit.RetryableError("rate limited", retry_after=2 * HOUR)
         return "42"
 
-    agent = turnkit.Agent(name="a", model=ScriptedModel(respond=_respond("quote")), tools=[quote])
+    agent = turnkit.Agent(name="a", model=ScriptedModel(respond=calls_tool("quote")), tools=[quote])
     runtime = await open_runtime(agent)
     session = runtime.session("a", "s1")
     first = await session.result(session.start("o-1"))

@@ -9,7 +9,6 @@ another, its text growing live and each delta in its place among logged events.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import subprocess
 import sys
@@ -25,7 +24,8 @@ from httpx_sse import aconnect_sse
 from psycopg import sql
 from relay_child import PIECES
 from server_support import serving
-from suite_paths import CHILDREN, FIXTURES
+from streaming_support import STREAMING_AGENT, slow_pieces, start_streaming_worker
+from suite_paths import CHILDREN
 
 import turnkit
 from turnkit import MessageDeltaEvent, ReasoningDeltaEvent, TurnCompletedEvent
@@ -387,32 +387,12 @@ async def test_a_feed_places_relayed_deltas_among_the_logged_events() -> None:
 async def test_a_turn_posted_to_an_http_node_streams_a_workers_text_live(
     pg_dsn: str, pg_schema: str, tmp_path: Path
 ) -> None:
-    from cli_support import OFFLINE_ENV
-
-    folder = FIXTURES / "streaming_agent"
-    pieces = slow_pieces(folder)
+    pieces = slow_pieces()
     store = PostgresStore(pg_dsn, schema=pg_schema)
-    runtime = turnkit.RuntimeClient(turnkit.load_agent(folder), store=store)
+    runtime = turnkit.RuntimeClient(turnkit.load_agent(STREAMING_AGENT), store=store)
     async with runtime, serving(runtime) as served:
-        worker = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "turnkit.cli",
-                "worker",
-                str(folder),
-                "--store",
-                f"{pg_dsn}?options=-csearch_path%3D{pg_schema}",
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-            env={**OFFLINE_ENV, "PYTHONUNBUFFERED": "1", "TURNKIT_TEST_HOLD_DIR": str(tmp_path)},
-        )
+        worker = await asyncio.to_thread(start_streaming_worker, pg_dsn, pg_schema, tmp_path)
         try:
-            assert worker.stdout is not None
-            line = await asyncio.to_thread(worker.stdout.readline)
-            assert line.startswith("turnkit worker: running streaming"), line
             frames: list[Any] = []
             path = served.path("streaming", "s1", "turns")
             async with aconnect_sse(
@@ -435,15 +415,6 @@ async def test_a_turn_posted_to_an_http_node_streams_a_workers_text_live(
     assert set(kinds[1:-2]) == {"message.delta"} and live == pieces[: len(live)]
     assert len(live) >= 2
     assert frames[-2]["message"]["text"] == "".join(pieces)
-
-
-def slow_pieces(folder: Path) -> list[str]:
-    """The answer pieces of the streaming test agent (its module's ``PIECES``)."""
-    spec = importlib.util.spec_from_file_location("streaming_agent", folder / "agent.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return list(module.PIECES)
 
 
 async def test_a_role_that_can_only_connect_cannot_forge_or_bloat_the_relay(

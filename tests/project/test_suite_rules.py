@@ -166,3 +166,37 @@ def test_the_layer_folders_are_the_import_path() -> None:
     assert present <= LAYERS | SUPPORT, (
         f"a folder in tests/ that is no layer: {present - LAYERS - SUPPORT}"
     )
+
+
+def cross_layer_imports(path: Path, layer_of: dict[str, str]) -> list[str]:
+    """The test modules of other layers that ``path`` imports from (by module name)."""
+    own = path.relative_to(TESTS).parts[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = (
+            [node.module or ""]
+            if isinstance(node, ast.ImportFrom)
+            else [a.name for a in node.names]
+            if isinstance(node, ast.Import)
+            else []
+        )
+        found += [n for n in names if layer_of.get(n, own) != own]
+    return found
+
+
+def test_a_layer_shares_helpers_through_support_not_through_its_test_modules() -> None:
+    """A helper that tests of two layers use lives in ``tests/support``: a test module
+    never imports another layer's test module (which would also run that module's
+    import-time skips, and tie one layer's tests to another's)."""
+    layer_of = {
+        p.stem: p.relative_to(TESTS).parts[0]
+        for p in TESTS.rglob("test_*.py")
+        if p.relative_to(TESTS).parts[0] in LAYERS
+    }
+    found = [
+        f"{path.relative_to(TESTS)} imports {name}"
+        for path in python_files()
+        if path.relative_to(TESTS).parts[0] in LAYERS
+        for name in cross_layer_imports(path, layer_of)
+    ]
+    assert found == [], "\n".join(found)

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 from console_takeover import Deployment, agent_folder, hold, release, take_over
+from durable_time_support import HOUR, asking_agent, ended, fire, flaky_agent, parked
 from server_support import serving
 from test_console import VIEWER, by_role, operators
-from test_durable_time import HOUR, asking_agent, ended, fire, flaky_agent, parked
 from test_ops import free_port
 
 import turnkit

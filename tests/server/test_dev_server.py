@@ -10,15 +10,14 @@ import logging
 import re
 import signal
 import subprocess
-import sys
 import tomllib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
-from cli_support import OFFLINE_ENV, console_spans, turnkit
+from cli_support import console_spans, start_dev, stop, turnkit
+from slack_support import SECRET, FakeSlack, mention, signed
 from starlette.requests import Request
 from suite_paths import ROOT
 
@@ -32,26 +31,6 @@ from turnkit import (
 )
 from turnkit.server import loopback_only
 from turnkit.server._dev_log import TurnLog
-
-
-def start_dev(
-    *args: str, cwd: Path, env: dict[str, str] | None = None
-) -> tuple[subprocess.Popen[str], str]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "turnkit.cli", "dev", "--port", "0", *args],
-        cwd=cwd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**OFFLINE_ENV, "PYTHONUNBUFFERED": "1", **(env or {})},
-    )
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    found = re.search(r"http://127\.0\.0\.1:\d+/", line)
-    if found is None:
-        proc.kill()
-        raise AssertionError(f"no URL in {line!r}; stderr: {proc.communicate()[1]}")
-    return proc, found.group(0)
 
 
 @pytest.fixture
@@ -176,13 +155,6 @@ def test_dev_finishes_a_turn_a_killed_run_left_open(tmp_path: Path) -> None:
     )
     assert transcript["status"] == "idle"
     assert [m["role"] for m in transcript["messages"]][-2:] == ["tool", "assistant"]
-
-
-def stop(proc: subprocess.Popen[str]) -> str:
-    """Ctrl-C the server; its stderr."""
-    proc.send_signal(signal.SIGINT)
-    assert proc.wait(15) == 130
-    return proc.communicate()[1]
 
 
 def test_dev_logs_a_line_per_request_and_per_turn_ending(tmp_path: Path) -> None:
@@ -370,10 +342,10 @@ def test_the_page_never_writes_html_text_into_the_document() -> None:
 def test_dev_slack_serves_the_agent_in_slack_on_its_own_port(tmp_path: Path) -> None:
     """``turnkit dev --slack``: a signed mention on the Slack port gets the agent's
     reply through the Web API (a local stand-in); each port serves only its own."""
+    pytest.importorskip("slack_sdk")
     from server_support import serve_app_in_thread
     from starlette.applications import Starlette
     from starlette.routing import Route
-    from test_slack import SECRET, FakeSlack, signed
 
     fake = FakeSlack()
     api = Starlette(routes=[Route("/api/{method}", fake.handle, methods=["POST"])])
@@ -385,15 +357,13 @@ def test_dev_slack_serves_the_agent_in_slack_on_its_own_port(tmp_path: Path) -> 
         }
         proc, url = start_dev("--slack", "--slack-port", "0", cwd=tmp_path, env=env)
         try:
-            _mention_on_the_slack_port(proc, url, fake, signed)
+            _mention_on_the_slack_port(proc, url, fake)
         finally:
             proc.kill()
             proc.wait(10)
 
 
-def _mention_on_the_slack_port(
-    proc: subprocess.Popen[str], url: str, fake: Any, signed: Callable[[bytes], dict[str, str]]
-) -> None:
+def _mention_on_the_slack_port(proc: subprocess.Popen[str], url: str, fake: FakeSlack) -> None:
     from eventually import eventually_blocking
 
     assert proc.stdout is not None
@@ -402,16 +372,7 @@ def _mention_on_the_slack_port(
     assert found is not None, line
     assert "/slack/events" in line and "/slack/interactivity" in line
     slack_url = found.group(1)
-    event = {
-        "type": "app_mention",
-        "user": "U1",
-        "channel": "C1",
-        "ts": "7.7",
-        "text": "<@B1> order 2 blue widgets",
-    }
-    body = json.dumps(
-        {"type": "event_callback", "team_id": "T1", "event_id": "Ev1", "event": event}
-    ).encode()
+    body = mention("order 2 blue widgets", event_id="Ev1")
     headers = {**signed(body), "Content-Type": "application/json"}
     with httpx.Client(timeout=30) as client:
         assert (

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,7 @@ from typing import Any
 import pytest
 from frontend_support import NodeClient, StoryModel, node_or_skip, noted, shop_agent
 from server_support import Served, serving
-from suite_paths import FIXTURES
+from streaming_support import STREAMING_AGENT, slow_pieces, start_streaming_worker
 
 import turnkit
 from turnkit.server.aisdk import ai_sdk
@@ -200,29 +199,13 @@ async def test_a_worker_killed_mid_reply_leaves_the_sdk_every_word_once(
     and streams the step again. The part the dead attempt drew is marked superseded,
     and the parts left to show hold the reply once."""
     node_or_skip()
-    from cli_support import OFFLINE_ENV
-    from test_event_relay import slow_pieces
-
-    folder = FIXTURES / "streaming_agent"
-    pieces = slow_pieces(folder)
-    env = {**OFFLINE_ENV, "PYTHONUNBUFFERED": "1", "TURNKIT_TEST_HOLD_DIR": str(tmp_path)}
-    dsn = f"{pg_dsn}?options=-csearch_path%3D{pg_schema}"
+    pieces = slow_pieces()
 
     def start_worker() -> subprocess.Popen[str]:
-        command = [sys.executable, "-m", "turnkit.cli", "worker", str(folder)]
-        proc = subprocess.Popen(
-            [*command, "--store", dsn, "--poll", "0.2"],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-            env=env,
-        )
-        assert proc.stdout is not None
-        assert proc.stdout.readline().startswith("turnkit worker: running streaming")
-        return proc
+        return start_streaming_worker(pg_dsn, pg_schema, tmp_path, "--poll", "0.2")
 
     store = PostgresStore(pg_dsn, schema=pg_schema)
-    runtime = turnkit.RuntimeClient(turnkit.load_agent(folder), store=store)
+    runtime = turnkit.RuntimeClient(turnkit.load_agent(STREAMING_AGENT), store=store)
     workers: list[subprocess.Popen[str]] = []
     async with runtime, serving(runtime, frontends=[ai_sdk()]) as served:
         client = await NodeClient.start(

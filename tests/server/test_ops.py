@@ -14,8 +14,8 @@ import httpx
 import pytest
 from eventually import eventually
 from prometheus_client.parser import text_string_to_metric_families
+from scale_out_support import cluster
 from server_support import serving
-from test_scale_out import cluster
 
 import turnkit
 from turnkit import MessageDeltaEvent

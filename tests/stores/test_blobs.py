@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_erasure import pg_rows_with, sqlite_rows_with
+from erasure_support import pg_rows_with, sqlite_rows_with
 
 import turnkit
 from turnkit import StoreError, ToolContext, ToolMessage, UserMessage, tool

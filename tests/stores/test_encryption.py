@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_erasure import MARK, leave_marks, marked_agent
+from erasure_support import MARK, leave_marks, marked_agent
 
 import turnkit
 from turnkit import Codec, StoreError

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -100,3 +102,31 @@ def console_spans(stderr: str) -> list[dict[str, Any]]:
         spans.append(span)
         at = stderr.find('{\n    "name"', end)
     return spans
+
+
+def start_dev(
+    *args: str, cwd: Path, env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen[str], str]:
+    """``turnkit dev`` on a free port, from ``cwd``: the process and the URL it prints."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "turnkit.cli", "dev", "--port", "0", *args],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**OFFLINE_ENV, "PYTHONUNBUFFERED": "1", **(env or {})},
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    found = re.search(r"http://127\.0\.0\.1:\d+/", line)
+    if found is None:
+        proc.kill()
+        raise AssertionError(f"no URL in {line!r}; stderr: {proc.communicate()[1]}")
+    return proc, found.group(0)
+
+
+def stop(proc: subprocess.Popen[str]) -> str:
+    """Ctrl-C the server; its stderr."""
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(15) == 130
+    return proc.communicate()[1]
