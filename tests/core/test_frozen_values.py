@@ -15,7 +15,7 @@ from turnkit._engine.context import ToolContext
 from turnkit._seams.model import ModelDone, ReasoningDelta, TextDelta
 from turnkit._values.checkpoints import ToolStepResult
 from turnkit._values.events import _EVENT_TYPES, UnknownEvent
-from turnkit._values.frozen import quick_init
+from turnkit._values.frozen import made_clean, quick_init
 
 made: list[int] = []
 
@@ -76,6 +76,32 @@ def test_a_quick_class_is_made_as_its_dataclass_would_make_it() -> None:
         first.a = 2  # type: ignore[misc]
     assert dataclasses.replace(first, b="y") == _Quick(a=1, b="y")
     assert first == _Quick(a=1) and hash(first) == hash(_Quick(a=1))
+
+
+def test_made_clean_builds_the_same_value_without_its_post_init() -> None:
+    build = made_clean(_Quick)
+    before = len(made)
+    value = build(a=-1, b="x")  # __post_init__ would refuse it (and set d)
+    assert len(made) == before + 1  # the factory still runs for a field not given
+    assert list(vars(value)) == [f.name for f in dataclasses.fields(_Quick)]
+    assert vars(value) == {"a": -1, "b": "x", "c": [], "d": 0}
+    assert type(value) is _Quick and build(a=0, c=[1]) == _Quick(a=0, c=[1])
+    with pytest.raises(TypeError, match="missing 1 required keyword-only argument: 'a'"):
+        build()
+    with pytest.raises(TypeError):
+        build(a=1, e=2)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        value.a = 2  # type: ignore[misc]
+    with pytest.raises(TypeError, match="not a quick_init class"):
+        made_clean(_Plain)
+
+
+def test_a_clean_assistant_message_equals_the_one_its_init_makes() -> None:
+    calls = (turnkit.ToolCall(id="c1", name="t", input={"k": 1}),)
+    fields = {"text": "ok", "turn_id": "t1", "tool_calls": calls, "provider_state": {"s": 1}}
+    made_one = made_clean(turnkit.AssistantMessage)(**fields)
+    assert made_one == turnkit.AssistantMessage(**fields)
+    assert list(vars(made_one)) == list(vars(turnkit.AssistantMessage(**fields)))
 
 
 def test_only_frozen_keyword_only_dataclasses_take_it() -> None:

@@ -192,22 +192,25 @@ def stored_form(reply: ModelReply) -> tuple[ModelReply, JsonObject]:
 
 def _decoded_types(reply: ModelReply) -> bool:
     """True when each field of ``reply`` has exactly the type ``from_dict`` gives it."""
-    return (
+    if not (
         type(reply.text) is str
         and type(reply.tool_calls) is tuple
         and (reply.stop is None or type(reply.stop) is StopReason)
         and (reply.provider_state is None or type(reply.provider_state) is dict)
         and (reply.usage is None or type(reply.usage) is Usage)
         and (reply.model is None or type(reply.model) is str)
-        and all(
+    ):
+        return False
+    for c in reply.tool_calls:  # (a loop, not all() over a generator: once a step)
+        if not (
             type(c) is ToolCall
             and type(c.id) is str
             and type(c.name) is str
             and type(c.input) is dict
             and (c.provider_state is None or type(c.provider_state) is dict)
-            for c in reply.tool_calls
-        )
-    )
+        ):
+            return False
+    return True
 
 
 def _check_call(call: object, seen: set[str]) -> None:

@@ -86,6 +86,8 @@ def next_step(transcript: Sequence[Message], turn_id: str) -> NextStep:
         # Just asked (the usual case after a model step): every call it made is owed.
         calls = last.tool_calls
         return RunTools(len(transcript) - 1, calls) if calls else Finished(last.text)
+    if type(last) is ToolMessage and _answers_lone_call(transcript, last, turn_id):
+        return CallModel(len(transcript))  # the usual case after a tool step
     found = _latest_assistant(transcript)
     if found is None or found[1].turn_id != turn_id:
         # A tool or assistant tail that belongs to an earlier turn: ours has not opened.
@@ -100,6 +102,16 @@ def next_step(transcript: Sequence[Message], turn_id: str) -> NextStep:
     if owed:
         return RunTools(index, owed)
     return CallModel(len(transcript))
+
+
+def _answers_lone_call(transcript: Sequence[Message], last: ToolMessage, turn_id: str) -> bool:
+    """Whether ``last`` answers the one call of the turn's assistant message just
+    before it: then nothing is owed, without walking back for what is."""
+    before = transcript[-2] if len(transcript) > 1 else None
+    if type(before) is not AssistantMessage or before.turn_id != turn_id:
+        return False
+    calls = before.tool_calls
+    return len(calls) == 1 and calls[0].id == last.call_id
 
 
 def stale_calls(

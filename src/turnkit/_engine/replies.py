@@ -15,15 +15,23 @@ from .._values.events import (
     TurnCompletedEvent,
     TurnEvent,
 )
+from .._values.frozen import made_clean
 from .._values.messages import AssistantMessage, Message, ModelReply, ToolCall, ToolMessage
 from .._values.text import clean_copy
 from .tool_call import copy_input
+
+#: Made from a reply's fields and its calls, every text of which the reply and the
+#: calls made storable when they were made: nothing to check again.
+_clean_message = made_clean(AssistantMessage)
+_completed = made_clean(MessageCompletedEvent)
+_requested = made_clean(ActionRequestedEvent)
 
 
 def assistant_message(
     reply: ModelReply, turn_id: str, calls: tuple[ToolCall, ...]
 ) -> AssistantMessage:
-    return AssistantMessage(
+    """The message a model step commits for ``reply`` (with ``calls``, the reply's)."""
+    return _clean_message(
         text=reply.text,
         turn_id=turn_id,
         tool_calls=calls,
@@ -51,11 +59,10 @@ def reply_events(
     calls = reply.tool_calls
     shown = clean_copy(message, tool_calls=_detached(calls)) if calls else message
     events: list[TurnEvent] = [
-        MessageCompletedEvent(turn_id=tid, session_id=sid, message=shown, seq=next(seq))
+        _completed(turn_id=tid, session_id=sid, message=shown, seq=next(seq))
     ]
     events += [
-        ActionRequestedEvent(turn_id=tid, session_id=sid, call=c, seq=next(seq))
-        for c in shown.tool_calls
+        _requested(turn_id=tid, session_id=sid, call=c, seq=next(seq)) for c in shown.tool_calls
     ]
     events += [e for m in tail if (e := _tail_event(m, tid, sid, next(seq))) is not None]
     if answer is not None:

@@ -18,11 +18,12 @@ from .._seams.store import NoHandle, StoreHandle
 from .._seams.tracer import StepOutcome, StepSpan
 from .._values.checkpoints import ToolStepResult
 from .._values.events import ActionCompletedEvent
+from .._values.frozen import made_clean
 from .._values.inputs import InputRequest
 from .._values.listed_tools import ListedTools
 from .._values.messages import AssistantMessage, ToolCall, ToolMessage
 from .._values.step_ids import tool_step_id, tools_step_id
-from .._values.text import clean_copy, storable_json
+from .._values.text import storable, storable_json
 from .._values.writes import AppendMessage, LogEvent, PutStep, Write
 from .batch import committed_results, in_order
 from .context import ToolContext, TurnParked
@@ -49,6 +50,9 @@ from .version_meeting import rewritten
 
 #: Calls that are no tool call for ``Limits.tool_calls``: a typed answer's own.
 _NOT_TOOLS = frozenset({OUTPUT_TOOL})
+#: A tool step's event and memo, made from its message's (already storable) fields.
+_completed = made_clean(ActionCompletedEvent)
+_step_result = made_clean(ToolStepResult)
 
 _REMOTE_HANDLE = NoHandle(
     "this tool is async (remote) and runs outside the step transaction; "
@@ -286,19 +290,20 @@ class ToolSteps:
             turn_id=d.turn_id,
             is_error=row.error is not None,
         )
-        value = message.result  # storable now, so its copies need no check
-        event = ActionCompletedEvent(
+        # Storable now (the message cleaned the result, the call its id and name, and
+        # the error is cleaned here once), so the event and memo check nothing again;
+        # observers get their own copy of the result to mutate.
+        value, error = message.result, None if row.error is None else storable(row.error)
+        event = _completed(
             turn_id=d.turn_id,
             session_id=d.session_id,
             call_id=call.id,
             name=call.name,
-            result=value,
-            error=row.error,
+            result=copy_input(value),
+            error=error,
             seq=row.seq,
         )
-        # Observers get their own copy of the result to mutate.
-        event = clean_copy(event, result=copy_input(value))
-        stored = ToolStepResult(result=value, error=row.error).to_dict()
+        stored = _step_result(result=value, error=error).to_dict()
         ready = self._ready_after(call, message)
         writes: list[Write] = [PutStep(row.step_id, d.turn_id, stored)]
         writes.extend(AppendMessage(row.position + offset, m) for offset, m in enumerate(ready))

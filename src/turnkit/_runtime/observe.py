@@ -30,6 +30,27 @@ def event_filter(session_id: str, turn_id: str | None) -> Callable[[TurnEvent], 
     return wanted
 
 
+def filtered(
+    callback: Callable[[TurnEvent], None], session_id: str, turn_id: str | None
+) -> Callable[[TurnEvent], None]:
+    """``callback``, called with the events ``event_filter`` wants and no others:
+    one call an event rather than two, since a subscriber runs on every event the
+    process emits."""
+    if turn_id is None:
+
+        def of_session(event: TurnEvent) -> None:
+            if event.session_id == session_id:
+                callback(event)
+
+        return of_session
+
+    def of_turn(event: TurnEvent) -> None:
+        if event.session_id == session_id and event.turn_id == turn_id:
+            callback(event)
+
+    return of_turn
+
+
 #: Relayed items a stream keeps queued at most; past it they are dropped (the log
 #: has every event, a logged message its whole text), so a slow reader costs
 #: bounded memory.

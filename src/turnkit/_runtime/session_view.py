@@ -22,7 +22,7 @@ from .._values.messages import Message
 from .._values.records import SessionStatus, TurnRecord
 from .._values.turns import TurnResult, result_from_record
 from .._values.usage import Usage
-from .observe import TurnStream, event_filter, session_events, turn_events
+from .observe import TurnStream, event_filter, filtered, session_events, turn_events
 from .remote import Remote
 from .usage import session_usage, turn_usage
 
@@ -161,13 +161,7 @@ class SessionView(ABC):
         skipped; it never breaks the turn or other subscribers.
         """
         if not replay:
-            wanted = event_filter(self.session_id, turn_id)
-
-            def filtered(event: TurnEvent) -> None:
-                if wanted(event):
-                    callback(event)
-
-            return self.runtime.sink.subscribe(filtered)
+            return self.runtime.sink.subscribe(filtered(callback, self.session_id, turn_id))
 
         async def forward() -> None:
             try:

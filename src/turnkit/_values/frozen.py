@@ -7,17 +7,26 @@ message, event and call of every step. ``quick_init`` gives such a class an
 ``__post_init__`` that stores every field in one update of the new instance's
 ``__dict__``, in field order. Everything else (equality, hashing, ``repr``,
 ``replace``, the refusal to change a field) stays the dataclass's own.
+
+A class whose ``__post_init__`` only makes its text storable (``text.clean_fields``)
+also gets the same constructor without that call (``made_clean``), for a value the
+engine builds from fields that are storable already: the reply's own text in its
+assistant message, a result the step's tool message has just cleaned in its event.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import MISSING, fields, is_dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 _C = TypeVar("_C", bound=type)
+_T = TypeVar("_T")
 
 #: An argument not given, for a field whose default comes from a factory.
 _NOT_GIVEN: Any = type("_NotGiven", (), {"__repr__": lambda self: "<factory>"})()
+#: Each quick class's constructor without ``__post_init__`` (see ``made_clean``).
+_MADE_CLEAN: dict[type, Callable[..., Any]] = {}
 
 
 def quick_init(cls: _C) -> _C:
@@ -28,7 +37,12 @@ def quick_init(cls: _C) -> _C:
     own = fields(cls)
     if len(own) != len(cls.__dataclass_fields__) or "__slots__" in vars(cls):
         raise TypeError(f"{cls.__qualname__} has pseudo-fields or slots; keep its own __init__")
-    scope: dict[str, Any] = {"__name__": cls.__module__, "_NOT_GIVEN": _NOT_GIVEN}
+    scope: dict[str, Any] = {
+        "__name__": cls.__module__,
+        "_NOT_GIVEN": _NOT_GIVEN,
+        "_new": object.__new__,
+        "_cls": cls,
+    }
     params: list[str] = []
     values: list[str] = []
     for f in own:
@@ -49,11 +63,30 @@ def quick_init(cls: _C) -> _C:
     source = (
         f"def __init__(self, *, {', '.join(params)}):\n"
         f"    self.__dict__.update({{{', '.join(values)}}}){post}\n"
+        f"def _made_clean(*, {', '.join(params)}):\n"
+        f"    self = _new(_cls)\n"
+        f"    self.__dict__.update({{{', '.join(values)}}})\n"
+        f"    return self\n"
     )
     exec(source, scope)
+    made = scope["_made_clean"]
+    made.__qualname__ = f"{cls.__qualname__}.made_clean"
+    _MADE_CLEAN[cls] = made
     init = scope["__init__"]
     init.__qualname__ = f"{cls.__qualname__}.__init__"
     init.__annotations__ = dict(cls.__init__.__annotations__)
     init.__doc__ = cls.__init__.__doc__
     cls.__init__ = init  # type: ignore[method-assign]
     return cls
+
+
+def made_clean(cls: type[_T]) -> Callable[..., _T]:
+    """The constructor of the ``quick_init`` class ``cls`` that takes the same
+    arguments and skips ``__post_init__``: only for a class whose ``__post_init__``
+    does nothing but ``clean_fields``, and only with fields known storable (each one
+    made by a value that cleaned it, or a copy of one), which that call would merely
+    check again."""
+    made = _MADE_CLEAN.get(cls)
+    if made is None:
+        raise TypeError(f"{cls.__qualname__} is not a quick_init class")
+    return cast(Callable[..., _T], made)
