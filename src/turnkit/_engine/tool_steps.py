@@ -76,6 +76,8 @@ class ToolSteps:
 
     def __init__(self, delivery: Delivery) -> None:
         self._d = delivery
+        #: The fields every call's ``ToolContext`` shares (see ``_shared``).
+        self._shared_fields: dict[str, Any] | None = None
 
     async def list_tools(self) -> None:
         """The tools the turn's sources listed: stored with the turn the first time it
@@ -140,26 +142,48 @@ class ToolSteps:
         await d.commit(writes, [], ready)
 
     def _context(self, handle: Any, call: ToolCall, step_id: str, *, local: bool) -> ToolContext:
-        d = self._d
-        return ToolContext(
+        """A call's context: the delivery's shared fields and the call's own. (Made
+        without its ``__init__``, which would only store them: it checks nothing.)"""
+        shared = self._shared()
+        ctx: ToolContext = object.__new__(ToolContext)
+        vars(ctx).update(
+            shared,
             store=handle,
-            agent=d.agent,
-            session_id=d.session_id,
-            turn_id=d.turn_id,
             call_id=call.id,
-            event=d.event,
-            children=d.children,
             step_id=step_id,
-            generation=d.generation,
-            store_id=d.store_id,
             tool_name=call.name,
-            source=d.policy.source,
-            denied_tools=d.policy.deny_tools,
-            tenant=d.tenant,
-            _steps=d.steps,
             _local=local,
-            _note=None if local else self._noter(),
+            _note=None if local else shared["_note"],
+            _waits=[0],
         )
+        return ctx
+
+    def _shared(self) -> dict[str, Any]:
+        """What every call's context of this delivery holds, in ``ToolContext``'s field
+        order: the same for each call, so read from the delivery once (on the first
+        call, when the delivery has loaded the turn) rather than field by field for
+        every call."""
+        if self._shared_fields is None:
+            d = self._d
+            shared = ToolContext(
+                store=_REMOTE_HANDLE,
+                agent=d.agent,
+                session_id=d.session_id,
+                turn_id=d.turn_id,
+                call_id="",
+                event=d.event,
+                children=d.children,
+                step_id="",
+                generation=d.generation,
+                store_id=d.store_id,
+                source=d.policy.source,
+                denied_tools=d.policy.deny_tools,
+                tenant=d.tenant,
+                _steps=d.steps,
+                _note=self._noter(),
+            )
+            self._shared_fields = dict(vars(shared))
+        return self._shared_fields
 
     def _noter(self) -> Callable[[str, Any], Awaitable[None]]:
         """How a remote call's ``ctx.remember`` commits: one memo row, on its own."""
