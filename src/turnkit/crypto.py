@@ -12,10 +12,10 @@ import contextlib
 import os
 import struct
 from collections.abc import Callable
-from typing import Protocol, TypeVar, runtime_checkable
+from typing import Protocol, TypeVar, get_args, runtime_checkable
 
 from ._errors import ConfigurationError, StoreError
-from ._seams.codec import PayloadKind
+from ._seams.codec import PayloadKind, Seal
 
 try:
     from cryptography.exceptions import InvalidTag
@@ -44,8 +44,9 @@ class KeyProvider(Protocol):
     newest); ``key(key_id)`` is that key's bytes (16, 24 or 32 of them), or ``None``
     once the key is gone, which makes everything sealed under it unreadable
     (crypto-shredding). A key id names one key for ever: a new key gets a new id.
-    Both are called on every payload a store writes or reads, on the store's path:
-    answer from memory, never from the network.
+    SQLite and PostgreSQL ask ``current`` once per commit that seals anything (the
+    memory store once per payload), and every store asks ``key`` on every payload it
+    reads, on the store's path: answer from memory, never from the network.
     """
 
     def current(self, session_id: str) -> str: ...
@@ -141,8 +142,42 @@ def _default_tenant(session_id: str) -> str:
 
 
 def _associated(session_id: str, kind: str) -> bytes:
-    """What a payload is bound to: its field and its session (``encode`` inlines it)."""
+    """What a payload is bound to: its field and its session."""
     return f"{kind}\0{session_id}".encode()
+
+
+class _DataKey:
+    """A session's data key under one tenant key: its cipher, the envelope header
+    naming the tenant key, each field's associated data, and its seals by prefix,
+    each made once (a new function per commit would cost the interpreter more)."""
+
+    __slots__ = ("aead", "associated", "header", "seals")
+
+    def __init__(self, aead: AESGCM, header: bytes, session_id: str) -> None:
+        self.aead = aead
+        self.header = header
+        self.associated = {kind: _associated(session_id, kind) for kind in get_args(PayloadKind)}
+        self.seals: dict[bytes, Seal] = {}
+
+
+def _sealing(entry: _DataKey, prefix: bytes, session_id: str) -> Seal:
+    """``prefix`` and then each payload's envelope, made in one join: a fresh nonce
+    from the pool, the payload sealed with its field and session as associated data."""
+    encrypt, associated, head = entry.aead.encrypt, entry.associated, prefix + entry.header
+    join, pop, refill = bytearray().join, _left.pop, _nonces.refill
+
+    def seal(kind: PayloadKind, plaintext: bytes) -> bytearray:
+        try:
+            nonce = pop()
+        except IndexError:
+            nonce = refill()
+        try:
+            bound = associated[kind]
+        except KeyError:
+            bound = _associated(session_id, kind)
+        return join((head, nonce, encrypt(nonce, plaintext, bound)))
+
+    return seal
 
 
 class EnvelopeCodec:
@@ -155,7 +190,8 @@ class EnvelopeCodec:
     96-bit nonce per payload, and the session id and the field (``kind``) as
     associated data, so a payload copied to another session or field does not decrypt.
 
-    Rotation: a new current key (``keys.current``) seals new writes at once; older
+    Rotation: a new current key (``keys.current``) seals every commit from the next
+    one on (``sealer`` asks once per commit, ``encode`` once per payload); older
     envelopes read while their key exists, and ``reseal`` moves one under the current
     key. Crypto-shredding: once ``keys.key(key_id)`` answers ``None``, every envelope
     under that key fails to read, in every process, with a ``StoreError`` naming the
@@ -170,28 +206,40 @@ class EnvelopeCodec:
             )
         self._keys = keys
         self._cache_size = max(1, cache_size)
-        #: (session, key id) -> the session's data key under that tenant key, and the
-        #: envelope header naming the key.
-        self._data_keys: dict[tuple[str, str], tuple[AESGCM, bytes]] = {}
+        #: (session, key id) -> the session's data key under that tenant key.
+        self._data_keys: dict[tuple[str, str], _DataKey] = {}
 
     def encode(self, session_id: str, kind: PayloadKind, plaintext: bytes) -> bytes:
-        key_id = self._keys.current(session_id)
-        entry = self._data_keys.get((session_id, key_id))
-        if entry is None:
-            entry = self._data_key(session_id, key_id)
+        entry = self._current(session_id)
         try:
             nonce = _left.pop()
         except IndexError:
             nonce = _nonces.refill()
-        return (
-            entry[1] + nonce + entry[0].encrypt(nonce, plaintext, f"{kind}\0{session_id}".encode())
-        )
+        bound = entry.associated.get(kind) or _associated(session_id, kind)
+        return b"".join((entry.header, nonce, entry.aead.encrypt(nonce, plaintext, bound)))
+
+    def sealer(self, session_id: str, prefix: bytes) -> Seal:
+        """What seals the session's payloads for one commit (see ``turnkit.Codec``):
+        the provider names the current key once, here; each payload still gets a fresh
+        nonce and its field and session as associated data."""
+        entry = self._current(session_id)
+        seal = entry.seals.get(prefix)
+        if seal is None:
+            seal = entry.seals[prefix] = _sealing(entry, prefix, session_id)
+        return seal
+
+    def _current(self, session_id: str) -> _DataKey:
+        """The session's data key under the key its new writes use."""
+        key_id = self._keys.current(session_id)
+        entry = self._data_keys.get((session_id, key_id))
+        return entry if entry is not None else self._data_key(session_id, key_id)
 
     def decode(self, session_id: str, kind: PayloadKind, stored: bytes) -> bytes:
         key_id, body = _parse(session_id, kind, stored)
-        aead, _ = self._data_key(session_id, key_id)
+        entry = self._data_key(session_id, key_id)
         try:
-            return aead.decrypt(body[:_NONCE], body[_NONCE:], _associated(session_id, kind))
+            bound = entry.associated.get(kind) or _associated(session_id, kind)
+            return entry.aead.decrypt(body[:_NONCE], body[_NONCE:], bound)
         except InvalidTag:
             raise StoreError(
                 f"session {session_id}: a stored {kind} does not decrypt under its key "
@@ -209,7 +257,7 @@ class EnvelopeCodec:
             return None
         return self.encode(session_id, kind, self.decode(session_id, kind, stored))
 
-    def _data_key(self, session_id: str, key_id: str) -> tuple[AESGCM, bytes]:
+    def _data_key(self, session_id: str, key_id: str) -> _DataKey:
         # Reads ask the provider every time, so a key it dropped stops every read at
         # once, cached or not (writes use the key it names current).
         tenant_key = self._keys.key(key_id)
@@ -217,7 +265,8 @@ class EnvelopeCodec:
             raise _shredded(session_id, key_id)
         entry = self._data_keys.get((session_id, key_id))
         if entry is None:
-            entry = (AESGCM(_derive(tenant_key, key_id, session_id)), _header(key_id))
+            aead = AESGCM(_derive(tenant_key, key_id, session_id))
+            entry = _DataKey(aead, _header(key_id), session_id)
             _bounded_put(self._data_keys, (session_id, key_id), entry, self._cache_size)
         return entry
 

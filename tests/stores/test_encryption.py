@@ -161,6 +161,79 @@ def test_threads_sealing_at_once_never_share_a_nonce(keys: KeyRing) -> None:
         assert [codec.decode(ACME, "step", e) for e in mine] == [b"%d" % n for n in range(each)]
 
 
+def test_a_sealer_frames_each_envelope_behind_its_prefix(keys: KeyRing) -> None:
+    """``sealer`` (what a store asks for once per commit) makes what ``encode`` makes,
+    behind the store's prefix in one bytearray: a fresh nonce each payload, and each
+    bound to its session and field."""
+    codec = EnvelopeCodec(keys)
+    seal = codec.sealer(ACME, b"\x00")
+    one, two = seal("step", b"42"), seal("step", b"42")
+    assert isinstance(one, bytearray) and one[:1] == b"\x00" and one != two
+    assert codec.decode(ACME, "step", bytes(one[1:])) == b"42"
+    assert codec.key_id(ACME, "step", bytes(one[1:])) == "acme-1"
+    with pytest.raises(StoreError, match="does not decrypt"):
+        codec.decode(ACME, "event", bytes(one[1:]))
+    keys.add("acme", "acme-2", os.urandom(32))
+    assert codec.key_id(ACME, "step", bytes(codec.sealer(ACME, b"")("step", b"1"))) == "acme-2"
+
+
+class CountingRing(KeyRing):
+    """A key ring that counts how often a store asks which key is current."""
+
+    def __init__(self) -> None:
+        super().__init__(tenant_of)
+        self.asked = 0
+
+    def current(self, session_id: str) -> str:
+        self.asked += 1
+        return super().current(session_id)
+
+
+async def test_a_store_asks_the_key_provider_once_per_commit_not_per_payload(
+    tmp_path: Path,
+) -> None:
+    keys = CountingRing()
+    keys.add("acme", "acme-1", os.urandom(32))
+    store = SqliteStore(tmp_path / "t.db", codec=EnvelopeCodec(keys))
+    async with turnkit.Runtime(marked_agent(), store=store) as rt:
+        session = rt.session("a", ACME)
+        await session.result(session.start(f"hello {MARK}"))
+    with sqlite3.connect(tmp_path / "t.db") as conn:
+        (payloads,) = conn.execute(
+            "SELECT (SELECT count(*) FROM turnkit_messages) + (SELECT count(*) FROM "
+            "turnkit_steps) + (SELECT count(*) FROM turnkit_events)"
+        ).fetchone()
+    # Each commit seals several payloads (a message, a step, its events) and asks once.
+    assert 0 < keys.asked <= payloads // 2, (keys.asked, payloads)
+
+
+class Reversed:
+    """A third party's codec with the two verbs alone (no ``sealer``)."""
+
+    def encode(self, session_id: str, kind: str, plaintext: bytes) -> bytes:
+        return b"rev:" + plaintext[::-1]
+
+    def decode(self, session_id: str, kind: str, stored: bytes) -> bytes:
+        if not stored.startswith(b"rev:"):
+            raise StoreError(f"session {session_id}: not reversed")
+        return stored[4:][::-1]
+
+
+async def test_a_codec_without_a_sealer_seals_every_payload_through_encode(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "t.db"
+    await marked_history(SqliteStore(db, codec=Reversed()), ACME)
+    store = SqliteStore(db, codec=Reversed())
+    async with turnkit.Runtime(marked_agent(), store=store):
+        texts = [getattr(m, "text", "") or "" for m in await transcript(store.session(ACME))]
+    assert any(MARK in t for t in texts)
+    with sqlite3.connect(db) as conn:
+        bodies = [r[0] for r in conn.execute("SELECT body FROM turnkit_messages")]
+    assert bodies and all(b[:5] == b"\x00rev:" for b in bodies)
+    assert sqlite_files_hold(db, MARK) == []
+
+
 def test_a_key_ring_refuses_what_is_not_a_key() -> None:
     keys = KeyRing()
     with pytest.raises(turnkit.ConfigurationError, match="16, 24 or 32 bytes"):

@@ -27,7 +27,7 @@ from typing import Any, TypeAlias
 from pydantic_core import to_json
 
 from .._errors import ConfigurationError, StoreError
-from .._seams.codec import Codec, PayloadKind
+from .._seams.codec import Codec, PayloadKind, Seal, SealsPerCommit
 from .._values.checkpoints import SuspendCheckpoint
 from .._values.inbound import InboundEvent
 from .._values.messages import OpeningMessage, UserMessage, opening_from_dict
@@ -66,6 +66,50 @@ def _no_codec(session_id: str, kind: PayloadKind, plaintext: bytes) -> bytes:
     raise StoreError("a payload can be sealed only by a store given a codec")
 
 
+class _CommitSeals:
+    """One commit's payloads under a codec: the codec makes its ``Seal`` for a session
+    at the session's first payload (none if nothing is sealed: a commit that only
+    deletes asks for no key) and seals the rest of the commit's with it; the binary
+    form comes out of the seal whole (NUL and the envelope, one copy)."""
+
+    __slots__ = ("_binary", "_prefix", "_sealer", "_seals")
+
+    def __init__(self, sealer: Callable[[str, bytes], Seal], binary: bool) -> None:
+        self._sealer = sealer
+        self._binary = binary
+        self._prefix = b"\x00" if binary else b""
+        self._seals: dict[str, Seal] = {}
+
+    def dump(self, session_id: str, kind: PayloadKind, value: Any, turn_id: str = "") -> Column:
+        try:
+            encoded = to_json(value)
+        except Exception as exc:
+            raise StoreError(f"cannot store a value as JSON: {exc}") from exc
+        seal = self._seals.get(session_id)
+        if seal is None:
+            seal = self._seals[session_id] = self._sealer(session_id, self._prefix)
+        if self._binary:
+            return seal(kind, encoded)
+        return f'{SEALED_PREFIX}{b64encode(seal(kind, encoded)).decode("ascii")}"'
+
+
+def _sealer_of(codec: Codec | None) -> Callable[[str, bytes], Seal]:
+    """The codec's ``sealer``, or one made of its ``encode`` if it has none."""
+    if isinstance(codec, SealsPerCommit):
+        return codec.sealer
+    seal_bytes = _no_codec if codec is None else codec.encode
+
+    def sealer(session_id: str, prefix: bytes) -> Seal:
+        join = bytearray().join
+
+        def seal(kind: PayloadKind, plaintext: bytes) -> bytearray:
+            return join((prefix, seal_bytes(session_id, kind, plaintext)))
+
+        return seal
+
+    return sealer
+
+
 def _is_sealed_text(stored: object) -> bool:
     return (
         isinstance(stored, str)
@@ -90,7 +134,16 @@ class Payloads:
     ``get_blob``, opening and checking each blob.
     """
 
-    __slots__ = ("_framed", "_seal_bytes", "binary", "codec", "dump", "get_blob", "threshold")
+    __slots__ = (
+        "_framed",
+        "_seal_bytes",
+        "_sealer",
+        "binary",
+        "codec",
+        "dump",
+        "get_blob",
+        "threshold",
+    )
 
     #: ``value`` as its column keeps it (sealed when there is a codec); a plain
     #: function without one, so the default path costs what it did before codecs.
@@ -112,6 +165,8 @@ class Payloads:
             )
         #: The codec's ``encode``, called straight from the sealing paths.
         self._seal_bytes = _no_codec if codec is None else codec.encode
+        #: What makes a commit's ``Seal`` for a session (see ``turnkit.Codec``).
+        self._sealer: Callable[[str, bytes], Seal] = _sealer_of(codec)
         #: NUL and a sealed payload, joined as one ``blob_type`` (the binary form).
         self._framed: Callable[[tuple[bytes, bytes]], bytes | bytearray] = blob_type().join
         if threshold is not None and (isinstance(threshold, bool) or threshold < 1):
@@ -125,11 +180,16 @@ class Payloads:
         self.get_blob = get_blob
 
     def dumper(self, put: PutBlob | None) -> Dump:
-        """The dump of a transaction whose blobs go to ``put``: ``dump`` itself when
-        nothing spills, so a store without blobs runs the code it ran before."""
+        """The dump of one transaction whose blobs go to ``put``: ``dump`` itself when
+        nothing is sealed or spilled, so a store without either runs the code it ran
+        before; under a codec, one that asks for each session's ``Seal`` once."""
         if self.threshold is None or put is None:
-            return self.dump
+            return self.dump if self.codec is None else self._commit_dump()
         return functools.partial(self._spilling_dump, put, spill.Seen())
+
+    def _commit_dump(self) -> Dump:
+        """``dump`` for one commit under a codec (see ``_CommitSeals``)."""
+        return _CommitSeals(self._sealer, self.binary).dump
 
     def _spilling_dump(
         self,
@@ -225,7 +285,7 @@ class Payloads:
 
         return spill.resolve(session_id, kind, ref, fetch)
 
-    def _as_text(self, sealed: bytes) -> str:
+    def _as_text(self, sealed: bytes | bytearray) -> str:
         return f'{SEALED_PREFIX}{b64encode(sealed).decode("ascii")}"'
 
     def _decode(self, session_id: str, kind: PayloadKind, sealed: bytes) -> bytes:
