@@ -398,3 +398,20 @@ async def test_a_turn_refused_before_its_opening_says_nothing_was_stored(
         assert "nothing was stored" in error and "stays open" not in error
         assert "belongs to agent 'a'" in error
         assert await rt.store.session("s1").turn(tid) is None
+
+
+def test_copy_input_shares_nothing_that_can_be_mutated() -> None:
+    from collections import OrderedDict
+
+    from turnkit._engine.tool_call import copy_input
+
+    inner = {"b": [1, {"c": 2}]}
+    value = {"a": inner, "n": 1, "s": "x"}
+    copy = copy_input(value)
+    assert copy == value and copy is not value
+    copy["a"]["b"][1]["c"] = 3
+    copy["a"]["b"].append(4)
+    copy["n"] = 2
+    assert value == {"a": {"b": [1, {"c": 2}]}, "n": 1, "s": "x"}
+    ordered = copy_input(OrderedDict(k=[1]))
+    assert type(ordered) is dict and ordered == {"k": [1]}

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Final, Literal, TypeAlias
 
 from .._errors import ConfigurationError, SessionOwnerError, StoreError
-from .._seams.sink import EventSink
+from .._seams.sink import EventSink, LocalEventSink
 from .._seams.store import SessionStore
 from .._seams.tracer import (
     NO_SPAN,
@@ -112,6 +112,12 @@ class TurnRunner:
         self.budget: Final = budget
         self.store: Final = store
         self.sink: Final = sink
+        #: How the delivery emits an event: straight to a ``LocalEventSink``, which
+        #: catches what its subscribers raise and so never raises itself (one call
+        #: less an event); to any other sink through ``_emit_guarded``.
+        self.emit: Final[Callable[[TurnEvent], None]] = (
+            sink.emit if type(sink) is LocalEventSink else self._emit_guarded
+        )
         self.request: Final = request
         self.children: Final = children
         self.known: Final = known
@@ -427,7 +433,8 @@ class TurnRunner:
         if planned.turn is not None:
             self.record = planned.turn
 
-    def emit(self, event: TurnEvent) -> None:
+    def _emit_guarded(self, event: TurnEvent) -> None:
+        """Emit to a sink that might raise: what it raises is logged, never fatal."""
         try:
             self.sink.emit(event)
         except Exception:

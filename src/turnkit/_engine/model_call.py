@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 from pydantic_core import from_json, to_json
 
@@ -63,7 +64,7 @@ async def ask_model(
     adapter's iterator is closed) and raises ``TurnCancelled``; nothing is kept.
     """
     reply = await stream_reply(
-        lambda: _stream(agent, sent, tools), cancelled, _step_failure, on_text, on_reasoning
+        partial(_stream, agent, sent, tools), cancelled, _step_failure, on_text, on_reasoning
     )
     if reply is None:
         raise TurnFailure("model error: the stream ended without ModelDone")
@@ -153,12 +154,13 @@ def check_reply(reply: object) -> None:
         raise TurnFailure(f"model error: reply text must be a str, got {type(reply.text).__name__}")
     if reply.usage is not None and not isinstance(reply.usage, Usage):
         raise TurnFailure(f"model error: reply usage must be a Usage, got {reply.usage!r}")
-    if reply.empty and reply.stop is not None and reply.stop.kind == "context_window":
+    empty = reply.empty
+    if empty and reply.stop is not None and reply.stop.kind == "context_window":
         raw = f" ({reply.stop.raw})" if reply.stop.raw else ""
         raise window_failure(f"the model stopped with context_window{raw} and an empty reply")
     if reply.model is not None and not isinstance(reply.model, str):
         raise TurnFailure(f"model error: reply model must be a str, got {reply.model!r}")
-    if reply.empty and reply.stop is not None and reply.stop.abnormal:
+    if empty and reply.stop is not None and reply.stop.abnormal:
         raw = f" ({reply.stop.raw})" if reply.stop.raw else ""
         raise TurnFailure(
             f"model error: the model stopped with {reply.stop.kind}{raw} and an empty reply"

@@ -39,7 +39,14 @@ def copy_input(value: Any) -> Any:
     """A private copy of a JSON input, so a tool that mutates it cannot change the
     committed transcript (and make the next model call differ from a replay)."""
     if isinstance(value, dict):
-        return {k: copy_input(v) if isinstance(v, _NESTING) else v for k, v in value.items()}
+        # A copy in C, then only what nests copied again (no comprehension: a frame
+        # of its own, for what is most often a flat dict). Replacing a key's value
+        # leaves the dict's size, so iterating it stays valid.
+        copy = value.copy() if type(value) is dict else dict(value)
+        for k, v in copy.items():
+            if isinstance(v, _NESTING):
+                copy[k] = copy_input(v)
+        return copy
     if isinstance(value, list):
         return [copy_input(v) if isinstance(v, _NESTING) else v for v in value]
     return value

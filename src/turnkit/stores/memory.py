@@ -203,7 +203,10 @@ class _MemoryTransaction:
             )
         encoded = self._encode("step", result, turn_id, "step ", step_id)
         steps[step_id] = (turn_id, encoded)
-        mine = self._data.turn_steps.setdefault(turn_id, {})
+        of_turns = self._data.turn_steps
+        mine = of_turns.get(turn_id)
+        if mine is None:  # (not setdefault: it would make a dict to drop every step)
+            mine = of_turns[turn_id] = {}
         mine[step_id] = encoded
         self._undo.append(partial(_forget_step, steps, mine, step_id))
 
