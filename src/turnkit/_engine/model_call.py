@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
-from functools import partial
 
 from pydantic_core import from_json, to_json
 
@@ -64,7 +63,7 @@ async def ask_model(
     adapter's iterator is closed) and raises ``TurnCancelled``; nothing is kept.
     """
     reply = await stream_reply(
-        partial(_stream, agent, sent, tools), cancelled, _step_failure, on_text, on_reasoning
+        lambda: _stream(agent, sent, tools), cancelled, _step_failure, on_text, on_reasoning
     )
     if reply is None:
         raise TurnFailure("model error: the stream ended without ModelDone")
