@@ -5,12 +5,11 @@ until killed. Usage: python slack_server_child.py DB_PATH"""
 from __future__ import annotations
 
 import asyncio
-import socket
 import sys
 from pathlib import Path
 
-import uvicorn
 from starlette.applications import Starlette
+from uvicorn_serving import serve_until_killed
 
 import turnkit
 from turnkit.slack import slack_channel
@@ -28,12 +27,7 @@ async def main(db: Path) -> None:
         )
         app = Starlette()
         app.mount("/slack", slack.app(turnkit.mount_agent(agent, runtime, channels=[slack])))
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        sock.listen(64)
-        print(sock.getsockname()[1], flush=True)
-        config = uvicorn.Config(app, log_level="warning", lifespan="off")
-        await uvicorn.Server(config).serve(sockets=[sock])
+        await serve_until_killed(app)
 
 
 if __name__ == "__main__":

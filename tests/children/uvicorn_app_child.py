@@ -6,12 +6,11 @@ Usage: python uvicorn_app_child.py DB_PATH MAX_BODY_BYTES"""
 from __future__ import annotations
 
 import asyncio
-import socket
 import sys
 from pathlib import Path
 
-import uvicorn
 from starlette.requests import Request
+from uvicorn_serving import serve_until_killed
 
 import turnkit
 from turnkit.server import Principal, ServerLimits, create_app
@@ -29,12 +28,7 @@ async def main(db: Path, max_body_bytes: int) -> None:
     async with turnkit.Runtime([agent], store=SqliteStore(db)) as runtime:
         limits = ServerLimits(max_body_bytes=max_body_bytes)
         app = create_app(runtime, authenticate=by_header, limits=limits)
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        sock.listen(64)
-        print(sock.getsockname()[1], flush=True)
-        config = uvicorn.Config(app, log_level="warning", lifespan="off")
-        await uvicorn.Server(config).serve(sockets=[sock])
+        await serve_until_killed(app)
 
 
 if __name__ == "__main__":
