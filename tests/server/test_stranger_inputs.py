@@ -298,6 +298,34 @@ async def test_a_body_over_the_cap_gets_its_413_on_a_real_server(
         assert listed.status_code == 200 and listed.json()["sessions"] == []
 
 
+@pytest.mark.parametrize("declared", [False, True], ids=["chunked", "content-length"])
+@pytest.mark.parametrize("server", ["hypercorn", "hypercorn-http2", "uvicorn"])
+async def test_a_request_refused_before_its_body_is_read_leaves_the_connection_usable(
+    server: str, declared: bool, tmp_path: Path
+) -> None:
+    """A request the host guard refuses from its headers alone (another site's
+    ``Origin``) has a body under the cap still arriving: the refusal must read it
+    (and drop it) before it ends, or hypercorn drops the connection under the answer
+    and a client that reuses the connection for its next request finds it gone (the
+    dev server's rebinding test saw "Server disconnected" now and then)."""
+    http2 = server.endswith("http2")
+    async with (
+        served_by(server, tmp_path, MiB) as url,
+        httpx.AsyncClient(base_url=url, timeout=30, http1=not http2, http2=http2) as client,
+    ):
+        for _ in range(3):
+            body = b"x" * (256 * 1024) if declared else counted(256 * 1024, 16 * 1024)[0]
+            reply = await client.post(
+                "/agents/shop/sessions/s1/turns",
+                content=body,
+                headers={**ALICE, "Origin": "http://attacker.example"},
+            )
+            assert reply.status_code == 403, reply.text
+            assert reply.json()["code"] == "cross_origin"
+            listed = await client.get("/agents/shop/sessions", headers=ALICE)
+            assert listed.status_code == 200 and listed.json()["sessions"] == []
+
+
 @pytest.mark.parametrize("server", ["hypercorn", "uvicorn"])
 async def test_a_refused_body_is_read_only_a_bounded_way_past_the_cap(
     server: str, tmp_path: Path

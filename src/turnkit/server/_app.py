@@ -254,12 +254,14 @@ def create_app(
         routes.append(Mount("/static", _authenticated_asgi(files, authenticate), name="static"))
     return Starlette(
         routes=routes,
-        # Outermost, so a request from a rebound name or another site reaches nothing.
         middleware=[
-            Middleware(HostGuard, hosts=hosts, origins=origins),
-            # Every route, the mounted MCP app included: a body over the cap is
-            # refused before it is read, whoever sent it.
+            # Outermost: a body over the cap is refused before it is read, whoever
+            # sent it, on every route (the mounted MCP app included), and the body of
+            # any request answered before it was read (a refusal by the host guard
+            # below, say) is drained in bounds, so the connection closes in order.
             Middleware(BodyLimit, max_bytes=api.limits.max_body_bytes),
+            # Then, so a request from a rebound name or another site reaches nothing.
+            Middleware(HostGuard, hosts=hosts, origins=origins),
         ],
         exception_handlers={HTTPException: _http_exception, Exception: _unexpected},
         lifespan=_lifespan(runtime if own_runtime else None, mcp),

@@ -79,20 +79,32 @@ class BodyLimit:
             await refusal(scope, receive, ending)
             return
         received = 0
-        cut = False  # the body passed the cap before it all arrived
+        # Whether part of the body is still to arrive: any response that ends before
+        # it has (a refusal made from the headers alone, a body over the cap) must
+        # drain it, or hypercorn drops the connection under the answer, and a client
+        # reusing the connection finds it gone.
+        # HTTP/1 says in its headers whether a body follows; HTTP/2 does not (a stream
+        # ends on its own), so there a request counts as having one until the app has
+        # read its end: a drain of a body that is not there returns at once.
+        chunked = "chunked" in Headers(scope=scope).get("transfer-encoding", "").lower()
+        sized = declared is not None and declared.isdigit() and int(declared) > 0
+        pending = chunked or sized or not http1
 
         async def limited() -> Message:
-            nonlocal received, cut
+            nonlocal received, pending
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
+                if not message.get("more_body", False):
+                    pending = False
                 if received > self.max_bytes:
-                    cut = bool(message.get("more_body", False))
                     raise BodyTooLarge(self.max_bytes)
+            elif message["type"] == "http.disconnect":
+                pending = False
             return message
 
         try:
-            await self.app(scope, limited, _ending(send, receive, lambda: cut, close=http1))
+            await self.app(scope, limited, _ending(send, receive, lambda: pending, close=http1))
         except ClientDisconnect:
             log.debug(
                 "%s %s: the client went away before its body arrived",
@@ -104,7 +116,7 @@ class BodyLimit:
 def _ending(
     send: Send, receive: Receive, unread: Callable[[], bool], *, drain: bool = True, close: bool
 ) -> Send:
-    """``send``, except that once ``unread()`` (a refused body is still arriving) the
+    """``send``, except that once ``unread()`` (part of the body is still arriving) the
     response's last message waits until the rest is drained (with ``drain``), and with
     ``close`` (HTTP/1) the response says the connection closes after it: what is
     left unread past the drain's bounds would be taken for the next request."""

@@ -97,11 +97,12 @@ def ops_app(
             Route("/metrics", scrape, methods=["GET"]),
         ],
         middleware=[
+            # Outermost, as in create_app: it also drains what a refusal left unread.
+            Middleware(BodyLimit, max_bytes=OPS_MAX_BODY_BYTES),
             Middleware(
                 HostGuard,
                 hosts=None if hosts is None else [*LOOPBACK_NAMES, *hosts],
                 ip_literals=True,
             ),
-            Middleware(BodyLimit, max_bytes=OPS_MAX_BODY_BYTES),
         ],
     )
