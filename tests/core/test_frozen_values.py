@@ -15,7 +15,8 @@ from turnkit._engine.context import ToolContext
 from turnkit._seams.model import ModelDone, ReasoningDelta, TextDelta
 from turnkit._values.checkpoints import ToolStepResult
 from turnkit._values.events import _EVENT_TYPES, UnknownEvent
-from turnkit._values.frozen import made_clean, quick_init
+from turnkit._values.frozen import made_clean, quick_init, replaced
+from turnkit._values.records import TurnRecord
 
 made: list[int] = []
 
@@ -96,6 +97,30 @@ def test_made_clean_builds_the_same_value_without_its_post_init() -> None:
         made_clean(_Plain)
 
 
+def test_replaced_copies_as_dataclasses_replace_does() -> None:
+    first = _Quick(a=1, b="x", c=[3])
+    for changes in ({}, {"b": "y"}, {"a": 5}, {"c": [4], "d": 9}):
+        mine, theirs = replaced(first, **changes), dataclasses.replace(first, **changes)
+        assert vars(mine) == vars(theirs) and type(mine) is _Quick
+        assert list(vars(mine)) == list(vars(theirs))  # field order kept
+    assert replaced(first, a=4).d == 8  # __post_init__ ran on the copy
+    assert vars(first) == {"a": 1, "b": "x", "c": [3], "d": 2}  # the original is as it was
+    with pytest.raises(ValueError, match="negative"):
+        replaced(first, a=-1)
+    with pytest.raises(TypeError, match=r"_Quick has no field\(s\) e, f"):
+        replaced(first, f=1, e=2)
+    with pytest.raises(TypeError, match="not a quick_init class"):
+        replaced(_Plain(a=1), b="y")
+
+
+def test_a_replaced_turn_record_cleans_its_text_again() -> None:
+    opening = turnkit.UserMessage(text="hi", turn_id="t1")
+    record = TurnRecord(session_id="s", turn_id="t1", agent="a", status="running", opening=opening)
+    failed = replaced(record, status="failed", error="bad\x00byte")
+    assert failed == dataclasses.replace(record, status="failed", error="bad\x00byte")
+    assert failed.error is not None and "\x00" not in failed.error
+
+
 def test_a_clean_assistant_message_equals_the_one_its_init_makes() -> None:
     calls = (turnkit.ToolCall(id="c1", name="t", input={"k": 1}),)
     fields = {"text": "ok", "turn_id": "t1", "tool_calls": calls, "provider_state": {"s": 1}}
@@ -138,6 +163,7 @@ QUICK: list[type[Any]] = [
     ModelDone,
     ToolStepResult,
     ToolContext,
+    TurnRecord,
 ]
 
 

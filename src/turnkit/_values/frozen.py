@@ -12,6 +12,11 @@ A class whose ``__post_init__`` only makes its text storable (``text.clean_field
 also gets the same constructor without that call (``made_clean``), for a value the
 engine builds from fields that are storable already: the reply's own text in its
 assistant message, a result the step's tool message has just cleaned in its event.
+
+``replaced`` is ``dataclasses.replace`` for such a class: a copy of the instance's
+fields with some changed, through ``__post_init__`` as ``replace`` would, but without
+looking up the class's fields and calling its constructor field by field (a turn's
+record is copied this way several times a turn).
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ _T = TypeVar("_T")
 _NOT_GIVEN: Any = type("_NotGiven", (), {"__repr__": lambda self: "<factory>"})()
 #: Each quick class's constructor without ``__post_init__`` (see ``made_clean``).
 _MADE_CLEAN: dict[type, Callable[..., Any]] = {}
+#: Each quick class's field names (what ``replaced`` may change).
+_FIELD_NAMES: dict[type, frozenset[str]] = {}
 
 
 def quick_init(cls: _C) -> _C:
@@ -72,6 +79,7 @@ def quick_init(cls: _C) -> _C:
     made = scope["_made_clean"]
     made.__qualname__ = f"{cls.__qualname__}.made_clean"
     _MADE_CLEAN[cls] = made
+    _FIELD_NAMES[cls] = frozenset(f.name for f in own)
     init = scope["__init__"]
     init.__qualname__ = f"{cls.__qualname__}.__init__"
     init.__annotations__ = dict(cls.__init__.__annotations__)
@@ -90,3 +98,25 @@ def made_clean(cls: type[_T]) -> Callable[..., _T]:
     if made is None:
         raise TypeError(f"{cls.__qualname__} is not a quick_init class")
     return cast(Callable[..., _T], made)
+
+
+def replaced(obj: _T, /, **changes: Any) -> _T:
+    """A copy of ``obj`` (an instance of a ``quick_init`` class) with ``changes``
+    made, as ``dataclasses.replace(obj, **changes)`` makes it: the same fields,
+    ``__post_init__`` run on the result, and a ``TypeError`` naming a field the class
+    does not have."""
+    cls = type(obj)
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        raise TypeError(f"{cls.__qualname__} is not a quick_init class")
+    if not names.issuperset(changes):
+        unknown = ", ".join(sorted(set(changes) - names))
+        raise TypeError(f"{cls.__qualname__} has no field(s) {unknown}")
+    new = object.__new__(cls)
+    fields_of_new = new.__dict__
+    fields_of_new.update(obj.__dict__)
+    fields_of_new.update(changes)
+    post = getattr(new, "__post_init__", None)
+    if post is not None:
+        post()
+    return new

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Literal, TypeAlias
 
 from .checkpoints import SuspendCheckpoint
+from .frozen import quick_init
 from .inbound import InboundEvent
 from .messages import Message, OpeningMessage
 from .step_results import StepResults
@@ -22,6 +23,7 @@ SessionStatus: TypeAlias = Literal["new", "running", "suspended", "idle"]
 TERMINAL_TURN_STATUSES: frozenset[str] = frozenset({"completed", "failed", "cancelled"})
 
 
+@quick_init
 @dataclass(frozen=True, kw_only=True)
 class TurnRecord:
     """A turn as the store knows it, its payloads decoded by the store that read it:

@@ -11,11 +11,11 @@ them wrong and a rule changes in one place.
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 from types import MappingProxyType
 
 from .._errors import TurnMoveError
 from .checkpoints import SuspendCheckpoint
+from .frozen import replaced
 from .records import TERMINAL_TURN_STATUSES as TERMINAL
 from .records import SessionStatus, TurnRecord, TurnStatus
 from .writes import PutTurn
@@ -69,7 +69,7 @@ def new_turn(record: TurnRecord, *, owner: str | None = None) -> PutTurn:
         raise TurnMoveError(
             f"turn {record.turn_id}: a new turn starts queued or running, not {record.status}"
         )
-    fresh = replace(
+    fresh = replaced(
         record, finished_at=None, pending=None, cancel_reason=None, held_by=None, wake_at=None
     )
     return PutTurn(fresh, None, session_status_after(None, record.status), owner)
@@ -110,7 +110,7 @@ def move(
             f"{current} to {status}"
         )
     kept = pending if status == "suspended" else None
-    moved = replace(
+    moved = replaced(
         record,
         status=status,
         text=text,
@@ -133,4 +133,4 @@ def restamp(record: TurnRecord, version: str) -> PutTurn:
             f"session {record.session_id}: turn {record.turn_id} is {record.status}; only "
             "a running turn changes version in place"
         )
-    return PutTurn(replace(record, version=version), "running", None)
+    return PutTurn(replaced(record, version=version), "running", None)

@@ -21,7 +21,7 @@ import re
 import secrets
 from base64 import b64decode, b64encode
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, TypeAlias
 
 from pydantic_core import to_json
@@ -29,6 +29,7 @@ from pydantic_core import to_json
 from .._errors import ConfigurationError, StoreError
 from .._seams.codec import Codec, PayloadKind, Seal, SealsPerCommit
 from .._values.checkpoints import SuspendCheckpoint
+from .._values.frozen import replaced
 from .._values.inbound import InboundEvent
 from .._values.messages import OpeningMessage, UserMessage, opening_from_dict
 from .._values.records import TurnRecord
@@ -406,7 +407,7 @@ class Payloads:
         payloads in their stored form (sealed under a codec); ``turn`` reads it back."""
         sid = record.session_id
         return KeptTurn(
-            record=replace(
+            record=replaced(
                 record,
                 opening=_NO_OPENING,
                 event=None,
@@ -425,7 +426,7 @@ class Payloads:
         """The record ``keep_turn`` kept, its payloads decoded."""
         record = kept.record
         sid, tid = record.session_id, record.turn_id
-        return replace(
+        return replaced(
             record,
             opening=self._opening(sid, tid, kept.opening),
             event=self._event(sid, kept.event),

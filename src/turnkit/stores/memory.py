@@ -13,7 +13,7 @@ import secrets
 import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, TypeVar
 
@@ -31,6 +31,7 @@ from .._seams.codec import Codec, PayloadKind
 from .._seams.store import NoHandle, ToolStep
 from .._values.budgets import NO_SPEND, Spend
 from .._values.events import TurnEvent, event_from_dict
+from .._values.frozen import replaced
 from .._values.messages import Message, message_from_dict
 from .._values.records import (
     Erasure,
@@ -45,7 +46,7 @@ from .._values.records import (
 )
 from .._values.step_results import StepResults
 from .._values.turn_rules import UNFINISHED, first_cancel_reason
-from .._values.writes import CountUsage, Write
+from .._values.writes import AppendMessage, CountUsage, LogEvent, PutStep, Write
 from ._apply import apply_writes
 from ._locks import SessionLocks
 from ._off_loop import on_thread
@@ -93,6 +94,22 @@ class _SessionData:
     trimmed: frozenset[str] = frozenset()
     #: The turns each archived generation retired (their blobs go with it).
     archived_turns: dict[int, frozenset[str]] = field(default_factory=dict)
+
+
+def _json(value: Any, what: str, name: str) -> bytes:
+    """``value`` as JSON, or the store's refusal naming ``what`` (and ``name``)."""
+    try:
+        return to_json(value)
+    except Exception as exc:
+        raise StoreError(f"cannot store {what}{name} as JSON: {exc}") from exc
+
+
+def _not_json(write: Write | None, exc: Exception) -> StoreError:
+    """The refusal of a row ``_add_rows`` could not encode, worded as ``_json`` words it."""
+    if isinstance(write, PutStep):
+        return StoreError(f"cannot store step {write.step_id} as JSON: {exc}")
+    what = "an event" if isinstance(write, LogEvent) else "a message"
+    return StoreError(f"cannot store {what} as JSON: {exc}")
 
 
 def _forget_step(
@@ -161,10 +178,7 @@ class _MemoryTransaction:
     def _encode(self, kind: PayloadKind, value: Any, turn_id: str, what: str, name: str) -> bytes:
         """``value`` as kept: its JSON, spilled and sealed as the store is set to;
         refused, naming ``what`` (and ``name``), if it is not JSON."""
-        try:
-            encoded = to_json(value)
-        except Exception as exc:
-            raise StoreError(f"cannot store {what}{name} as JSON: {exc}") from exc
+        encoded = _json(value, what, name)
         over = self._spill_over
         if over is not None and len(encoded) > over:
             assert self._put is not None  # (set with the threshold)
@@ -333,7 +347,8 @@ class _MemoryTransaction:
             self._keep_fields()
             if self._data.agent is None:  # the turn creates the session
                 self._data.owner, self._data.agent = owner, record.agent
-            self._put_turn(self._payloads.keep_turn(replace(record, created_at=self._next_order())))
+            ordered = replaced(record, created_at=self._next_order())
+            self._put_turn(self._payloads.keep_turn(ordered))
         else:
             if stored is None or stored.record.status != expect:
                 found = "no such turn" if stored is None else f"it is {stored.record.status}"
@@ -344,9 +359,8 @@ class _MemoryTransaction:
             # What a move changes; its opening and event stay as kept.
             payloads, sid = self._payloads, stored.record.session_id
             self._put_turn(
-                replace(
-                    stored,
-                    record=replace(
+                KeptTurn(
+                    record=replaced(
                         stored.record,
                         status=record.status,
                         finished_at=record.finished_at,
@@ -354,6 +368,8 @@ class _MemoryTransaction:
                         held_by=record.held_by,
                         wake_at=record.wake_at,
                     ),
+                    opening=stored.opening,
+                    event=stored.event,
                     pending=payloads.pending(sid, record),
                     text=payloads.dump_text(sid, "text", record.text),
                     error=payloads.dump_text(sid, "error", record.error),
@@ -396,6 +412,9 @@ class _MemorySession:
         self._payloads = payloads
         self._blobs = blobs
         self._ledger: dict[tuple[str, str], Spend] = ledger if ledger is not None else {}
+        #: Whether every payload is kept as its bare JSON (no codec, nothing spills):
+        #: then a commit of rows alone takes the short way (``_add_rows``).
+        self._plain = payloads.codec is None and (blobs is None or payloads.threshold is None)
 
     async def spend(self, tenant: str) -> tuple[Spend, Spend]:
         """What this session spent, and what ``tenant`` did (see ``UsageLedger``)."""
@@ -444,6 +463,8 @@ class _MemorySession:
         )
 
     async def commit(self, writes: Sequence[Write]) -> None:
+        if self._plain and self._add_rows(writes):
+            return
         tx = _MemoryTransaction(
             self._data, self._session_id, self._payloads, self._blobs, self._ledger
         )
@@ -454,6 +475,62 @@ class _MemorySession:
             raise
         for delete in tx.after:
             delete()
+
+    def _add_rows(self, writes: Sequence[Write]) -> bool:
+        """Make a commit of messages, steps and events only (every step's commit), and
+        say so; False, with nothing made, for any other commit.
+
+        Each row is checked and encoded before any is added, so a refused one leaves
+        the session as it was without the undo log a transaction keeps."""
+        d, sid = self._data, self._session_id
+        messages, steps, events = d.messages, d.steps, d.events
+        next_index = len(messages)
+        last_seq = events[-1][0] if events else None
+        new_messages: list[bytes] = []
+        new_steps: dict[str, tuple[str, bytes]] = {}
+        new_events: list[tuple[int, str, bytes]] = []
+        w: Write | None = None
+        try:
+            for w in writes:
+                if type(w) is AppendMessage:
+                    if w.index != next_index:
+                        raise WriteConflictError(
+                            f"session {sid}: message index {w.index} is not the next "
+                            f"position {next_index}"
+                        )
+                    new_messages.append(to_json(w.message.to_dict()))
+                    next_index += 1
+                elif type(w) is PutStep:
+                    step_id = w.step_id
+                    if step_id in steps or step_id in new_steps:
+                        raise WriteConflictError(f"session {sid}: step {step_id} is already stored")
+                    new_steps[step_id] = (w.turn_id, to_json(w.result))
+                elif type(w) is LogEvent:
+                    event = w.event
+                    seq = event.seq
+                    if seq is None or (last_seq is not None and seq <= last_seq):
+                        raise WriteConflictError(
+                            f"session {sid}: event seq {seq} is not increasing"
+                        )
+                    new_events.append((seq, event.turn_id, to_json(event.to_dict())))
+                    last_seq = seq
+                else:
+                    return False
+        except WriteConflictError:
+            raise
+        except Exception as exc:  # (only to_json raises: a value that is not JSON)
+            raise _not_json(w, exc) from exc
+        messages.extend(new_messages)
+        events.extend(new_events)
+        if new_steps:
+            steps.update(new_steps)
+            of_turns = d.turn_steps
+            for step_id, (turn_id, encoded) in new_steps.items():
+                mine = of_turns.get(turn_id)
+                if mine is None:
+                    mine = of_turns[turn_id] = {}
+                mine[step_id] = encoded
+        return True
 
     async def run_tool(self, step: ToolStep[T]) -> T:
         # The tool runs on a worker thread, so blocking in it stalls no other
@@ -683,7 +760,14 @@ def _created(kept: KeptTurn) -> float:
 
 def _cancelled(kept: KeptTurn, reason: str) -> KeptTurn:
     """``kept`` with its cancellation recorded as ``reason``."""
-    return replace(kept, record=replace(kept.record, cancel_reason=reason))
+    return KeptTurn(
+        record=replaced(kept.record, cancel_reason=reason),
+        opening=kept.opening,
+        event=kept.event,
+        pending=kept.pending,
+        text=kept.text,
+        error=kept.error,
+    )
 
 
 def _preview(session_id: str, messages: list[bytes], payloads: Payloads) -> str | None:

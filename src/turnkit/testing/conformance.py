@@ -426,6 +426,28 @@ async def test_conformance_a_taken_position_or_step_is_refused(
 
 
 @pytest.mark.asyncio
+async def test_conformance_a_row_that_cannot_be_stored_refuses_its_whole_commit(
+    conformance_store: StoreUnderTest,
+) -> None:
+    """A step's rows land together or not at all, also when the last one is what the
+    store cannot encode; the refusal names it."""
+    async with _opened(conformance_store) as store:
+        session = store.session("s1")
+        await _open_turn(session, "t1")
+        before = await session.load("t1")
+        rows: list[Write] = [
+            PutStep("model:1", "t1", {"text": "x"}),
+            AppendMessage(1, AssistantMessage(text="x", turn_id="t1")),
+            LogEvent(TurnCompletedEvent(turn_id="t1", session_id="s1", text="x", seq=1)),
+            PutStep("tool:1:c1", "t1", {"value": object()}),
+        ]
+        with pytest.raises(StoreError, match="tool:1:c1"):
+            await session.commit(rows)
+        assert await session.load("t1") == before
+        assert await session.events() == []
+
+
+@pytest.mark.asyncio
 async def test_conformance_updating_a_missing_turn_is_refused(
     conformance_store: StoreUnderTest,
 ) -> None:
