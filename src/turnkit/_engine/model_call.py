@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 from pydantic_core import from_json, to_json
 
@@ -176,10 +177,14 @@ def stored_form(reply: ModelReply) -> tuple[ModelReply, JsonObject]:
 
     A reply whose fields have the types a replay decodes and whose JSON reads back
     equal (the usual case: adapters build replies from JSON) already is that form and
-    is kept; any other is rebuilt from its JSON, which also checks it.
+    is kept; any other is rebuilt from its JSON, which also checks it. A reply whose
+    free-form parts (inputs, provider state) hold only what JSON decodes to is known
+    to read back equal without the round trip.
     """
     try:
         data = reply.to_dict()
+        if _decoded_types(reply) and _free_form_decoded(reply):
+            return reply, data
         stored = from_json(to_json(data))
         if stored == data and _decoded_types(reply):
             return reply, data
@@ -212,6 +217,54 @@ def _decoded_types(reply: ModelReply) -> bool:
         ):
             return False
     return True
+
+
+#: How deep ``_decoded_json`` looks before leaving the answer to a JSON round trip
+#: (deeper than the encoder goes is refused there, with its own words).
+_DECODED_DEPTH = 64
+
+
+def _free_form_decoded(reply: ModelReply) -> bool:
+    """Whether every free-form JSON part of ``reply`` holds only what JSON decodes to."""
+    if reply.provider_state is not None and not _decoded_json(reply.provider_state):
+        return False
+    for c in reply.tool_calls:
+        if not _decoded_json(c.input) or (
+            c.provider_state is not None and not _decoded_json(c.provider_state)
+        ):
+            return False
+    return True
+
+
+def _decoded_json(value: object) -> bool:
+    """Whether ``value`` is made only of the exact types JSON decodes to (dicts with
+    str keys, lists, str, int, bool, None and finite floats), at most
+    ``_DECODED_DEPTH`` levels deep: then its JSON reads back equal to it. False only
+    means "not known": a tuple, a str subclass or an infinity may still encode."""
+    level: list[object] = [value]
+    for _ in range(_DECODED_DEPTH):
+        deeper: list[object] = []
+        for v in level:
+            kind = type(v)
+            if kind is str or kind is int or kind is bool or v is None:
+                continue
+            if kind is float:
+                if cast(float, v) - cast(float, v) != 0.0:  # (inf and nan: not finite)
+                    return False
+            elif kind is dict:
+                mapping = cast(dict[object, object], v)
+                for key in mapping:
+                    if type(key) is not str:
+                        return False
+                deeper.extend(mapping.values())
+            elif kind is list:
+                deeper.extend(cast(list[object], v))
+            else:
+                return False
+        if not deeper:
+            return True
+        level = deeper
+    return False
 
 
 def _check_call(call: object, seen: set[str]) -> None:

@@ -27,6 +27,7 @@ from .replies import assistant_message, error_of, reply_events
 from .retries import model_retry_wait
 from .spending import check_budget, count_usage
 from .tool_steps import Park
+from .transcript_view import TranscriptView
 
 
 class ModelSteps:
@@ -47,10 +48,13 @@ class ModelSteps:
         # The history policy's summary calls are steps of their own, with spans of
         # their own, made before this step's request (and its span) begins.
         windows = self._context_windows()
-        sent = await windows.prepare(d.transcript, index, d.policy.system)
-        summaries = windows.take_usage()  # what the summaries it made used
-        if summaries is not None:
-            d.add_usage(summaries)
+        if d.agent.history is None:  # the whole transcript, no summary calls: not awaited
+            sent = Sent(messages=TranscriptView(d.transcript, 0, index), system=d.policy.system)
+        else:
+            sent = await windows.prepare(d.transcript, index, d.policy.system)
+            summaries = windows.take_usage()  # what the summaries it made used
+            if summaries is not None:
+                d.add_usage(summaries)
         with d.step_span(step_id, model=d.agent.model) as span:
             await self._ask_and_commit(index, step_id, span, windows, sent)
 

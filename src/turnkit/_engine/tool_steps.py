@@ -16,7 +16,6 @@ from pydantic_core import to_json
 from .._errors import FatalToolError, StoreError
 from .._seams.store import NoHandle, StoreHandle
 from .._seams.tracer import StepOutcome, StepSpan
-from .._values.checkpoints import ToolStepResult
 from .._values.events import ActionCompletedEvent
 from .._values.frozen import made_clean
 from .._values.inputs import InputRequest
@@ -52,7 +51,6 @@ from .version_meeting import rewritten
 _NOT_TOOLS = frozenset({OUTPUT_TOOL})
 #: A tool step's event and memo, made from its message's (already storable) fields.
 _completed = made_clean(ActionCompletedEvent)
-_step_result = made_clean(ToolStepResult)
 
 _REMOTE_HANDLE = NoHandle(
     "this tool is async (remote) and runs outside the step transaction; "
@@ -266,7 +264,7 @@ class ToolSteps:
             handles.append(handle)  # (it also tells a passing database failure apart)
             ctx = self._context(given, call, step_id, local=True)
             value = run_local(tool, copy_input(call.input), ctx)
-            return self._written(_ToolRow(index, seq, step_id, call, value, None))
+            return self._written(index, seq, step_id, call, value, None)
 
         try:
             written = await d.store.run_tool(step)
@@ -296,28 +294,34 @@ class ToolSteps:
     ) -> None:
         """Commit a tool step whose result is already known."""
         d = self._d
-        row = _ToolRow(len(d.transcript), d.next_seq, step_id, call, value, error)
-        written, writes = self._written(row)
+        written, writes = self._written(len(d.transcript), d.next_seq, step_id, call, value, error)
         await d.store.commit(writes)
         d.landed(written.step_id, written.stored, written.messages, written.event)
 
-    def _written(self, row: _ToolRow) -> tuple[_Written, list[Write]]:
+    def _written(
+        self,
+        position: int,
+        seq: int,
+        step_id: str,
+        call: ToolCall,
+        value: Any,
+        error: str | None,
+    ) -> tuple[_Written, list[Write]]:
         """The rows of one tool step: its memo, its ``action.completed``, and its tool
         message with those of the calls after it that were waiting for it (the
         transcript keeps the order the model asked in)."""
         d = self._d
-        call = row.call
         message = ToolMessage(
             call_id=call.id,
             name=call.name,
-            result=row.value,
+            result=value,
             turn_id=d.turn_id,
-            is_error=row.error is not None,
+            is_error=error is not None,
         )
         # Storable now (the message cleaned the result, the call its id and name, and
         # the error is cleaned here once), so the event and memo check nothing again;
         # observers get their own copy of the result to mutate.
-        value, error = message.result, None if row.error is None else storable(row.error)
+        value, error = message.result, None if error is None else storable(error)
         event = _completed(
             turn_id=d.turn_id,
             session_id=d.session_id,
@@ -325,14 +329,21 @@ class ToolSteps:
             name=call.name,
             result=copy_input(value),
             error=error,
-            seq=row.seq,
+            seq=seq,
         )
-        stored = _step_result(result=value, error=error).to_dict()
+        stored = {"result": value, "error": error}  # ToolStepResult's to_dict()
         ready = self._ready_after(call, message)
-        writes: list[Write] = [PutStep(row.step_id, d.turn_id, stored)]
-        writes.extend(AppendMessage(row.position + offset, m) for offset, m in enumerate(ready))
-        writes.append(LogEvent(event))
-        return _Written(row.step_id, stored, ready, event), writes
+        if len(ready) == 1:  # (the usual batch: no generator for one message)
+            writes: list[Write] = [
+                PutStep(step_id, d.turn_id, stored),
+                AppendMessage(position, ready[0]),
+                LogEvent(event),
+            ]
+        else:
+            writes = [PutStep(step_id, d.turn_id, stored)]
+            writes += [AppendMessage(position + offset, m) for offset, m in enumerate(ready)]
+            writes.append(LogEvent(event))
+        return _Written(step_id, stored, ready, event), writes
 
     def _ready_after(self, call: ToolCall, message: ToolMessage) -> list[ToolMessage]:
         """The messages that join the transcript once ``call``'s result commits."""
@@ -387,14 +398,3 @@ class _Written(NamedTuple):
     stored: Any
     messages: list[ToolMessage]
     event: ActionCompletedEvent
-
-
-class _ToolRow(NamedTuple):
-    """Everything one tool step commits, positioned in the transcript and the event log."""
-
-    position: int  # the transcript position its message takes
-    seq: int
-    step_id: str
-    call: ToolCall
-    value: Any
-    error: str | None
