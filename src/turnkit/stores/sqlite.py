@@ -47,7 +47,7 @@ from .._values.records import (
     TurnStatus,
 )
 from .._values.step_results import StepResults
-from .._values.writes import CountUsage, Write
+from .._values.writes import AppendMessage, CountUsage, LogEvent, PutStep, Write
 from . import _archive_sql as archive_sql
 from . import _blob_outbox as blob_outbox
 from . import _erase_sql as erase_sql
@@ -258,6 +258,31 @@ class _SqliteTransaction:
         #: (their ``turnkit_blob_deletions`` row, the turns as JSON, whether every
         #: blob of the session goes).
         self.after: list[tuple[int, str, bool]] = []
+
+    def apply(self, writes: Sequence[Write]) -> None:
+        """Make ``writes`` in order: the rows a step commits (messages, steps, events)
+        here, without a call per write through ``apply_writes``; from the first write
+        of another kind, the rest through it."""
+        conn = self._conn
+        _check_open(conn)
+        sid, dump, execute = self._sid, self._dump, conn.execute
+        for i, w in enumerate(writes):
+            if type(w) is AppendMessage:
+                message = w.message
+                tid = message.turn_id
+                body = dump(sid, "message", message.to_dict(), tid)
+                execute(sql.INSERT_MESSAGE, (sid, w.index, tid, body))
+            elif type(w) is PutStep:
+                stored = dump(sid, "step", w.result, w.turn_id)
+                execute(sql.INSERT_STEP, (sid, w.turn_id, w.step_id, stored))
+            elif type(w) is LogEvent:
+                event = w.event
+                tid = event.turn_id
+                body = dump(sid, "event", event.to_dict(), tid)
+                execute(sql.INSERT_EVENT, (sid, event.seq, tid, body))
+            else:
+                apply_writes(self, writes[i:])
+                return
 
     def append_message(self, index: int, message: Message) -> None:
         _check_open(self._conn)
@@ -474,7 +499,7 @@ class _SqliteSession:
                 conn, self._sid, store._payloads, store.blobs, store._owes_blobs
             )
             try:
-                apply_writes(tx, writes)
+                tx.apply(writes)
                 conn.execute("COMMIT")
             except BaseException as exc:
                 if conn.in_transaction:
@@ -538,7 +563,7 @@ class _SqliteSession:
             store = self._store
             blobs = store.blobs
             tx = _SqliteTransaction(conn, self._sid, store._payloads, blobs, store._owes_blobs)
-            apply_writes(tx, writes)
+            tx.apply(writes)
             conn.execute("COMMIT")
             # Its owed rows stay until the next open's sweep: no tool step erases.
             _delete_blobs(self._sid, store.blobs, tx.after)
