@@ -421,6 +421,37 @@ async def test_a_local_tool_runs_exactly_once_on_a_worker_thread(store: Postgres
     assert rows == (3,)
 
 
+async def test_a_tool_steps_commit_runs_prepared_even_after_a_tool_drops_them(
+    pg_dsn: str, pg_schema: str
+) -> None:
+    """A ``def`` tool's step commit goes on libpq directly, its statements prepared on
+    the tools' connection once seen before (the server parses them once per
+    connection); a tool that drops the connection's prepared statements (DEALLOCATE)
+    still commits, and so do the steps after it."""
+    seen: list[int] = []
+
+    def writes(ctx: ToolContext) -> str:
+        """Writes an app row; the third call drops the prepared statements."""
+        ctx.store.execute("CREATE TABLE IF NOT EXISTS app_rows (k text)")
+        ctx.store.execute("INSERT INTO app_rows VALUES (?)", (ctx.call_id,))
+        mine = "SELECT count(*) FROM pg_prepared_statements WHERE name LIKE 'turnkit\\_c%'"
+        seen.append(ctx.store.execute(mine)[0][0])
+        if len(seen) == 3:
+            ctx.store.unwrap().execute("DEALLOCATE ALL")
+        return "written"
+
+    store = PostgresStore(pg_dsn, schema=pg_schema, max_size=1)  # one tools' connection
+    async with turnkit.Runtime(one_tool_agent(writes), store=store) as rt:
+        session = rt.session("a", "s1")
+        for _ in range(6):
+            assert await session.turn("go") == "done"
+    assert seen[0] == 0 and seen[2] > 0  # prepared by the second step's commit
+    assert seen[3] == 0 and seen[4] > 0  # dropped by the third, prepared again
+    with connect(pg_dsn) as conn:
+        rows = conn.execute(f'SELECT count(*) FROM "{pg_schema}".app_rows').fetchone()
+    assert rows == (6,)
+
+
 async def test_a_tool_step_runs_once_and_its_writes_land_once(store: PostgresStore) -> None:
     """The step is called once, and its writes land once, in its transaction."""
     session = store.session("s1")

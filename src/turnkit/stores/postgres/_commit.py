@@ -13,7 +13,6 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import psycopg
-from psycopg.pq import ExecStatus
 from psycopg.pq.abc import PGresult
 
 from ..._errors import StoreError
@@ -49,7 +48,7 @@ class Sender:
     sender is then discarded before any commit uses it, as the pool's checkout
     check does for the reads."""
 
-    __slots__ = ("_busy", "_fd", "_loop", "_names", "_seen", "_waiter", "conn", "suspect")
+    __slots__ = ("_busy", "_fd", "_loop", "_plans", "_waiter", "conn", "suspect")
 
     def __init__(self, conn: psycopg.AsyncConnection[Any], loop: asyncio.AbstractEventLoop) -> None:
         self.conn = conn
@@ -58,9 +57,8 @@ class Sender:
         self._waiter: asyncio.Future[None] | None = None
         self._busy = False
         self.suspect = False
-        #: Statements prepared on this connection, and those sent once (see ``_plan``).
-        self._names: dict[bytes, bytes] = {}
-        self._seen: set[bytes] = set()
+        #: Statements prepared on this connection (see ``wire.Plans``).
+        self._plans = wire.Plans()
         loop.add_reader(self._fd, self._readable)
 
     def _readable(self) -> None:
@@ -102,52 +100,8 @@ class Sender:
     async def results(self, statements: Sequence[wire.Statement]) -> list[PGresult]:
         """Send ``statements`` as one pipelined request and return their results
         (one per statement), an error among them left unraised."""
-        sent, fresh = self._plan(statements)
-        results = await self._exchange(sent)
-        if not fresh:
-            return results
-        mine: list[PGresult] = []
-        at = 0
-        for i in range(len(statements)):
-            if i in fresh:  # a Prepare, then its Execute
-                prepared = results[at]
-                if prepared.status == ExecStatus.COMMAND_OK:
-                    self._names[fresh[i]] = sent[at].name  # type: ignore[union-attr]
-                    mine.append(results[at + 1])
-                else:
-                    mine.append(prepared)  # its error stands for the statement's
-                at += 2
-            else:
-                mine.append(results[at])
-                at += 1
-        return mine
-
-    def _plan(
-        self, statements: Sequence[wire.Statement]
-    ) -> tuple[list[wire.Statement], dict[int, bytes]]:
-        """What to send for ``statements``: each query this connection has prepared
-        runs as its prepared statement, and one sent before is prepared now, in the
-        same request (the server then parses and plans it once per connection, as
-        psycopg does for repeated queries). Also which of them are prepared here."""
-        sent: list[wire.Statement] = []
-        fresh: dict[int, bytes] = {}
-        planned: dict[bytes, bytes] = {}  # prepared earlier in this request
-        for i, s in enumerate(statements):
-            if type(s) is not wire.Query:
-                sent.append(s)
-                continue
-            name = self._names.get(s.sql) or planned.get(s.sql)
-            if name is not None:
-                sent.append(wire.Execute(name, s.values))
-            elif s.sql in self._seen and len(self._names) + len(planned) < _MAX_PREPARED:
-                name = planned[s.sql] = b"turnkit_c%d" % (len(self._names) + len(planned))
-                sent += (wire.Prepare(name, s.sql), wire.Execute(name, s.values))
-                fresh[i] = s.sql
-            else:
-                if len(self._seen) < 4 * _MAX_PREPARED:
-                    self._seen.add(s.sql)
-                sent.append(s)
-        return sent, fresh
+        sent, fresh = self._plans.plan(statements)
+        return self._plans.mine(statements, sent, fresh, await self._exchange(sent))
 
     async def _exchange(self, statements: Sequence[wire.Statement]) -> list[PGresult]:
         conn = self.conn
@@ -171,10 +125,6 @@ class Sender:
         self._unwatch()
         await self.conn.close()
 
-
-#: Statements one commit connection prepares at most (the commits of a step, and
-#: group commits of up to some dozens of sessions, need far fewer).
-_MAX_PREPARED = 64
 
 _Queued = tuple[
     str, list[wire.Statement], "asyncio.Future[None]", "tuple[Fence | None, Rows] | None"

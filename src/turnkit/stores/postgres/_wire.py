@@ -113,7 +113,9 @@ def consume(conn: psycopg.AsyncConnection[Any]) -> None:
     conn.pgconn.consume_input()
 
 
-def send(conn: psycopg.AsyncConnection[Any], statements: Sequence[Statement]) -> None:
+def send(
+    conn: psycopg.AsyncConnection[Any] | psycopg.Connection[Any], statements: Sequence[Statement]
+) -> None:
     """Queue ``statements`` and a Sync in pipeline mode (libpq flushes what fits)."""
     pgconn = conn.pgconn
     pgconn.enter_pipeline_mode()
@@ -128,6 +130,85 @@ def send(conn: psycopg.AsyncConnection[Any], statements: Sequence[Statement]) ->
     pgconn.pipeline_sync()
 
 
+class Plans:
+    """The statements prepared on one connection: each query it has prepared runs as
+    its prepared statement, and one sent before is prepared the next time, in the
+    same request (the server then parses and plans it once per connection, as
+    psycopg does for repeated queries)."""
+
+    __slots__ = ("_names", "_next", "_seen")
+
+    def __init__(self) -> None:
+        self._names: dict[bytes, bytes] = {}
+        self._seen: set[bytes] = set()
+        #: The number of the next name: never one given before, so a statement
+        #: prepared after ``forget`` cannot collide with one the server still has.
+        self._next = 0
+
+    def plan(self, statements: Sequence[Statement]) -> tuple[list[Statement], dict[int, bytes]]:
+        """What to send for ``statements``, and which of them are prepared in it (by
+        their index: each is sent as a Prepare, then its Execute)."""
+        sent: list[Statement] = []
+        fresh: dict[int, bytes] = {}
+        planned: dict[bytes, bytes] = {}  # prepared earlier in this request
+        for i, s in enumerate(statements):
+            if type(s) is not Query:
+                sent.append(s)
+                continue
+            name = self._names.get(s.sql) or planned.get(s.sql)
+            if name is not None:
+                sent.append(Execute(name, s.values))
+            elif s.sql in self._seen and len(self._names) + len(planned) < _MAX_PREPARED:
+                name = planned[s.sql] = b"turnkit_c%d" % self._next
+                self._next += 1
+                sent += (Prepare(name, s.sql), Execute(name, s.values))
+                fresh[i] = s.sql
+            else:
+                if len(self._seen) < 4 * _MAX_PREPARED:
+                    self._seen.add(s.sql)
+                sent.append(s)
+        return sent, fresh
+
+    def forget(self) -> None:
+        """Prepare afresh: the connection may have lost its prepared statements."""
+        self._names.clear()
+
+    def mine(
+        self,
+        statements: Sequence[Statement],
+        sent: Sequence[Statement],
+        fresh: dict[int, bytes],
+        results: list[PGresult],
+    ) -> list[PGresult]:
+        """The results of what ``plan`` sent, one per statement of ``statements``;
+        the statements it prepared are known prepared from now on (those whose
+        Prepare failed are not: that error stands for the statement's)."""
+        if not fresh:
+            return results
+        mine: list[PGresult] = []
+        at = 0
+        for i in range(len(statements)):
+            if i in fresh:  # a Prepare, then its Execute
+                prepared = results[at]
+                if prepared.status == ExecStatus.COMMAND_OK:
+                    self._names[fresh[i]] = sent[at].name  # type: ignore[union-attr]
+                    mine.append(results[at + 1])
+                else:
+                    mine.append(prepared)
+                at += 2
+            else:
+                mine.append(results[at])
+                at += 1
+        return mine
+
+
+#: SQLSTATE invalid_sql_statement_name: an Execute of a name not prepared.
+_NO_SUCH_STATEMENT = "26000"
+#: Statements one connection prepares at most (the commits of a step, and group
+#: commits of up to some dozens of sessions, need far fewer).
+_MAX_PREPARED = 64
+
+
 class Results:
     """A pipeline's results, gathered as they arrive: one per statement (an error,
     or ``PIPELINE_ABORTED`` for those skipped after it), up to the Sync."""
@@ -139,7 +220,7 @@ class Results:
         self.done = False
         self._in_one = False  # a statement's result is in, its end not yet
 
-    def feed(self, conn: psycopg.AsyncConnection[Any]) -> bool:
+    def feed(self, conn: psycopg.AsyncConnection[Any] | psycopg.Connection[Any]) -> bool:
         """Read what the server has sent; whether the Sync is in (the pipeline is
         then left, and the connection is idle again)."""
         pgconn = conn.pgconn
@@ -215,6 +296,36 @@ async def exchange(
     if check:
         raise_first_error(got.results, conn.info.encoding)
     return got.results
+
+
+def exchange_blocking(
+    conn: psycopg.Connection[Any], statements: Sequence[Statement], plans: Plans
+) -> list[PGresult]:
+    """``exchange`` on a blocking connection (a local tool's step, on its thread),
+    with the statements ``plans`` (the connection's) has prepared: the thread waits
+    on the socket, without the GIL, as psycopg's own waits do. A request
+    interrupted midway leaves the connection unusable, so it is closed."""
+    pgconn = conn.pgconn
+    got = Results()
+    sent, fresh = plans.plan(statements)
+    try:
+        send(conn, sent)
+        while pgconn.flush():
+            select.select([], [pgconn.socket], [])
+        while not got.feed(conn):
+            select.select([pgconn.socket], [], [])
+    except BaseException:
+        if pgconn.pipeline_status != PipelineStatus.OFF:
+            conn.close()
+        raise
+    results = plans.mine(statements, sent, fresh, got.results)
+    try:
+        raise_first_error(results, conn.info.encoding)
+    except psycopg.Error as exc:
+        if exc.sqlstate == _NO_SUCH_STATEMENT:  # a tool ran DEALLOCATE on the connection
+            plans.forget()
+        raise
+    return results
 
 
 async def _ready(loop: asyncio.AbstractEventLoop, fd: int, *, write: bool = False) -> None:

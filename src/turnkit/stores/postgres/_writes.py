@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
+import threading
 import time
+import weakref
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
@@ -46,7 +49,6 @@ from ._statements import (
     TRANSACTION_CONTROL,
     NoConnection,
     connection_lost,
-    pg,
     pg_wire,
     qmark_to_pyformat,
 )
@@ -257,6 +259,7 @@ class _PgHandle:
     def unwrap(self) -> psycopg.Connection[Any]:
         """The psycopg connection, inside the step's open transaction."""
         self._tx.begin()
+        self._tx.exposed = True
         return self._tx.conn
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
@@ -267,6 +270,8 @@ class _PgHandle:
         """
         if TRANSACTION_CONTROL.match(sql):
             raise FatalToolError(f"{ENDED}: refused {sql.split()[0].upper()}")
+        if _DROPS_PREPARED.match(sql):
+            self._tx.exposed = True
         conn = self._tx.conn
         opening = self._tx.begin_with_next()
         query = qmark_to_pyformat(sql) if params else sql
@@ -328,6 +333,10 @@ class PgTransaction(_Writes):
         self._begun = False
         self.checkout_failed: BaseException | None = None
         self.flushed = False
+        #: Whether the tool had the connection to itself (``unwrap``) or ran a
+        #: statement that drops prepared statements: then the step's own statements
+        #: go unprepared (the ones prepared before may be gone).
+        self.exposed = False
 
     @property
     def handle(self) -> StoreHandle:
@@ -355,6 +364,8 @@ class PgTransaction(_Writes):
     def release(self) -> None:
         conn, self._conn = self._conn, None
         if conn is not None:
+            if self.exposed:
+                _plans_of(conn).forget()
             self._pool.putconn(conn)
 
     def begin_with_next(self) -> bool:
@@ -384,14 +395,36 @@ class PgTransaction(_Writes):
         if conn.info.transaction_status == TransactionStatus.INERROR:
             raise FatalToolError(ABORTED)
         self.check_open()
-        schema = self.schema
-        with conn.pipeline():
-            if token is not None:
-                conn.execute(pg(FENCE, schema), (self._sid, token))
-            for statement, params in self.writes:
-                conn.execute(pg(statement, schema), params)
-            conn.execute("COMMIT")
+        statements = self.statements()
+        if token is not None:
+            fence = wire.Query(pg_wire(FENCE, self.schema), wire.values((self._sid, token)))
+            statements.insert(0, fence)
+        statements.append(_COMMIT)
+        # On libpq directly, as the loop's commits go: psycopg's cursor layer would
+        # cost more CPU than the round trip itself (see ``_wire``).
+        # A tool that had the connection to itself may have dropped what was prepared
+        # on it: then nothing is (see ``release``).
+        plans = wire.Plans() if self.exposed else _plans_of(conn)
+        wire.exchange_blocking(conn, statements, plans)
         self.flushed = True
+
+
+_COMMIT = wire.Query(b"COMMIT", ())
+#: Statements that drop a connection's prepared statements (DISCARD cannot run in
+#: the step's transaction; DEALLOCATE can).
+_DROPS_PREPARED = re.compile(r"\s*(DEALLOCATE|DISCARD)\b", re.IGNORECASE)
+
+#: The statements prepared on each connection of the tools' pool (they go with it).
+_PLANS: weakref.WeakKeyDictionary[psycopg.Connection[Any], wire.Plans] = weakref.WeakKeyDictionary()
+_PLANS_LOCK = threading.Lock()
+
+
+def _plans_of(conn: psycopg.Connection[Any]) -> wire.Plans:
+    with _PLANS_LOCK:
+        plans = _PLANS.get(conn)
+        if plans is None:
+            plans = _PLANS[conn] = wire.Plans()
+        return plans
 
 
 def commit_error(sid: str, lost: bool, exc: BaseException) -> BaseException:
