@@ -338,9 +338,14 @@ class TurnRunner:
     async def step_boundary(self) -> None:
         """A boundary between steps: also stop if another process (or runtime) has
         recorded a cancellation of this turn since the delivery began."""
-        if self.cancel_reason() is None:  # (poll_cancel inlined: one coroutine less a step)
+        # (cancel_reason, poll_cancel and boundary inlined: a step's boundary is crossed
+        # twice a model+tool pair.)
+        reason = self.request.cancel.reason or self._durable_cancel
+        if reason is None:
             self._durable_cancel = await self.store.cancel_reason(self.turn_id)
-        self.boundary()
+            reason = self.request.cancel.reason or self._durable_cancel
+        if reason is not None:
+            raise TurnCancelled(reason)
 
     async def poll_cancel(self) -> str | None:
         """Why the turn is to stop, asking the store too unless it is known already."""

@@ -12,9 +12,11 @@ from typing import Any
 from .._seams.tracer import StepSpan
 from .._values.checkpoints import ToolStepResult
 from .._values.events import MessageDeltaEvent, ReasoningDeltaEvent
+from .._values.frozen import made_clean
 from .._values.inputs import InputRequest
 from .._values.messages import ToolMessage
 from .._values.step_ids import model_step_id, tool_step_id
+from .._values.text import storable
 from .._values.turn_rules import move
 from .._values.writes import AppendMessage, PutStep, Write
 from .context_window import ContextWindows
@@ -28,6 +30,9 @@ from .retries import model_retry_wait
 from .spending import check_budget, count_usage
 from .tool_steps import Park
 from .transcript_view import TranscriptView
+
+#: A delta's event, its text made storable by the caller (see ``_text_delta``).
+_delta = made_clean(MessageDeltaEvent)
 
 
 class ModelSteps:
@@ -169,11 +174,14 @@ class ModelSteps:
 
     def _text_delta(self, text: str) -> None:
         d = self._d
+        # Made storable here (a reply streams many deltas; the event's own check
+        # would cost two calls more each), or by the event itself if not a str.
+        make = _delta if type(text) is str else MessageDeltaEvent
         d.emit(
-            MessageDeltaEvent(
+            make(
                 turn_id=d.turn_id,
                 session_id=d.session_id,
-                text=text,
+                text=storable(text) if make is _delta else text,
                 next_seq=d.next_seq,
                 attempt=d.attempt,
             )

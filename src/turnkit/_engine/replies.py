@@ -61,10 +61,12 @@ def reply_events(
     events: list[TurnEvent] = [
         _completed(turn_id=tid, session_id=sid, message=shown, seq=next(seq))
     ]
-    events += [
-        _requested(turn_id=tid, session_id=sid, call=c, seq=next(seq)) for c in shown.tool_calls
-    ]
-    events += [e for m in tail if (e := _tail_event(m, tid, sid, next(seq))) is not None]
+    for c in shown.tool_calls:  # (loops, not comprehensions: no frame each, every step)
+        events.append(_requested(turn_id=tid, session_id=sid, call=c, seq=next(seq)))
+    for m in tail:
+        e = _tail_event(m, tid, sid, next(seq))
+        if e is not None:
+            events.append(e)
     if answer is not None:
         completed = TurnCompletedEvent(turn_id=tid, session_id=sid, text=answer, seq=next(seq))
         events.append(completed)
@@ -97,7 +99,13 @@ def _tail_event(message: Message, tid: str, sid: str, seq: int) -> TurnEvent | N
 
 def _detached(calls: tuple[ToolCall, ...]) -> tuple[ToolCall, ...]:
     """Copies of ``calls`` whose inputs are not shared with the transcript."""
-    return tuple(
-        clean_copy(c, input=copy_input(c.input), provider_state=copy_input(c.provider_state))
-        for c in calls
+    return tuple(map(_detached_call, calls))
+
+
+def _detached_call(call: ToolCall) -> ToolCall:
+    state = call.provider_state
+    return clean_copy(
+        call,
+        input=copy_input(call.input),
+        provider_state=None if state is None else copy_input(state),
     )

@@ -111,15 +111,15 @@ class ToolSteps:
         finished ahead of an earlier one, then the process stopped) is not run again."""
         d = self._d
         index, owed = step.assistant_index, step.owed
-        ids = [tool_step_id(index, c.id) for c in owed]
-        if ids[0] in d.steps:
+        steps = d.steps
+        if tool_step_id(index, owed[0].id) in steps:
             await self._take_committed(step)  # its message was never appended
             return
-        todo = [
-            (step_id, rewritten(d, c))
-            for step_id, c in zip(ids, owed, strict=True)
-            if step_id not in d.steps
-        ]
+        todo: list[tuple[str, ToolCall]] = []
+        for c in owed:  # (a loop, not a comprehension: no frame of its own, every batch)
+            step_id = tool_step_id(index, c.id)
+            if step_id not in steps:
+                todo.append((step_id, rewritten(d, c)))
         limit = d.agent.max_parallel_tools
         if limit > 1 and len(todo) > 1:
             asked = await run_batch(_BatchSteps(self, index), [c for _, c in todo], limit)

@@ -203,7 +203,9 @@ class _FunctionTool:
             parsed = self.model.model_validate(data if data is not None else {})
         except pydantic.ValidationError as exc:
             raise ToolInputError(_validation_message(exc)) from None
-        kwargs = {k: getattr(parsed, k) for k in self.fields}
+        kwargs: dict[str, Any] = {}
+        for k in self.fields:  # (a loop, not a comprehension: no frame of its own a call)
+            kwargs[k] = getattr(parsed, k)
         if self.ctx_param is not None:
             kwargs[self.ctx_param] = ctx
         return kwargs
