@@ -156,7 +156,7 @@ class ModelReply:
     def to_dict(self) -> JsonObject:
         return {
             "text": self.text,
-            "tool_calls": list(map(ToolCall.to_dict, self.tool_calls)),  # (no frame)
+            "tool_calls": [c.to_dict() for c in self.tool_calls],
             "stop": self.stop.to_dict() if self.stop else None,
             "provider_state": self.provider_state,
             "usage": self.usage.to_dict() if self.usage is not None else None,
@@ -238,7 +238,7 @@ class AssistantMessage:
             "role": self.role,
             "turn_id": self.turn_id,
             "text": self.text,
-            "tool_calls": list(map(ToolCall.to_dict, self.tool_calls)),  # (no frame)
+            "tool_calls": [c.to_dict() for c in self.tool_calls],
             "stop": self.stop.to_dict() if self.stop else None,
             "provider_state": self.provider_state,
             "usage": self.usage.to_dict() if self.usage is not None else None,
