@@ -13,7 +13,11 @@ Run from the repo root::
 
 Each case is ONE turn on a fresh session and store: a zero-latency model calls a
 no-op tool once per model step for N steps and then answers with text, so the turn
-commits N model steps, N tool steps and a final model step. The whole turn is timed
+commits N model steps, N tool steps and a final model step. Before it, untimed, the
+same runtime runs a one-pair turn on another session, so that the timed turn finds
+the store as a running service has it (PostgreSQL's pool connected, statements
+prepared, the tool threads started), as the floors find theirs; ``--cold`` leaves
+that out. The whole turn is timed
 (``turn µs/pair`` = turn time / N, fixed per-turn costs included) and so are windows
 inside it, from ``time.perf_counter()`` taken at each ``action.completed`` event: the
 first pairs (from ``turn.started`` to the W-th ``action.completed``) and the last W
@@ -83,7 +87,7 @@ import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -119,6 +123,7 @@ CODEC_BAR_US = 30.0  # SQLite: what sealing every payload adds per model+tool pa
 
 _TOOL_NAME = {"def": "noop", "async": "noop_async"}
 _SESSION = "bench"
+_WARM_SESSION = "bench-warm-up"
 _TURN_ID = "0" * 32  # a uuid4().hex-sized id
 _ALL_STORES: list[StoreKind] = ["memory", "sqlite", "postgres"]
 
@@ -212,6 +217,10 @@ class Where:
     codec: str = "none"
     #: ``--blobs``: whether the store keeps large payloads as blobs.
     blobs: bool = False
+    #: Whether each timed turn follows a one-pair turn on another session of the same
+    #: runtime (``--cold``: not), so that opening the store's connections and
+    #: preparing its statements are not counted as the timed turn's pairs.
+    warm: bool = True
 
 
 def _codec(kind: str) -> turnkit.Codec | None:
@@ -265,7 +274,8 @@ async def _run_turn(
     store_kind: StoreKind, tool_kind: ToolKind, steps: int, where: Where
 ) -> RunSample:
     tool = noop if tool_kind == "def" else noop_async
-    agent = turnkit.Agent(name="bench", model=ZeroModel(steps, _TOOL_NAME[tool_kind]), tools=[tool])
+    model = ZeroModel(steps, _TOOL_NAME[tool_kind])
+    agent = turnkit.Agent(name="bench", model=model, tools=[tool])
     stamps: list[float] = []
     append, clock = stamps.append, time.perf_counter
 
@@ -279,6 +289,14 @@ async def _run_turn(
         _fresh_store(store_kind, where) as store,
         turnkit.Runtime(agent, store=store, tracer=_tracer(where.tracer)) as runtime,
     ):
+        if where.warm:
+            # One pair on another session first: the store's connections open and its
+            # statements are prepared, as in a service that is running (the floors
+            # commit on open connections too).
+            model.steps = 1
+            warm = runtime.session("bench", _WARM_SESSION)
+            await warm.result(warm.start("warm up"))
+            model.steps = steps
         session = runtime.session("bench", _SESSION)
         unsubscribe = session.subscribe(on_event)
         gc.collect()
@@ -370,10 +388,7 @@ async def run_codec_cases(
 ) -> list[CodecCase]:
     """Each case on the plain store and on the sealed one (or, with ``--blobs``, the
     one with blobs), run by run in turn."""
-    if args.blobs:
-        sealed = Where(tmp=where.tmp, dsn=where.dsn, tracer=where.tracer, blobs=True)
-    else:
-        sealed = Where(tmp=where.tmp, dsn=where.dsn, tracer=where.tracer, codec="aes")
+    sealed = replace(where, blobs=True) if args.blobs else replace(where, codec="aes")
     out: list[CodecCase] = []
     for store in stores:
         for tool in args.tools:
@@ -451,7 +466,8 @@ def codec_main(args: argparse.Namespace, stores: Sequence[StoreKind]) -> int:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="turnkit-bench-") as d:
         tmp = Path(d)
-        cases = asyncio.run(run_codec_cases(args, stores, Where(tmp=tmp, dsn=args.dsn)))
+        where = Where(tmp=tmp, dsn=args.dsn, warm=not args.cold)
+        cases = asyncio.run(run_codec_cases(args, stores, where))
         floor = None
         if "sqlite" in stores and not args.no_floor:
             floor = measure_floor(
@@ -932,6 +948,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--warmup", type=int, default=1, help="untimed turns per store/tool first")
     p.add_argument("--no-gc", action="store_true", help="disable the cyclic GC while timing")
+    p.add_argument(
+        "--cold",
+        action="store_true",
+        help="time each turn on a store nothing ran on yet (default: after a one-pair turn "
+        "on another session, so that opening connections is not counted)",
+    )
     p.add_argument("--no-floor", action="store_true", help="skip the SQLite and PostgreSQL floors")
     p.add_argument("--json", type=Path, metavar="PATH", help="also write the results here")
     args = p.parse_args(argv)
@@ -1017,7 +1039,7 @@ def history_main(args: argparse.Namespace, stores: Sequence[StoreKind]) -> int:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="turnkit-bench-") as d:
         tmp = Path(d)
-        where = Where(tmp=tmp, dsn=args.dsn)
+        where = Where(tmp=tmp, dsn=args.dsn, warm=not args.cold)
         cases = asyncio.run(run_history_cases(args, stores, where))
         floor = None
         if "sqlite" in stores and not args.no_floor:
@@ -1069,7 +1091,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         gc.disable()
     with tempfile.TemporaryDirectory(prefix="turnkit-bench-") as d:
         tmp = Path(d)
-        where = Where(tmp=tmp, dsn=args.dsn, tracer=args.tracer)
+        where = Where(tmp=tmp, dsn=args.dsn, tracer=args.tracer, warm=not args.cold)
         cases = asyncio.run(run_cases(args, stores, where))
         floors = measure_floors(args, stores, tmp)
         hop = None if args.no_floor else thread_hop.hop_floor(runs=args.runs)
