@@ -29,6 +29,7 @@ from .replies import assistant_message, error_of, reply_events
 from .retries import model_retry_wait
 from .spending import check_budget, count_usage
 from .tool_steps import Park
+from .tracing import UNTRACED, UNTRACED_SPAN
 from .transcript_view import TranscriptView
 
 #: A delta's event, its text made storable by the caller (see ``_text_delta``).
@@ -60,7 +61,11 @@ class ModelSteps:
             summaries = windows.take_usage()  # what the summaries it made used
             if summaries is not None:
                 d.add_usage(summaries)
-        with d.step_span(step_id, model=d.agent.model) as span:
+        traced = d.step_span(step_id, model=d.agent.model)
+        if traced is UNTRACED:
+            await self._ask_and_commit(index, step_id, UNTRACED_SPAN, windows, sent)
+            return
+        with traced as span:
             await self._ask_and_commit(index, step_id, span, windows, sent)
 
     def _traced_summary(self, step_id: str, model: Any) -> AbstractContextManager[StepSpan]:

@@ -43,7 +43,7 @@ from .tool_call import (
 )
 from .tool_results import error_result, error_text
 from .tools import Tool
-from .tracing import outcome_of
+from .tracing import UNTRACED, UNTRACED_SPAN, outcome_of
 from .turn_tools import TurnTools, list_tool_sources
 from .version_meeting import rewritten
 
@@ -213,8 +213,11 @@ class ToolSteps:
 
     async def step(self, step_id: str, call: ToolCall) -> None:
         """One call's step (``step_id``), from its run to its commit, under its own span."""
-        d = self._d
-        with d.step_span(step_id, call=call) as span:
+        traced = self._d.step_span(step_id, call=call)
+        if traced is UNTRACED:
+            await self._run_tool(step_id, call, UNTRACED_SPAN)
+            return
+        with traced as span:
             await self._run_tool(step_id, call, span)
 
     async def _run_tool(self, step_id: str, call: ToolCall, span: StepSpan) -> None:

@@ -46,6 +46,9 @@ def outcome_of(exc: BaseException) -> StepOutcome:
 #: An untraced step's span (the default tracer's): records nothing, so the engine
 #: builds no trace for it and reports nothing to it.
 UNTRACED: AbstractContextManager[StepSpan] = nullcontext(NO_SPAN)
+#: The span ``UNTRACED`` enters: a step that finds ``UNTRACED`` may use it without
+#: the ``with`` statement's two calls (every step of an untraced turn does).
+UNTRACED_SPAN: StepSpan = NO_SPAN
 
 
 class Traced(AbstractContextManager[StepSpan]):
