@@ -16,8 +16,8 @@ no-op tool once per model step for N steps and then answers with text, so the tu
 commits N model steps, N tool steps and a final model step. Before it, untimed, the
 same runtime runs a one-pair turn on another session, so that the timed turn finds
 the store as a running service has it (PostgreSQL's pool connected, statements
-prepared, the tool threads started), as the floors find theirs; ``--cold`` leaves
-that out. The whole turn is timed
+prepared, the tool threads started, the caches a full collection before it emptied
+filled again), as the floors find theirs; ``--cold`` leaves that out. The whole turn is timed
 (``turn µs/pair`` = turn time / N, fixed per-turn costs included) and so are windows
 inside it, from ``time.perf_counter()`` taken at each ``action.completed`` event: the
 first pairs (from ``turn.started`` to the W-th ``action.completed``) and the last W
@@ -289,17 +289,18 @@ async def _run_turn(
         _fresh_store(store_kind, where) as store,
         turnkit.Runtime(agent, store=store, tracer=_tracer(where.tracer)) as runtime,
     ):
+        gc.collect()  # (none while timing: every run starts with the same heap)
         if where.warm:
             # One pair on another session first: the store's connections open and its
             # statements are prepared, as in a service that is running (the floors
-            # commit on open connections too).
+            # commit on open connections too), and caches the full collection just
+            # emptied are filled again (a turn right after one costs ~0.4 ms more).
             model.steps = 1
             warm = runtime.session("bench", _WARM_SESSION)
             await warm.result(warm.start("warm up"))
             model.steps = steps
         session = runtime.session("bench", _SESSION)
         unsubscribe = session.subscribe(on_event)
-        gc.collect()
         c0 = time.process_time()
         t0 = clock()
         tid = session.start("go")
