@@ -663,7 +663,14 @@ async def test_a_feed_follows_a_turn_running_in_another_process_through_the_log(
                 if frame.event == "action.requested":
                     gate.set()
     logged = [e.to_dict() for e in await session.events(turn_id=turn_id)]
-    assert frames == logged[1:]
+    # On PostgreSQL a delta of the last reply may come through the relay before the
+    # feed reads its step from the log (live text, docs/server.md): it is then shown
+    # in its place, before the message.completed it belongs to, and never after it.
+    assert [f for f in frames if f["type"] != "message.delta"] == logged[1:]
+    for i, frame in enumerate(frames):
+        if frame["type"] == "message.delta":
+            own = [f for f in frames[i + 1 :] if f.get("seq") == frame["next_seq"]]
+            assert own and own[0]["type"] == "message.completed", frames
     assert frames[-1]["type"] == "turn.completed"
 
 
