@@ -104,6 +104,20 @@ def _json(value: Any, what: str, name: str) -> bytes:
         raise StoreError(f"cannot store {what}{name} as JSON: {exc}") from exc
 
 
+def _taken_position(session_id: str, index: int, next_index: int) -> WriteConflictError:
+    return WriteConflictError(
+        f"session {session_id}: message index {index} is not the next position {next_index}"
+    )
+
+
+def _taken_step(session_id: str, step_id: str) -> WriteConflictError:
+    return WriteConflictError(f"session {session_id}: step {step_id} is already stored")
+
+
+def _seq_not_increasing(session_id: str, seq: int | None) -> WriteConflictError:
+    return WriteConflictError(f"session {session_id}: event seq {seq} is not increasing")
+
+
 def _not_json(write: Write | None, exc: Exception) -> StoreError:
     """The refusal of a row ``_add_rows`` could not encode, worded as ``_json`` words it."""
     if isinstance(write, PutStep):
@@ -200,10 +214,7 @@ class _MemoryTransaction:
 
     def append_message(self, index: int, message: Message) -> None:
         if index != len(self._data.messages):
-            raise WriteConflictError(
-                f"session {self._session_id}: message index {index} is not the next "
-                f"position {len(self._data.messages)}"
-            )
+            raise _taken_position(self._session_id, index, len(self._data.messages))
         messages = self._data.messages
         body = self._encode("message", message.to_dict(), message.turn_id, "a message", "")
         messages.append(body)
@@ -212,9 +223,7 @@ class _MemoryTransaction:
     def put_step(self, step_id: str, turn_id: str, result: Any) -> None:
         steps = self._data.steps
         if step_id in steps:
-            raise WriteConflictError(
-                f"session {self._session_id}: step {step_id} is already stored"
-            )
+            raise _taken_step(self._session_id, step_id)
         encoded = self._encode("step", result, turn_id, "step ", step_id)
         steps[step_id] = (turn_id, encoded)
         of_turns = self._data.turn_steps
@@ -227,9 +236,7 @@ class _MemoryTransaction:
     def log_event(self, event: TurnEvent) -> None:
         events = self._data.events
         if event.seq is None or (events and event.seq <= events[-1][0]):
-            raise WriteConflictError(
-                f"session {self._session_id}: event seq {event.seq} is not increasing"
-            )
+            raise _seq_not_increasing(self._session_id, event.seq)
         body = self._encode("event", event.to_dict(), event.turn_id, "an event", "")
         events.append((event.seq, event.turn_id, body))
         self._undo.append(events.pop)
@@ -494,24 +501,19 @@ class _MemorySession:
             for w in writes:
                 if type(w) is AppendMessage:
                     if w.index != next_index:
-                        raise WriteConflictError(
-                            f"session {sid}: message index {w.index} is not the next "
-                            f"position {next_index}"
-                        )
+                        raise _taken_position(sid, w.index, next_index)
                     new_messages.append(to_json(w.message.to_dict()))
                     next_index += 1
                 elif type(w) is PutStep:
                     step_id = w.step_id
                     if step_id in steps or step_id in new_steps:
-                        raise WriteConflictError(f"session {sid}: step {step_id} is already stored")
+                        raise _taken_step(sid, step_id)
                     new_steps[step_id] = (w.turn_id, to_json(w.result))
                 elif type(w) is LogEvent:
                     event = w.event
                     seq = event.seq
                     if seq is None or (last_seq is not None and seq <= last_seq):
-                        raise WriteConflictError(
-                            f"session {sid}: event seq {seq} is not increasing"
-                        )
+                        raise _seq_not_increasing(sid, seq)
                     new_events.append((seq, event.turn_id, to_json(event.to_dict())))
                     last_seq = seq
                 else:
