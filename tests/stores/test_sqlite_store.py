@@ -14,6 +14,7 @@ from eventually import eventually
 
 import turnkit
 from turnkit.stores import AppendMessage, PutStep, SqliteStore, all_sessions, transcript
+from turnkit.stores import _sql as sql_text
 from turnkit.stores._sqlite_schema import MIGRATIONS, SCHEMA_VERSION, migrate
 from turnkit.testing import ScriptedModel, ScriptedReply, tool_call
 
@@ -123,6 +124,26 @@ def test_every_session_query_uses_an_index(tmp_path: Path, query: str) -> None:
     assert plan and all("USING" in step for step in plan), plan
 
 
+@pytest.mark.parametrize(
+    ("query", "index"),
+    [
+        (f"SELECT {sql_text.SQLITE_ORDER}", "turnkit_turns_by_session"),
+        (sql_text.UNFINISHED, "turnkit_turns_unfinished"),
+    ],
+)
+def test_what_a_submission_reads_goes_by_the_sessions_turns_in_order(
+    tmp_path: Path, query: str, index: str
+) -> None:
+    """A submission reads its session's latest turn (the new one goes after it) and
+    its unfinished turns: through an index of the session's turns by time, a few
+    entries, not the primary key's range of every turn the session ever had."""
+    conn = sqlite3.connect(tmp_path / "q.db", isolation_level=None)
+    migrate(conn)
+    params = ("t", "s", "s")[-query.count("?") :]
+    plan = [row[3] for row in conn.execute(f"EXPLAIN QUERY PLAN {query}", params)]
+    assert any(index in step for step in plan), plan
+
+
 async def test_clear_errors_for_unusable_files(tmp_path: Path) -> None:
     with pytest.raises(turnkit.StoreError, match="does not exist"):
         await SqliteStore(tmp_path / "missing" / "x.db").open()
@@ -186,14 +207,17 @@ async def test_a_background_checkpoint_rewinds_a_long_wal(tmp_path: Path) -> Non
     db = tmp_path / "wal.db"
     agent = turnkit.Agent(name="a", model=ScriptedModel(respond=lambda m: "ok"))
     store = SqliteStore(db)
-    turns = CHECKPOINT_EVERY // 2 + 1  # two commits per turn: one checkpoint is due
-    # Each opening writes its text four times (message, the turn row's opening and
-    # inbound event, turn.started), so the first background checkpoint finds more
-    # than RESTART_FRAMES pages: about midway to SQLite's own backstop, which would
-    # copy them first.
+    # Three commits a turn (its opening, its reply, its end): the first background
+    # checkpoint starts during the last of these turns.
+    turns = -(-CHECKPOINT_EVERY // 3)
+    # Each opening's text is written eight times (the message, turn.started, and the
+    # turn row's opening and inbound event at its insert and at each of its two moves:
+    # a row is written whole), so the first background checkpoint finds more than
+    # RESTART_FRAMES pages: about midway to SQLite's own backstop, which would copy
+    # them first.
     pages = (RESTART_FRAMES + CHECKPOINT_BACKSTOP_PAGES) // 2
     assert pages > RESTART_FRAMES
-    text = "x" * (4096 * pages // (4 * turns))
+    text = "x" * (4096 * pages // (8 * turns))
     async with turnkit.Runtime(agent, store=store) as rt:
         session = rt.session("a", "s1")
         for i in range(turns):

@@ -194,6 +194,14 @@ MIGRATIONS: list[tuple[str, ...]] = [
         "CREATE TABLE turnkit_blob_deletions (id INTEGER PRIMARY KEY, "
         "session_id TEXT NOT NULL, turns TEXT)",
     ),
+    # v18: a session's turns in their order, so that what a submission reads (its
+    # latest turn, to place the new one after it, and its unfinished turns) is a few
+    # index entries however many turns the session has had.
+    (
+        "CREATE INDEX turnkit_turns_by_session ON turnkit_turns (session_id, created_at)",
+        "CREATE INDEX turnkit_turns_unfinished ON turnkit_turns (session_id, created_at) "
+        "WHERE status IN ('queued', 'running', 'suspended')",
+    ),
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)
