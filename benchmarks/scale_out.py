@@ -259,16 +259,18 @@ def _finished(conn: psycopg.Connection[Any], in_flight: dict[str, str]) -> list[
     if not in_flight:
         return []
     sessions = list(in_flight)
-    # Each turn looked up by its primary key (LATERAL ... LIMIT, which the planner
-    # cannot turn into a join): planned on the statistics of a table that was small
-    # when the run began, a join read every turn of it on each poll (3 ms at 4,000
-    # turns, 50 times a second, on the cores the worker measured needs).
+    # Planned anew each time (never prepared: psycopg prepares a query it sees five
+    # times, and the plan it keeps was made when the table was small) and each turn
+    # looked up by key (LATERAL ... LIMIT, which the planner cannot turn into a
+    # join): otherwise it read every turn on each poll (3 ms at 4,000 turns, 6 ms at
+    # 128 sessions, 50 times a second, on the cores the measured worker needs).
     rows = conn.execute(
         "SELECT u.s FROM unnest(%s::text[], %s::text[]) AS u(s, t) "
         "CROSS JOIN LATERAL (SELECT x.status FROM turnkit_turns x "
         "WHERE x.session_id = u.s AND x.turn_id = u.t LIMIT 1) x "
         "WHERE x.status NOT IN ('queued', 'running')",
         (sessions, [in_flight[s] for s in sessions]),
+        prepare=False,
     ).fetchall()
     return [str(r[0]) for r in rows]
 
