@@ -68,9 +68,13 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import _floor
 import psycopg
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))
+from round_trips import RoundTrips  # the tests' counting proxy
 
 import turnkit
 from turnkit.stores import PostgresStore
@@ -99,11 +103,14 @@ class Cluster:
     source: str | None = None
     #: More ``turnkit worker`` arguments.
     worker_args: list[str] = field(default_factory=list)
+    #: Where the workers connect, if not to ``dsn`` (a counting proxy's DSN).
+    worker_via: str | None = None
 
     @property
     def worker_dsn(self) -> str:
-        sep = "&" if "?" in self.dsn else "?"
-        return f"{self.dsn}{sep}options=-csearch_path%3D{self.schema}"
+        dsn = self.worker_via or self.dsn
+        sep = "&" if "?" in dsn else "?"
+        return f"{dsn}{sep}options=-csearch_path%3D{self.schema}"
 
     def start_worker(self) -> subprocess.Popen[bytes]:
         env = {k: v for k, v in os.environ.items() if k not in _MODEL_VARIABLES}
@@ -451,6 +458,59 @@ def _takeovers(made: Cluster, ids: list[str], kills: Sequence[float]) -> dict[st
     return {"taken_over": len(over), "longest_takeover_s": max(over, default=0.0)}
 
 
+# -- what a turn costs the database -----------------------------------------------------
+
+
+@dataclass
+class PerTurn:
+    turns: int
+    round_trips: float
+    transactions: float
+
+
+@contextmanager
+def counting_proxy(dsn: str) -> Iterator[tuple[RoundTrips, str]]:
+    """The tests' counting proxy in front of ``dsn``'s server, on a thread of its own
+    (the workers are other processes), and the DSN that goes through it."""
+    info = psycopg.conninfo.conninfo_to_dict(dsn)
+    proxy = RoundTrips(str(info.get("host", "127.0.0.1")), int(info.get("port", 5432)))
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name="counting-proxy", daemon=True)
+    thread.start()
+    try:
+        port = asyncio.run_coroutine_threadsafe(proxy.start(), loop).result(timeout=30)
+        user = quote(str(info["user"])) + "@" if info.get("user") else ""
+        database = quote(str(info.get("dbname", "")))
+        yield proxy, f"postgresql://{user}127.0.0.1:{port}/{database}?sslmode=disable"
+    finally:
+        asyncio.run_coroutine_threadsafe(proxy.close(), loop).result(timeout=30)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=30)
+
+
+def per_turn_run(args: argparse.Namespace) -> PerTurn:
+    """One worker connected through the counting proxy, lightly loaded
+    (``--light-sessions`` turns in flight): its round trips and the transactions it
+    ends, per turn completed (claims, locks, loads, commits, notifications: all of it)."""
+    with (
+        counting_proxy(args.dsn) as (proxy, via),
+        cluster(args.dsn, args.concurrency, args.poll, args.pool_size) as made,
+    ):
+        made.worker_via = via
+        made.start_worker()
+        asyncio.run(closed_loop(made, args.light_sessions, 2.0, 0.0, prefix="warm", fresh=True))
+        trips, transactions = proxy.count, proxy.transactions
+        loop, _ = asyncio.run(
+            closed_loop(made, args.light_sessions, args.seconds / 2, 0.0, prefix="t", fresh=True)
+        )
+        done = max(1, loop.completed)
+        return PerTurn(
+            turns=loop.completed,
+            round_trips=(proxy.count - trips) / done,
+            transactions=(proxy.transactions - transactions) / done,
+        )
+
+
 # -- the floor -----------------------------------------------------------------------------
 
 
@@ -582,7 +642,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--drain", type=float, default=120.0, help="most seconds to await the rest")
     p.add_argument("--floor-threads", type=int, default=8)
     p.add_argument("--seed", type=int, default=17)
-    p.add_argument("--only", choices=["throughput", "chaos", "floor"])
+    p.add_argument("--only", choices=["throughput", "per-turn", "chaos", "floor"])
     p.add_argument("--no-chaos", action="store_true")
     p.add_argument("--json", type=Path, metavar="PATH", help="also write the results here")
     return p.parse_args(argv)
@@ -630,6 +690,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         if floor:
             best = max(r["turns_per_second"] for r in table)
             print(f"best: {best:.1f} turns/s = {best / floor:.0%} of the psycopg floor")
+    if args.only in (None, "per-turn"):
+        per = per_turn_run(args)
+        results["per_turn"] = asdict(per)
+        print(
+            f"\none worker, {args.light_sessions} turns in flight, through a counting proxy: "
+            f"{per.round_trips:.1f} round trips and {per.transactions:.1f} transactions a turn "
+            f"({per.turns} turns; the floor's turn is 5 of each, 4 of them the worker's part)"
+        )
     if args.only in (None, "chaos") and not args.no_chaos:
         chaos = chaos_run(args)
         results["chaos"] = asdict(chaos)

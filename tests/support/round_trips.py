@@ -1,8 +1,13 @@
-"""A TCP proxy to PostgreSQL that counts network round trips, per connection.
+"""A TCP proxy to PostgreSQL that counts network round trips, per connection, and
+the transactions that end on them.
 
 A round trip is each time a client speaks again after the server has answered on
 that connection (its first message counts too): what a pipelined request saves is
-exactly these. Used by the PostgreSQL tests and by ``benchmarks/pg_wire.py``.
+exactly these. A transaction ends each time the server says it is ready for the
+next query and idle (ReadyForQuery, status ``I``): after a COMMIT, after a statement
+run on its own, and once when the connection is made; so a client must not use TLS
+through it (``sslmode=disable``), or nothing is counted. Used by the PostgreSQL
+tests and by ``benchmarks/pg_wire.py`` and ``benchmarks/scale_out.py``.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ class RoundTrips:
     def __init__(self, host: str, port: int) -> None:
         self.target = (host, port)
         self.trips: list[int] = []
+        #: Transactions ended over every connection so far (see the module).
+        self.transactions = 0
         self._server: asyncio.Server | None = None
         self._serving: set[asyncio.Task[Any]] = set()
 
@@ -49,12 +56,16 @@ class RoundTrips:
         server_spoke = True
         up_reader, up_writer = await asyncio.open_connection(*self.target)
 
+        replies = _Replies()
+
         async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter, client: bool) -> None:
             nonlocal server_spoke
             while chunk := await src.read(65536):
                 if client and server_spoke:
                     self.trips[me] += 1
                 server_spoke = not client
+                if not client:
+                    self.transactions += replies.idle_in(chunk)
                 dst.write(chunk)
                 await dst.drain()
             dst.close()
@@ -62,3 +73,41 @@ class RoundTrips:
         await asyncio.gather(
             pipe(reader, up_writer, True), pipe(up_reader, writer, False), return_exceptions=True
         )
+
+
+class _Replies:
+    """The server's side of one connection, cut into messages (a type byte, then a
+    length that counts itself), to find each ReadyForQuery that says idle. Before
+    the first message, the one-byte answers to a TLS or GSS request come alone."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+        self._started = False
+        self._sealed = False
+
+    def idle_in(self, chunk: bytes) -> int:
+        """How many idle ReadyForQuery messages ``chunk`` completes."""
+        if self._sealed:
+            return 0
+        buffer = self._buffer
+        buffer += chunk
+        found = 0
+        while buffer:
+            if not self._started:
+                if buffer[0] == ord("N"):  # "no" to a TLS or GSS request
+                    del buffer[0]
+                    continue
+                if buffer[0] == ord("S"):  # "yes" to TLS: nothing here can be read
+                    self._sealed = True
+                    buffer.clear()
+                    return 0
+                self._started = True
+            if len(buffer) < 5:
+                break
+            size = 1 + int.from_bytes(buffer[1:5], "big")
+            if len(buffer) < size:
+                break
+            if buffer[0] == ord("Z") and buffer[5:6] == b"I":
+                found += 1
+            del buffer[:size]
+        return found
