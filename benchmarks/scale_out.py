@@ -463,6 +463,7 @@ def _takeovers(made: Cluster, ids: list[str], kills: Sequence[float]) -> dict[st
 
 @dataclass
 class PerTurn:
+    in_flight: int
     turns: int
     round_trips: float
     transactions: float
@@ -488,10 +489,13 @@ def counting_proxy(dsn: str) -> Iterator[tuple[RoundTrips, str]]:
         thread.join(timeout=30)
 
 
-def per_turn_run(args: argparse.Namespace) -> PerTurn:
-    """One worker connected through the counting proxy, lightly loaded
-    (``--light-sessions`` turns in flight): its round trips and the transactions it
-    ends, per turn completed (claims, locks, loads, commits, notifications: all of it)."""
+def per_turn_run(args: argparse.Namespace) -> list[PerTurn]:
+    """One worker connected through the counting proxy: its round trips and the
+    transactions it ends, per turn completed (claims, locks, loads, commits,
+    notifications: all of it), lightly loaded (``--light-sessions`` turns in flight)
+    and then with ``--sessions`` in flight, where a claim takes several turns at once.
+    (The proxy's own CPU is this process's: read the counts, not the speed.)"""
+    out: list[PerTurn] = []
     with (
         counting_proxy(args.dsn) as (proxy, via),
         cluster(args.dsn, args.concurrency, args.poll, args.pool_size) as made,
@@ -499,16 +503,19 @@ def per_turn_run(args: argparse.Namespace) -> PerTurn:
         made.worker_via = via
         made.start_worker()
         asyncio.run(closed_loop(made, args.light_sessions, 2.0, 0.0, prefix="warm", fresh=True))
-        trips, transactions = proxy.count, proxy.transactions
-        loop, _ = asyncio.run(
-            closed_loop(made, args.light_sessions, args.seconds / 2, 0.0, prefix="t", fresh=True)
-        )
-        done = max(1, loop.completed)
-        return PerTurn(
-            turns=loop.completed,
-            round_trips=(proxy.count - trips) / done,
-            transactions=(proxy.transactions - transactions) / done,
-        )
+        for n, prefix in ((args.light_sessions, "light"), (args.sessions, "busy")):
+            trips, transactions = proxy.count, proxy.transactions
+            loop, _ = asyncio.run(closed_loop(made, n, args.seconds / 2, 0.0, prefix=prefix))
+            done = max(1, loop.completed)
+            out.append(
+                PerTurn(
+                    in_flight=n,
+                    turns=loop.completed,
+                    round_trips=(proxy.count - trips) / done,
+                    transactions=(proxy.transactions - transactions) / done,
+                )
+            )
+    return out
 
 
 # -- the floor -----------------------------------------------------------------------------
@@ -691,13 +698,15 @@ def main(argv: Sequence[str] | None = None) -> None:
             best = max(r["turns_per_second"] for r in table)
             print(f"best: {best:.1f} turns/s = {best / floor:.0%} of the psycopg floor")
     if args.only in (None, "per-turn"):
-        per = per_turn_run(args)
-        results["per_turn"] = asdict(per)
-        print(
-            f"\none worker, {args.light_sessions} turns in flight, through a counting proxy: "
-            f"{per.round_trips:.1f} round trips and {per.transactions:.1f} transactions a turn "
-            f"({per.turns} turns; the floor's turn is 5 of each, 4 of them the worker's part)"
-        )
+        per_turn = per_turn_run(args)
+        results["per_turn"] = [asdict(p) for p in per_turn]
+        print("\none worker through a counting proxy (the floor's turn: 5 round trips and")
+        print("5 transactions, 4 of each the worker's part of it):")
+        for p in per_turn:
+            print(
+                f"  {p.in_flight:>3} turns in flight: {p.round_trips:.1f} round trips and "
+                f"{p.transactions:.1f} transactions a turn ({p.turns} turns)"
+            )
     if args.only in (None, "chaos") and not args.no_chaos:
         chaos = chaos_run(args)
         results["chaos"] = asdict(chaos)
