@@ -210,6 +210,26 @@ async def test_export_and_import_keep_each_turns_tenant(tmp_path: Path) -> None:
     assert two is not None and two.tenant == ""
 
 
+async def claim_parameters(
+    dsn: str, schema: str, *, caps: tuple[str, int | None], sweep: bool
+) -> tuple[object, ...]:
+    """The claim's parameters for agent ``t``, four sessions at most, with ``caps``
+    (per tenant as JSON, and the default) and ``sweep`` (whether held turns are looked
+    at), after creating the schema's tables."""
+    store = PostgresStore(dsn, schema=schema)
+    await store.open()
+    await store.close()
+    agents, skip = '["t"]', "[]"
+    return (
+        *caps,
+        *(agents, skip, None, None, 4),  # runnable turns
+        4,  # free slots
+        *(agents, skip, 4),  # pending resets
+        *(sweep, '{"t": "v1"}', agents, skip, None, None, 4),  # held turns
+        4,
+    )
+
+
 async def test_the_claim_as_planned_gives_back_a_slot_whose_session_it_cannot_lock(
     pg_dsn: str, pg_schema: str
 ) -> None:
@@ -222,18 +242,7 @@ async def test_the_claim_as_planned_gives_back_a_slot_whose_session_it_cannot_lo
     from turnkit.stores.postgres._queue import CLAIM_SQL
     from turnkit.stores.postgres._statements import pg
 
-    store = PostgresStore(pg_dsn, schema=pg_schema)  # (creates the schema's tables)
-    await store.open()
-    await store.close()
-    agents, skip = '["t"]', "[]"
-    params = (
-        *('{"A": 1}', 2),  # the caps
-        *(agents, skip, None, None, 4),  # runnable turns
-        4,  # free slots
-        *(agents, skip, 4),  # pending resets
-        *(True, '{"t": "v1"}', agents, skip, None, None, 4),  # held turns
-        4,
-    )
+    params = await claim_parameters(pg_dsn, pg_schema, caps=('{"A": 1}', 2), sweep=True)
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         rows = conn.execute("EXPLAIN (VERBOSE, COSTS OFF) " + pg(CLAIM_SQL, pg_schema), params)
         plan = "\n".join(str(r[0]) for r in rows)
@@ -278,18 +287,7 @@ async def test_the_claim_reads_turns_and_sessions_by_key_on_a_plan_made_when_the
     from turnkit.stores.postgres._queue import CLAIM_SQL
     from turnkit.stores.postgres._statements import pg_wire
 
-    store = PostgresStore(pg_dsn, schema=pg_schema)  # (creates the schema's tables)
-    await store.open()
-    await store.close()
-    agents, skip = '["t"]', "[]"
-    params = (
-        *("{}", None),  # the caps
-        *(agents, skip, None, None, 4),  # runnable turns
-        4,  # free slots
-        *(agents, skip, 4),  # pending resets
-        *(False, '{"t": "v1"}', agents, skip, None, None, 4),  # held turns
-        4,
-    )
+    params = await claim_parameters(pg_dsn, pg_schema, caps=("{}", None), sweep=False)
     marks = ", ".join(["%s"] * len(params))
     # (values bound in the client: the $n of the statement prepared are its own)
     with psycopg.connect(pg_dsn, autocommit=True, cursor_factory=psycopg.ClientCursor) as conn:
