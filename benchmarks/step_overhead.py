@@ -470,10 +470,13 @@ def codec_main(args: argparse.Namespace, stores: Sequence[StoreKind]) -> int:
         where = Where(tmp=tmp, dsn=args.dsn, warm=not args.cold)
         cases = asyncio.run(run_codec_cases(args, stores, where))
         floor = None
+        seal_floor = None
         if "sqlite" in stores and not args.no_floor:
             floor = measure_floor(
                 "sqlite", max(args.steps), args.runs, args.window, _sqlite_timer(tmp)
             )
+            if not args.blobs:
+                seal_floor = measure_seal_floor(tmp, max(args.steps), max(args.runs, 5))
     print(
         f"turnkit {'blobs' if args.blobs else 'encryption'} cost: "
         f"python {platform.python_version()}, sqlite "
@@ -487,12 +490,20 @@ def codec_main(args: argparse.Namespace, stores: Sequence[StoreKind]) -> int:
             f"SQLite floor (WAL, synchronous=NORMAL): one bare commit {floor.commit_3rows_us:.1f} "
             f"µs; a model+tool pair's exact rows {floor.pair_exact_us:.1f} µs"
         )
+    if seal_floor is not None:
+        print(
+            f"encryption's floor (sqlite3 and cryptography alone: the pair's exact rows, each "
+            f"body sealed as EnvelopeCodec seals it, {seal_floor.pairs} pairs): "
+            f"+{seal_floor.cost_cpu_us:.1f} µs CPU a pair (+{seal_floor.cost_wall_us:.1f} wall) "
+            f"over {seal_floor.plain_cpu_us:.1f} in the clear"
+        )
     print(f"(total {time.perf_counter() - started:.1f} s)")
     if args.json is not None:
         payload = {
             "config": _config(args),
             "codec": [asdict(c) for c in cases],
             "floor": asdict(floor) if floor is not None else None,
+            "seal_floor": asdict(seal_floor) if seal_floor is not None else None,
             "bar_us_sqlite": CODEC_BAR_US,
         }
         args.json.write_text(json.dumps(payload, indent=2, ensure_ascii=False) + "\n")
@@ -596,6 +607,86 @@ def measure_floor(store: StoreKind, pairs: int, runs: int, window: int, timer: T
         tail_pair_exact_us=_median(tails) * 1e6 if has_tail else None,
         growth=_median([t / h for t, h in zip(tails, heads, strict=True)]) if has_tail else None,
         body_bytes=sizes,
+    )
+
+
+# -- what sealing costs with no turnkit code ---------------------------------------
+
+
+@dataclass
+class SealFloor:
+    pairs: int
+    #: CPU µs a pair: sqlite3 committing a pair's exact rows in the clear.
+    plain_cpu_us: float
+    #: The same rows, each body sealed first (median of the runs' paired differences).
+    cost_cpu_us: float
+    cost_wall_us: float
+
+
+def _floor_sealer(session: str) -> Callable[[str, bytes], bytes]:
+    """Sealing as ``EnvelopeCodec`` does it, written out with ``cryptography`` alone:
+    AES-GCM under one 256-bit key, a fresh random nonce from a pool (one system call
+    per 512), the row's field and ``session`` as associated data, the envelope's
+    header naming the key, and the store's NUL in front."""
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    encrypt = AESGCM(os.urandom(32)).encrypt
+    head = bytes([0, 1, 7]) + b"bench-1"
+    bound = {kind: f"{kind}\0{session}".encode() for kind in ("step", "message", "event")}
+    nonces: list[bytes] = []
+
+    def seal(kind: str, body: bytes) -> bytes:
+        if not nonces:
+            batch = os.urandom(12 * 512)
+            nonces.extend(batch[i : i + 12] for i in range(0, len(batch), 12))
+        nonce = nonces.pop()
+        return b"".join((head, nonce, encrypt(nonce, body, bound[kind])))
+
+    return seal
+
+
+_KIND = {_floor.SQL_STEP: "step", _floor.SQL_MSG: "message", _floor.SQL_EVENT: "event"}
+
+
+def measure_seal_floor(tmp: Path, pairs: int, runs: int) -> SealFloor:
+    """sqlite3 alone committing ``pairs`` pairs' exact rows, in the clear and with
+    every body sealed in the timed loop, run by run in turn: what encryption costs
+    a pair before any of turnkit's code (the floor of the codec's cost)."""
+    seal = _floor_sealer(_SESSION)
+    commits: list[list[Row]] = []
+    for k in range(1, pairs + 1):
+        commits += list(pair_rows(k, _TURN_ID, _SESSION))
+    encoded = [[(sql, (*p[:3], p[3].encode())) for sql, p in rows] for rows in commits]
+
+    def timed(sealed: bool) -> tuple[float, float]:
+        conn = _open_floor_db(tmp / f"seal-floor-{next(_db_numbers)}.db")
+        try:
+            execute = conn.execute
+            gc.collect()
+            c0, t0 = time.process_time(), time.perf_counter()
+            for rows in encoded if sealed else commits:
+                execute("BEGIN IMMEDIATE")
+                for sql, params in rows:
+                    if sealed:
+                        body = seal(_KIND[sql], params[3])
+                        params = (*params[:3], body)
+                    execute(sql, params)
+                execute("COMMIT")
+            return time.process_time() - c0, time.perf_counter() - t0
+        finally:
+            conn.close()
+
+    plain: list[tuple[float, float]] = []
+    sealed: list[tuple[float, float]] = []
+    for _ in range(runs):
+        plain.append(timed(False))
+        sealed.append(timed(True))
+    per = 1e6 / pairs
+    return SealFloor(
+        pairs=pairs,
+        plain_cpu_us=_median([c for c, _ in plain]) * per,
+        cost_cpu_us=_median([(s[0] - p[0]) for s, p in zip(sealed, plain, strict=True)]) * per,
+        cost_wall_us=_median([(s[1] - p[1]) for s, p in zip(sealed, plain, strict=True)]) * per,
     )
 
 
