@@ -541,6 +541,31 @@ async def test_a_commit_larger_than_the_socket_buffer_is_sent_whole(store: Postg
     assert [len(m.text) for m in await transcript(session)] == [len(big) + 1] * 2
 
 
+async def test_the_counting_proxy_counts_each_transaction_that_ends(pg_dsn: str) -> None:
+    """The proxy the round-trip figures come from (tests and ``benchmarks/scale_out.py``)
+    counts a transaction for each statement run on its own and one for each
+    BEGIN ... COMMIT, whatever the statements in between."""
+    with connect(pg_dsn) as conn:
+        host, port = conn.info.host, conn.info.port
+    if host.startswith("/"):
+        pytest.skip("the round-trip proxy speaks TCP; the test server is on a Unix socket")
+    proxy = RoundTrips(host, port)
+    proxied = psycopg.conninfo.make_conninfo(
+        pg_dsn, host="127.0.0.1", port=await proxy.start(), sslmode="disable"
+    )
+    try:
+        async with await psycopg.AsyncConnection.connect(proxied, autocommit=True) as conn:
+            before = proxy.transactions
+            for _ in range(3):
+                await conn.execute("SELECT 1")
+            async with conn.transaction():
+                await conn.execute("SELECT 1")
+                await conn.execute("SELECT 2")
+            assert proxy.transactions - before == 4
+    finally:
+        await proxy.close()
+
+
 @pytest.mark.parametrize(
     ("tool_kind", "per_pair"),
     [("async", 2), ("def", 2), ("def-writing", 3)],
