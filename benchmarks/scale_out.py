@@ -38,6 +38,12 @@ completed), steps committed twice (a turn with more than its two
 second between two logged events of a turn) and the longest takeover (the longest
 such gap: from the last commit before the kill to the first after it).
 
+**Per turn** (``--only per-turn``). One worker connects through the tests' counting
+proxy (``tests/support/round_trips.py``), which counts its round trips and the
+transactions that end on its connections; both are reported per completed turn,
+with ``--light-sessions`` and then ``--sessions`` turns in flight (under load a group
+commit and a claim carry several turns). The floor's turn is five of each.
+
 **Floor.** psycopg alone commits the same five transactions per turn (submission,
 opening, model step, tool step with its row, final step; the rows turnkit writes,
 each transaction one pipelined round trip) from ``--floor-threads`` threads, one
