@@ -22,7 +22,7 @@ from round_trips import RoundTrips
 from suite_paths import CHILDREN
 
 import turnkit
-from turnkit import ToolContext, UserMessage, tool
+from turnkit import AssistantMessage, ToolContext, UserMessage, tool
 from turnkit.stores import all_sessions, transcript
 from turnkit.testing import ScriptedModel, ScriptedReply, tool_call
 
@@ -544,7 +544,8 @@ async def test_a_commit_larger_than_the_socket_buffer_is_sent_whole(store: Postg
 async def test_the_counting_proxy_counts_each_transaction_that_ends(pg_dsn: str) -> None:
     """The proxy the round-trip figures come from (tests and ``benchmarks/scale_out.py``)
     counts a transaction for each statement run on its own and one for each
-    BEGIN ... COMMIT, whatever the statements in between."""
+    BEGIN ... COMMIT, whatever the statements in between, and every statement the
+    server completes."""
     with connect(pg_dsn) as conn:
         host, port = conn.info.host, conn.info.port
     if host.startswith("/"):
@@ -555,14 +556,69 @@ async def test_the_counting_proxy_counts_each_transaction_that_ends(pg_dsn: str)
     )
     try:
         async with await psycopg.AsyncConnection.connect(proxied, autocommit=True) as conn:
-            before = proxy.transactions
+            before, statements = proxy.transactions, proxy.statements
             for _ in range(3):
                 await conn.execute("SELECT 1")
             async with conn.transaction():
                 await conn.execute("SELECT 1")
                 await conn.execute("SELECT 2")
             assert proxy.transactions - before == 4
+            assert proxy.statements - statements == 7  # BEGIN and COMMIT count
     finally:
+        await proxy.close()
+
+
+async def test_a_group_of_commits_that_move_turns_goes_out_as_a_few_statements(
+    pg_dsn: str, pg_schema: str
+) -> None:
+    """Commits of many sessions that queue behind a busy sender go out together with
+    one statement for all their writer fences and one INSERT per table for all their
+    rows, each turn's move carrying its session's row in the same statement: counted
+    through a proxy, fewer than two statements a commit (32 for 30; one at a time,
+    each was three: its rows, its turn's move and its session's row, besides its
+    fence where it has one). Every commit still lands."""
+    with connect(pg_dsn) as conn:
+        host, port = conn.info.host, conn.info.port
+    if host.startswith("/"):
+        pytest.skip("the round-trip proxy speaks TCP; the test server is on a Unix socket")
+    proxy = RoundTrips(host, port)
+    proxied = psycopg.conninfo.make_conninfo(
+        pg_dsn, host="127.0.0.1", port=await proxy.start(), sslmode="disable"
+    )
+    store = PostgresStore(proxied, schema=pg_schema, commit_senders=1, relay_events=False)
+    await store.open()
+    try:
+        sessions = [store.session(f"s{i}") for i in range(30)]
+        said = UserMessage(text="x", turn_id="t")
+        running = [
+            TurnRecord(
+                session_id=s.session_id, turn_id="t", agent="a", status="running", opening=said
+            )
+            for s in sessions
+        ]
+        await asyncio.gather(
+            *(
+                s.commit([AppendMessage(0, said), turn_rules.new_turn(r)])
+                for s, r in zip(sessions, running, strict=True)
+            )
+        )
+        answer = AssistantMessage(text="done", turn_id="t")
+        before = proxy.statements
+        await asyncio.gather(
+            *(
+                s.commit([AppendMessage(1, answer), turn_rules.move(r, "completed", text="done")])
+                for s, r in zip(sessions, running, strict=True)
+            )
+        )
+        sent = proxy.statements - before
+        assert sent < 2 * len(sessions), sent
+        for s in sessions:
+            assert len(await transcript(s)) == 2
+            turn = await s.turn("t")
+            assert turn is not None and turn.status == "completed"
+            assert await s.status() == "idle"
+    finally:
+        await store.close()
         await proxy.close()
 
 

@@ -5,9 +5,11 @@ A round trip is each time a client speaks again after the server has answered on
 that connection (its first message counts too): what a pipelined request saves is
 exactly these. A transaction ends each time the server says it is ready for the
 next query and idle (ReadyForQuery, status ``I``): after a COMMIT, after a statement
-run on its own, and once when the connection is made; so a client must not use TLS
-through it (``sslmode=disable``), or nothing is counted. Used by the PostgreSQL
-tests and by ``benchmarks/pg_wire.py`` and ``benchmarks/scale_out.py``.
+run on its own, and once when the connection is made. A statement is each one the
+server completes (CommandComplete), BEGIN and COMMIT included. A client must not use
+TLS through it (``sslmode=disable``), or no transaction or statement is counted.
+Used by the PostgreSQL tests and by ``benchmarks/pg_wire.py`` and
+``benchmarks/scale_out.py``.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ class RoundTrips:
         self.trips: list[int] = []
         #: Transactions ended over every connection so far (see the module).
         self.transactions = 0
+        #: Statements completed over every connection so far (see the module).
+        self.statements = 0
         self._server: asyncio.Server | None = None
         self._serving: set[asyncio.Task[Any]] = set()
 
@@ -65,7 +69,9 @@ class RoundTrips:
                     self.trips[me] += 1
                 server_spoke = not client
                 if not client:
-                    self.transactions += replies.idle_in(chunk)
+                    idle, completed = replies.read(chunk)
+                    self.transactions += idle
+                    self.statements += completed
                 dst.write(chunk)
                 await dst.drain()
             dst.close()
@@ -77,21 +83,22 @@ class RoundTrips:
 
 class _Replies:
     """The server's side of one connection, cut into messages (a type byte, then a
-    length that counts itself), to find each ReadyForQuery that says idle. Before
-    the first message, the one-byte answers to a TLS or GSS request come alone."""
+    length that counts itself), to find each ReadyForQuery that says idle and each
+    CommandComplete. Before the first message, the one-byte answers to a TLS or GSS
+    request come alone."""
 
     def __init__(self) -> None:
         self._buffer = bytearray()
         self._started = False
         self._sealed = False
 
-    def idle_in(self, chunk: bytes) -> int:
-        """How many idle ReadyForQuery messages ``chunk`` completes."""
+    def read(self, chunk: bytes) -> tuple[int, int]:
+        """How many idle ReadyForQuery and CommandComplete messages ``chunk`` completes."""
         if self._sealed:
-            return 0
+            return 0, 0
         buffer = self._buffer
         buffer += chunk
-        found = 0
+        found = completed = 0
         while buffer:
             if not self._started:
                 if buffer[0] == ord("N"):  # "no" to a TLS or GSS request
@@ -100,7 +107,7 @@ class _Replies:
                 if buffer[0] == ord("S"):  # "yes" to TLS: nothing here can be read
                     self._sealed = True
                     buffer.clear()
-                    return 0
+                    return 0, 0
                 self._started = True
             if len(buffer) < 5:
                 break
@@ -109,5 +116,7 @@ class _Replies:
                 break
             if buffer[0] == ord("Z") and buffer[5:6] == b"I":
                 found += 1
+            elif buffer[0] == ord("C"):
+                completed += 1
             del buffer[:size]
-        return found
+        return found, completed

@@ -1,6 +1,6 @@
 """PostgresStore's commit paths from the event loop: connections of the store's own
 that stay registered with the loop (``Sender``), and the group committer that
-merges concurrent sessions' step commits."""
+merges concurrent sessions' commits."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import contextlib
 import functools
 import logging
 import select
+from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
@@ -17,6 +18,7 @@ from psycopg.pq.abc import PGresult
 
 from ..._errors import StoreError
 from . import _wire as wire
+from ._queue import WAKE_SQL
 from ._statements import (
     NoConnection,
     connection_lost,
@@ -126,31 +128,49 @@ class Sender:
         await self.conn.close()
 
 
-_Queued = tuple[
-    str, list[wire.Statement], "asyncio.Future[None]", "tuple[Fence | None, Rows] | None"
-]
+#: What the group committer may merge of a commit: its writer fence, its step, message
+#: and event rows, and the statements of its other writes, in their order.
+Mergeable = tuple["Fence | None", Rows, list[wire.Statement]]
+_Queued = tuple[str, list[wire.Statement], "asyncio.Future[None]", "Mergeable | None"]
 
 
 def _merged(group: list[_Queued], schema: str) -> list[wire.Statement]:
-    """A group's commits as one request: the step, message and event rows of those
-    that have only such rows share one INSERT per table (and one statement checks all
-    their fences), which saves the server most of its per-statement work; the others
-    go in as they are."""
+    """A group's commits as one request: one statement checks all their fences, their
+    step, message and event rows share one INSERT per table, and the rest of each
+    commit follows in its order (a wake of the workers only once): per commit, the
+    fence, then the rows, then the rest, as it would go alone, which saves the server
+    most of its per-statement work. Only sessions in the group once are merged: a
+    session's several commits keep their order, after the merged ones."""
+    counts = Counter(sid for sid, _, _, _ in group)
     fences: list[str] = []
     rows = Rows()
+    rest: list[wire.Statement] = []
     alone: list[wire.Statement] = []
-    for _, statements, _, merge in group:
-        if merge is None:
+    wake = _wake_sql(schema)
+    woken: set[wire.Statement] = set()
+    for sid, statements, _, merge in group:
+        if merge is None or counts[sid] > 1:
             alone += statements
             continue
-        fence, mine = merge
+        fence, mine, others = merge
         if fence is not None:
             fences += fence
         rows.extend(mine)
+        for statement in others:
+            if type(statement) is wire.Query and statement.sql == wake:
+                if statement in woken:
+                    continue  # the same notification, already in this transaction
+                woken.add(statement)
+            rest.append(statement)
     merged = rows.statements(schema)
     if fences:
         merged.insert(0, wire.Query(_fences_sql(len(fences) // 2, schema), wire.values(fences)))
-    return merged + alone
+    return merged + rest + alone
+
+
+@functools.cache
+def _wake_sql(schema: str) -> bytes:
+    return pg_wire(WAKE_SQL, schema)
 
 
 @functools.cache
@@ -161,7 +181,7 @@ def _fences_sql(n: int, schema: str) -> bytes:
 
 
 class GroupCommitter:
-    """Sends engine-only commits from the event loop, with at most ``senders`` in flight.
+    """Sends the engine's commits from the event loop, with at most ``senders`` in flight.
 
     A commit that finds a sender free goes out at once, alone. Commits that arrive
     while every sender is busy queue up, and the next free sender takes all of them
@@ -197,10 +217,10 @@ class GroupCommitter:
         self,
         sid: str,
         statements: list[wire.Statement],
-        merge: tuple[Fence | None, Rows] | None = None,
+        merge: Mergeable | None = None,
     ) -> None:
-        """Commit ``statements``; ``merge`` (its fence and its rows) if its writes are
-        only step, message and event rows, which a group may merge with others'."""
+        """Commit ``statements``; ``merge`` (its fence, its rows and the rest, which
+        together are ``statements``) lets a group merge it with others' commits."""
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._inflight[done] = sid
         try:
@@ -213,7 +233,7 @@ class GroupCommitter:
         self,
         sid: str,
         statements: list[wire.Statement],
-        merge: tuple[Fence | None, Rows] | None,
+        merge: Mergeable | None,
     ) -> None:
         if self._busy < self._senders and not self._queue:
             self._busy += 1

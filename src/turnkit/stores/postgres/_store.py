@@ -232,14 +232,16 @@ class _PgSession:
 
     async def _send(self, writes: Sequence[Write], token: str | None) -> None:
         """``writes`` from the event loop, in one pipelined request."""
-        tx = LoopTransaction(self._sid, self._store.schema, self._store._payloads)
+        schema = self._store.schema
+        tx = LoopTransaction(self._sid, schema, self._store._payloads)
         apply_writes(tx, writes)
         try:
-            statements = tx.statements()
+            rest = tx.rest()
+            statements = [*tx.rows.statements(schema), *rest]
         except psycopg.Error as exc:
             raise StoreError(f"session {self._sid}: commit failed: {exc}") from exc
         if statements:
-            await self._flush(statements, token, tx.rows if not tx.writes else None)
+            await self._flush(statements, token, tx.rows, rest)
         await self._store._announce_cancels(self._sid, tx.cancels)
 
     async def run_tool(self, step: ToolStep[T]) -> T:
@@ -285,17 +287,21 @@ class _PgSession:
         return result, writes, tx
 
     async def _flush(
-        self, statements: list[wire.Statement], token: str | None, rows: Rows | None
+        self,
+        statements: list[wire.Statement],
+        token: str | None,
+        rows: Rows,
+        rest: list[wire.Statement],
     ) -> None:
-        """The fence and ``statements`` as one pipelined request (one implicit
-        transaction: any failing statement undoes them all), sent by the store's
-        group committer."""
+        """The fence and ``statements`` (``rows``' inserts, then ``rest``) as one
+        pipelined request (one implicit transaction: any failing statement undoes
+        them all), sent by the store's group committer, which may merge them with
+        other sessions' commits."""
         fence = (self._sid, token) if token is not None else None
         if fence is not None:
             fenced = wire.Query(pg_wire(FENCE, self._store.schema), wire.values(fence))
             statements.insert(0, fenced)
-        merge = (fence, rows) if rows is not None else None
-        await self._store._committer.commit(self._sid, statements, merge)
+        await self._store._committer.commit(self._sid, statements, (fence, rows, rest))
 
     async def turn(self, turn_id: str) -> TurnRecord | None:
         statement = pg_wire(sql.TURN, self._store.schema)
@@ -354,7 +360,15 @@ class _PgSession:
         return await self._select(what, archive_sql.ARCHIVED_MESSAGES, (generation,), message)
 
     async def unfinished(self) -> list[TurnRecord]:
-        return await self._select(f"session {self._sid}", sql.UNFINISHED, (), self._store._turn)
+        # Every submission reads it: on the wire and prepared, as ``turn`` reads.
+        statement = pg_wire(sql.UNFINISHED, self._store.schema)
+
+        async def read(conn: psycopg.AsyncConnection[Any]) -> list[TurnRecord]:
+            res = await run_prepared(conn, b"turnkit_unfinished", statement, (self._sid,))
+            payloads = self._store._payloads
+            return [turn_row(res, row, 0, payloads) for row in range(res.ntuples)]
+
+        return await self._store._read(f"session {self._sid}", read, of=self._sid)
 
     async def status(self) -> SessionStatus:
         statement = pg_wire(sql.STATUS, self._store.schema)

@@ -155,17 +155,19 @@ class _Writes:
     ) -> None:
         sid, now = self._sid, time.time()
         refusal = refused_move(sid, record, expect)
+        new = expect is None
         if expect is None:
             values = new_turn_values(sid, record, None, self._payloads, self._dump)
-            self.writes.append((_NEW_TURN_CHECKED, (*values, refusal)))
         else:
             values = move_values(sid, record, expect, self._payloads, self._dump)
-            self.writes.append((_MOVE_TURN_CHECKED, (*values, refusal)))
+        # The session's row goes in the same statement as the turn's.
+        session: tuple[str | None, tuple[Any, ...]] = (None, ())
         if session_status is not None:
-            row = (sid, record.agent, session_status, now, now, owner)
-            self.writes.append((sql.PUT_SESSION, row))
-        elif expect is None:
-            self.writes.append((sql.SESSION_SEEN, (sid, record.agent, now, now, owner)))
+            session = (sql.PUT_SESSION, (sid, record.agent, session_status, now, now, owner))
+        elif new:
+            session = (sql.SESSION_SEEN, (sid, record.agent, now, now, owner))
+        statement = _PUT_TURN_CHECKED[new, session[0]]
+        self.writes.append((statement, (*values, *session[1], refusal)))
         if record.status == "queued" or expect == "suspended":
             self._wake_workers()  # runnable by any worker: submitted, or answered
 
@@ -176,13 +178,26 @@ _REQUEST_CANCEL_CHECKED = (
     f"WITH t AS ({archive_sql.REQUEST_CANCEL} RETURNING 1) "
     "SELECT turnkit_expect_one(count(*), ?) FROM t"
 )
-#: A turn's put, its row count checked on the server (``turnkit_expect_moved``).
-_NEW_TURN_CHECKED = (
-    f"WITH t AS ({sql.PG_NEW_TURN} RETURNING 1) SELECT turnkit_expect_moved(count(*), ?) FROM t"
-)
-_MOVE_TURN_CHECKED = (
-    f"WITH t AS ({sql.MOVE_TURN} RETURNING 1) SELECT turnkit_expect_moved(count(*), ?) FROM t"
-)
+
+
+def _put_turn_checked(new: bool, session: str | None) -> str:
+    """A turn's put (its insert if ``new``, else its move) and, if given, the
+    ``session`` statement putting its session's row, as ONE statement (one execution
+    on the server instead of two), the turn's row count checked on the server
+    (``turnkit_expect_moved``). The two touch different tables, so it does not
+    matter that PostgreSQL runs a statement's parts in no set order; if the check
+    fails, neither lands."""
+    turn = sql.PG_NEW_TURN if new else sql.MOVE_TURN
+    also = f", s AS ({session})" if session is not None else ""
+    return f"WITH t AS ({turn} RETURNING 1){also} SELECT turnkit_expect_moved(count(*), ?) FROM t"
+
+
+#: Every turn put's statement, by whether the turn is new and its session statement.
+_PUT_TURN_CHECKED = {
+    (new, session): _put_turn_checked(new, session)
+    for new in (True, False)
+    for session in (None, sql.PUT_SESSION, sql.SESSION_SEEN)
+}
 
 
 class LoopTransaction(_Writes):
@@ -211,7 +226,11 @@ class LoopTransaction(_Writes):
         self.rows.events += (self._sid, event.seq, turn_id, body)
 
     def statements(self) -> list[wire.Statement]:
-        return [*self.rows.statements(self.schema), *super().statements()]
+        return [*self.rows.statements(self.schema), *self.rest()]
+
+    def rest(self) -> list[wire.Statement]:
+        """The statements of every write but the step, message and event rows."""
+        return super().statements()
 
 
 class Rows:
