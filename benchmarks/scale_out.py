@@ -39,8 +39,9 @@ second between two logged events of a turn) and the longest takeover (the longes
 such gap: from the last commit before the kill to the first after it).
 
 **Per turn** (``--only per-turn``). One worker connects through the tests' counting
-proxy (``tests/support/round_trips.py``), which counts its round trips and the
-transactions that end on its connections; both are reported per completed turn,
+proxy (``tests/support/round_trips.py``), which counts its round trips, the
+transactions that end and the statements the server completes on its connections;
+each is reported per completed turn,
 with ``--light-sessions`` and then ``--sessions`` turns in flight (under load a group
 commit and a claim carry several turns). The floor's turn is five of each.
 
@@ -473,6 +474,7 @@ class PerTurn:
     turns: int
     round_trips: float
     transactions: float
+    statements: float
 
 
 @contextmanager
@@ -510,7 +512,7 @@ def per_turn_run(args: argparse.Namespace) -> list[PerTurn]:
         made.start_worker()
         asyncio.run(closed_loop(made, args.light_sessions, 2.0, 0.0, prefix="warm", fresh=True))
         for n, prefix in ((args.light_sessions, "light"), (args.sessions, "busy")):
-            trips, transactions = proxy.count, proxy.transactions
+            trips, transactions, statements = proxy.count, proxy.transactions, proxy.statements
             loop, _ = asyncio.run(closed_loop(made, n, args.seconds / 2, 0.0, prefix=prefix))
             done = max(1, loop.completed)
             out.append(
@@ -519,6 +521,7 @@ def per_turn_run(args: argparse.Namespace) -> list[PerTurn]:
                     turns=loop.completed,
                     round_trips=(proxy.count - trips) / done,
                     transactions=(proxy.transactions - transactions) / done,
+                    statements=(proxy.statements - statements) / done,
                 )
             )
     return out
@@ -706,12 +709,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.only in (None, "per-turn"):
         per_turn = per_turn_run(args)
         results["per_turn"] = [asdict(p) for p in per_turn]
+        floor = turn_commits("s", "t")
+        worker_part = sum(len(rows) + 2 for rows in floor[1:])  # BEGIN and COMMIT count
         print("\none worker through a counting proxy (the floor's turn: 5 round trips and")
-        print("5 transactions, 4 of each the worker's part of it):")
+        print("5 transactions, 4 of each the worker's part of it; its statements, BEGIN and")
+        whole = sum(len(rows) + 2 for rows in floor)
+        print(f"COMMIT included: {whole}, {worker_part} the worker's):")
         for p in per_turn:
             print(
-                f"  {p.in_flight:>3} turns in flight: {p.round_trips:.1f} round trips and "
-                f"{p.transactions:.1f} transactions a turn ({p.turns} turns)"
+                f"  {p.in_flight:>3} turns in flight: {p.round_trips:.1f} round trips, "
+                f"{p.transactions:.1f} transactions and {p.statements:.1f} statements a turn "
+                f"({p.turns} turns)"
             )
     if args.only in (None, "chaos") and not args.no_chaos:
         chaos = chaos_run(args)
