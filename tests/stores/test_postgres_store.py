@@ -49,6 +49,20 @@ def connect(dsn: str) -> Any:
     return psycopg.connect(dsn, autocommit=True)
 
 
+async def counting_proxy(pg_dsn: str) -> tuple[RoundTrips, str]:
+    """A started counting proxy to the test server, and the DSN that goes through it
+    (without TLS, so that it can read the replies); skips on a Unix-socket server."""
+    with connect(pg_dsn) as conn:
+        host, port = conn.info.host, conn.info.port
+    if host.startswith("/"):
+        pytest.skip("the round-trip proxy speaks TCP; the test server is on a Unix socket")
+    proxy = RoundTrips(host, port)
+    proxied = psycopg.conninfo.make_conninfo(
+        pg_dsn, host="127.0.0.1", port=await proxy.start(), sslmode="disable"
+    )
+    return proxy, proxied
+
+
 @pytest.fixture
 async def store(pg_dsn: str, pg_schema: str) -> AsyncIterator[PostgresStore]:
     s = PostgresStore(pg_dsn, schema=pg_schema)
@@ -546,14 +560,7 @@ async def test_the_counting_proxy_counts_each_transaction_that_ends(pg_dsn: str)
     counts a transaction for each statement run on its own and one for each
     BEGIN ... COMMIT, whatever the statements in between, and every statement the
     server completes."""
-    with connect(pg_dsn) as conn:
-        host, port = conn.info.host, conn.info.port
-    if host.startswith("/"):
-        pytest.skip("the round-trip proxy speaks TCP; the test server is on a Unix socket")
-    proxy = RoundTrips(host, port)
-    proxied = psycopg.conninfo.make_conninfo(
-        pg_dsn, host="127.0.0.1", port=await proxy.start(), sslmode="disable"
-    )
+    proxy, proxied = await counting_proxy(pg_dsn)
     try:
         async with await psycopg.AsyncConnection.connect(proxied, autocommit=True) as conn:
             before, statements = proxy.transactions, proxy.statements
@@ -577,14 +584,7 @@ async def test_a_group_of_commits_that_move_turns_goes_out_as_a_few_statements(
     through a proxy, fewer than two statements a commit (32 for 30; one at a time,
     each was three: its rows, its turn's move and its session's row, besides its
     fence where it has one). Every commit still lands."""
-    with connect(pg_dsn) as conn:
-        host, port = conn.info.host, conn.info.port
-    if host.startswith("/"):
-        pytest.skip("the round-trip proxy speaks TCP; the test server is on a Unix socket")
-    proxy = RoundTrips(host, port)
-    proxied = psycopg.conninfo.make_conninfo(
-        pg_dsn, host="127.0.0.1", port=await proxy.start(), sslmode="disable"
-    )
+    proxy, proxied = await counting_proxy(pg_dsn)
     store = PostgresStore(proxied, schema=pg_schema, commit_senders=1, relay_events=False)
     await store.open()
     try:
@@ -640,12 +640,7 @@ async def test_each_step_commit_is_one_round_trip(
     # announcement): on a loaded machine a turn may last long enough for one, which
     # is a read, not a commit. Counted here are commits only (and the relay is off).
     monkeypatch.setattr(pg_store_module, "CANCEL_POLL", 3600.0)
-    with connect(pg_dsn) as conn:
-        host, port = conn.info.host, conn.info.port
-    if host.startswith("/"):
-        pytest.skip("the round-trip proxy speaks TCP; the test server is on a Unix socket")
-    proxy = RoundTrips(host, port)
-    proxied = psycopg.conninfo.make_conninfo(pg_dsn, host="127.0.0.1", port=await proxy.start())
+    proxy, proxied = await counting_proxy(pg_dsn)
 
     async def noop_async() -> str:
         """Do nothing."""
