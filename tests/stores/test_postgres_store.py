@@ -265,6 +265,61 @@ async def test_what_a_submission_reads_does_not_grow_with_the_sessions_turns(
     assert top["Shared Hit Blocks"] + top["Shared Read Blocks"] <= 10, plan
 
 
+def _turns_indexes(plan: dict[str, Any]) -> list[str]:
+    """The index each node of ``plan`` (EXPLAIN's JSON) reads ``turnkit_turns`` by
+    (``"none"`` for a node that reads it whole)."""
+    found = []
+    if plan.get("Relation Name") == "turnkit_turns":
+        found.append(str(plan.get("Index Name", "none")))
+    for child in plan.get("Plans", []):
+        found += _turns_indexes(child)
+    return found
+
+
+@pytest.mark.parametrize("planned", ["generic", "auto"])
+async def test_a_sessions_turns_are_read_by_the_right_index_on_plans_made_without_statistics(
+    store: PostgresStore, pg_dsn: str, pg_schema: str, planned: str
+) -> None:
+    """A prepared statement keeps the plan it was given until its tables are next
+    analyzed, and a plan made before they had statistics (a new schema; autovacuum
+    off or not run yet) took the index of a session's turns by time, smaller than
+    the primary key, to find one turn by its session and id: a delivery's load and a
+    turn's read went through every turn of the session. Prepared on empty tables, as
+    the lock connection plans (one generic plan) and as the pool's do (custom plans
+    first), and used once the session has 5,000 turns: the turn comes by its primary
+    key, the latest turn (a new one goes after it) by time, the unfinished ones by
+    their own index."""
+    from turnkit.stores.postgres._statements import LOAD_SQL, pg_wire
+    from turnkit.stores.postgres._writer import LOCK_SESSION
+
+    load_values = ("long", "long", "long", "long", 0, "long", "t7", "long", "long", "t7")
+    cases = [
+        (LOAD_SQL, load_values, "turnkit_turns_pkey"),
+        (sql_text.TURN, ("long", "t7"), "turnkit_turns_pkey"),
+        (f"SELECT {sql_text.PG_ORDER}", ("long",), "turnkit_turns_by_session"),
+        (sql_text.UNFINISHED, ("long",), "turnkit_turns_unfinished"),
+    ]
+    with psycopg.connect(pg_dsn, autocommit=True, cursor_factory=psycopg.ClientCursor) as conn:
+        if planned == "generic":
+            for setting in LOCK_SESSION:
+                conn.execute(setting)
+        for n, (statement, values, _) in enumerate(cases):  # planned on empty tables
+            marks = ", ".join(["%s"] * len(values))
+            conn.execute(f"PREPARE q{n} AS ".encode() + pg_wire(statement, pg_schema))
+            for _ in range(6):  # past the custom plans PostgreSQL tries first
+                conn.execute(f"EXECUTE q{n}({marks})", values)
+        conn.execute(
+            f'INSERT INTO "{pg_schema}".turnkit_turns (session_id, turn_id, agent, status, '
+            "opening, created_at, finished_at) SELECT 'long', 't' || n, 'a', 'completed', "
+            "'{}', n, n FROM generate_series(1, 5000) n"
+        )
+        for n, (statement, values, index) in enumerate(cases):
+            marks = ", ".join(["%s"] * len(values))
+            rows = conn.execute(f"EXPLAIN (FORMAT JSON) EXECUTE q{n}({marks})", values)
+            (plan,) = rows.fetchone()
+            assert _turns_indexes(plan[0]["Plan"]) == [index], (statement[:40], plan)
+
+
 async def test_clear_errors_for_bad_configuration(pg_dsn: str) -> None:
     with pytest.raises(turnkit.ConfigurationError, match="plain identifier"):
         PostgresStore(pg_dsn, schema="bad-name; drop")

@@ -32,8 +32,14 @@ INSERT_EVENT = "INSERT INTO turnkit_events (session_id, seq, turn_id, body) VALU
 # writer's (one machine's, under the file's write lock), and in both at least a
 # microsecond past the session's latest turn, so a later insert always sorts later
 # even if that clock steps back.
+# The latest is read as the first of the session's turns by time, newest first, and
+# only from turns whose ``created_at`` is set (all are): that is the one index both
+# stores can answer it from (PostgreSQL's holds only rows that say so, so that no
+# lookup of one turn by its key ever takes it; see its migration v27), whatever
+# plan was made before the table had statistics.
 _AFTER_LATEST = (
-    "coalesce((SELECT max(o.created_at) FROM turnkit_turns o WHERE o.session_id = ?), 0) + 0.000001"
+    "coalesce((SELECT o.created_at FROM turnkit_turns o WHERE o.session_id = ? "
+    "AND o.created_at IS NOT NULL ORDER BY o.created_at DESC LIMIT 1), 0) + 0.000001"
 )
 #: SQLite: the writer's time (a parameter), then the session id.
 SQLITE_ORDER = f"max(?, {_AFTER_LATEST})"

@@ -448,6 +448,18 @@ MIGRATIONS: list[tuple[str, ...]] = [
         "CREATE INDEX turnkit_turns_unfinished ON turnkit_turns (session_id, created_at) "
         "WHERE status IN ('queued', 'running', 'suspended')",
     ),
+    # v27: v26's index by session and time, for the latest turn only. Planned
+    # before the table had statistics (a new schema; autovacuum off or not run yet),
+    # a lookup of one turn by session and id took it (smaller than the primary key)
+    # and read every turn of the session to find one: a delivery's load, a turn's
+    # read. ``created_at`` is never NULL, so the predicate keeps every row, but only
+    # a query that says ``created_at IS NOT NULL`` may use the index: the latest
+    # turn's read (``_sql._AFTER_LATEST``) does.
+    (
+        "DROP INDEX turnkit_turns_by_session",
+        "CREATE INDEX turnkit_turns_by_session ON turnkit_turns (session_id, created_at) "
+        "WHERE created_at IS NOT NULL",
+    ),
 ]
 
 
