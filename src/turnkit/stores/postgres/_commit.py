@@ -131,7 +131,7 @@ class Sender:
 #: What the group committer may merge of a commit: its writer fence, its step, message
 #: and event rows, and the statements of its other writes, in their order.
 Mergeable = tuple["Fence | None", Rows, list[wire.Statement]]
-_Queued = tuple[str, list[wire.Statement], "asyncio.Future[None]", "Mergeable | None"]
+_Queued = tuple[str, list[wire.Statement], "asyncio.Future[None]", Mergeable]
 
 
 def _merged(group: list[_Queued], schema: str) -> list[wire.Statement]:
@@ -149,7 +149,7 @@ def _merged(group: list[_Queued], schema: str) -> list[wire.Statement]:
     wake = _wake_sql(schema)
     woken: set[wire.Statement] = set()
     for sid, statements, _, merge in group:
-        if merge is None or counts[sid] > 1:
+        if counts[sid] > 1:
             alone += statements
             continue
         fence, mine, others = merge
@@ -217,10 +217,10 @@ class GroupCommitter:
         self,
         sid: str,
         statements: list[wire.Statement],
-        merge: Mergeable | None = None,
+        merge: Mergeable,
     ) -> None:
         """Commit ``statements``; ``merge`` (its fence, its rows and the rest, which
-        together are ``statements``) lets a group merge it with others' commits."""
+        together are ``statements``) is what a group merges with others' commits."""
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._inflight[done] = sid
         try:
@@ -233,7 +233,7 @@ class GroupCommitter:
         self,
         sid: str,
         statements: list[wire.Statement],
-        merge: Mergeable | None,
+        merge: Mergeable,
     ) -> None:
         if self._busy < self._senders and not self._queue:
             self._busy += 1
