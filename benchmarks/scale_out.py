@@ -26,7 +26,12 @@ queue (Little's law: sessions / throughput), and a session's next turn is
 submitted the moment its last one completes. The light-load figures
 (``--light-sessions``, 2 turns in flight, each on a new session, for half as long)
 show the latency of a turn that waits for nothing.
-Figures are medians of ``--runs`` runs.
+Figures are medians of ``--runs`` runs. This process learns which turns ended by
+reading their rows every ``--check-every`` seconds (one statement for all turns in
+flight; ~1 ms of CPU a read, half of it PostgreSQL's): a cost of the harness that the
+floor does not pay, so kept low (at 5 ms, as before, it took 13% of the two cores).
+Beside each figure: the CPU a turn took in the timed window, by process kind (the
+workers, this process, PostgreSQL's processes; from ``/proc``, Linux only).
 
 **Chaos.** ``--chaos-workers`` workers take the same closed loop for
 ``--chaos-seconds``; every 2 to ``--kill-every`` seconds (random) a random worker is
@@ -112,6 +117,8 @@ class Cluster:
     worker_args: list[str] = field(default_factory=list)
     #: Where the workers connect, if not to ``dsn`` (a counting proxy's DSN).
     worker_via: str | None = None
+    #: Seconds between the closed loop's checks for ended turns.
+    check_every: float = 0.02
 
     @property
     def worker_dsn(self) -> str:
@@ -178,9 +185,11 @@ class Cluster:
 
 
 @contextmanager
-def cluster(dsn: str, concurrency: int, poll: float, pool_size: int) -> Iterator[Cluster]:
+def cluster(
+    dsn: str, concurrency: int, poll: float, pool_size: int, check_every: float = 0.02
+) -> Iterator[Cluster]:
     schema = _floor.fresh_schema("scale")
-    made = Cluster(dsn, schema, concurrency, poll, pool_size)
+    made = Cluster(dsn, schema, concurrency, poll, pool_size, check_every=check_every)
     try:
         asyncio.run(_migrate(dsn, schema))
         made.sql(
@@ -216,6 +225,9 @@ class Loop:
     submitted: dict[str, str] = field(default_factory=dict)  # turn id -> session id
     completed: int = 0
     counted: int = 0  # completions inside the timed window
+    #: CPU seconds by process kind (``cpu_seconds``) when the timed window opened and closed.
+    cpu_from: dict[str, float] = field(default_factory=dict)
+    cpu_to: dict[str, float] = field(default_factory=dict)
 
 
 async def closed_loop(
@@ -251,21 +263,70 @@ async def closed_loop(
         start = time.monotonic()
         timed_from = start + warmup
         end = timed_from + seconds
+        workers = [p.pid for p in made.workers]
         with psycopg.connect(made.dsn, autocommit=True) as conn:
             conn.execute(f'SET search_path TO "{made.schema}"')
+            if not warmup:
+                loop.cpu_from = cpu_seconds(workers)
             while time.monotonic() < end:
                 if on_tick is not None:
                     on_tick()
                 done = _finished(conn, in_flight)
                 now = time.monotonic()
+                if now >= timed_from and not loop.cpu_from:
+                    loop.cpu_from = cpu_seconds(workers)
                 for session_id in done:
                     del in_flight[session_id]
                     loop.completed += 1
                     if now >= timed_from:
                         loop.counted += 1
                 await asyncio.gather(*(submit(s) for s in done))
-                await asyncio.sleep(0.005)
+                await asyncio.sleep(made.check_every)
+            loop.cpu_to = cpu_seconds(workers)
     return loop, seconds
+
+
+def cpu_seconds(workers: Sequence[int]) -> dict[str, float]:
+    """CPU seconds used so far by the workers, by this process (the submitting node,
+    or the floor's threads) and by every PostgreSQL process on this machine (its
+    backends and its WAL writer alike): read from Linux's ``/proc``, so empty
+    elsewhere, and PostgreSQL's share only if the server runs here. Backends that
+    exit between two readings take their share with them."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return {}
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def used(pid: int | str) -> float:
+        try:
+            fields = (proc / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # gone meanwhile
+            return 0.0
+        return (int(fields[11]) + int(fields[12])) / tick  # utime + stime
+
+    postgres = 0.0
+    for entry in proc.iterdir():
+        if entry.name.isdigit():
+            try:
+                comm = (entry / "comm").read_text().strip()
+            except OSError:
+                continue
+            if comm == "postgres":
+                postgres += used(entry.name)
+    return {
+        "workers": sum(used(pid) for pid in workers),
+        "this process": used(os.getpid()),
+        "postgres": postgres,
+    }
+
+
+def cpu_per_turn(
+    cpu_from: dict[str, float], cpu_to: dict[str, float], turns: int
+) -> dict[str, float]:
+    """Milliseconds of CPU a turn by process kind, between two ``cpu_seconds``."""
+    if not turns:
+        return {}
+    return {k: (cpu_to[k] - cpu_from[k]) * 1000 / turns for k in cpu_to if k in cpu_from}
 
 
 def _finished(conn: psycopg.Connection[Any], in_flight: dict[str, str]) -> list[str]:
@@ -316,11 +377,13 @@ class ThroughputRun:
     completed: int
     light_p50_ms: float
     light_p99_ms: float
+    #: Milliseconds of CPU a turn in the timed window, by process kind.
+    cpu_ms: dict[str, float] = field(default_factory=dict)
 
 
 def throughput_run(args: argparse.Namespace, workers: int) -> ThroughputRun:
     """Saturated (``--sessions`` in flight), then lightly loaded (``--light-sessions``)."""
-    with cluster(args.dsn, args.concurrency, args.poll, args.pool_size) as made:
+    with cluster(args.dsn, args.concurrency, args.poll, args.pool_size, args.check_every) as made:
         for _ in range(workers):
             made.start_worker()
         loop, seconds = asyncio.run(closed_loop(made, args.sessions, args.seconds, args.warmup))
@@ -339,6 +402,7 @@ def throughput_run(args: argparse.Namespace, workers: int) -> ThroughputRun:
             completed=loop.completed,
             light_p50_ms=percentile(light_lat, 0.50) * 1000,
             light_p99_ms=percentile(light_lat, 0.99) * 1000,
+            cpu_ms=cpu_per_turn(loop.cpu_from, loop.cpu_to, loop.counted),
         )
 
 
@@ -360,7 +424,7 @@ class ChaosRun:
 
 def chaos_run(args: argparse.Namespace) -> ChaosRun:
     rng = random.Random(args.seed)
-    with cluster(args.dsn, args.concurrency, args.poll, args.pool_size) as made:
+    with cluster(args.dsn, args.concurrency, args.poll, args.pool_size, args.check_every) as made:
         for _ in range(args.chaos_workers):
             made.start_worker()
         kills = 0
@@ -506,7 +570,7 @@ def per_turn_run(args: argparse.Namespace) -> list[PerTurn]:
     out: list[PerTurn] = []
     with (
         counting_proxy(args.dsn) as (proxy, via),
-        cluster(args.dsn, args.concurrency, args.poll, args.pool_size) as made,
+        cluster(args.dsn, args.concurrency, args.poll, args.pool_size, args.check_every) as made,
     ):
         made.worker_via = via
         made.start_worker()
@@ -530,7 +594,14 @@ def per_turn_run(args: argparse.Namespace) -> list[PerTurn]:
 # -- the floor -----------------------------------------------------------------------------
 
 
-def floor_run(args: argparse.Namespace) -> float:
+@dataclass
+class FloorRun:
+    turns_per_second: float
+    #: Milliseconds of CPU a turn, by process kind (the floor's threads are this process).
+    cpu_ms: dict[str, float]
+
+
+def floor_run(args: argparse.Namespace) -> FloorRun:
     """Turns per second psycopg alone commits, five transactions per turn."""
     with _floor.floor_pool(args.dsn, size=args.floor_threads) as pool:
         with pool.connection() as conn:
@@ -551,11 +622,14 @@ def floor_run(args: argparse.Namespace) -> float:
 
         threads = [threading.Thread(target=worker, args=(n,)) for n in range(args.floor_threads)]
         began = time.monotonic()
+        cpu_from = cpu_seconds([])
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join()
-        return sum(counts) / (time.monotonic() - began)
+        cpu_to = cpu_seconds([])
+        turns = sum(counts)
+        return FloorRun(turns / (time.monotonic() - began), cpu_per_turn(cpu_from, cpu_to, turns))
 
 
 def turn_commits(session: str, turn_id: str) -> list[list[_floor.Row]]:
@@ -627,6 +701,16 @@ def median_of(runs: Sequence[Any], name: str) -> float:
     return statistics.median(getattr(r, name) for r in runs)
 
 
+def describe_cpu(runs: Sequence[ThroughputRun | FloorRun]) -> str:
+    """Each process kind's median CPU a turn over ``runs``, and their sum's."""
+    kinds = [k for k in runs[0].cpu_ms if all(k in r.cpu_ms for r in runs)]
+    if not kinds:
+        return "not measured here (no /proc)"
+    parts = [f"{k} {statistics.median(r.cpu_ms[k] for r in runs):.2f}" for k in kinds]
+    total = statistics.median(sum(r.cpu_ms[k] for k in kinds) for r in runs)
+    return ", ".join(parts) + f"; all {total:.2f}"
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
@@ -645,6 +729,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=float, default=3.0, help="untimed seconds before it")
     p.add_argument("--concurrency", type=int, default=64, help="each worker's --concurrency")
     p.add_argument("--poll", type=float, default=0.5, help="each worker's --poll")
+    p.add_argument(
+        "--check-every",
+        type=float,
+        default=0.02,
+        help="seconds between the closed loop's reads of which turns ended (each read "
+        "costs this process and PostgreSQL ~1 ms of CPU, which the floor does not pay)",
+    )
     p.add_argument(
         "--pool-size",
         type=int,
@@ -671,12 +762,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     results: dict[str, Any] = {"config": {k: str(v) for k, v in vars(args).items() if k != "dsn"}}
     if args.only in (None, "floor"):
         floors = [floor_run(args) for _ in range(args.runs)]
-        results["floor_turns_per_second"] = statistics.median(floors)
+        results["floor_turns_per_second"] = median_of(floors, "turns_per_second")
+        results["floor_runs"] = [asdict(f) for f in floors]
         print(
             f"\nfloor (psycopg alone, {args.floor_threads} threads): "
             f"{results['floor_turns_per_second']:.1f} turns/s (runs: "
-            f"{', '.join(f'{f:.1f}' for f in floors)})"
+            f"{', '.join(f'{f.turns_per_second:.1f}' for f in floors)})"
         )
+        print(f"  CPU ms a turn: {describe_cpu(floors)}")
     if args.only in (None, "throughput"):
         print(
             f"\n{'workers':>7} {'turns/s':>9} {'p50 ms':>9} {'p99 ms':>9} "
@@ -701,6 +794,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 f"{row['p99_ms']:>9.1f} {row['light_p50_ms']:>10.1f} "
                 f"{row['light_p99_ms']:>10.1f}   {each}"
             )
+            print(f"{'':>7} CPU ms a turn: {describe_cpu(runs)}")
         results["throughput"] = table
         floor = results.get("floor_turns_per_second")
         if floor:
