@@ -7,6 +7,7 @@ the turn's completion), so a replay either finds the whole step or asks again.
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
+from functools import partial
 from typing import Any
 
 from .._seams.tracer import StepSpan
@@ -67,10 +68,6 @@ class ModelSteps:
             return
         with traced as span:
             await self._ask_and_commit(index, step_id, span, windows, sent)
-
-    def _traced_summary(self, step_id: str, model: Any) -> AbstractContextManager[StepSpan]:
-        """The span of a summary call the history policy makes (step ``step_id``)."""
-        return self._d.step_span(step_id, model=model)
 
     async def _ask_and_commit(
         self,
@@ -173,7 +170,9 @@ class ModelSteps:
                 cache=self._known.window if self._known is not None else None,
                 boundary=d.step_boundary,
                 cancelled=d.cancel_reason,
-                traced=self._traced_summary,
+                # (Bound to the delivery, not to these steps: the windows are kept
+                # here, and a method of ours would make a reference cycle.)
+                traced=partial(_summary_span, d),
             )
         return self._windows
 
@@ -203,3 +202,8 @@ class ModelSteps:
                 attempt=d.attempt,
             )
         )
+
+
+def _summary_span(d: Delivery, step_id: str, model: Any) -> AbstractContextManager[StepSpan]:
+    """The span of a summary call the history policy makes (step ``step_id``)."""
+    return d.step_span(step_id, model=model)
