@@ -186,10 +186,18 @@ class Cluster:
 
 @contextmanager
 def cluster(
-    dsn: str, concurrency: int, poll: float, pool_size: int, check_every: float = 0.02
+    dsn: str,
+    concurrency: int,
+    poll: float,
+    pool_size: int,
+    check_every: float = 0.02,
+    source: str | None = None,
 ) -> Iterator[Cluster]:
+    """A fresh schema and its ``Cluster`` (``source``: see ``Cluster.source``)."""
     schema = _floor.fresh_schema("scale")
-    made = Cluster(dsn, schema, concurrency, poll, pool_size, check_every=check_every)
+    made = Cluster(
+        dsn, schema, concurrency, poll, pool_size, source=source, check_every=check_every
+    )
     try:
         asyncio.run(_migrate(dsn, schema))
         made.sql(
@@ -383,7 +391,14 @@ class ThroughputRun:
 
 def throughput_run(args: argparse.Namespace, workers: int) -> ThroughputRun:
     """Saturated (``--sessions`` in flight), then lightly loaded (``--light-sessions``)."""
-    with cluster(args.dsn, args.concurrency, args.poll, args.pool_size, args.check_every) as made:
+    with cluster(
+        args.dsn,
+        args.concurrency,
+        args.poll,
+        args.pool_size,
+        args.check_every,
+        args.worker_source,
+    ) as made:
         for _ in range(workers):
             made.start_worker()
         loop, seconds = asyncio.run(closed_loop(made, args.sessions, args.seconds, args.warmup))
@@ -424,7 +439,14 @@ class ChaosRun:
 
 def chaos_run(args: argparse.Namespace) -> ChaosRun:
     rng = random.Random(args.seed)
-    with cluster(args.dsn, args.concurrency, args.poll, args.pool_size, args.check_every) as made:
+    with cluster(
+        args.dsn,
+        args.concurrency,
+        args.poll,
+        args.pool_size,
+        args.check_every,
+        args.worker_source,
+    ) as made:
         for _ in range(args.chaos_workers):
             made.start_worker()
         kills = 0
@@ -570,7 +592,14 @@ def per_turn_run(args: argparse.Namespace) -> list[PerTurn]:
     out: list[PerTurn] = []
     with (
         counting_proxy(args.dsn) as (proxy, via),
-        cluster(args.dsn, args.concurrency, args.poll, args.pool_size, args.check_every) as made,
+        cluster(
+            args.dsn,
+            args.concurrency,
+            args.poll,
+            args.pool_size,
+            args.check_every,
+            args.worker_source,
+        ) as made,
     ):
         made.worker_via = via
         made.start_worker()
@@ -748,6 +777,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--kill-every", type=float, default=4.0, help="most seconds between kills")
     p.add_argument("--drain", type=float, default=120.0, help="most seconds to await the rest")
     p.add_argument("--floor-threads", type=int, default=8)
+    p.add_argument(
+        "--worker-source",
+        metavar="DIR",
+        help="the src directory whose turnkit the workers run (default: this one's): "
+        "a checkout of another commit, to compare two versions in one window",
+    )
     p.add_argument("--seed", type=int, default=17)
     p.add_argument("--only", choices=["throughput", "per-turn", "chaos", "floor"])
     p.add_argument("--no-chaos", action="store_true")

@@ -37,6 +37,7 @@ CORE_EXTERNAL = {
     "contextlib",
     "dataclasses",
     "datetime",
+    "functools",
     "hashlib",
     "hmac",
     "inspect",
