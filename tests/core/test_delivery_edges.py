@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,8 @@ from eventually import eventually
 
 import turnkit
 from turnkit import StoreError, ToolMessage, UserMessage, tool
+from turnkit._values import turn_rules
+from turnkit._values.records import TurnRecord
 from turnkit.stores import SqliteStore
 from turnkit.testing import CrashingStore, RecordingSink, ScriptedModel, ScriptedReply, tool_call
 
@@ -398,6 +401,36 @@ async def test_a_turn_refused_before_its_opening_says_nothing_was_stored(
         assert "nothing was stored" in error and "stays open" not in error
         assert "belongs to agent 'a'" in error
         assert await rt.store.session("s1").turn(tid) is None
+
+
+async def test_a_queued_turn_in_a_session_of_another_agent_fails_rather_than_staying_queued(
+    make_store: Any,
+) -> None:
+    """A node that lost a race for a new session to another agent's node (or that
+    remembered as its own a session since pruned and taken by another agent) has
+    stored its turn queued. Its delivery ends it failed, saying why; before, every
+    delivery refused it and left it queued, to be claimed and refused again."""
+    store = make_store()
+    async with turnkit.Runtime(echo(), store=store) as rt:
+        await rt.session("a", "s1").turn("mine")
+        lost = TurnRecord(
+            session_id="s1",
+            turn_id="t-b",
+            agent="b",
+            status="queued",
+            opening=UserMessage(text="hi", turn_id="t-b"),
+            created_at=time.time(),
+        )
+        await store.session("s1").commit([turn_rules.new_turn(lost)])
+    other = turnkit.Agent(name="b", model=ScriptedModel(["never"]))
+    async with turnkit.Runtime(other, store=make_store()) as rt:
+        results = await asyncio.wait_for(rt.recover(), HANG_GUARD)
+        stored = await rt.store.session("s1").turn("t-b")
+        left = await rt.store.unfinished_turns()
+    assert [(r.turn_id, r.status) for r in results] == [("t-b", "failed")]
+    assert stored is not None and stored.status == "failed"
+    assert "session s1 belongs to agent 'a', not 'b'" in (stored.error or "")
+    assert left == []
 
 
 def test_copy_input_shares_nothing_that_can_be_mutated() -> None:

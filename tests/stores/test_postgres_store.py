@@ -742,6 +742,31 @@ async def test_each_step_commit_is_one_round_trip(
     assert (trips[2], trips[6]) == (per_pair * 2 + 5, per_pair * 6 + 5), trips
 
 
+async def test_a_submitting_node_reads_a_sessions_agent_once_not_at_every_submission(
+    pg_dsn: str, pg_schema: str
+) -> None:
+    """A submission reads whether the session has a parked turn and stores the new
+    one: two round trips. Whose session it is (a session's agent never changes) is
+    read until a read here has found it this agent's: at the first submission (no
+    session yet) and the second; three round trips before, at every one."""
+    proxy, proxied = await counting_proxy(pg_dsn)
+    trips: list[int] = []
+    try:
+        store = PostgresStore(proxied, schema=pg_schema, relay_events=False)
+        agent = turnkit.Agent(name="a", model=ScriptedModel([]))
+        async with turnkit.RuntimeClient(agent, store=store) as client:
+            await client.session("a", "warm").submit("opens the pool's connections")
+            for n in range(4):
+                before = proxy.count
+                await client.session("a", "s1").submit(f"turn {n}")
+                trips.append(proxy.count - before)
+            mine = await store.session("s1").unfinished()
+    finally:
+        await proxy.close()
+    assert trips == [3, 3, 2, 2], trips
+    assert [r.opening.text for r in mine] == ["turn 0", "turn 1", "turn 2", "turn 3"]
+
+
 async def test_text_the_server_cannot_hold_fails_the_commit_cleanly(store: PostgresStore) -> None:
     session = store.session("s1")
 

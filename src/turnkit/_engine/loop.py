@@ -197,10 +197,17 @@ class TurnRunner:
             snap = await self.store.load(self.turn_id)
         self._unstored = snap.turn is None
         if snap.agent is not None and snap.agent != self.agent.name:
-            raise ConfigurationError(
+            refusal = (
                 f"session {self.session_id} belongs to agent {snap.agent!r}, "
                 f"not {self.agent.name!r}"
             )
+            if snap.turn is not None and snap.turn.status == "queued":
+                # Stored by a node that lost a race for a new session to another
+                # agent's (or remembered a session since pruned and taken by another
+                # agent): ended here, or every claim would refuse it again.
+                self.record = snap.turn
+                return await self._settle_queued("failed", error=refusal)
+            raise ConfigurationError(refusal)
         owner = self.request.owner
         if owner is not None and snap.agent is not None and snap.owner != owner:
             # Checked under the writer lock, so two first turns racing for a new

@@ -121,7 +121,7 @@ class AgentSession(SessionClient):
             super()._woken(woken)
 
     def _agent_checked(self) -> bool:
-        return self._known.messages is not None
+        return self._agent_seen or self._known.messages is not None
 
     def _local(self, turn_id: str) -> asyncio.Future[TurnResult] | None:
         return self._futures.get(turn_id)

@@ -115,6 +115,11 @@ class SessionClient(SessionView):
         #: (asyncio's lock is first come, first served): the order of the calls is
         #: the order of acknowledgement is the order in the store's queue.
         self._submitting = asyncio.Lock()
+        #: Whether a read here found the session this agent's. A session's agent never
+        #: changes (an erased one keeps it in its tombstone), so a submit need not read
+        #: the session again; if it was pruned and another agent took the id, the
+        #: delivery, which reads it under the writer lock, fails the turn.
+        self._agent_seen = False
 
     @property
     def idle(self) -> bool:
@@ -161,8 +166,8 @@ class SessionClient(SessionView):
         self._accepted(request, ahead=woken.outcome == "cancel")
 
     def _agent_checked(self) -> bool:
-        """Whether a delivery here has read the session and found it this agent's."""
-        return False
+        """Whether this process has read the session and found it this agent's."""
+        return self._agent_seen
 
     # -- following turns -------------------------------------------------------
 
@@ -222,6 +227,7 @@ class SessionClient(SessionView):
                 )
             if owner is not None and snap.agent is not None and snap.owner != owner:
                 raise SessionOwnerError(owner_refusal(self.session_id, owner))
+            self._agent_seen = snap.agent is not None
         parked = await parked_turn(self._store)
         if parked is not None and not await self._reset_ends(parked):
             self._parked = parked.turn_id
