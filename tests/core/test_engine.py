@@ -592,7 +592,7 @@ async def test_a_finished_turn_is_freed_at_once_not_left_to_the_cyclic_collector
 ) -> None:
     """A delivery's runner, and all it read, go as soon as the turn ends: held in a
     reference cycle they would wait for the cyclic garbage collector, whose runs cost a
-    busy worker ~12% of its CPU (one runner a turn). Every kind of step runs: a ``def``
+    busy worker ~11% of its CPU (one runner a turn). Every kind of step runs: a ``def``
     tool, an ``async`` one, a history policy's windows, a sink that may raise."""
     turns = 3
     script: list[Any] = []

@@ -55,7 +55,7 @@ def tune_collector() -> None:
     allocations instead of 700, unless the agents' code set a threshold of its own.
 
     A turn allocates many short-lived objects and frees them by reference counting;
-    at Python's threshold the collector ran ~40 times a second in a loaded worker,
+    at Python's threshold the collector ran ~50 times a second in a loaded worker,
     examining objects that were about to go anyway, and each full collection walked
     every object start-up made: ~9% of the worker's CPU (``benchmarks/scale_out.py``,
     one worker, 64 turns in flight), ~2% with this. A young collection then takes a
