@@ -76,7 +76,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -208,6 +208,18 @@ def cluster(
     finally:
         made.stop_all()
         _floor.drop_schema(dsn, schema)
+
+
+def cluster_for(args: argparse.Namespace) -> AbstractContextManager[Cluster]:
+    """``cluster`` as the command line sets it up."""
+    return cluster(
+        args.dsn,
+        args.concurrency,
+        args.poll,
+        args.pool_size,
+        args.check_every,
+        args.worker_source,
+    )
 
 
 async def _migrate(dsn: str, schema: str) -> None:
@@ -391,14 +403,7 @@ class ThroughputRun:
 
 def throughput_run(args: argparse.Namespace, workers: int) -> ThroughputRun:
     """Saturated (``--sessions`` in flight), then lightly loaded (``--light-sessions``)."""
-    with cluster(
-        args.dsn,
-        args.concurrency,
-        args.poll,
-        args.pool_size,
-        args.check_every,
-        args.worker_source,
-    ) as made:
+    with cluster_for(args) as made:
         for _ in range(workers):
             made.start_worker()
         loop, seconds = asyncio.run(closed_loop(made, args.sessions, args.seconds, args.warmup))
@@ -439,14 +444,7 @@ class ChaosRun:
 
 def chaos_run(args: argparse.Namespace) -> ChaosRun:
     rng = random.Random(args.seed)
-    with cluster(
-        args.dsn,
-        args.concurrency,
-        args.poll,
-        args.pool_size,
-        args.check_every,
-        args.worker_source,
-    ) as made:
+    with cluster_for(args) as made:
         for _ in range(args.chaos_workers):
             made.start_worker()
         kills = 0
@@ -592,14 +590,7 @@ def per_turn_run(args: argparse.Namespace) -> list[PerTurn]:
     out: list[PerTurn] = []
     with (
         counting_proxy(args.dsn) as (proxy, via),
-        cluster(
-            args.dsn,
-            args.concurrency,
-            args.poll,
-            args.pool_size,
-            args.check_every,
-            args.worker_source,
-        ) as made,
+        cluster_for(args) as made,
     ):
         made.worker_via = via
         made.start_worker()
