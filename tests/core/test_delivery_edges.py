@@ -433,6 +433,39 @@ async def test_a_queued_turn_in_a_session_of_another_agent_fails_rather_than_sta
     assert left == []
 
 
+async def test_a_client_that_remembers_a_pruned_session_as_its_own_gets_a_failed_turn(
+    tmp_path: Path,
+) -> None:
+    """Three processes on one SQLite file (each its own store): a node of agent ``a``
+    has found session s1 its own and no longer reads whose it is; retention prunes the
+    idle session, agent ``b`` takes the id, and the node submits again. Its turn is
+    stored in ``b``'s session, and its delivery by ``a``'s worker ends it failed,
+    saying whose session it is; ``b``'s history is untouched."""
+    db = tmp_path / "t.db"
+    async with turnkit.RuntimeClient(echo(), store=SqliteStore(db)) as node:
+        for n in range(2):  # the second submission finds the session a's: remembered
+            turn_id = await node.session("a", "s1").submit(f"mine {n}")
+            async with turnkit.Runtime(echo(), store=SqliteStore(db)) as worker:
+                await worker.recover()
+            assert (await node.session("a", "s1").result(turn_id)).status == "completed"
+        keep = turnkit.Retention(sessions_idle_for=0.001)
+        async with turnkit.Runtime(echo(), store=SqliteStore(db), retention=keep) as rt:
+            report = await rt.prune(now=time.time() + 60)
+        assert report.sessions == 1
+        theirs = turnkit.Agent(name="b", model=ScriptedModel(["b's answer"]))
+        async with turnkit.Runtime(theirs, store=SqliteStore(db)) as rt:
+            assert await rt.session("b", "s1").turn("b's question") == "b's answer"
+        stale = await node.session("a", "s1").submit("mine again")
+        async with turnkit.Runtime(echo(), store=SqliteStore(db)) as worker:
+            results = await asyncio.wait_for(worker.recover(), HANG_GUARD)
+        ended = await node.session("a", "s1").turn_record(stale)
+        texts = [m.text for m in await node.session("a", "s1").messages()]
+    assert [(r.turn_id, r.status) for r in results] == [(stale, "failed")]
+    assert ended is not None and ended.status == "failed"
+    assert "session s1 belongs to agent 'b', not 'a'" in (ended.error or "")
+    assert texts == ["b's question", "b's answer"]
+
+
 def test_copy_input_shares_nothing_that_can_be_mutated() -> None:
     from collections import OrderedDict
 
