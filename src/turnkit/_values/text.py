@@ -1,4 +1,4 @@
-"""The one rule for text no store can keep: NUL and unpaired surrogates.
+"""The rules for what no store can keep: NUL, unpaired surrogates, NaN and infinity.
 
 PostgreSQL refuses NUL in text (and in JSON it extracts text from), and no store can
 encode a surrogate code point as UTF-8, so a value holding either would fail its
@@ -7,6 +7,11 @@ values never hold them: each is replaced by U+FFFD (the Unicode replacement
 character) when the value is made, whoever made it (a model, a tool, Slack, an MCP
 client, a schedule, the developer's own code). Only the HTTP API refuses them
 instead, with a 400 naming the field, since its client can send the text again.
+
+JSON has no NaN or infinity either: a store writes ``null`` for one, and a browser's
+``JSON.parse`` refuses the bare ``NaN`` Python's ``json`` would put in a stream. So a
+float that is not finite, anywhere in a value, is made ``None`` when the value is
+made, as ``JSON.stringify`` does: what the live turn holds is what a replay reads.
 """
 
 from __future__ import annotations
@@ -53,11 +58,12 @@ def unstorable(text: str) -> str | None:
 
 def storable_json(value: Any) -> Any:
     """A JSON-like value (dicts, lists, tuples, strings, numbers) with every string
-    in it, keys included, made ``storable``; the same object when nothing changes
-    (and then it is known clean: see ``clean_fields``)."""
+    in it, keys included, made ``storable`` and every float that is not finite made
+    ``None``; the same object when nothing changes (and then it is known clean: see
+    ``clean_fields``)."""
     global _clean_a, _clean_b
     if not _needs(value):
-        if type(value) not in _SCALARS and type(value) is not str:
+        if type(value) not in _UNCACHED:
             _clean_a, _clean_b = value, _clean_a
         return value
     return _cleaned(value)
@@ -66,6 +72,8 @@ def storable_json(value: Any) -> Any:
 def _cleaned(value: Any) -> Any:
     if isinstance(value, str):
         return storable(value)
+    if isinstance(value, float):
+        return value if value - value == 0.0 else None  # (inf - inf and NaN are NaN)
     if isinstance(value, dict):
         return {(storable(k) if isinstance(k, str) else k): _cleaned(v) for k, v in value.items()}
     if isinstance(value, list):
@@ -81,23 +89,32 @@ def _needs(value: Any) -> bool:
         return _bad(value)
     if kind in _SCALARS:
         return False
-    if isinstance(value, str):
-        return _bad(value)
-    if isinstance(value, dict | list | tuple):
+    if kind is dict or kind is list or kind is tuple or isinstance(value, _CONTAINERS):
         # One pass in C over the whole value instead of a walk in Python: the encoder
-        # refuses a surrogate and writes NUL as an escape. (Text that spells out that
-        # escape is a false alarm, and only costs the walk that finds nothing.)
+        # refuses a surrogate and writes NUL as an escape, NaN and infinity as bare
+        # words. (Text that spells out one of them is a false alarm, and only costs
+        # the walk that finds nothing.)
         try:
             encoded = to_json(value)
         except Exception:
             return True  # a surrogate, or a value JSON cannot hold: the walk decides
-        return _NUL_ESCAPE in encoded
+        return _flagged(encoded) is not None
+    if isinstance(value, float):
+        return value - value != 0.0
+    if isinstance(value, str):
+        return _bad(value)
     return False
 
 
-#: How ``to_json`` writes NUL.
-_NUL_ESCAPE = b"\\u0000"
-_SCALARS = frozenset({int, float, bool, type(None)})
+#: What in ``to_json``'s output may be a value no store keeps: NUL's escape, NaN and
+#: infinity. (One scan; ``bytes in bytes`` would first try its operand as an int,
+#: raising and clearing an error at every check.)
+_flagged = re.compile(rb"\\u0000|NaN|Infinity").search
+#: What is never unstorable (a float is, when it is not finite).
+_SCALARS = frozenset({int, bool, type(None)})
+#: What ``storable_json`` does not remember as known clean (see ``clean_fields``).
+_UNCACHED = _SCALARS | {float, str}
+_CONTAINERS = (dict, list, tuple)
 
 
 #: The two containers most recently found clean (held, so their ids stay theirs):

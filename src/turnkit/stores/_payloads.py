@@ -24,8 +24,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
-from pydantic_core import to_json
-
 from .._errors import ConfigurationError, StoreError
 from .._seams.codec import Codec, PayloadKind, Seal, SealsPerCommit
 from .._values.checkpoints import SuspendCheckpoint
@@ -34,6 +32,7 @@ from .._values.inbound import InboundEvent
 from .._values.messages import OpeningMessage, UserMessage, opening_from_dict
 from .._values.records import TurnRecord
 from . import _spill as spill
+from ._json import json_bytes
 from ._spill import GetBlob, PutBlob
 
 #: A payload as its column keeps it: JSON text, or the binary form (see above).
@@ -49,7 +48,7 @@ _SEALED = re.compile(r'"\\u0000[A-Za-z0-9+/]*={0,2}"')
 def dumps(value: Any) -> str:
     """A value as the JSON text a store keeps; ``StoreError`` if it is not JSON."""
     try:
-        return to_json(value).decode()
+        return json_bytes(value).decode()
     except Exception as exc:
         raise StoreError(f"cannot store a value as JSON: {exc}") from exc
 
@@ -57,7 +56,7 @@ def dumps(value: Any) -> str:
 def _plain_dump(session_id: str, kind: PayloadKind, value: Any, turn_id: str = "") -> str:
     """``Payloads.dump`` without a codec: the value's JSON text."""
     try:
-        return to_json(value).decode()
+        return json_bytes(value).decode()
     except Exception as exc:
         raise StoreError(f"cannot store a value as JSON: {exc}") from exc
 
@@ -83,7 +82,7 @@ class _CommitSeals:
 
     def dump(self, session_id: str, kind: PayloadKind, value: Any, turn_id: str = "") -> Column:
         try:
-            encoded = to_json(value)
+            encoded = json_bytes(value)
         except Exception as exc:
             raise StoreError(f"cannot store a value as JSON: {exc}") from exc
         seal = self._seals.get(session_id)
@@ -202,7 +201,7 @@ class Payloads:
         turn_id: str,
     ) -> Column:
         try:
-            encoded = to_json(value)
+            encoded = json_bytes(value)
         except Exception as exc:
             raise StoreError(f"cannot store a value as JSON: {exc}") from exc
         threshold = self.threshold
@@ -244,7 +243,7 @@ class Payloads:
                 put(session_id, turn_id, name, stored)
                 known = seen.blobs[plaintext] = (name, digest)
             blobs.append((field, known[0], len(plaintext), known[1]))
-        return to_json(spill.reference(turn_id, blobs, rest, value))
+        return json_bytes(spill.reference(turn_id, blobs, rest, value))
 
     def first_text(self, session_id: str, stored: Column) -> str | None:
         """The ``text`` of a stored message, for the session list's preview: opened if
@@ -309,7 +308,7 @@ class Payloads:
         self, session_id: str, kind: PayloadKind, value: Any, turn_id: str = ""
     ) -> Column:
         try:
-            encoded = to_json(value)
+            encoded = json_bytes(value)
         except Exception as exc:
             raise StoreError(f"cannot store a value as JSON: {exc}") from exc
         sealed = self._seal_bytes(session_id, kind, encoded)

@@ -22,9 +22,8 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from pydantic_core import to_json
-
 from .._errors import StoreError
+from ._json import json_bytes
 
 #: A store's default ``blob_threshold``: payloads whose JSON is longer go to its blobs.
 DEFAULT_BLOB_THRESHOLD = 256 * 1024
@@ -59,7 +58,7 @@ class Seen:
         known = self.fields.get(id(field))
         if known is not None and known[0] is field:
             return known[1]
-        data = to_json(field)
+        data = json_bytes(field)
         self.fields[id(field)] = (field, data)
         return data
 
@@ -105,7 +104,7 @@ def reference(
     if isinstance(text, str) and rest is not None and rest.get("text") is None:
         spec["h"] = text[:HEAD_CHARS]
     spec.update(t=turn_id, b=blobs, v=rest)
-    return REF + to_json(spec).decode()
+    return REF + json_bytes(spec).decode()
 
 
 def head(ref: str) -> str | None:

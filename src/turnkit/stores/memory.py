@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, TypeVar
 
-from pydantic_core import from_json, to_json
+from pydantic_core import from_json
 
 from .._errors import (
     ConfigurationError,
@@ -48,6 +48,7 @@ from .._values.step_results import StepResults
 from .._values.turn_rules import UNFINISHED, first_cancel_reason
 from .._values.writes import AppendMessage, CountUsage, LogEvent, PutStep, Write
 from ._apply import apply_writes
+from ._json import json_bytes
 from ._locks import SessionLocks
 from ._off_loop import on_thread
 from ._payloads import KeptTurn, Payloads
@@ -99,7 +100,7 @@ class _SessionData:
 def _json(value: Any, what: str, name: str) -> bytes:
     """``value`` as JSON, or the store's refusal naming ``what`` (and ``name``)."""
     try:
-        return to_json(value)
+        return json_bytes(value)
     except Exception as exc:
         raise StoreError(f"cannot store {what}{name} as JSON: {exc}") from exc
 
@@ -502,19 +503,19 @@ class _MemorySession:
                 if type(w) is AppendMessage:
                     if w.index != next_index:
                         raise _taken_position(sid, w.index, next_index)
-                    new_messages.append(to_json(w.message.to_dict()))
+                    new_messages.append(json_bytes(w.message.to_dict()))
                     next_index += 1
                 elif type(w) is PutStep:
                     step_id = w.step_id
                     if step_id in steps or step_id in new_steps:
                         raise _taken_step(sid, step_id)
-                    new_steps[step_id] = (w.turn_id, to_json(w.result))
+                    new_steps[step_id] = (w.turn_id, json_bytes(w.result))
                 elif type(w) is LogEvent:
                     event = w.event
                     seq = event.seq
                     if seq is None or (last_seq is not None and seq <= last_seq):
                         raise _seq_not_increasing(sid, seq)
-                    new_events.append((seq, event.turn_id, to_json(event.to_dict())))
+                    new_events.append((seq, event.turn_id, json_bytes(event.to_dict())))
                     last_seq = seq
                 else:
                     return False
