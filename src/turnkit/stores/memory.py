@@ -48,7 +48,7 @@ from .._values.step_results import StepResults
 from .._values.turn_rules import UNFINISHED, first_cancel_reason
 from .._values.writes import AppendMessage, CountUsage, LogEvent, PutStep, Write
 from ._apply import apply_writes
-from ._json import json_bytes
+from ._json import kept_json_bytes
 from ._locks import SessionLocks
 from ._off_loop import on_thread
 from ._payloads import KeptTurn, Payloads
@@ -100,7 +100,7 @@ class _SessionData:
 def _json(value: Any, what: str, name: str) -> bytes:
     """``value`` as JSON, or the store's refusal naming ``what`` (and ``name``)."""
     try:
-        return json_bytes(value)
+        return kept_json_bytes(value)
     except Exception as exc:
         raise StoreError(f"cannot store {what}{name} as JSON: {exc}") from exc
 
@@ -503,19 +503,19 @@ class _MemorySession:
                 if type(w) is AppendMessage:
                     if w.index != next_index:
                         raise _taken_position(sid, w.index, next_index)
-                    new_messages.append(json_bytes(w.message.to_dict()))
+                    new_messages.append(kept_json_bytes(w.message.to_dict()))
                     next_index += 1
                 elif type(w) is PutStep:
                     step_id = w.step_id
                     if step_id in steps or step_id in new_steps:
                         raise _taken_step(sid, step_id)
-                    new_steps[step_id] = (w.turn_id, json_bytes(w.result))
+                    new_steps[step_id] = (w.turn_id, kept_json_bytes(w.result))
                 elif type(w) is LogEvent:
                     event = w.event
                     seq = event.seq
                     if seq is None or (last_seq is not None and seq <= last_seq):
                         raise _seq_not_increasing(sid, seq)
-                    new_events.append((seq, event.turn_id, json_bytes(event.to_dict())))
+                    new_events.append((seq, event.turn_id, kept_json_bytes(event.to_dict())))
                     last_seq = seq
                 else:
                     return False
