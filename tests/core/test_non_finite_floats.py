@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import math
+import sqlite3
+from pathlib import Path
 from typing import Any
 
 from conftest import StoreFactory
@@ -14,6 +16,7 @@ from conftest import StoreFactory
 import turnkit
 from turnkit import ToolContext, tool
 from turnkit._values.text import storable_json
+from turnkit.stores import SqliteStore
 from turnkit.testing import ScriptedModel, ScriptedReply, tool_call
 
 NAN, INF = math.nan, math.inf
@@ -76,3 +79,30 @@ async def test_non_finite_floats_become_none_live_stored_and_streamed(
     # Every event encodes as strict JSON (what a browser's JSON.parse accepts).
     for event in live:
         json.dumps(event.to_dict(), allow_nan=False)
+
+
+async def test_rows_stored_with_nan_before_the_rule_read_back_as_none(tmp_path: Path) -> None:
+    """Before the rule a store wrote the bare word ``NaN``; such a row still reads,
+    and what is read back holds ``None``, so a stream of it is strict JSON."""
+
+    @tool
+    async def measure() -> dict[str, Any]:
+        """Measures."""
+        return {"mean": 1.5}
+
+    model = ScriptedModel([ScriptedReply(tool_calls=[tool_call("measure")]), "done"])
+    agent = turnkit.Agent(name="m", model=model, tools=[measure])
+    db = tmp_path / "old.db"
+    async with turnkit.Runtime(agent, store=SqliteStore(db)) as runtime:
+        assert await runtime.session("m", "s1").turn("go") == "done"
+    with sqlite3.connect(db) as conn:  # as the old encoder wrote it
+        for table in ("turnkit_messages", "turnkit_events"):
+            conn.execute(f"UPDATE {table} SET body = replace(body, '1.5', 'NaN')")
+    async with turnkit.Runtime(agent, store=SqliteStore(db)) as runtime:
+        session = runtime.session("m", "s1")
+        [result] = [m.result for m in await session.messages() if m.role == "tool"]
+        assert result == {"mean": None}
+        [completed] = [e for e in await session.events() if e.type == "action.completed"]
+        assert isinstance(completed, turnkit.ActionCompletedEvent)
+        assert completed.result == {"mean": None}
+        json.dumps([e.to_dict() for e in await session.events()], allow_nan=False)
