@@ -97,9 +97,12 @@ class EventFeed:
             if self._turn_id is not None:
                 status = await self._turn_status()
                 if status in TERMINAL_TURN_STATUSES:
-                    # It ended while the log was read, or with an ending the store
-                    # could not log: send what was logged since, and stop.
-                    for event in await self._store.events(turn_id=self._turn_id, after=last):
+                    # It ended while the log was read (or while the client took what
+                    # was logged), or with an ending the store could not log: send
+                    # what was logged since, each message after the deltas heard for
+                    # it meanwhile (the live text, once), and stop.
+                    fresh = await self._store.events(turn_id=self._turn_id, after=last)
+                    for event in _after_their_deltas(fresh, self._heard_deltas(last)):
                         yield event
                     return
                 if every and _ends(every[-1], status):
@@ -203,8 +206,29 @@ class EventFeed:
             last = event.seq
             yield event
 
+    def _heard_deltas(self, last: int) -> list[TurnEvent]:
+        """The deltas queued so far whose reply was not sent yet (placed after
+        ``last``), in the order they were heard; the rest of the queue is dropped."""
+        deltas: list[TurnEvent] = []
+        while not self._queue.empty():
+            item = self._queue.get_nowait()
+            where = place(item)
+            if where is not None and where > last and not isinstance(item, Logged):
+                deltas.append(item)
+        return deltas
+
     def _ends_turn(self, event: TurnEvent) -> bool:
         return self._turn_id is not None and event.type in ENDING_EVENT_TYPES
+
+
+def _after_their_deltas(logged: list[TurnEvent], deltas: list[TurnEvent]) -> list[TurnEvent]:
+    """``logged``, each event preceded by the ``deltas`` placed before it (a delta
+    whose reply was never logged, as in a turn that failed mid-reply, is left out)."""
+    joined: list[TurnEvent] = []
+    for event in logged:
+        joined.extend(d for d in deltas if place(d) == event.seq)
+        joined.append(event)
+    return joined
 
 
 def _is_delta(event: TurnEvent) -> bool:
