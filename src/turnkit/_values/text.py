@@ -140,7 +140,8 @@ def clean_fields(value: object, names: tuple[str, ...]) -> None:
         elif kind in _SCALARS or current is _clean_a or current is _clean_b:
             continue
         elif not _needs(current):
-            _clean_a, _clean_b = current, _clean_a
+            if kind is not float:  # (as in storable_json: only containers are remembered)
+                _clean_a, _clean_b = current, _clean_a
             continue
         object.__setattr__(value, name, _cleaned(current))
 
